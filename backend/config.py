@@ -1,0 +1,130 @@
+"""Engine arguments with vLLM's names and meanings, checked when the engine is built."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICES = ("auto", "cpu", "cuda")
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+# With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
+# VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
+CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass
+class EngineArgs:
+    """Everything that configures an engine. Invalid values raise ValueError naming the argument."""
+
+    model: str
+    tokenizer: str | None = None  # defaults to `model`
+    dtype: str = "auto"  # auto: the config's dtype on CUDA, float32 on the CPU
+    device: str = "auto"  # auto: cuda when available
+    seed: int = 0
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None  # overrides sizing by memory
+    max_model_len: int | None = None  # defaults to the config's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # defaults to 8192 (chunked prefill) or max_model_len
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    load_format: str = "auto"  # dummy: random weights of the config's shapes
+    enforce_eager: bool = False  # True: no CUDA graphs
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model must be a path to a Hugging Face model directory.")
+        if not os.path.isdir(self.model):
+            raise ValueError(f"model: directory {self.model!r} does not exist.")
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise ValueError(f"model: {self.model!r} has no config.json.")
+        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+            raise ValueError(f"tokenizer: directory {self.tokenizer!r} does not exist.")
+        _choice("dtype", self.dtype, _DTYPES)
+        _choice("device", self.device, _DEVICES)
+        _choice("load_format", self.load_format, _LOAD_FORMATS)
+        _positive_int("block_size", self.block_size)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}.")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not (
+                0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.num_kv_blocks is not None:
+            _positive_int("num_kv_blocks", self.num_kv_blocks)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_num_batched_tokens is not None:
+            _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+            if self.max_num_batched_tokens < self.max_num_seqs and not self.enable_chunked_prefill:
+                pass  # allowed: fewer sequences per step
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
+        _positive_int("max_logprobs", self.max_logprobs)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
+        """Like the constructor, but names an unknown argument instead of a TypeError."""
+        valid = {f.name for f in fields(cls)}
+        for key in kwargs:
+            if key not in valid:
+                raise ValueError(f"Unknown engine argument '{key}'. Valid arguments: {', '.join(sorted(valid))}.")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str]) -> "EngineArgs":
+        """From string values, as Triton model-config parameters arrive."""
+        types = {f.name: f.type for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in types:
+                raise ValueError(f"Unknown engine argument '{key}'. Valid arguments: {', '.join(sorted(types))}.")
+            kwargs[key] = _parse_string(key, raw, str(types[key]))
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "EngineArgs":
+        return dataclasses.replace(self, **changes)
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}.")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _parse_string(key: str, raw: str, type_name: str) -> Any:
+    text = raw.strip()
+    optional = "None" in type_name
+    if optional and text.lower() in ("", "none", "null"):
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if type_name.startswith("int"):
+            return int(text)
+        if type_name.startswith("float"):
+            return float(text)
+        return text
+    except ValueError:
+        raise ValueError(f"engine argument {key}: cannot parse {raw!r} as {type_name}.") from None
+
+
+def load_hf_config(model_dir: str) -> dict[str, Any]:
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        return json.load(f)

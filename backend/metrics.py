@@ -1,0 +1,23 @@
+"""Engine statistics for metrics endpoints (vLLM's metric names map one to one)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    """A snapshot. Gauges are current; counters are cumulative since engine start; the latency
+    lists hold the samples observed since the previous `get_stats()` call (one consumer)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use by running requests
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    num_preemptions: int = 0
+    prompt_tokens: int = 0  # tokens computed for prompts (cache hits excluded)
+    generation_tokens: int = 0
+    request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count
+    time_to_first_token: list[float] = field(default_factory=list)
+    time_per_output_token: list[float] = field(default_factory=list)
+    e2e_request_latency: list[float] = field(default_factory=list)

@@ -1,0 +1,203 @@
+"""Sampling parameters with vLLM's names and meanings, validated on construction."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Larger requests for top logprobs are rejected: every one costs a sort over the vocabulary.
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. `temperature == 0` means greedy.
+
+    Raises ValueError naming the offending parameter when a value is out of range.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to max_model_len
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Filled by the engine from the tokenizer / generation config, not by users.
+    _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._verify()
+
+    def _verify(self) -> None:
+        _check_type("n", self.n, int)
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "temperature", "top_p", "min_p"):
+            _check_type(name, getattr(self, name), (int, float))
+        _check_type("top_k", self.top_k, int)
+        _check_type("min_tokens", self.min_tokens, int)
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
+            _check_type(name, getattr(self, name), bool)
+        if self.max_tokens is not None:
+            _check_type("max_tokens", self.max_tokens, int)
+        if self.seed is not None:
+            _check_type("seed", self.seed, int)
+        if self.logprobs is not None:
+            _check_type("logprobs", self.logprobs, int)
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}.")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}.")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must contain only non-empty strings, got {s!r}.")
+        for t in self.stop_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"stop_token_ids must contain only non-negative integers, got {t!r}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        ids = set(self.stop_token_ids)
+        if not self.ignore_eos:
+            ids.update(self._eos_token_ids)
+        return ids
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
+        """Build from a JSON-like dict, as servers receive it.
+
+        Values may be native JSON types or strings ("256", "0.7", "true", '["a"]'), since load
+        generators such as genai-perf send every value as a string. Unknown keys are rejected.
+        """
+        if not isinstance(values, dict):
+            raise ValueError(f"sampling parameters must be a JSON object, got {type(values).__name__}.")
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in _PUBLIC_FIELDS:
+                raise ValueError(f"Unknown sampling parameter '{key}'. "
+                                 f"Valid parameters: {', '.join(sorted(_PUBLIC_FIELDS))}.")
+            kwargs[key] = _coerce(key, value, _PUBLIC_FIELDS[key])
+        return cls(**kwargs)
+
+    def clone(self) -> "SamplingParams":
+        return dataclasses.replace(self)
+
+
+_INT, _FLOAT, _BOOL = "int", "float", "bool"
+_PUBLIC_FIELDS: dict[str, str] = {
+    "n": _INT, "presence_penalty": _FLOAT, "frequency_penalty": _FLOAT,
+    "repetition_penalty": _FLOAT, "temperature": _FLOAT, "top_p": _FLOAT, "top_k": _INT,
+    "min_p": _FLOAT, "seed": "int?", "stop": "str_list", "stop_token_ids": "int_list",
+    "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?",
+    "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
+    "include_stop_str_in_output": _BOOL,
+}
+
+
+def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+    if not isinstance(value, types):
+        raise ValueError(f"{name} must be of type "
+                         f"{getattr(types, '__name__', 'number')}, got {value!r}.")
+
+
+def _coerce(key: str, value: Any, kind: str) -> Any:
+    """Turn a JSON value (possibly a string) into the field's type, or raise a clear error."""
+    if kind.endswith("?"):
+        if value is None:
+            return None
+        kind = kind[:-1]
+    try:
+        if kind == _BOOL:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                return value.strip().lower() == "true"
+            raise ValueError
+        if kind == _INT:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, int):
+                return value
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, str):
+                return int(value.strip())
+            raise ValueError
+        if kind == _FLOAT:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, (int, float)):
+                return float(value)
+            if isinstance(value, str):
+                return float(value.strip())
+            raise ValueError
+        if kind in ("str_list", "int_list"):
+            if isinstance(value, str) and kind == "int_list" or (
+                    isinstance(value, str) and value.strip().startswith("[")):
+                value = json.loads(value)
+            if kind == "str_list":
+                if isinstance(value, str):
+                    return [value]
+                if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                    return value
+                raise ValueError
+            if isinstance(value, int) and not isinstance(value, bool):
+                return [value]
+            if isinstance(value, list):
+                return [_coerce(key, v, _INT) for v in value]
+            raise ValueError
+    except (ValueError, TypeError, json.JSONDecodeError):
+        pass
+    expected = {"int": "an integer", "float": "a number", "bool": "a boolean",
+                "str_list": "a string or a list of strings",
+                "int_list": "an integer or a list of integers"}[kind]
+    raise ValueError(f"sampling parameter '{key}' must be {expected}, got {value!r}.")

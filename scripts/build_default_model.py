@@ -1,0 +1,97 @@
+"""Build tiny random-weight models of real architectures, with a byte-level BPE tokenizer
+trained here on scripts/data/corpus.txt. Offline; used by `make serve` (the embedded default
+model) and by the tests. The output of such a model is not meaningful text.
+
+    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "data", "corpus.txt")
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+
+def build_tokenizer(out_dir: str, vocab_size: int = 512, add_bos: bool = True):
+    """Train a byte-level BPE tokenizer (GPT-2 / Llama-3 style) and save it as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train([CORPUS], trainer)
+    bos_id = tok.token_to_id(BOS)
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
+                                   clean_up_tokenization_spaces=False)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: int = 512,
+                hidden_size: int = 64, intermediate_size: int = 128, num_hidden_layers: int = 2,
+                num_attention_heads: int = 4, num_key_value_heads: int = 2,
+                tie_word_embeddings: bool = False, max_position_embeddings: int = 2048,
+                rope_scaling: dict | None = None, max_shard_size: str | None = None,
+                dtype: str = "float32", add_bos: bool = True) -> str:
+    """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    os.makedirs(out_dir, exist_ok=True)
+    tok = build_tokenizer(out_dir, vocab_size, add_bos=add_bos)
+    common = dict(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=intermediate_size,
+                  num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                  num_key_value_heads=num_key_value_heads, tie_word_embeddings=tie_word_embeddings,
+                  max_position_embeddings=max_position_embeddings,
+                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    if arch == "llama":
+        config = LlamaConfig(**common, rope_scaling=rope_scaling, rms_norm_eps=1e-5)
+    elif arch == "qwen2":
+        config = Qwen2Config(**common, rms_norm_eps=1e-6)
+    else:
+        raise ValueError(f"unknown arch {arch!r}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    # HF's init uses std 0.02: logits then barely depend on the input and greedy decoding
+    # repeats one token. Larger weights make the tiny model's output vary with its input.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.25 if "embed" in name else 1.0 / p.shape[1] ** 0.5)
+            elif "bias" in name:
+                p.normal_(0.0, 0.1)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, **kwargs)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "models", "tiny-llama"))
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2"])
+    parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    args = parser.parse_args(argv)
+    if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:
+        print(f"{args.out} already exists")
+        return 0
+    build_model(args.out, arch=args.arch)
+    with open(os.path.join(args.out, "config.json"), encoding="utf-8") as f:
+        print(f"built {args.out}: {json.load(f)['model_type']} with random weights")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
