@@ -1,0 +1,45 @@
+# Tritium: `make serve` and `make test` work from a fresh clone (they install what they need).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.requirements-installed
+MODEL_REPOSITORY ?= model_repository
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+
+.PHONY: venv model serve test perf-analyzer clean
+
+# The environment: pinned in requirements.txt, reinstalled when that file changes.
+venv: $(STAMP)
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -r requirements.txt
+	touch $@
+
+# The embedded default model: a tiny random-weight Llama, built offline when missing.
+model: models/tiny-llama/config.json
+models/tiny-llama/config.json: | $(STAMP)
+	$(PY) scripts/build_default_model.py --out models/tiny-llama
+
+# perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
+perf-analyzer: .perf_analyzer/perf_analyzer
+.perf_analyzer/perf_analyzer: scripts/install_perf_analyzer.sh | $(STAMP)
+	scripts/install_perf_analyzer.sh
+
+serve: venv model
+	@echo "Starting tritonserver with $(MODEL_REPOSITORY)/ (model 'llm'). Once it logs"
+	@echo "'Started GRPCInferenceService', query it from another shell:"
+	@echo "  $(PY) -m client --url localhost:$(GRPC_PORT) \"The capital of France is\""
+	@echo "  curl -s localhost:$(HTTP_PORT)/v2/models/llm/generate -d '{\"text_input\": \"Hello\", \"max_tokens\": 16}'"
+	@echo "  curl -s localhost:$(METRICS_PORT)/metrics | grep vllm:"
+	@echo "(The default model has random weights: its output is not meaningful text.)"
+	scripts/tritonserver --model-repository=$(MODEL_REPOSITORY) --http-port=$(HTTP_PORT) \
+		--grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
+
+test: venv model perf-analyzer
+	$(PY) -m pytest tests/ $(PYTEST_ARGS)
+
+clean:
+	rm -rf .tritonserver .perf_analyzer .pytest_cache

@@ -1,0 +1,92 @@
+"""Engine statistics as vLLM's Prometheus metrics, for Triton's custom-metrics API.
+
+Pure Python: `MetricsTracker.update(stats)` turns an EngineStats snapshot into metric operations
+(set a gauge, increment a counter by the delta since the previous snapshot, observe samples);
+model.py owns the pb_utils MetricFamily objects and applies them. The names are vLLM's, with
+the `_total` suffix its Prometheus client gives counters, so existing dashboards work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backend.metrics import EngineStats
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "counter" | "gauge" | "histogram"
+    description: str
+    buckets: tuple[float, ...] = ()
+
+
+# Bucket bounds as vLLM's.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 7.5, 10.0)
+_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+    MetricSpec("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    MetricSpec("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+    MetricSpec("vllm:gpu_cache_usage_perc", "gauge",
+               "KV-cache usage. 1 means 100 percent usage (older name of vllm:kv_cache_usage_perc)."),
+    MetricSpec("vllm:prefix_cache_queries_total", "counter",
+               "Prefix cache queries, in terms of number of queried tokens."),
+    MetricSpec("vllm:prefix_cache_hits_total", "counter",
+               "Prefix cache hits, in terms of number of cached tokens."),
+    MetricSpec("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions."),
+    MetricSpec("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+    MetricSpec("vllm:generation_tokens_total", "counter", "Number of generation tokens processed."),
+    MetricSpec("vllm:request_success_total", "counter",
+               "Count of successfully processed requests, by finished_reason."),
+    MetricSpec("vllm:time_to_first_token_seconds", "histogram",
+               "Histogram of time to first token in seconds.", _TTFT_BUCKETS),
+    MetricSpec("vllm:time_per_output_token_seconds", "histogram",
+               "Histogram of time per output token in seconds.", _TPOT_BUCKETS),
+    MetricSpec("vllm:e2e_request_latency_seconds", "histogram",
+               "Histogram of end to end request latency in seconds.", _E2E_BUCKETS),
+)
+# Finish reasons that get a request_success series from the start, so that rates are defined.
+FINISH_REASONS = ("stop", "length", "abort")
+
+# (metric name, operation "set" | "increment" | "observe", value, extra labels)
+MetricOp = tuple[str, str, float, dict[str, str]]
+
+_GAUGES = (("vllm:num_requests_running", "num_running"), ("vllm:num_requests_waiting", "num_waiting"),
+           ("vllm:kv_cache_usage_perc", "kv_cache_usage"), ("vllm:gpu_cache_usage_perc", "kv_cache_usage"))
+_COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
+             ("vllm:prefix_cache_hits_total", "prefix_cache_hits"),
+             ("vllm:num_preemptions_total", "num_preemptions"),
+             ("vllm:prompt_tokens_total", "prompt_tokens"),
+             ("vllm:generation_tokens_total", "generation_tokens"))
+_HISTOGRAMS = (("vllm:time_to_first_token_seconds", "time_to_first_token"),
+               ("vllm:time_per_output_token_seconds", "time_per_output_token"),
+               ("vllm:e2e_request_latency_seconds", "e2e_request_latency"))
+
+
+class MetricsTracker:
+    """Remembers the previous snapshot's counters, so each update increments by the delta."""
+
+    def __init__(self) -> None:
+        self._counters: dict[str, float] = {}
+
+    def update(self, stats: EngineStats) -> list[MetricOp]:
+        ops: list[MetricOp] = [(name, "set", float(getattr(stats, field)), {})
+                               for name, field in _GAUGES]
+        for name, field in _COUNTERS:
+            ops += self._increment(name, name, float(getattr(stats, field)), {})
+        for reason, count in sorted(stats.request_success.items()):
+            ops += self._increment(f"vllm:request_success_total/{reason}", "vllm:request_success_total",
+                                   float(count), {"finished_reason": reason})
+        for name, field in _HISTOGRAMS:
+            ops += [(name, "observe", float(v), {}) for v in getattr(stats, field)]
+        return ops
+
+    def _increment(self, key: str, name: str, total: float, labels: dict[str, str]) -> list[MetricOp]:
+        delta = total - self._counters.get(key, 0.0)
+        self._counters[key] = total
+        # A counter that went backwards means a new engine; Prometheus counters never decrease.
+        return [(name, "increment", delta, labels)] if delta > 0 else []

@@ -1,0 +1,253 @@
+"""The request interface of Triton's vLLM backend, as pure Python: parsing and response building.
+
+model.py decodes pb_utils tensors into numpy arrays and hands them here, so that everything that
+decides what a request means, and what its responses hold, is testable without a server.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from backend.outputs import CompletionOutput, RequestOutput
+from backend.sampling_params import SamplingParams
+
+# Optional BOOL inputs; each may also arrive as a request parameter (the HTTP generate endpoint
+# turns top-level JSON keys that are not inputs into request parameters).
+FLAG_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
+               "return_cumulative_logprob", "return_logprobs", "return_num_input_tokens",
+               "return_num_output_tokens")
+INPUT_NAMES = ("text_input", "input_ids", "sampling_parameters") + FLAG_INPUTS
+# Request parameters that belong to Triton, not to the model (see Triton's parameters extension).
+_RESERVED_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start",
+                                  "sequence_end", "headers"})
+
+
+@dataclass
+class ParsedRequest:
+    """What one Triton request asks of the engine and of its responses."""
+
+    prompt: str | list[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+    exclude_input_in_output: bool = False
+    return_finish_reason: bool = False
+    return_cumulative_logprob: bool = False
+    return_logprobs: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[str, Any] | None = None,
+                  *, max_n: int | None = None) -> ParsedRequest:
+    """Parse a request's decoded input tensors and its request parameters (JSON or dict).
+
+    Raises ValueError with a message meant for the client when the request is malformed.
+    `max_n` bounds the `n` sampling parameter (the engine's max_num_seqs).
+    """
+    unknown = sorted(set(inputs) - set(INPUT_NAMES))
+    if unknown:
+        raise ValueError(f"unexpected input '{unknown[0]}'. Valid inputs: {', '.join(INPUT_NAMES)}.")
+    request_params = _parse_request_parameters(parameters)
+
+    flags: dict[str, bool] = {}
+    for name in FLAG_INPUTS:
+        if name in request_params:
+            flags[name] = _bool_value(f"request parameter '{name}'", request_params.pop(name))
+        if inputs.get(name) is not None:  # the tensor wins over a request parameter
+            flags[name] = _bool_input(name, inputs[name])
+    stream = flags.get("stream", False)
+    # The vLLM backend's defaults: a stream sends only new text; otherwise the prompt comes first.
+    exclude = flags.get("exclude_input_in_output", stream)
+    if stream and not exclude:
+        raise ValueError("exclude_input_in_output=false is not allowed when streaming: "
+                         "a stream sends only the new text.")
+
+    sampling = dict(request_params)
+    if inputs.get("sampling_parameters") is not None:
+        sampling.update(_json_object_input("sampling_parameters", inputs["sampling_parameters"]))
+    params = SamplingParams.from_dict(sampling)
+    if max_n is not None and params.n > max_n:
+        raise ValueError(f"n must be at most {max_n} (the model's max_num_seqs), got {params.n}.")
+
+    return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
+                         exclude_input_in_output=exclude,
+                         **{k: v for k, v in flags.items() if k.startswith("return_")})
+
+
+def _prompt(inputs: Mapping[str, np.ndarray]) -> str | list[int]:
+    text, ids = inputs.get("text_input"), inputs.get("input_ids")
+    if text is not None and ids is not None:
+        raise ValueError("give either text_input or input_ids, not both.")
+    if ids is not None:
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"input_ids must hold integers, got {ids.dtype}.")
+        token_ids = [int(t) for t in ids.reshape(-1)]
+        if not token_ids:
+            raise ValueError("input_ids must not be empty.")
+        if min(token_ids) < 0:
+            raise ValueError(f"input_ids must be non-negative, got {min(token_ids)}.")
+        return token_ids
+    if text is None:
+        raise ValueError("text_input is required (or input_ids, for a prompt of token ids).")
+    prompt = _string_input("text_input", text)
+    if not prompt:
+        raise ValueError("text_input must not be empty.")
+    return prompt
+
+
+def _single(name: str, array: np.ndarray) -> Any:
+    flat = np.asarray(array).reshape(-1)
+    if flat.size != 1:
+        raise ValueError(f"{name} must hold exactly one element, got {flat.size}.")
+    return flat[0]
+
+
+def _string_input(name: str, array: np.ndarray) -> str:
+    value = _single(name, array)
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (bytes, np.bytes_)):
+        raise ValueError(f"{name} must be a string, got {type(value).__name__}.")
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name} is not valid UTF-8: {e.reason} at byte {e.start}.") from None
+
+
+def _bool_input(name: str, array: np.ndarray) -> bool:
+    value = _single(name, array)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be a BOOL tensor, got {np.asarray(array).dtype}.")
+
+
+def _bool_value(what: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{what} must be a boolean, got {value!r}.")
+
+
+def _json_object_input(name: str, array: np.ndarray) -> dict[str, Any]:
+    text = _string_input(name, array)
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not valid JSON: {e}.") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}.")
+    return value
+
+
+def _parse_request_parameters(parameters: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    if parameters is None or parameters == "":
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"request parameters are not valid JSON: {e}.") from None
+    if not isinstance(parameters, Mapping):
+        raise ValueError(f"request parameters must be a JSON object, got {type(parameters).__name__}.")
+    return {k: v for k, v in parameters.items()
+            if k not in _RESERVED_PARAMETERS and not k.startswith("triton_")}
+
+
+@dataclass
+class Response:
+    """One response to send: output tensors by name, whether it is the FINAL one, and an error
+    message when the request failed (then `outputs` is empty)."""
+
+    outputs: dict[str, np.ndarray]
+    final: bool
+    error: str | None = None
+
+
+@dataclass
+class _Sample:
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+
+
+class ResponseBuilder:
+    """Turns the engine's delta outputs for one request into the responses the vLLM backend sends.
+
+    Streaming: one response per engine output, holding only what is new. Otherwise: a single
+    FINAL response with the whole completion, prefixed by the prompt unless excluded.
+    """
+
+    def __init__(self, request: ParsedRequest) -> None:
+        self.request = request
+        self._samples = [_Sample() for _ in range(request.sampling_params.n)]
+        self._num_input_tokens = 0
+        self.finished = False
+
+    def add(self, output: RequestOutput) -> Response | None:
+        """Record one engine output; return the response to send now, if any."""
+        assert not self.finished, "engine output after the final one"
+        self.finished = output.finished
+        self._num_input_tokens = len(output.prompt_token_ids)
+        deltas: dict[int, CompletionOutput] = {c.index: c for c in output.outputs}
+        for index, c in deltas.items():
+            s = self._samples[index]
+            s.text.append(c.text)
+            s.num_tokens += len(c.token_ids)
+            s.cumulative_logprob = c.cumulative_logprob
+            s.finish_reason = c.finish_reason
+            if c.logprobs is not None:
+                s.logprobs = (s.logprobs or []) + [_logprob_entry(d) for d in c.logprobs]
+        if output.error is not None:
+            return Response({}, final=output.finished, error=output.error)
+        if self.request.stream:
+            return Response(self._tensors(deltas), final=output.finished)
+        if not output.finished:
+            return None
+        return Response(self._tensors(None), final=True)
+
+    def _tensors(self, deltas: dict[int, CompletionOutput] | None) -> dict[str, np.ndarray]:
+        """Tensors over all samples: this output's deltas, or (deltas=None) the whole completion."""
+        r = self.request
+        if deltas is None:
+            prefix = "" if r.exclude_input_in_output or not isinstance(r.prompt, str) else r.prompt
+            texts = [prefix + "".join(s.text) for s in self._samples]
+            counts = [s.num_tokens for s in self._samples]
+            logprobs = [s.logprobs for s in self._samples]
+        else:
+            empty = CompletionOutput(0, "", [], None, None)
+            texts = [deltas.get(i, empty).text for i in range(len(self._samples))]
+            counts = [len(deltas.get(i, empty).token_ids) for i in range(len(self._samples))]
+            logprobs = [None if deltas.get(i, empty).logprobs is None
+                        else [_logprob_entry(d) for d in deltas[i].logprobs]
+                        for i in range(len(self._samples))]
+        out = {"text_output": _strings(texts)}
+        if r.return_finish_reason:
+            out["finish_reason"] = _strings([str(s.finish_reason) for s in self._samples])
+        if r.return_cumulative_logprob:
+            out["cumulative_logprob"] = np.array(
+                [np.nan if s.cumulative_logprob is None else s.cumulative_logprob
+                 for s in self._samples], dtype=np.float32)
+        if r.return_logprobs:
+            out["logprobs"] = _strings([json.dumps(lp) for lp in logprobs])
+        if r.return_num_input_tokens:
+            out["num_input_tokens"] = np.array([self._num_input_tokens], dtype=np.uint32)
+        if r.return_num_output_tokens:
+            out["num_output_tokens"] = np.array(counts, dtype=np.uint32)
+        return out
+
+
+def _logprob_entry(d: Mapping[int, Any]) -> dict[str, Any]:
+    # The vLLM backend's format: {token_id: {"logprob", "rank", "decoded_token"}} per token.
+    return {str(tid): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for tid, lp in d.items()}
+
+
+def _strings(values: list[str]) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=np.object_)

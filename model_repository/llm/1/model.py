@@ -1,0 +1,255 @@
+"""Triton python-backend adapter for the Tritium engine (decoupled).
+
+execute() parses each request and hands it to the engine, which runs on its own thread; it never
+waits for generation and returns None. One sender thread sends every response (concurrent sends
+from several threads lost responses in the 2.51 python backend) and, between sends, aborts
+requests whose client cancelled or went away. A metrics thread publishes EngineStats as vLLM's
+metrics. Every request gets exactly one FINAL response, also when the model is unloaded.
+"""
+import gc
+import itertools
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+
+def _repo_root() -> str:
+    """The Tritium checkout: $TRITIUM_ROOT (scripts/tritonserver sets it), else above this file."""
+    if os.environ.get("TRITIUM_ROOT"):
+        return os.environ["TRITIUM_ROOT"]
+    d = os.path.dirname(os.path.realpath(__file__))
+    while d != os.path.dirname(d):
+        if os.path.isfile(os.path.join(d, "backend", "triton_request.py")):
+            return d
+        d = os.path.dirname(d)
+    raise RuntimeError("cannot find the Tritium repository: set TRITIUM_ROOT")
+
+
+_ROOT = _repo_root()
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from backend import StreamingEngine  # noqa: E402
+from backend.triton_config import engine_args_from_model_config  # noqa: E402
+from backend.triton_metrics import FINISH_REASONS, METRICS, MetricsTracker  # noqa: E402
+from backend.triton_request import INPUT_NAMES, ResponseBuilder, parse_request  # noqa: E402
+
+_CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
+_METRICS_INTERVAL_S = 0.2
+_STOP = object()
+
+
+@dataclass
+class _InFlight:
+    request_id: str
+    sender: Any  # pb_utils.InferenceResponseSender
+    builder: ResponseBuilder
+    cancelled: bool = False
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("the llm model must be decoupled: set "
+                                                "model_transaction_policy { decoupled: true }")
+        engine_args = engine_args_from_model_config(config.get("parameters", {}), _ROOT)
+        self._labels = {"model": args["model_name"], "version": args["model_version"]}
+        self._engine = StreamingEngine(engine_args)
+        self._max_n = self._engine.engine_args.max_num_seqs
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, _InFlight] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._closing = False
+        self._sender_thread = threading.Thread(target=self._send_loop, name="tritium-sender")
+        self._sender_thread.start()
+        self._metrics = _Metrics(self._labels)
+        self._metrics_stop = threading.Event()
+        self._metrics_thread = threading.Thread(target=self._metrics_loop, name="tritium-metrics")
+        self._metrics_thread.start()
+        pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {args['model_name']}")
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            self._submit(request)
+        return None
+
+    def _submit(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        try:
+            inputs = {}
+            for name in INPUT_NAMES:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    inputs[name] = tensor.as_numpy()
+            parsed = parse_request(inputs, request.parameters(), max_n=self._max_n)
+            # Clients' request ids may be empty or repeat: the engine gets its own.
+            state = _InFlight(str(next(self._ids)), sender, ResponseBuilder(parsed))
+            with self._lock:
+                self._inflight[state.request_id] = state
+            try:
+                self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
+                                         lambda output, s=state: self._queue.put((s, output)))
+            except BaseException:
+                with self._lock:
+                    self._inflight.pop(state.request_id, None)
+                raise
+        except ValueError as e:
+            self._queue.put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
+        except Exception as e:  # the server and the other requests carry on
+            pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
+            self._queue.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
+
+    def _send_loop(self) -> None:
+        next_check = 0.0
+        while True:
+            try:
+                item = self._queue.get(timeout=_CANCEL_CHECK_S)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                return
+            if item is not None:
+                try:
+                    self._handle(*item)
+                except Exception:
+                    pb_utils.Logger.log_error(f"tritium: sending failed: {traceback.format_exc()}")
+            if time.monotonic() >= next_check:
+                self._abort_cancelled()
+                next_check = time.monotonic() + _CANCEL_CHECK_S
+
+    def _handle(self, *item: Any) -> None:
+        if len(item) == 3:  # a rejected request: (sender, message, code)
+            sender, message, code = item
+            _send_error(sender, message, code)
+            return
+        state, output = item
+        try:
+            response = state.builder.add(output)
+        except Exception as e:
+            pb_utils.Logger.log_error(f"tritium: bad engine output: {traceback.format_exc()}")
+            self._engine.abort(state.request_id)
+            response = None
+            if output.finished:
+                self._finish(state)
+                _send_error(state.sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+            return
+        if response is None:
+            return
+        if not response.final:
+            if response.outputs:
+                state.sender.send(_response(response.outputs))
+            return
+        self._finish(state)
+        if state.cancelled:
+            _send_error(state.sender, "Request was cancelled", pb_utils.TritonError.CANCELLED)
+        elif response.error is not None:
+            code = pb_utils.TritonError.UNAVAILABLE if self._closing else pb_utils.TritonError.INTERNAL
+            _send_error(state.sender, response.error, code)
+        else:
+            state.sender.send(_response(response.outputs),
+                              flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _finish(self, state: _InFlight) -> None:
+        with self._lock:
+            self._inflight.pop(state.request_id, None)
+
+    def _abort_cancelled(self) -> None:
+        with self._lock:
+            states = [s for s in self._inflight.values() if not s.cancelled]
+        for state in states:
+            if state.sender.is_cancelled():
+                state.cancelled = True
+                self._engine.abort(state.request_id)  # its final "abort" output ends it
+
+    def _metrics_loop(self) -> None:
+        tracker = MetricsTracker()
+        while not self._metrics_stop.wait(_METRICS_INTERVAL_S):
+            try:
+                self._metrics.apply(tracker.update(self._engine.get_stats()))
+            except Exception:
+                pb_utils.Logger.log_error(f"tritium: metrics failed: {traceback.format_exc()}")
+
+    def finalize(self) -> None:
+        pb_utils.Logger.log_info("tritium: unloading")
+        self._closing = True
+        self._metrics_stop.set()
+        self._metrics_thread.join()
+        # Each in-flight request gets its final output (with an error) from the engine...
+        self._engine.shutdown()
+        self._queue.put(_STOP)
+        self._sender_thread.join()
+        # ...and any the engine did not finish gets one here.
+        with self._lock:
+            leftover, self._inflight = list(self._inflight.values()), {}
+        for state in leftover:
+            _send_error(state.sender, "the model was unloaded", pb_utils.TritonError.UNAVAILABLE)
+        self._metrics.close()
+        self._engine = None
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        pb_utils.Logger.log_info("tritium: unloaded")
+
+
+def _response(outputs: dict) -> Any:
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items()])
+
+
+def _send_error(sender: Any, message: str, code: Any) -> None:
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class _Metrics:
+    """The pb_utils metric families and metrics. A family must outlive its metrics, so both are
+    kept here and the metrics are dropped first."""
+
+    def __init__(self, labels: dict) -> None:
+        self._labels = labels
+        self._families: dict[str, Any] = {}
+        self._metrics: dict[tuple, Any] = {}
+        self._specs = {spec.name: spec for spec in METRICS}
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
+                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
+        try:
+            for spec in METRICS:
+                self._families[spec.name] = pb_utils.MetricFamily(
+                    name=spec.name, description=spec.description, kind=kinds[spec.kind])
+            for spec in METRICS:
+                if spec.name != "vllm:request_success_total":
+                    self._metric(spec.name, {})
+            for reason in FINISH_REASONS:
+                self._metric("vllm:request_success_total", {"finished_reason": reason})
+        except pb_utils.TritonModelException as e:  # the server runs with --allow-metrics=false
+            pb_utils.Logger.log_warn(f"tritium: no metrics: {e}")
+            self.close()
+
+    def _metric(self, name: str, extra: dict) -> Any:
+        key = (name, tuple(sorted(extra.items())))
+        if key not in self._metrics:
+            spec = self._specs[name]
+            kwargs = {"buckets": list(spec.buckets)} if spec.kind == "histogram" else {}
+            self._metrics[key] = self._families[name].Metric(labels={**self._labels, **extra}, **kwargs)
+        return self._metrics[key]
+
+    def apply(self, ops: list) -> None:
+        if not self._families:
+            return
+        for name, op, value, extra in ops:
+            getattr(self._metric(name, extra), op)(value)
+
+    def close(self) -> None:
+        self._metrics.clear()
+        self._families.clear()

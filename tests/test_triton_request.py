@@ -1,0 +1,178 @@
+"""Parsing of the vLLM-backend request interface and building of its responses (no server)."""
+import json
+
+import numpy as np
+import pytest
+
+from backend.outputs import CompletionOutput, Logprob, RequestOutput
+from backend.triton_request import ParsedRequest, ResponseBuilder, parse_request
+from backend.sampling_params import SamplingParams
+
+
+def s(text: str | bytes) -> np.ndarray:
+    return np.array([text.encode() if isinstance(text, str) else text], dtype=np.object_)
+
+
+def b(value: bool) -> np.ndarray:
+    return np.array([value], dtype=bool)
+
+
+def test_defaults_match_the_vllm_backend():
+    r = parse_request({"text_input": s("Hello")})
+    assert r.prompt == "Hello"
+    assert r.sampling_params == SamplingParams()  # max_tokens 16, temperature 1.0
+    assert (r.stream, r.exclude_input_in_output) == (False, False)
+    assert not any(getattr(r, f) for f in ("return_finish_reason", "return_cumulative_logprob",
+                                            "return_logprobs", "return_num_input_tokens",
+                                            "return_num_output_tokens"))
+    streaming = parse_request({"text_input": s("Hello"), "stream": b(True)})
+    assert (streaming.stream, streaming.exclude_input_in_output) == (True, True)
+
+
+def test_sampling_parameters_as_genai_perf_sends_them():
+    r = parse_request({"text_input": s("x"), "stream": b(True), "sampling_parameters":
+                       s('{"max_tokens": "256", "ignore_eos": "true", "temperature": 0, "stop": ["a"]}')})
+    p = r.sampling_params
+    assert (p.max_tokens, p.ignore_eos, p.temperature, p.stop) == (256, True, 0.0, ["a"])
+
+
+def test_request_parameters_and_tensor_precedence():
+    # The HTTP generate endpoint turns top-level keys into request parameters.
+    r = parse_request({"text_input": s("x")},
+                      '{"max_tokens": 5, "temperature": 0.5, "stream": "false", '
+                      '"exclude_input_in_output": true, "triton_enable_empty_final_response": true, '
+                      '"priority": 3}')
+    assert (r.sampling_params.max_tokens, r.sampling_params.temperature) == (5, 0.5)
+    assert (r.stream, r.exclude_input_in_output) == (False, True)
+    r = parse_request({"text_input": s("x"), "sampling_parameters": s('{"max_tokens": 7}'),
+                       "return_finish_reason": b(False)},
+                      {"max_tokens": 5, "top_k": 3, "return_finish_reason": True})
+    assert (r.sampling_params.max_tokens, r.sampling_params.top_k) == (7, 3)
+    assert r.return_finish_reason is False
+
+
+def test_input_ids_prompt():
+    r = parse_request({"input_ids": np.array([1, 5, 9], dtype=np.int32)})
+    assert r.prompt == [1, 5, 9]
+
+
+@pytest.mark.parametrize("inputs, parameters, message", [
+    ({}, None, "text_input is required (or input_ids, for a prompt of token ids)."),
+    ({"text_input": s("")}, None, "text_input must not be empty."),
+    ({"text_input": s(b"\xff\xfeabc")}, None, "text_input is not valid UTF-8: invalid start byte at byte 0."),
+    ({"text_input": np.array([b"a", b"b"], dtype=np.object_)}, None,
+     "text_input must hold exactly one element, got 2."),
+    ({"text_input": s("x"), "input_ids": np.array([1], np.int32)}, None,
+     "give either text_input or input_ids, not both."),
+    ({"input_ids": np.array([], np.int32)}, None, "input_ids must not be empty."),
+    ({"input_ids": np.array([3, -1], np.int32)}, None, "input_ids must be non-negative, got -1."),
+    ({"text_input": s("x"), "sampling_parameters": s("{bad json")}, None,
+     "sampling_parameters is not valid JSON: Expecting property name enclosed in double quotes: "
+     "line 1 column 2 (char 1)."),
+    ({"text_input": s("x"), "sampling_parameters": s("[1, 2]")}, None,
+     "sampling_parameters must be a JSON object, got list."),
+    ({"text_input": s("x"), "sampling_parameters": s('{"max_tokens": "many"}')}, None,
+     "sampling parameter 'max_tokens' must be an integer, got 'many'."),
+    ({"text_input": s("x"), "sampling_parameters": s('{"temperature": -1}')}, None,
+     "temperature must be non-negative, got -1.0."),
+    ({"text_input": s("x"), "sampling_parameters": s('{"top_p": 0}')}, None,
+     "top_p must be in (0, 1], got 0.0."),
+    ({"text_input": s("x"), "sampling_parameters": s('{"n": 65}')}, None,
+     "n must be at most 64 (the model's max_num_seqs), got 65."),
+    ({"text_input": s("x"), "stream": b(True), "exclude_input_in_output": b(False)}, None,
+     "exclude_input_in_output=false is not allowed when streaming: a stream sends only the new text."),
+    ({"text_input": s("x"), "stream": np.array([1], dtype=np.int32)}, None,
+     "stream must be a BOOL tensor, got int32."),
+    ({"text_input": s("x")}, "{not json", "request parameters are not valid JSON: "
+     "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)."),
+    ({"text_input": s("x")}, {"stream": "yes"}, "request parameter 'stream' must be a boolean, got 'yes'."),
+    ({"text_input": s("x"), "image": s("x")}, None, "unexpected input 'image'. Valid inputs: text_input, "
+     "input_ids, sampling_parameters, stream, exclude_input_in_output, return_finish_reason, "
+     "return_cumulative_logprob, return_logprobs, return_num_input_tokens, return_num_output_tokens."),
+])
+def test_bad_requests_raise_clear_errors(inputs, parameters, message):
+    with pytest.raises(ValueError) as e:
+        parse_request(inputs, parameters, max_n=64)
+    assert str(e.value) == message
+
+
+def test_unknown_sampling_key_names_the_key():
+    with pytest.raises(ValueError, match=r"^Unknown sampling parameter 'max_new_tokens'\. Valid parameters: "):
+        parse_request({"text_input": s("x"), "sampling_parameters": s('{"max_new_tokens": 3}')})
+
+
+def _out(deltas: list[tuple[str, list[int]]], finish: str | None, prompt_ids=(1, 2, 3), error=None,
+         logprobs=False, cum=None) -> RequestOutput:
+    outs = [CompletionOutput(i, text, ids, cum,
+                             [{t: Logprob(-0.5, 1, "t")} for t in ids] if logprobs else None, finish)
+            for i, (text, ids) in enumerate(deltas)]
+    return RequestOutput("0", "Hi", list(prompt_ids), outs, finished=finish is not None, error=error)
+
+
+def _texts(array: np.ndarray) -> list[str]:
+    return [v.decode() for v in array]
+
+
+def test_streaming_sends_each_delta_and_one_final():
+    req = parse_request({"text_input": s("Hi"), "stream": b(True), "return_num_output_tokens": b(True),
+                         "return_finish_reason": b(True), "return_num_input_tokens": b(True)})
+    builder = ResponseBuilder(req)
+    r1 = builder.add(_out([(" a", [7])], None))
+    r2 = builder.add(_out([(" bc", [8, 9])], "length"))
+    assert (r1.final, r2.final) == (False, True)
+    assert _texts(r1.outputs["text_output"]) == [" a"] and _texts(r2.outputs["text_output"]) == [" bc"]
+    assert r1.outputs["num_output_tokens"].tolist() == [1] and r2.outputs["num_output_tokens"].tolist() == [2]
+    assert r1.outputs["num_output_tokens"].dtype == np.uint32
+    assert _texts(r1.outputs["finish_reason"]) == ["None"] and _texts(r2.outputs["finish_reason"]) == ["length"]
+    assert r2.outputs["num_input_tokens"].tolist() == [3]
+    assert set(r1.outputs) == {"text_output", "finish_reason", "num_input_tokens", "num_output_tokens"}
+
+
+def test_non_streaming_sends_one_final_with_the_prompt_first():
+    builder = ResponseBuilder(parse_request({"text_input": s("Hi")}))
+    assert builder.add(_out([(" a", [7])], None)) is None
+    r = builder.add(_out([(" b", [8])], "stop"))
+    assert r.final and _texts(r.outputs["text_output"]) == ["Hi a b"]
+    assert set(r.outputs) == {"text_output"}
+    excluded = ResponseBuilder(parse_request({"text_input": s("Hi"), "exclude_input_in_output": b(True)}))
+    assert _texts(excluded.add(_out([(" a", [7])], "stop")).outputs["text_output"]) == [" a"]
+    ids = ResponseBuilder(parse_request({"input_ids": np.array([1, 2], np.int32)}))
+    assert _texts(ids.add(_out([(" a", [7])], "stop")).outputs["text_output"]) == [" a"]
+
+
+def test_n_samples_and_logprobs_in_the_vllm_backend_format():
+    req = parse_request({"text_input": s("Hi"), "return_logprobs": b(True), "return_cumulative_logprob": b(True),
+                         "return_num_output_tokens": b(True),
+                         "sampling_parameters": s('{"n": 2, "logprobs": 0}')})
+    builder = ResponseBuilder(req)
+    builder.add(_out([("a", [4]), ("b", [5])], None, logprobs=True, cum=-0.5))
+    r = builder.add(_out([("c", [6]), ("", [])], "length", logprobs=True, cum=-1.0))
+    assert _texts(r.outputs["text_output"]) == ["Hiac", "Hib"]
+    assert r.outputs["num_output_tokens"].tolist() == [2, 1]
+    assert r.outputs["cumulative_logprob"].tolist() == [-1.0, -1.0]
+    assert [json.loads(v) for v in r.outputs["logprobs"]] == [
+        [{"4": {"logprob": -0.5, "rank": 1, "decoded_token": "t"}},
+         {"6": {"logprob": -0.5, "rank": 1, "decoded_token": "t"}}],
+        [{"5": {"logprob": -0.5, "rank": 1, "decoded_token": "t"}}]]
+
+
+def test_logprobs_null_when_not_requested_and_nan_cumulative():
+    req = parse_request({"text_input": s("Hi"), "stream": b(True), "return_logprobs": b(True),
+                         "return_cumulative_logprob": b(True)})
+    r = ResponseBuilder(req).add(_out([("a", [4])], "stop"))
+    assert _texts(r.outputs["logprobs"]) == ["null"]
+    assert np.isnan(r.outputs["cumulative_logprob"][0])
+
+
+def test_engine_error_is_the_final_response():
+    builder = ResponseBuilder(parse_request({"text_input": s("Hi"), "stream": b(True)}))
+    builder.add(_out([("a", [4])], None))
+    r = builder.add(_out([("", [])], "abort", error="engine shut down"))
+    assert (r.final, r.error, r.outputs) == (True, "engine shut down", {})
+    with pytest.raises(AssertionError):
+        builder.add(_out([("", [])], "abort"))
+
+
+def test_parsed_request_is_plain_data():
+    r = parse_request({"text_input": s("x"), "return_logprobs": b(True)})
+    assert r == ParsedRequest(prompt="x", sampling_params=SamplingParams(), return_logprobs=True)
