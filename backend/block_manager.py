@@ -1,0 +1,222 @@
+"""BlockManager: the paged KV cache's bookkeeping (no tensors here).
+
+Blocks are ref-counted. Full blocks are content-addressed by a chained hash
+(hash of the parent block's hash and this block's tokens), so a new prompt that starts with the
+same tokens reuses them (prefix caching). A freed block keeps its hash and stays in the free
+queue, which is also the LRU order for eviction: it is only forgotten when the queue hands it out
+again. Sequences forked for n > 1 share blocks; writing into a shared partial block copies it first
+(copy-on-write), and the copies are handed to the model runner.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .sequence import Sequence
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Blocks with ref_cnt == 0, least recently freed first: allocation pops from the front.
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached_blocks: dict[int, KVCacheBlock] = {}  # block hash -> block
+        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) copy-on-write this step
+        self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks
+        self.prefix_cache_queries = 0  # tokens
+        self.prefix_cache_hits = 0  # tokens
+
+    # ---- queries ----------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (never used, or cached and evictable)."""
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _block_hashes(self, seq: Sequence) -> list[int]:
+        """Chained hashes of the sequence's full blocks, extended as its tokens grow."""
+        hashes = self._seq_hashes.setdefault(seq.seq_id, [])
+        bs = self.block_size
+        for i in range(len(hashes), seq.num_tokens // bs):
+            parent = hashes[i - 1] if i else None
+            hashes.append(hash_block_tokens(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+        return hashes
+
+    def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of full blocks, never covering the last token (its logits are
+        needed). Returns the blocks and the number of tokens they hold; counts the query."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in self._block_hashes(seq)[:max_blocks]:
+            block = self.cached_blocks.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        num_hit_tokens = len(hits) * self.block_size
+        self.prefix_cache_queries += seq.num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+        return hits, num_hit_tokens
+
+    # ---- allocation -------------------------------------------------------------------------
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
+                       computed_blocks: list[KVCacheBlock] | None = None) -> bool:
+        """Make the block table cover `num_computed_tokens + num_new_tokens` tokens.
+
+        `computed_blocks` (prefix-cache hits, only for a sequence with an empty table) are taken
+        first. Returns False, changing nothing, when there are not enough free blocks.
+        """
+        computed_blocks = computed_blocks or []
+        assert not computed_blocks or not seq.block_table
+        num_computed = len(computed_blocks) * self.block_size if computed_blocks else seq.num_computed_tokens
+        total = num_computed + num_new_tokens
+        num_table = len(seq.block_table) or len(computed_blocks)
+        needed = max(0, self.blocks_needed(total) - num_table)
+        cow = self._needs_copy_on_write(seq, num_computed)
+        # Hits that sit in the free queue stop being free once taken.
+        reclaimed = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        if needed + int(cow) + reclaimed > len(self.free_queue):
+            return False
+        for block in computed_blocks:
+            self._touch(block)
+            seq.block_table.append(block.block_id)
+        if cow:
+            self._copy_on_write(seq)
+        for _ in range(needed):
+            seq.block_table.append(self._pop_free().block_id)
+        return True
+
+    def _needs_copy_on_write(self, seq: Sequence, num_computed: int) -> bool:
+        """The next token is written into a partial block that another sequence also holds."""
+        if not seq.block_table or num_computed % self.block_size == 0:
+            return False
+        idx = num_computed // self.block_size
+        return idx < len(seq.block_table) and self.blocks[seq.block_table[idx]].ref_cnt > 1
+
+    def _copy_on_write(self, seq: Sequence) -> None:
+        idx = seq.num_computed_tokens // self.block_size
+        src = self.blocks[seq.block_table[idx]]
+        dst = self._pop_free()
+        src.ref_cnt -= 1
+        seq.block_table[idx] = dst.block_id
+        self.pending_copies.append((src.block_id, dst.block_id))
+
+    def _touch(self, block: KVCacheBlock) -> None:
+        if block.ref_cnt == 0:
+            del self.free_queue[block.block_id]
+        block.ref_cnt += 1
+
+    def _pop_free(self) -> KVCacheBlock:
+        _, block = self.free_queue.popitem(last=False)
+        if block.block_hash is not None:  # evict: its contents are about to be overwritten
+            if self.cached_blocks.get(block.block_hash) is block:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+        assert block.ref_cnt == 0
+        block.ref_cnt = 1
+        return block
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.block_table = list(parent.block_table)
+        for block_id in child.block_table:
+            self.blocks[block_id].ref_cnt += 1
+        self._seq_hashes[child.seq_id] = list(self._seq_hashes.get(parent.seq_id, []))
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks. Tail blocks are freed first so that they are evicted
+        before the (more widely shared) head of a prefix."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            assert block.ref_cnt > 0, f"double free of block {block_id}"
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block_id] = block
+        seq.block_table = []
+
+    def forget(self, seq: Sequence) -> None:
+        """Drop per-sequence state once the sequence is finished for good."""
+        self._seq_hashes.pop(seq.seq_id, None)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the sequence's full, computed blocks in the prefix cache (after a step)."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        hashes = self._block_hashes(seq)
+        for i in range(num_full):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is not None:
+                continue
+            if hashes[i] in self.cached_blocks:
+                continue  # same content computed twice: keep the first copy cached
+            block.block_hash = hashes[i]
+            self.cached_blocks[hashes[i]] = block
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (after a failed step, the cache contents are suspect)."""
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached_blocks.clear()
+
+    # ---- invariants -------------------------------------------------------------------------
+    def check_integrity(self, seqs: list[Sequence] | None = None) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent. With `seqs` (every sequence
+        holding blocks), ref counts must equal the number of block-table references."""
+        free = cached = in_use = 0
+        for block in self.blocks:
+            assert block.ref_cnt >= 0, block
+            if block.ref_cnt == 0:
+                assert block.block_id in self.free_queue, f"{block} has no owner and is not free"
+                if block.block_hash is None:
+                    free += 1
+                else:
+                    cached += 1
+            else:
+                assert block.block_id not in self.free_queue, f"{block} is in use and free"
+                in_use += 1
+            if block.block_hash is not None:
+                assert self.cached_blocks.get(block.block_hash) is block, f"{block} hash not mapped"
+        assert free + cached + in_use == self.num_blocks
+        assert len(self.free_queue) == free + cached
+        for block_hash, block in self.cached_blocks.items():
+            assert block.block_hash == block_hash, f"map entry {block_hash} -> {block}"
+        if seqs is not None:
+            refs = [0] * self.num_blocks
+            for seq in seqs:
+                assert len(seq.block_table) == len(set(seq.block_table)), f"{seq} repeats a block"
+                for block_id in seq.block_table:
+                    refs[block_id] += 1
+            for block in self.blocks:
+                assert block.ref_cnt == refs[block.block_id], \
+                    f"{block} has {refs[block.block_id]} references"

@@ -1,0 +1,41 @@
+"""Per-step attention metadata, set by the model runner around a forward pass, so that a model's
+`forward(input_ids, positions)` stays free of serving details."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """The batch is packed decodes first (one token each), then prefill chunks."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token, -1 = skip
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int32
+    decode_context_lens: torch.Tensor | None  # [num_decodes] int32, including the new token
+    num_prefill_tokens: int
+    prefill_block_tables: torch.Tensor | None  # [num_prefills, max_blocks] int32
+    prefill_cu_seqlens_q: torch.Tensor | None  # [num_prefills + 1] int32
+    prefill_context_lens: torch.Tensor | None  # [num_prefills] int32, cached prefix + chunk
+    prefill_max_seqlen_q: int = 0
+
+
+_current: AttentionMetadata | None = None
+
+
+def get_attention_metadata() -> AttentionMetadata | None:
+    return _current
+
+
+@contextlib.contextmanager
+def set_attention_metadata(metadata: AttentionMetadata | None) -> Iterator[None]:
+    global _current
+    previous, _current = _current, metadata
+    try:
+        yield
+    finally:
+        _current = previous

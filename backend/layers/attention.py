@@ -1,0 +1,43 @@
+"""Paged attention over the KV cache: stores this step's keys and values, then runs decode
+attention for the one-token sequences and prefill attention for the chunks."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..forward_context import get_attention_metadata
+from . import ops
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        # Views into the model runner's pool, [num_blocks, block_size, num_kv_heads, head_dim].
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        md = get_attention_metadata()
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if md is None or self.k_cache is None:
+            raise RuntimeError("Attention needs a KV cache and attention metadata (ModelRunner sets both)")
+        ops.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        out = torch.empty_like(q)
+        nd = md.num_decode_tokens
+        if nd:
+            ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, md.decode_block_tables,
+                                       md.decode_context_lens, self.scale, out=out[:nd])
+        if md.num_prefill_tokens:
+            end = nd + md.num_prefill_tokens
+            ops.paged_prefill_attention(q[nd:end], self.k_cache, self.v_cache,
+                                        md.prefill_block_tables, md.prefill_cu_seqlens_q,
+                                        md.prefill_context_lens, md.prefill_max_seqlen_q,
+                                        self.scale, out=out[nd:end])
+        return out.view(num_tokens, self.num_heads * self.head_dim)

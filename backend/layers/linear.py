@@ -1,0 +1,139 @@
+"""Linear layers in the Megatron style: each holds its tensor-parallel shard, and each parameter
+has a `weight_loader` that cuts its shard out of a checkpoint tensor. How the weight is stored
+and multiplied is a `LinearMethod`, so quantized formats plug in without touching models."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
+
+
+class LinearMethod:
+    """Creates a layer's weights and applies them. Subclass for quantized formats."""
+
+    def create_weights(self, layer: "LinearBase", in_features: int, out_features: int,
+                       dtype: torch.dtype) -> None:
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype),
+                                    requires_grad=False)
+        layer.weight.weight_loader = layer.weight_loader
+
+    def apply(self, layer: "LinearBase", x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 tp_dim: int | None, linear_method: LinearMethod | None = None) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.tp_dim = tp_dim  # which weight dim is sharded: 0 rows (column parallel), 1 cols
+        self.linear_method = linear_method or LinearMethod()
+        self.linear_method.create_weights(self, in_features, out_features, dtype)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def _shard(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
+        dim = self.tp_dim
+        if dim is None or dim >= loaded.dim():
+            return loaded
+        size = param.shape[dim]
+        return loaded.narrow(dim, self.tp_rank * size, size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        loaded = self._shard(param, loaded)
+        if param.shape != loaded.shape:
+            raise ValueError(f"weight shape {tuple(loaded.shape)} does not match {tuple(param.shape)}")
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_method.apply(self, x, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, linear_method: LinearMethod | None = None) -> None:
+        super().__init__(in_features, out_features, bias, dtype, None, linear_method)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; each rank keeps its slice of the output."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, gather_output: bool = False,
+                 linear_method: LinearMethod | None = None) -> None:
+        tp = get_tp_size()
+        if out_features % tp:
+            raise ValueError(f"{out_features} output features do not split over {tp} ranks")
+        self.gather_output = gather_output
+        super().__init__(in_features, out_features // tp, bias, dtype, 0, linear_method)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return tp_all_gather_last_dim(y) if self.gather_output else y
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of one input in one matmul (gate and up)."""
+
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False,
+                 dtype: torch.dtype = torch.float32, linear_method: LinearMethod | None = None) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias, dtype, False, linear_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        tp = self.tp_size
+        offset = sum(self.output_sizes[:shard_id]) // tp
+        size = self.output_sizes[shard_id] // tp
+        loaded = loaded.narrow(0, self.tp_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(loaded)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The q, k and v projections in one matmul; heads are split across ranks (kv heads are
+    replicated when there are fewer of them than ranks)."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False, dtype: torch.dtype = torch.float32,
+                 linear_method: LinearMethod | None = None) -> None:
+        tp = get_tp_size()
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp
+        self.total_num_kv_heads = num_kv_heads
+        self.num_kv_heads = max(1, num_kv_heads // tp)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden_size, out, bias, dtype, False, linear_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str = "q") -> None:
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[shard_id]
+        if shard_id == "q" or self.total_num_kv_heads >= self.tp_size:
+            start = self.tp_rank * size
+        else:  # fewer kv heads than ranks: neighbouring ranks replicate one kv head
+            start = self.tp_rank * self.total_num_kv_heads // self.tp_size * self.head_dim
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial outputs are summed (all-reduce)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 dtype: torch.dtype = torch.float32, linear_method: LinearMethod | None = None) -> None:
+        tp = get_tp_size()
+        if in_features % tp:
+            raise ValueError(f"{in_features} input features do not split over {tp} ranks")
+        super().__init__(in_features // tp, out_features, bias, dtype, 1, linear_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        if loaded.dim() == 1:  # bias: added once, not per shard
+            param.data.copy_(loaded if self.tp_rank == 0 else torch.zeros_like(loaded))
+            return
+        super().weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tp_all_reduce(super().forward(x))

@@ -1,0 +1,43 @@
+"""Dispatch to the Triton kernels on CUDA and to their PyTorch references elsewhere."""
+from __future__ import annotations
+
+import torch
+
+import kernels
+from kernels import reference
+
+
+def _on_gpu(x: torch.Tensor) -> bool:
+    return x.is_cuda
+
+
+def store_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
+    fn = kernels.store_kv_cache if _on_gpu(key) else reference.store_kv_cache_ref
+    fn(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out=None):
+    fn = kernels.paged_decode_attention if _on_gpu(query) else reference.paged_decode_attention_ref
+    return fn(query, k_cache, v_cache, block_tables, context_lens, scale, out=out)
+
+
+def paged_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                            max_seqlen_q, scale, out=None):
+    fn = kernels.paged_prefill_attention if _on_gpu(query) else reference.paged_prefill_attention_ref
+    return fn(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q,
+              scale, out=out)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    fn = kernels.rms_norm if _on_gpu(x) else reference.rms_norm_ref
+    return fn(x, weight, eps, residual)
+
+
+def apply_rotary_emb(query, key, positions, cos_sin_cache) -> None:
+    fn = kernels.apply_rotary_emb if _on_gpu(query) else reference.apply_rotary_emb_ref
+    fn(query, key, positions, cos_sin_cache)
+
+
+def silu_and_mul(x):
+    fn = kernels.silu_and_mul if _on_gpu(x) else reference.silu_and_mul_ref
+    return fn(x)

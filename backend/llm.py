@@ -1,0 +1,47 @@
+"""LLM: the offline API, `LLM(model=...).generate(prompts, sampling_params)`."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence as Seq
+
+from .config import EngineArgs
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .request import accumulate
+from .sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Generate for a batch of prompts with continuous batching; any engine argument as keyword."""
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.engine = LLMEngine(EngineArgs.from_kwargs(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Seq[Prompt],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                         and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise ValueError(f"Got {len(params)} sampling params for {len(prompts)} prompts.")
+        # Validate everything before queueing anything, so a bad prompt leaves no half-done batch.
+        requests = [self.engine.make_request(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        for req in requests:
+            self.engine.add_request(req.request_id, req)
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for delta in self.engine.step():
+                results[delta.request_id] = accumulate(results.get(delta.request_id), delta)
+        return [results[r.request_id] for r in requests]

@@ -1,0 +1,250 @@
+"""LLMEngine: requests in, one step at a time: schedule, run the model, process the tokens."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from .block_manager import BlockManager
+from .config import EngineArgs, load_hf_config
+from .metrics import EngineStats
+from .model_runner import ModelRunner
+from .outputs import RequestOutput
+from .request import Request, make_logprobs_entry
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+from .tokenizer import IncrementalDetokenizer, find_stop_string, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+class LLMEngine:
+    """Synchronous engine. Not thread-safe: `StreamingEngine` drives it from one thread."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.hf_config = load_hf_config(args.model)
+        self.tokenizer = load_tokenizer(args.tokenizer or args.model)
+        max_pos = int(self.hf_config.get("max_position_embeddings") or 4096)
+        if args.max_model_len is not None and args.max_model_len > max_pos:
+            raise ValueError(f"max_model_len={args.max_model_len} is larger than the model's "
+                             f"max_position_embeddings={max_pos}.")
+        max_model_len = args.max_model_len or max_pos
+        budget = args.max_num_batched_tokens or (
+            DEFAULT_MAX_NUM_BATCHED_TOKENS if args.enable_chunked_prefill
+            else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS))
+        if not args.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_model_len="
+                             f"{max_model_len}; without chunked prefill a whole prompt must fit "
+                             f"in one step. Raise max_num_batched_tokens or enable_chunked_prefill.")
+        self.args = args.replace(max_model_len=max_model_len, max_num_batched_tokens=budget)
+        self.runner = ModelRunner(self.args, self.hf_config, max_model_len, budget)
+        self.vocab_size = self.runner.vocab_size
+        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size,
+                                          args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, budget,
+                                   args.enable_chunked_prefill)
+        # A sequence can never outgrow the whole cache: it would preempt itself forever.
+        self.max_seq_len = min(max_model_len, self.runner.num_blocks * args.block_size)
+        self.eos_token_ids = self._eos_token_ids()
+        self.requests: dict[str, Request] = {}
+        self.stats = EngineStats()
+
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        ids: set[int] = set()
+        gen_path = os.path.join(self.args.model, "generation_config.json")
+        for source in (self.hf_config, json.load(open(gen_path, encoding="utf-8"))
+                       if os.path.isfile(gen_path) else {}):
+            eos = source.get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+    # ---- requests -----------------------------------------------------------------------------
+    def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                     arrival_time: float | None = None) -> Request:
+        """Validate and tokenize; raise ValueError with a clear message for bad input.
+        Touches no engine state, so it may run on any thread."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams.")
+        text: str | None = None
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("The prompt is empty.")
+            text = prompt
+            token_ids = list(self.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = list(prompt)
+            bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
+                        or not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"Token id {bad!r} is out of vocabulary (valid ids are 0 to {self.vocab_size - 1}).")
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}.")
+        if not token_ids:
+            raise ValueError("The prompt is empty.")
+        n = len(token_ids)
+        if n >= self.args.max_model_len:
+            raise ValueError(f"The prompt has {n} tokens, but max_model_len is {self.args.max_model_len}: "
+                             f"prompt plus at least one generated token must fit.")
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if n + 1 > capacity:
+            raise ValueError(f"The prompt has {n} tokens, more than the KV cache can ever hold "
+                             f"({capacity} tokens).")
+        if params.n > self.args.max_num_seqs:
+            raise ValueError(f"n={params.n} is larger than max_num_seqs={self.args.max_num_seqs}.")
+        if params.logprobs is not None and params.logprobs > self.args.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} is larger than max_logprobs={self.args.max_logprobs}.")
+        params = params.clone()
+        params._eos_token_ids = self.eos_token_ids
+        return Request(request_id, text, token_ids, params, arrival_time or time.time())
+
+    def add_request(self, request_id: str, prompt: str | list[int] | Request,
+                    params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
+        req = prompt if isinstance(prompt, Request) else self.make_request(request_id, prompt, params, arrival_time)
+        if req.request_id in self.requests:
+            raise ValueError(f"Request id {req.request_id!r} is already in use.")
+        seq = Sequence(req.request_id, req.prompt_token_ids, len(req.prompt_token_ids), req.params,
+                       0, req.metrics.arrival_time)
+        self._attach_detokenizer(seq, req)
+        req.seqs.append(seq)
+        self.requests[req.request_id] = req
+        self.scheduler.add(seq)
+
+    def _attach_detokenizer(self, seq: Sequence, req: Request) -> None:
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
+                                                 req.params.skip_special_tokens,
+                                                 req.params.spaces_between_special_tokens)
+
+    def abort_request(self, request_id: str, error: str | None = None) -> RequestOutput | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        req.error = error
+        self._record_finished(req)
+        return req.make_delta_output()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        rows: list[Sequence] = []
+        sources: list[int] = []
+        forks: list[tuple[Sequence, list[Sequence]]] = []
+        for item in sched.scheduled:
+            seq = item.seq
+            if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
+                continue  # a prompt chunk that does not reach the end: nothing to sample
+            group = [seq]
+            if seq.num_forks_pending:
+                children = [seq.fork(i) for i in range(1, seq.params.n)]
+                forks.append((seq, children))
+                group += children
+            rows.extend(group)
+            sources.extend([seq.seq_id] * len(group))
+        try:
+            results = self.runner.execute(sched.scheduled, sched.block_copies, rows, sources)
+        except Exception as exc:  # fail this batch's requests, keep the engine serving others
+            logger.exception("model step failed")
+            self.block_manager.reset_prefix_cache()
+            return self._fail_batch(sched, f"internal error while running the model: {exc}")
+        self.scheduler.update_after_step(sched)
+        for parent, children in forks:
+            parent.num_forks_pending = 0
+            req = self.requests[parent.request_id]
+            for child in children:
+                child.num_computed_tokens = parent.num_computed_tokens
+                self.block_manager.fork(parent, child)
+                self.scheduler.add_running(child)
+                self._attach_detokenizer(child, req)
+                req.seqs.append(child)
+        now = time.time()
+        touched: dict[str, Request] = {}
+        for seq, res in zip(rows, results):
+            req = self.requests[seq.request_id]
+            self._append_token(seq, req, res, now)
+            touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+                self._record_finished(req)
+            outputs.append(req.make_delta_output())
+        return outputs
+
+    def _fail_batch(self, sched, message: str) -> list[RequestOutput]:
+        ids = {item.seq.request_id for item in sched.scheduled}
+        return [out for rid in ids if (out := self.abort_request(rid, error=message)) is not None]
+
+    def _append_token(self, seq: Sequence, req: Request, res, now: float) -> None:
+        p = seq.params
+        seq.append_token(res.token_id)
+        seq.cumulative_logprob += res.logprob
+        if p.logprobs is not None:
+            seq.output_logprobs.append(make_logprobs_entry(res.token_id, res.logprob, res.rank, res.top))
+        m = req.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+            self.stats.time_to_first_token.append(now - m.arrival_time)
+            self.stats.prompt_tokens += len(req.prompt_token_ids)
+        elif seq.index == 0 and m.last_token_time is not None:
+            self.stats.time_per_output_token.append(now - m.last_token_time)
+        if seq.index == 0:
+            m.last_token_time = now
+        self.stats.generation_tokens += 1
+        n_out = seq.num_output_tokens
+        if res.token_id in p.all_stop_token_ids and n_out >= p.min_tokens:
+            seq.finish_reason = "stop"
+            seq.stop_reason = res.token_id if res.token_id in p.stop_token_ids else None
+            seq.output_text += seq.detokenizer.flush()
+        else:
+            delta = seq.detokenizer.add_token(res.token_id)
+            if delta:
+                seq.output_text += delta
+                if p.stop and n_out >= p.min_tokens:
+                    hit = find_stop_string(seq.output_text, len(delta), p.stop)
+                    if hit is not None:
+                        idx, s = hit
+                        seq.output_text = seq.output_text[:idx + len(s) if p.include_stop_str_in_output else idx]
+                        seq.finish_reason, seq.stop_reason = "stop", s
+        if seq.finish_reason is None and (
+                (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_seq_len):
+            seq.finish_reason = "length"
+            seq.output_text += seq.detokenizer.flush()
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+
+    def _record_finished(self, req: Request) -> None:
+        now = time.time()
+        req.metrics.finished_time = now
+        self.stats.e2e_request_latency.append(now - req.metrics.arrival_time)
+        reason = next((s.finish_reason for s in req.seqs if s.finish_reason), "abort")
+        self.stats.request_success[reason] = self.stats.request_success.get(reason, 0) + 1
+
+    # ---- stats ----------------------------------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        """Gauges and counters now; latency samples since the previous call."""
+        s = self.stats
+        snapshot = EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.block_manager.usage,
+            prefix_cache_queries=self.block_manager.prefix_cache_queries,
+            prefix_cache_hits=self.block_manager.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions, prompt_tokens=s.prompt_tokens,
+            generation_tokens=s.generation_tokens, request_success=dict(s.request_success),
+            time_to_first_token=s.time_to_first_token, time_per_output_token=s.time_per_output_token,
+            e2e_request_latency=s.e2e_request_latency)
+        s.time_to_first_token, s.time_per_output_token, s.e2e_request_latency = [], [], []
+        return snapshot

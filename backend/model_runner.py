@@ -1,0 +1,230 @@
+"""ModelRunner: owns the model, the KV cache pool and the sampler; runs one scheduled step."""
+from __future__ import annotations
+
+import gc
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .config import CPU_KV_CACHE_BYTES, EngineArgs
+from .forward_context import AttentionMetadata, set_attention_metadata
+from .layers.sampler import Sampler, SamplerOutput
+from .loader import load_dummy, load_safetensors
+from .models import get_model_class
+from .scheduler import ScheduledSequence
+from .sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(args: EngineArgs) -> torch.device:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was requested but no CUDA device is available.")
+    if args.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(args.device)
+
+
+def resolve_dtype(args: EngineArgs, hf_config: dict, device: torch.device) -> torch.dtype:
+    if args.dtype != "auto":
+        return _DTYPES[args.dtype]
+    if device.type == "cpu":
+        return torch.float32  # CPU bf16 matmuls are slow and inexact; tests compare in float32
+    config_dtype = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16")
+    return _DTYPES.get(config_dtype, torch.bfloat16) if config_dtype != "float32" else torch.bfloat16
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None  # requested top logprobs: (token id, logprob)
+    rank: int | None
+
+
+class ModelRunner:
+    def __init__(self, args: EngineArgs, hf_config: dict, max_model_len: int,
+                 max_num_batched_tokens: int) -> None:
+        self.args = args
+        self.device = resolve_device(args)
+        self.dtype = resolve_dtype(args, hf_config, self.device)
+        self.block_size = args.block_size
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(args.seed)
+        model_cls = get_model_class(hf_config)
+        with torch.device(self.device):
+            self.model = model_cls(hf_config, self.dtype)
+        self.model.eval()
+        if args.load_format == "dummy":
+            load_dummy(self.model, args.seed)
+        else:
+            load_safetensors(self.model, args.model)
+        self.attn_layers = self.model.attention_layers()
+        a = self.model.args
+        self.num_kv_heads = self.attn_layers[0].num_kv_heads
+        self.head_dim = a.head_dim
+        self.vocab_size = a.vocab_size
+        self.sampler = Sampler()
+        self.num_blocks = self._decide_num_blocks()
+        self.kv_cache = torch.zeros(2, len(self.attn_layers), self.num_blocks, self.block_size,
+                                    self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attn_layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+
+    # ---- KV pool sizing -----------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        return (2 * len(self.attn_layers) * self.block_size * self.num_kv_heads * self.head_dim
+                * torch.tensor([], dtype=self.dtype).element_size())
+
+    def _decide_num_blocks(self) -> int:
+        if self.args.num_kv_blocks is not None:
+            return self.args.num_kv_blocks
+        if self.device.type == "cpu":
+            enough = -(-self.max_model_len // self.block_size) * self.args.max_num_seqs
+            return max(1, min(CPU_KV_CACHE_BYTES // self.block_bytes, enough))
+        return self._profile_num_blocks()
+
+    @torch.inference_mode()
+    def _profile_num_blocks(self) -> int:
+        """Run a forward pass at the token budget, see the peak memory, give the rest of
+        gpu_memory_utilization to the KV cache."""
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        free, total = torch.cuda.mem_get_info()
+        others = total - free - torch.cuda.memory_reserved()  # other processes, CUDA context
+        num_tokens = self.max_num_batched_tokens
+        seq_len = min(self.max_model_len, num_tokens)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        blocks_per_seq = -(-seq_len // self.block_size)
+        scratch = torch.empty(2, len(self.attn_layers), blocks_per_seq * len(lens), self.block_size,
+                              self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attn_layers):
+            layer.k_cache, layer.v_cache = scratch[0, i], scratch[1, i]
+        seqs = []
+        for j, n in enumerate(lens):
+            s = Sequence(f"profile-{j}", [0] * n, n, _PROFILE_PARAMS)
+            s.block_table = list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq))
+            seqs.append(ScheduledSequence(s, n))
+        input_ids, positions, md, _ = self._prepare(seqs)
+        with set_attention_metadata(md):
+            hidden = self.model(input_ids, positions)
+        rows = min(self.args.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:rows])
+        torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's worst case
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        del scratch, hidden, logits
+        for layer in self.attn_layers:
+            layer.k_cache = layer.v_cache = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        available = total * self.args.gpu_memory_utilization - others - peak
+        num_blocks = int(available // self.block_bytes)
+        logger.info("KV cache: %d blocks (%.2f GiB); peak activation+weights %.2f GiB",
+                    num_blocks, num_blocks * self.block_bytes / 2**30, peak / 2**30)
+        if num_blocks < 1:
+            raise ValueError("gpu_memory_utilization: no memory is left for the KV cache "
+                             f"(weights and activations peak at {peak / 2**30:.2f} GiB of "
+                             f"{total / 2**30:.2f} GiB); raise it or lower max_num_batched_tokens.")
+        return num_blocks
+
+    # ---- one step -----------------------------------------------------------------------------
+    def _prepare(self, scheduled: list[ScheduledSequence]):
+        """Pack the step's tokens, decodes (one token) first, then prefill chunks."""
+        bs = self.block_size
+        decodes = [it for it in scheduled if it.num_new_tokens == 1]
+        prefills = [it for it in scheduled if it.num_new_tokens > 1]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_index: dict[int, int] = {}
+        for it in decodes + prefills:
+            s = it.seq
+            start, end = s.num_computed_tokens, s.num_computed_tokens + it.num_new_tokens
+            input_ids.extend(s.token_ids[start:end])
+            positions.extend(range(start, end))
+            bt = s.block_table
+            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
+            last_index[s.seq_id] = len(input_ids) - 1
+        dev = self.device
+
+        def table(items: list[ScheduledSequence]) -> torch.Tensor:
+            width = max(len(it.seq.block_table) for it in items)
+            rows = [it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in items]
+            return torch.tensor(rows, dtype=torch.int32, device=dev)
+
+        md = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=table(decodes) if decodes else None,
+            decode_context_lens=torch.tensor([it.seq.num_computed_tokens + 1 for it in decodes],
+                                             dtype=torch.int32, device=dev) if decodes else None,
+            num_prefill_tokens=len(input_ids) - len(decodes),
+            prefill_block_tables=table(prefills) if prefills else None,
+            prefill_cu_seqlens_q=torch.tensor(
+                [0] + list(_cumsum(it.num_new_tokens for it in prefills)),
+                dtype=torch.int32, device=dev) if prefills else None,
+            prefill_context_lens=torch.tensor(
+                [it.seq.num_computed_tokens + it.num_new_tokens for it in prefills],
+                dtype=torch.int32, device=dev) if prefills else None,
+            prefill_max_seqlen_q=max((it.num_new_tokens for it in prefills), default=0),
+        )
+        return (torch.tensor(input_ids, dtype=torch.int64, device=dev),
+                torch.tensor(positions, dtype=torch.int64, device=dev), md, last_index)
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
+                sample_rows: list[Sequence], sample_sources: list[int]) -> list[SampleResult]:
+        """Run the model on the scheduled tokens; sample one token for each row in `sample_rows`
+        from the logits after the last new token of sequence id `sample_sources[i]`."""
+        if block_copies:
+            src = torch.tensor([c[0] for c in block_copies], device=self.device)
+            dst = torch.tensor([c[1] for c in block_copies], device=self.device)
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        input_ids, positions, md, last_index = self._prepare(scheduled)
+        with set_attention_metadata(md):
+            hidden = self.model(input_ids, positions)
+        if not sample_rows:
+            return []
+        idx = torch.tensor([last_index[s] for s in sample_sources], device=self.device)
+        logits = self.model.compute_logits(hidden[idx])
+        return self._to_results(self.sampler(logits, sample_rows), sample_rows)
+
+    @staticmethod
+    def _to_results(out: SamplerOutput, rows: list[Sequence]) -> list[SampleResult]:
+        token_ids = out.token_ids.tolist()  # the step's one host-device synchronisation
+        logprobs = out.logprobs.tolist()
+        ranks = out.ranks.tolist() if out.ranks is not None else None
+        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
+        results = []
+        for i, row in enumerate(rows):
+            k = row.params.logprobs
+            top = None
+            if k is not None:
+                top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k and top_ids else []
+            results.append(SampleResult(token_ids[i], logprobs[i], top, ranks[i] if k is not None else None))
+        return results
+
+
+def _cumsum(values):
+    total = 0
+    for v in values:
+        total += v
+        yield total
+
+
+def _profile_params():
+    from .sampling_params import SamplingParams
+    return SamplingParams(max_tokens=1)
+
+
+_PROFILE_PARAMS = _profile_params()

@@ -1,0 +1,154 @@
+"""Llama-family decoder (Llama 2/3, Qwen2, Mistral without sliding window), written for serving:
+packed tokens of many sequences, paged attention, fused qkv and gate/up projections."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..layers.activation import SiluAndMul
+from ..layers.attention import Attention
+from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from ..layers.layernorm import RMSNorm
+from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.rotary import RotaryEmbedding
+
+
+@dataclass
+class LlamaArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+
+    @classmethod
+    def from_hf_config(cls, c: dict) -> "LlamaArgs":
+        heads = c["num_attention_heads"]
+        rope = dict(c.get("rope_parameters") or {})  # transformers 5 layout
+        if c.get("rope_scaling"):
+            rope.update(c["rope_scaling"])
+        theta = rope.pop("rope_theta", c.get("rope_theta", 10000.0))
+        if rope.get("rope_type", rope.get("type", "default")) == "default":
+            rope = {}
+        if c.get("sliding_window") and c.get("use_sliding_window", False):
+            raise ValueError("model: sliding-window attention is not supported")
+        return cls(
+            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_hidden_layers"],
+            num_attention_heads=heads, num_key_value_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+            rope_scaling=rope or None,
+            max_position_embeddings=c.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            # Qwen2 always has a qkv bias; Llama says so in attention_bias.
+            attention_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
+            mlp_bias=bool(c.get("mlp_bias", False)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(a.hidden_size, a.head_dim, a.num_attention_heads,
+                                          a.num_key_value_heads, bias=a.attention_bias, dtype=dtype)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * a.head_dim
+        self.kv_size = self.num_kv_heads * a.head_dim
+        self.o_proj = RowParallelLinear(a.num_attention_heads * a.head_dim, a.hidden_size,
+                                        bias=False, dtype=dtype)
+        self.rotary_emb = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope_theta,
+                                          a.rope_scaling)
+        self.attn = Attention(self.num_heads, a.head_dim, a.head_dim ** -0.5, self.num_kv_heads)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = q.contiguous(), k.contiguous()
+        self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            a.hidden_size, [a.intermediate_size] * 2, bias=a.mlp_bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias,
+                                           dtype=dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(a, dtype)
+        self.mlp = LlamaMLP(a, dtype)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(a.vocab_size, a.hidden_size, dtype)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(a, dtype) for _ in range(a.num_hidden_layers)])
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name fragment -> (fused parameter fragment, shard id)
+    packed_modules = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, hf_config: dict, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.args = LlamaArgs.from_hf_config(hf_config)
+        self.model = LlamaModel(self.args, dtype)
+        self.lm_head = ParallelLMHead(self.args.vocab_size, self.args.hidden_size, dtype)
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]

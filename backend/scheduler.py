@@ -1,0 +1,150 @@
+"""Scheduler: decides, every step, which tokens of which sequences the model computes.
+
+Iteration-level (continuous batching): each step mixes the running sequences' next tokens
+(decodes, or the next chunk of a long prompt) with chunks of waiting prompts, within
+`max_num_batched_tokens` tokens and `max_num_seqs` sequences. First come, first served. When the
+KV cache runs out, the most recently admitted sequence is preempted: its blocks are freed and it
+goes back to the front of the waiting queue, to be recomputed later (its generated tokens are kept).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int  # tokens computed for it this step, from seq.num_computed_tokens on
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    num_batched_tokens: int = 0
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool = True) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: preemption takes from the end
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running parent (n > 1) joins right after it."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence wherever it is, freeing its blocks."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        self.block_manager.forget(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def all_sequences(self) -> list[Sequence]:
+        return list(self.running) + list(self.waiting)
+
+    # ---- the step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+
+        # 1. Running sequences first, in admission order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.block_manager.allocate_slots(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append(ScheduledSequence(seq, num_new))
+                scheduled_ids.add(seq.seq_id)
+                budget -= num_new
+                i += 1
+                continue
+            # seq itself was preempted: everything after it already was.
+            break
+
+        # 2. Waiting sequences, unless this step had to preempt (memory is tight).
+        while self.waiting and budget > 0 and not out.preempted:
+            seq = self.waiting[0]
+            num_seqs_after = len(self.running) + 1 + seq.num_forks_pending
+            if num_seqs_after > self.max_num_seqs:
+                break
+            computed_blocks, num_hit = self.block_manager.get_computed_blocks(seq)
+            num_new = seq.num_tokens - num_hit
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):
+                # Undo the query count: the same lookup happens again next step.
+                self.block_manager.prefix_cache_queries -= seq.num_tokens
+                self.block_manager.prefix_cache_hits -= num_hit
+                break
+            self.waiting.popleft()
+            if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:
+                seq.num_cached_tokens = num_hit
+            seq.num_computed_tokens = num_hit
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+
+        out.block_copies = self.block_manager.take_copies()
+        out.num_batched_tokens = self.max_num_batched_tokens - budget
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """The model computed the scheduled tokens: advance and publish full blocks."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+
+    def num_wasted_slots(self) -> int:
+        """Allocated KV slots not holding a computed token; under one block per sequence."""
+        bs = self.block_manager.block_size
+        return sum(len(s.block_table) * bs - s.num_computed_tokens for s in self.running)

@@ -1,0 +1,96 @@
+"""Sequence: one stream of tokens (a prompt and one sample's output) and its scheduling state."""
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import TYPE_CHECKING
+
+from .outputs import Logprob
+
+if TYPE_CHECKING:
+    from .sampling_params import SamplingParams
+    from .tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """A prompt plus the tokens generated for it by one sample.
+
+    `num_computed_tokens` counts the tokens whose K/V are in the cache; the scheduler moves it
+    forward, preemption resets it to 0 (the sequence is recomputed, prompt and output alike).
+    """
+
+    def __init__(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
+                 params: "SamplingParams", index: int = 0, arrival_time: float = 0.0) -> None:
+        self.seq_id = next(_seq_counter)
+        self.request_id = request_id
+        self.index = index  # which of the request's n samples
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = num_prompt_tokens
+        self.params = params
+        self.arrival_time = arrival_time
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit at first admission
+        self.block_table: list[int] = []
+        # A parent of n > 1 samples forks into n sequences after its prompt is computed.
+        self.num_forks_pending = params.n - 1 if index == 0 else 0
+        self.cumulative_logprob = 0.0
+        self.output_logprobs: list[dict[int, Logprob]] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.detokenizer: "IncrementalDetokenizer | None" = None
+        self.output_text = ""  # text after stop-string truncation
+        self.num_text_emitted = 0  # characters of output_text already streamed
+        self.num_tokens_emitted = 0
+        self.num_logprobs_emitted = 0
+        self.generator = None  # torch.Generator when params.seed is set
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def is_prefill(self) -> bool:
+        """True until every known token (prompt, or prompt + output after preemption) is computed."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def fork(self, index: int) -> "Sequence":
+        """A sibling sample sharing everything computed so far (the block manager shares blocks)."""
+        child = Sequence(self.request_id, self.token_ids, self.num_prompt_tokens, self.params,
+                         index, self.arrival_time)
+        child.status = self.status
+        child.num_computed_tokens = self.num_computed_tokens
+        child.num_cached_tokens = self.num_cached_tokens
+        return child
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, req={self.request_id!r}, idx={self.index}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, {self.status.name})")

@@ -1,0 +1,93 @@
+"""Tokenizer loading, incremental detokenization and stop-string handling."""
+from __future__ import annotations
+
+import os
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+# Prompt tokens decoded together with the first generated ones, so that tokenizers which drop a
+# leading space at the start of a decode (SentencePiece) keep it for the first generated token.
+_PROMPT_CONTEXT_TOKENS = 5
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    if not os.path.isdir(path):
+        raise ValueError(f"tokenizer: directory {path!r} does not exist.")
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises many types; the user needs the path and cause
+        raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {exc}") from exc
+
+
+class IncrementalDetokenizer:
+    """Turns generated token ids into text one token at a time.
+
+    Each call returns the new text since the previous call. Text is held back while the decoded
+    window ends in an incomplete UTF-8 sequence (U+FFFD), so a multi-byte character split
+    across tokens is emitted whole, once its last byte arrives; the pieces concatenate to the
+    decode of all generated tokens.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
+                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        self._ids = context  # a window: [prefix_offset:] of everything seen
+        self._prefix_offset = 0  # start of the decoded window
+        self._read_offset = len(context)  # tokens before this are already emitted
+        self._prefix_text = self._decode(self._ids)  # cached decode of [prefix, read)
+
+    def _decode(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     spaces_between_special_tokens=self.spaces_between_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def add_token(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        new_text = self._decode(self._ids[self._prefix_offset:])
+        if len(new_text) <= len(self._prefix_text) or new_text.endswith("\ufffd"):
+            return ""  # nothing printable yet (special token skipped, or a partial character)
+        delta = new_text[len(self._prefix_text):]
+        # Slide the window: the next decode starts at the tokens just emitted.
+        drop = self._read_offset
+        self._ids = self._ids[drop:]
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        return delta
+
+    def flush(self) -> str:
+        """Text still held back (an incomplete character at the very end), as the full decode has it."""
+        new_text = self._decode(self._ids[self._prefix_offset:])
+        delta = new_text[len(self._prefix_text):] if len(new_text) > len(self._prefix_text) else ""
+        self._ids = []
+        self._prefix_text = ""
+        self._read_offset = 0
+        return delta
+
+
+def find_stop_string(text: str, new_chars: int, stop: list[str]) -> tuple[int, str] | None:
+    """Earliest stop string that ends within the last `new_chars` characters of `text`."""
+    best: tuple[int, str] | None = None
+    for s in stop:
+        start = max(0, len(text) - new_chars - len(s) + 1)
+        idx = text.find(s, start)
+        if idx != -1 and (best is None or idx < best[0]):
+            best = (idx, s)
+    return best
+
+
+def partial_stop_suffix_len(text: str, stop: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string: text
+    that must not be streamed yet, because the next token may complete the stop string."""
+    longest = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:k]):
+                longest = k
+                break
+    return longest
