@@ -32,6 +32,8 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None  # defaults to 8192 (chunked prefill) or max_model_len
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # Cap on one prompt's chunk per step while other requests wait; 0: half the token budget.
+    long_prefill_token_threshold: int = 0
     load_format: str = "auto"  # dummy: random weights of the config's shapes
     enforce_eager: bool = False  # True: no CUDA graphs
     max_logprobs: int = 20
@@ -61,14 +63,16 @@ class EngineArgs:
         _positive_int("max_num_seqs", self.max_num_seqs)
         if self.max_num_batched_tokens is not None:
             _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
-            if self.max_num_batched_tokens < self.max_num_seqs and not self.enable_chunked_prefill:
-                pass  # allowed: fewer sequences per step
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}.")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
+        if isinstance(self.long_prefill_token_threshold, bool) or not isinstance(
+                self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be a non-negative integer, "
+                             f"got {self.long_prefill_token_threshold!r}.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":

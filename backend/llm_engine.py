@@ -46,7 +46,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size,
                                           args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, budget,
-                                   args.enable_chunked_prefill)
+                                   args.enable_chunked_prefill, args.long_prefill_token_threshold)
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(max_model_len, self.runner.num_blocks * args.block_size)
         self.eos_token_ids = self._eos_token_ids()

@@ -35,11 +35,14 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True) -> None:
+                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
+        # While others wait, one prompt's chunk takes at most this many tokens of a step, so a
+        # newcomer is admitted at once instead of waiting for a long prompt to finish.
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
@@ -75,29 +78,27 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        scheduled_ids: set[int] = set()
 
-        # 1. Running sequences first, in admission order.
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if num_new <= 0:
-                i += 1
-                continue
-            while not self.block_manager.allocate_slots(seq, num_new):
-                victim = self.running[-1]
-                self._preempt(victim, out)
-                if victim is seq:
+        # 1. Running sequences: decodes first, so a long prompt's chunks never stall them,
+        #    then prompt chunks, each group in admission order.
+        for decodes in (True, False):
+            for seq in list(self.running):
+                if budget <= 0:
                     break
-            else:
-                out.scheduled.append(ScheduledSequence(seq, num_new))
-                scheduled_ids.add(seq.seq_id)
-                budget -= num_new
-                i += 1
-                continue
-            # seq itself was preempted: everything after it already was.
-            break
+                remaining = seq.num_tokens - seq.num_computed_tokens
+                if (remaining == 1) != decodes or seq.status != SequenceStatus.RUNNING:
+                    continue  # the other pass's, or preempted earlier in this loop
+                num_new = min(remaining, budget)
+                if num_new > 1 and self.waiting:
+                    num_new = min(num_new, self._chunk_cap())
+                while not self.block_manager.allocate_slots(seq, num_new):
+                    victim = self.running[-1]
+                    budget += self._preempt(victim, out)
+                    if victim is seq:
+                        break
+                else:
+                    out.scheduled.append(ScheduledSequence(seq, num_new))
+                    budget -= num_new
 
         # 2. Waiting sequences, unless this step had to preempt (memory is tight).
         while self.waiting and budget > 0 and not out.preempted:
@@ -107,6 +108,8 @@ class Scheduler:
                 break
             computed_blocks, num_hit = self.block_manager.get_computed_blocks(seq)
             num_new = seq.num_tokens - num_hit
+            if len(self.waiting) > 1 and self.enable_chunked_prefill:
+                num_new = min(num_new, self._chunk_cap())
             if num_new > budget:
                 if not self.enable_chunked_prefill:
                     break
@@ -129,7 +132,24 @@ class Scheduler:
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _chunk_cap(self) -> int:
+        if not self.enable_chunked_prefill:
+            return self.max_num_batched_tokens
+        return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 2)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Free the sequence for recompute; returns the budget it gave back if it had already
+        been scheduled in this step."""
+        returned = 0
+        for i, item in enumerate(out.scheduled):
+            if item.seq is seq:
+                returned = item.num_new_tokens
+                del out.scheduled[i]
+                break
+        if returned:  # drop its copy-on-write: the copy's destination is freed below
+            mine = set(seq.block_table)
+            self.block_manager.pending_copies = [
+                c for c in self.block_manager.pending_copies if c[1] not in mine]
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
@@ -137,6 +157,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
+        return returned
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """The model computed the scheduled tokens: advance and publish full blocks."""

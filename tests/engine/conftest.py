@@ -1,0 +1,36 @@
+"""Tiny random-weight models of real architectures, built once per test session."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from build_default_model import build_model  # noqa: E402
+
+# Llama with GQA (4 query / 2 kv heads), untied embeddings and Llama-3 rope scaling whose
+# original context (64) is shorter than our prompts, so the scaled frequencies matter.
+LLAMA = dict(arch="llama", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+# Qwen2 with qkv bias, tied embeddings, 4:1 GQA, sharded checkpoint with an index file.
+QWEN2 = dict(arch="qwen2", num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True,
+             max_shard_size="200KB")
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> str:
+    return build_model(str(tmp_path_factory.mktemp("tiny-llama")), seed=1, **LLAMA)
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory) -> str:
+    return build_model(str(tmp_path_factory.mktemp("tiny-qwen2")), seed=2, **QWEN2)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def model_dir(request, llama_dir, qwen2_dir) -> str:
+    return {"llama": llama_dir, "qwen2": qwen2_dir}[request.param]

@@ -1,0 +1,138 @@
+"""Scheduler: token budget, chunked prefill, FCFS, preemption of the newest, and a randomized
+workload with the block manager's integrity check after every step."""
+from __future__ import annotations
+
+import random
+
+from backend.block_manager import BlockManager
+from backend.sampling_params import SamplingParams
+from backend.scheduler import Scheduler
+from backend.sequence import Sequence, SequenceStatus
+
+
+def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=16, chunked=True, caching=True):
+    bm = BlockManager(num_blocks, block_size, caching)
+    return Scheduler(bm, max_num_seqs, budget, chunked), bm
+
+
+def seq(n: int, rid: str, start: int = 0, params: SamplingParams | None = None) -> Sequence:
+    return Sequence(rid, list(range(start, start + n)), n, params or SamplingParams())
+
+
+def run_step(sched: Scheduler, sample_token: int = 7) -> list[tuple[str, int]]:
+    """Schedule, pretend the model ran, append a token to each sequence that reached its end."""
+    out = sched.schedule()
+    plan = [(it.seq.request_id, it.num_new_tokens) for it in out.scheduled]
+    done = [it.seq for it in out.scheduled if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
+    sched.update_after_step(out)
+    for s in done:
+        s.append_token(sample_token)
+    return plan
+
+
+def test_chunked_prefill_mixes_decodes_with_prompt_chunks():
+    sched, bm = make(budget=8)
+    sched.add(seq(3, "short"))
+    sched.add(seq(20, "long", 100))
+    assert run_step(sched) == [("short", 3), ("long", 5)]
+    # The short request decodes while the long prompt continues in chunks.
+    assert run_step(sched) == [("short", 1), ("long", 7)]
+    assert run_step(sched) == [("short", 1), ("long", 7)]
+    assert run_step(sched) == [("short", 1), ("long", 1)]  # the long prompt is done; both decode
+    bm.check_integrity(sched.all_sequences())
+
+
+def test_short_request_not_stuck_behind_long_prompt():
+    sched, _ = make(budget=8, num_blocks=32)
+    sched.add(seq(40, "long"))
+    assert run_step(sched) == [("long", 8)]  # alone: the whole budget
+    sched.add(seq(2, "short", 500))
+    # With someone waiting, the long prompt's chunk is capped (half the budget) and the
+    # newcomer is admitted in the same step.
+    assert run_step(sched) == [("long", 4), ("short", 2)]
+    assert run_step(sched) == [("short", 1), ("long", 7)]  # its decode goes first
+
+
+def test_without_chunked_prefill_prompt_waits_for_whole_budget():
+    sched, _ = make(budget=8, chunked=False)
+    sched.add(seq(3, "a"))
+    sched.add(seq(6, "b", 50))
+    assert run_step(sched) == [("a", 3)]
+    assert run_step(sched) == [("a", 1), ("b", 6)]
+
+
+def test_max_num_seqs_limits_admission_fcfs():
+    sched, _ = make(max_num_seqs=2, budget=64, num_blocks=32)
+    for i in range(3):
+        sched.add(seq(2, f"r{i}", 10 * i))
+    assert run_step(sched) == [("r0", 2), ("r1", 2)]
+    assert [s.request_id for s in sched.waiting] == ["r2"]
+
+
+def test_preempts_most_recent_and_recomputes_it_later():
+    sched, bm = make(num_blocks=4, block_size=4, budget=64)
+    a, b = seq(8, "a"), seq(8, "b", 100)
+    sched.add(a)
+    sched.add(b)
+    assert run_step(sched) == [("a", 8), ("b", 8)]  # 2 full blocks each: the cache is full
+    assert (a.block_table, b.block_table) == ([0, 1], [2, 3])
+    # Both need a third block to decode: b (admitted last) is preempted for a.
+    assert run_step(sched) == [("a", 1)]
+    assert sched.num_preemptions == 1
+    assert b.status == SequenceStatus.WAITING and b.num_computed_tokens == 0 and b.block_table == []
+    assert b.token_ids == list(range(100, 108)) + [7]  # its generated token is kept
+    assert list(sched.waiting) == [b]
+    # a took b's last freed block (the tail is freed, hence evicted, first).
+    assert a.block_table == [0, 1, 3]
+    sched.finish(a)
+    # b comes back as prompt + output; its first block is still cached, so only 5 tokens run.
+    assert run_step(sched) == [("b", 5)]
+    assert b.block_table[0] == 2 and b.num_computed_tokens == 9 and b.num_cached_tokens == 0
+    bm.check_integrity(sched.all_sequences())
+
+
+def test_random_workload_keeps_integrity():
+    rng = random.Random(1234)
+    sched, bm = make(num_blocks=24, block_size=4, max_num_seqs=6, budget=12)
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
+    live: dict[str, list[Sequence]] = {}
+    counter = 0
+    finished = 0
+    for step in range(600):
+        if rng.random() < 0.3 and len(live) < 10:
+            counter += 1
+            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
+            n = rng.choice([1, 1, 1, 2, 3])
+            s = Sequence(f"q{counter}", tokens, len(tokens), SamplingParams(n=n))
+            live[s.request_id] = [s]
+            sched.add(s)
+        if live and rng.random() < 0.03:  # abort
+            rid = rng.choice(sorted(live))
+            for s in live.pop(rid):
+                if not s.is_finished:
+                    sched.finish(s)
+        out = sched.schedule()
+        bm.check_integrity(sched.all_sequences())
+        done = [it.seq for it in out.scheduled
+                if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
+        sched.update_after_step(out)
+        for s in done:
+            if s.num_forks_pending:
+                s.num_forks_pending = 0
+                for i in range(1, s.params.n):
+                    child = s.fork(i)
+                    bm.fork(s, child)
+                    sched.add_running(child)
+                    live[s.request_id].append(child)
+        for s in [c for group in live.values() for c in group if c.status == SequenceStatus.RUNNING
+                  and c.num_computed_tokens == c.num_tokens]:
+            s.append_token(rng.randrange(50))
+            if s.num_output_tokens >= rng.randint(3, 30) or s.num_tokens >= 24 * 4 - 1:
+                sched.finish(s)
+                finished += 1
+        for rid in [r for r, g in live.items() if all(s.is_finished for s in g)]:
+            del live[rid]
+        bm.check_integrity(sched.all_sequences())
+        assert bm.num_free_blocks + sum(1 for b in bm.blocks if b.ref_cnt) == bm.num_blocks
+        assert sched.num_wasted_slots() < bm.block_size * max(1, len(sched.running))
+    assert finished > 50 and sched.num_preemptions > 0 and bm.prefix_cache_hits > 0
