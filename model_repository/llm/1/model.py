@@ -37,10 +37,8 @@ if _ROOT not in sys.path:
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from backend import StreamingEngine  # noqa: E402
-from backend.triton_config import engine_args_from_model_config  # noqa: E402
-from backend.triton_metrics import FINISH_REASONS, METRICS, MetricsTracker  # noqa: E402
-from backend.triton_request import INPUT_NAMES, ResponseBuilder, parse_request  # noqa: E402
+# The engine (torch, transformers: seconds to import) is imported in initialize(), not here:
+# Triton also imports this file in a short-lived stub just to auto-complete the config.
 
 _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
 _METRICS_INTERVAL_S = 0.2
@@ -51,18 +49,23 @@ _STOP = object()
 class _InFlight:
     request_id: str
     sender: Any  # pb_utils.InferenceResponseSender
-    builder: ResponseBuilder
+    builder: Any  # backend.triton_request.ResponseBuilder
     cancelled: bool = False
+    failure: str | None = None  # set when building its responses failed
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        from backend import StreamingEngine, triton_metrics, triton_request
+        from backend.triton_config import engine_args_from_model_config
+
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise pb_utils.TritonModelException("the llm model must be decoupled: set "
                                                 "model_transaction_policy { decoupled: true }")
         engine_args = engine_args_from_model_config(config.get("parameters", {}), _ROOT)
         self._labels = {"model": args["model_name"], "version": args["model_version"]}
+        self._requests = triton_request
         self._engine = StreamingEngine(engine_args)
         self._max_n = self._engine.engine_args.max_num_seqs
         self._ids = itertools.count()
@@ -72,7 +75,8 @@ class TritonPythonModel:
         self._closing = False
         self._sender_thread = threading.Thread(target=self._send_loop, name="tritium-sender")
         self._sender_thread.start()
-        self._metrics = _Metrics(self._labels)
+        self._metrics = _Metrics(self._labels, triton_metrics)
+        self._metrics_tracker = triton_metrics.MetricsTracker()
         self._metrics_stop = threading.Event()
         self._metrics_thread = threading.Thread(target=self._metrics_loop, name="tritium-metrics")
         self._metrics_thread.start()
@@ -87,13 +91,13 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             inputs = {}
-            for name in INPUT_NAMES:
+            for name in self._requests.INPUT_NAMES:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
-            parsed = parse_request(inputs, request.parameters(), max_n=self._max_n)
+            parsed = self._requests.parse_request(inputs, request.parameters(), max_n=self._max_n)
             # Clients' request ids may be empty or repeat: the engine gets its own.
-            state = _InFlight(str(next(self._ids)), sender, ResponseBuilder(parsed))
+            state = _InFlight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed))
             with self._lock:
                 self._inflight[state.request_id] = state
             try:
@@ -133,15 +137,18 @@ class TritonPythonModel:
             _send_error(sender, message, code)
             return
         state, output = item
-        try:
-            response = state.builder.add(output)
-        except Exception as e:
-            pb_utils.Logger.log_error(f"tritium: bad engine output: {traceback.format_exc()}")
-            self._engine.abort(state.request_id)
-            response = None
+        response = None
+        if state.failure is None:
+            try:
+                response = state.builder.add(output)
+            except Exception as e:  # this request fails; the engine and the others carry on
+                pb_utils.Logger.log_error(f"tritium: bad engine output: {traceback.format_exc()}")
+                state.failure = f"internal error: {e}"
+                self._engine.abort(state.request_id)
+        if state.failure is not None:
             if output.finished:
                 self._finish(state)
-                _send_error(state.sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+                _send_error(state.sender, state.failure, pb_utils.TritonError.INTERNAL)
             return
         if response is None:
             return
@@ -172,10 +179,9 @@ class TritonPythonModel:
                 self._engine.abort(state.request_id)  # its final "abort" output ends it
 
     def _metrics_loop(self) -> None:
-        tracker = MetricsTracker()
         while not self._metrics_stop.wait(_METRICS_INTERVAL_S):
             try:
-                self._metrics.apply(tracker.update(self._engine.get_stats()))
+                self._metrics.apply(self._metrics_tracker.update(self._engine.get_stats()))
             except Exception:
                 pb_utils.Logger.log_error(f"tritium: metrics failed: {traceback.format_exc()}")
 
@@ -216,21 +222,21 @@ class _Metrics:
     """The pb_utils metric families and metrics. A family must outlive its metrics, so both are
     kept here and the metrics are dropped first."""
 
-    def __init__(self, labels: dict) -> None:
+    def __init__(self, labels: dict, definitions: Any) -> None:
         self._labels = labels
         self._families: dict[str, Any] = {}
         self._metrics: dict[tuple, Any] = {}
-        self._specs = {spec.name: spec for spec in METRICS}
+        self._specs = {spec.name: spec for spec in definitions.METRICS}
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
         try:
-            for spec in METRICS:
+            for spec in self._specs.values():
                 self._families[spec.name] = pb_utils.MetricFamily(
                     name=spec.name, description=spec.description, kind=kinds[spec.kind])
-            for spec in METRICS:
+            for spec in self._specs.values():
                 if spec.name != "vllm:request_success_total":
                     self._metric(spec.name, {})
-            for reason in FINISH_REASONS:
+            for reason in definitions.FINISH_REASONS:
                 self._metric("vllm:request_success_total", {"finished_reason": reason})
         except pb_utils.TritonModelException as e:  # the server runs with --allow-metrics=false
             pb_utils.Logger.log_warn(f"tritium: no metrics: {e}")
