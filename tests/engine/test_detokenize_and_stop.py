@@ -1,0 +1,109 @@
+"""Incremental detokenization (multi-byte characters) and stop strings / stop tokens."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from backend import LLM, LLMEngine, EngineArgs, SamplingParams
+from backend.request import accumulate
+from backend.tokenizer import IncrementalDetokenizer, find_stop_string, partial_stop_suffix_len
+
+TEXT = "Café 日本語のテキスト 🚀 naïve ∑ x² — Ελληνικά and 한국어 🧠✨ done."
+
+
+@pytest.fixture(scope="module")
+def tok(llama_dir):
+    return AutoTokenizer.from_pretrained(llama_dir)
+
+
+def stream(tok, prompt_ids, ids):
+    d = IncrementalDetokenizer(tok, prompt_ids)
+    pieces = [d.add_token(t) for t in ids]
+    pieces.append(d.flush())
+    return pieces
+
+
+def test_multibyte_characters_split_across_tokens_are_emitted_whole(tok):
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    # The byte-level tokenizer really does split some characters over several tokens.
+    assert any("\ufffd" in tok.decode([t]) for t in ids)
+    pieces = stream(tok, tok("Hello")["input_ids"], ids)
+    assert "".join(pieces) == TEXT
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_pieces_concatenate_to_full_decode_for_random_ids(tok):
+    rng = random.Random(3)
+    for trial in range(60):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 40))]
+        prompt = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 8))]
+        pieces = stream(tok, prompt, ids)
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True), (trial, ids)
+
+
+def test_special_tokens_are_skipped(tok):
+    ids = tok("abc", add_special_tokens=False)["input_ids"] + [tok.eos_token_id] + \
+        tok(" def", add_special_tokens=False)["input_ids"]
+    assert "".join(stream(tok, [tok.bos_token_id], ids)) == "abc def"
+
+
+def test_stop_string_helpers():
+    assert find_stop_string("hello world", 3, ["wor", "lo"]) == (6, "wor")
+    assert find_stop_string("hello world", 2, ["lo"]) is None  # ended before the new chars
+    assert partial_stop_suffix_len("the end is ne", ["near", "xyz"]) == 2
+    assert partial_stop_suffix_len("abc", ["zzz"]) == 0
+
+
+def _greedy(llm, prompt, **kw):
+    return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **kw))[0].outputs[0]
+
+
+def test_stop_string_truncates_and_is_never_streamed(llama_dir):
+    llm = LLM(llama_dir)
+    prompt = [0, 17, 99, 3]
+    full = _greedy(llm, prompt)
+    text = full.text
+    assert len(text) > 12
+    stop = text[5:9]  # spans token boundaries in general
+    first = text.find(stop)
+    out = _greedy(llm, prompt, stop=[stop])
+    assert out.text == text[:first] and out.finish_reason == "stop" and out.stop_reason == stop
+    out = _greedy(llm, prompt, stop=[stop], include_stop_str_in_output=True)
+    assert out.text == text[:first + len(stop)]
+    # Streaming: the deltas concatenate to the truncated text, so no partial stop string leaked.
+    engine = LLMEngine(EngineArgs(model=llama_dir))
+    engine.add_request("s", prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]))
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += [d.outputs[0].text for d in engine.step()]
+    assert "".join(deltas) == text[:first]
+
+
+def test_stop_token_ids_and_max_tokens(llama_dir):
+    llm = LLM(llama_dir)
+    prompt = [0, 5, 6, 7]
+    full = _greedy(llm, prompt)
+    stop_id = full.token_ids[4]
+    cut = full.token_ids.index(stop_id)
+    out = _greedy(llm, prompt, stop_token_ids=[stop_id])
+    assert out.token_ids == full.token_ids[:cut + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].outputs[0]
+    assert out.token_ids == full.token_ids[:3] and out.finish_reason == "length"
+
+
+def test_eos_stops_unless_ignored_or_below_min_tokens(llama_dir):
+    llm = LLM(llama_dir)
+    prompt = [0, 5, 6, 7]
+    full = _greedy(llm, prompt)
+    eos = full.token_ids[2]
+    llm.engine.eos_token_ids = (eos,)  # pretend the model's EOS is its third greedy token
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40))[0].outputs[0]
+    assert out.token_ids == full.token_ids[:full.token_ids.index(eos) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason is None
+    assert _greedy(llm, prompt).token_ids == full.token_ids  # ignore_eos
+    # min_tokens masks the EOS logit, so the first 5 tokens can never be the EOS.
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, min_tokens=5))[0].outputs[0]
+    assert len(out.token_ids) >= 5 and eos not in out.token_ids[:5]

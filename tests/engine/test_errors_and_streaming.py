@@ -1,0 +1,171 @@
+"""Bad arguments fail with clear messages; the streaming engine keeps serving everyone else."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from backend import LLM, EngineArgs, SamplingParams, StreamingEngine
+from backend.request import accumulate
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_tokens": -1}, "max_tokens must be at least 1, got -1."),
+    ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0."),
+    ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5."),
+    ({"temperature": -0.1}, "temperature must be non-negative, got -0.1."),
+    ({"n": 0}, "n must be at least 1, got 0."),
+    ({"top_k": -3}, "top_k must be -1 (disable) or at least 1, got -3."),
+    ({"min_p": 2.0}, "min_p must be in [0, 1], got 2.0."),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be in (0, 2], got 0.0."),
+    ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be less than or equal to max_tokens=2, got 5."),
+    ({"logprobs": 50}, "logprobs must be in [0, 20], got 50."),
+    ({"stop": [""]}, "stop must contain only non-empty strings, got ''."),
+    ({"max_tokens": "8"}, "max_tokens must be of type int, got '8'."),
+])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    assert str(info.value) == message
+
+
+def test_sampling_params_from_json_values():
+    p = SamplingParams.from_dict({"max_tokens": "256", "temperature": "0.5", "ignore_eos": "true",
+                                  "stop": "###", "stop_token_ids": "[1, 2]", "seed": 3})
+    assert (p.max_tokens, p.temperature, p.ignore_eos, p.stop, p.stop_token_ids, p.seed) == \
+        (256, 0.5, True, ["###"], [1, 2], 3)
+    with pytest.raises(ValueError, match="Unknown sampling parameter 'temprature'"):
+        SamplingParams.from_dict({"temprature": 1})
+    with pytest.raises(ValueError, match=r"sampling parameter 'max_tokens' must be an integer, got 'lots'."):
+        SamplingParams.from_dict({"max_tokens": "lots"})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"bogus": 1}, "Unknown engine argument 'bogus'."),
+    ({"block_size": 12}, "block_size must be a power of two, got 12."),
+    ({"dtype": "int8"}, "dtype must be one of auto, float32, bfloat16, float16; got 'int8'."),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5."),
+    ({"max_num_seqs": 0}, "max_num_seqs must be a positive integer, got 0."),
+    ({"max_model_len": 100000}, "max_model_len=100000 is larger than the model's max_position_embeddings=2048."),
+    ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64},
+     "max_num_batched_tokens=64 is smaller than max_model_len=2048"),
+    ({"device": "cuda"}, "device: cuda was requested but no CUDA device is available."),
+])
+def test_bad_engine_arguments(llama_dir, kwargs, message):
+    if kwargs.get("device") == "cuda":
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    with pytest.raises(ValueError) as info:
+        LLM(llama_dir, **kwargs)
+    assert str(info.value).startswith(message)
+
+
+def test_bad_model_path():
+    with pytest.raises(ValueError, match=r"model: directory '/nonexistent' does not exist."):
+        EngineArgs(model="/nonexistent")
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir):
+    eng = StreamingEngine(EngineArgs(model=llama_dir, max_model_len=64, num_kv_blocks=40))
+    yield eng
+    eng.shutdown()
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.total = None
+        self.deltas = []
+        self.done = threading.Event()
+
+    def __call__(self, out) -> None:
+        self.deltas.append(out)
+        self.total = accumulate(self.total, out)
+        if out.finished:
+            self.done.set()
+
+
+def test_bad_requests_fail_while_others_finish(engine):
+    good = Collector()
+    engine.add_request("good", [0, 1, 2, 3], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), good)
+    cases = [
+        ("", "The prompt is empty."),
+        ([], "The prompt is empty."),
+        (list(range(1, 70)), "The prompt has 69 tokens, but max_model_len is 64: prompt plus at least one generated token must fit."),
+        ([0, 10**6], "Token id 1000000 is out of vocabulary"),
+    ]
+    for prompt, message in cases:
+        with pytest.raises(ValueError) as info:
+            engine.add_request("bad", prompt, SamplingParams(), Collector())
+        assert str(info.value).startswith(message)
+    with pytest.raises(ValueError, match="n=1000 is larger than max_num_seqs=256."):
+        engine.add_request("bad", [1, 2], SamplingParams(n=1000), Collector())
+    with pytest.raises(ValueError, match="Request id 'good' is already in use."):
+        engine.add_request("good", [1, 2], SamplingParams(), Collector())
+    assert good.done.wait(60)
+    out = good.total.outputs[0]
+    assert len(out.token_ids) == 30 and out.finish_reason == "length" and good.total.error is None
+    assert sum(1 for d in good.deltas if d.finished) == 1
+
+
+def test_prompt_larger_than_cache_is_rejected(llama_dir):
+    eng = StreamingEngine(EngineArgs(model=llama_dir, num_kv_blocks=2, block_size=16))
+    try:
+        with pytest.raises(ValueError, match=r"The prompt has 40 tokens, more than the KV cache can ever hold \(32 tokens\)."):
+            eng.add_request("x", list(range(40)), SamplingParams(), Collector())
+    finally:
+        eng.shutdown()
+
+
+def test_concurrent_streams_abort_and_stats(engine):
+    collectors = {f"r{i}": Collector() for i in range(12)}
+
+    def submit(i: int) -> None:
+        engine.add_request(f"r{i}", [0, i + 1, i + 2], SamplingParams(temperature=0.8, seed=i, max_tokens=20 + i,
+                                                                      ignore_eos=True), collectors[f"r{i}"])
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.abort("r5")
+    for rid, c in collectors.items():
+        assert c.done.wait(60), rid
+        finals = [d for d in c.deltas if d.finished]
+        assert len(finals) == 1
+    assert collectors["r5"].total.outputs[0].finish_reason in ("abort", "length")
+    for i in (0, 11):
+        assert len(collectors[f"r{i}"].total.outputs[0].token_ids) == 20 + i
+    stats = engine.get_stats()
+    assert stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_cache_usage == 0.0
+    assert stats.generation_tokens >= 20 * 11 and stats.prompt_tokens >= 3 * 11
+    assert sum(stats.request_success.values()) >= 12
+    assert len(stats.time_to_first_token) >= 11 and len(stats.e2e_request_latency) >= 12
+    assert all(t >= 0 for t in stats.time_per_output_token)
+    assert engine.get_stats().time_to_first_token == []  # samples are handed out once
+
+
+def test_abort_long_request_frees_blocks(engine):
+    c = Collector()
+    engine.add_request("long", [0, 1], SamplingParams(max_tokens=60, ignore_eos=True), c)
+    while not c.deltas:
+        threading.Event().wait(0.01)
+    engine.abort("long")
+    assert c.done.wait(30)
+    assert c.total.outputs[0].finish_reason == "abort"
+    assert len(c.total.outputs[0].token_ids) < 60
+    assert engine.get_stats().kv_cache_usage == 0.0
+
+
+def test_shutdown_finishes_in_flight_requests_with_error(llama_dir):
+    eng = StreamingEngine(EngineArgs(model=llama_dir))
+    c = Collector()
+    eng.add_request("x", [0, 1], SamplingParams(max_tokens=2000, ignore_eos=True), c)
+    eng.shutdown()
+    assert c.done.is_set()
+    assert c.total.error == "The engine is shutting down."
+    assert c.total.outputs[0].finish_reason == "abort"
+    with pytest.raises(RuntimeError, match="The engine is shut down."):
+        eng.add_request("y", [0, 1], SamplingParams(), Collector())
