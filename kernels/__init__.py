@@ -1,0 +1,58 @@
+"""Tritium's GPU kernels (OpenAI Triton) behind the API of docs/architecture.md.
+
+Each function checks its arguments (ValueError naming the argument) and runs a Triton kernel on
+CUDA tensors, or on CPU tensors when the process imported Triton with TRITON_INTERPRET=1 (tests).
+The plain-PyTorch equivalents are in `kernels.reference` (`<name>_ref`): the CPU engine uses those.
+
+Triton is imported on the first kernel call, not here, because Triton fixes interpreter mode at
+import: importing `kernels` (as backend/ does) must not decide it for the rest of the process.
+Optional keyword-only arguments (`config=`, `num_warps=`, ...) are for the benchmark's sweep.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import torch
+
+__all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
+           "apply_rotary_emb", "silu_and_mul"]
+
+
+def _impl(module: str, name: str):
+    return getattr(import_module(f"kernels.{module}"), name)
+
+
+def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor, **options) -> None:
+    _impl("kv_store", "store_kv_cache")(key, value, k_cache, v_cache, slot_mapping, **options)
+
+
+def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None, **options) -> torch.Tensor:
+    return _impl("decode_attention", "paged_decode_attention")(
+        query, k_cache, v_cache, block_tables, context_lens, scale, out, **options)
+
+
+def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                            context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
+                            out: torch.Tensor | None = None, **options) -> torch.Tensor:
+    return _impl("prefill_attention", "paged_prefill_attention")(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q, scale, out,
+        **options)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None, **options):
+    return _impl("norm", "rms_norm")(x, weight, eps, residual, **options)
+
+
+def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, head_size: int | None = None, **options) -> None:
+    _impl("rotary", "apply_rotary_emb")(query, key, positions, cos_sin_cache, head_size, **options)
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, **options) -> torch.Tensor:
+    return _impl("activation", "silu_and_mul")(x, out, **options)

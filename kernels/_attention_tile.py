@@ -1,0 +1,40 @@
+"""Device helpers shared by the decode and prefill attention kernels (inlined by Triton).
+
+Both kernels walk a sequence's keys in tiles of BLOCK_N tokens that may span several physical
+cache blocks, so each key's address comes from the block table, token by token; the cache is
+never gathered into a contiguous copy.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_row_offsets(block_table_row, tok, valid, head_offset, stride_block, stride_token,
+                   BLOCK_SIZE: tl.constexpr):
+    """Element offset of the first dim of token `tok` (one KV head) in a [num_blocks, block_size,
+    Hkv, D] cache. Tokens where `valid` is false read block-table entry 0 of nothing: offset 0."""
+    block = tl.load(block_table_row + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    # int64: num_blocks * block_size * Hkv * D passes 2**31 on a large pool.
+    return block * stride_block + (tok % BLOCK_SIZE) * stride_token + head_offset
+
+
+@triton.jit
+def attend_tile(q, k, v, mask, m_i, l_i, acc, scale_log2e,
+                APPLY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step of rows q [M, D] over keys k [N, D], values v [N, D].
+
+    Scores are kept in log2 units (scale * log2(e) folded in) so the exponentials are exp2. The
+    caller guarantees each row has at least one unmasked key in its first tile, so m_i is finite
+    after it and exp2(m_i - m_new) never sees -inf - -inf.
+    """
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
+    if APPLY_MASK:
+        s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # p in the cache dtype so the second product runs on tensor cores too (as flash-attention does).
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc

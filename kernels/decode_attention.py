@@ -1,0 +1,190 @@
+"""Paged decode attention: one new query token per sequence against its whole KV history.
+
+Decode reads every cached key and value once and does little arithmetic per byte, so the design
+goal is to keep HBM busy:
+  * one program serves all G query heads of one KV head (GQA), so K/V are read once per KV head,
+    not once per query head; the G rows are padded to 16 so q @ k^T and p @ v are tensor-core dots;
+  * the sequence is split across programs (flash-decoding) when batch x KV heads alone would
+    leave SMs idle; each split writes a partial (normalised output, log-sum-exp) and a second,
+    small kernel merges them. With one split the first kernel writes the output directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation
+from ._attention_tile import attend_tile, kv_row_offsets
+from ._launch import cdiv, check_runnable, dot_block, next_pow2, num_sms
+
+OP = "paged_decode_attention"
+MAX_SPLITS = 64            # the merge kernel holds [MAX_SPLITS, D] partials of one head at once
+MIN_TOKENS_PER_SPLIT = 256  # below this the partial write + merge costs more than it saves
+MAX_TOKENS_PER_SPLIT = 4096  # one very long sequence in a full batch must not become the tail
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters; `num_splits=None` lets `choose_num_splits` decide per call."""
+    block_n: int = 64            # tokens per K/V tile (several cache blocks when block_size < 64)
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None
+    programs_per_sm: int = 2     # split until batch * Hkv * splits reaches this many per SM
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, block_n: int,
+                      sms: int, programs_per_sm: int = 2) -> int:
+    """Splits per sequence so that batch * Hkv * splits fills the GPU, without splits so short
+    that the merge dominates. Uses only host-side sizes: no device sync, graph-capturable."""
+    programs = max(batch * num_kv_heads, 1)
+    splits = cdiv(programs_per_sm * sms, programs)
+    splits = max(splits, cdiv(max_context_len, MAX_TOKENS_PER_SPLIT))
+    splits = min(splits, max(1, max_context_len // MIN_TOKENS_PER_SPLIT), MAX_SPLITS)
+    return max(splits, 1)
+
+
+def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int:
+    # A multiple of block_n so every split but the last walks whole tiles.
+    return max(block_n, cdiv(cdiv(max_context_len, num_splits), block_n) * block_n)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2e, tokens_per_split,
+    stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ob, stride_oh,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + seq)
+    start = split * tokens_per_split
+    # The last split runs to ctx even if max_context_len understated it: no token is dropped.
+    end = tl.where(split == tl.num_programs(2) - 1, ctx, tl.minimum(start + tokens_per_split, ctx))
+    if SPLIT:
+        if start >= ctx:
+            return  # the merge kernel reads only the splits that hold tokens
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q_heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_G], 0.0, tl.float32)
+    acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_btb
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + offs_n
+        valid = tok < end
+        rows = kv_row_offsets(block_table_row, tok, valid, kv_head * stride_ch, stride_cb, stride_ct,
+                              BLOCK_SIZE)
+        if BLOCK_D == HEAD_DIM:
+            kv_mask = valid[:, None]  # no column mask: keeps 16-byte vector loads along D
+        else:
+            kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e,
+                                    True, DOT_PRECISION)
+
+    num_q_heads = tl.num_programs(1) * GROUP
+    if SPLIT:
+        part = (seq * num_q_heads + q_heads).to(tl.int64) * tl.num_programs(2) + split
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
+                 mask=g_mask[:, None] & d_mask[None, :])
+        tl.store(part_lse_ptr + part, m_i + tl.log2(l_i), mask=g_mask)
+    else:
+        # ctx == 0 (a padded batch slot) leaves l_i == 0: write zeros rather than NaN.
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[:, None]
+        tl.store(out_ptr + seq.to(tl.int64) * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _merge_kernel(
+    part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
+    tokens_per_split, num_splits, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    ctx = tl.load(context_lens_ptr + seq)
+    used = tl.minimum((ctx + tokens_per_split - 1) // tokens_per_split, num_splits)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < used
+    part = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s
+    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    weight = tl.where(s_mask, tl.exp2(lse - lse_max), 0.0)
+    o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_mask[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    total = tl.sum(weight, 0)
+    merged = tl.sum(o * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d,
+             merged.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None, *, max_context_len: int | None = None,
+                           config: DecodeConfig | None = None) -> torch.Tensor:
+    """See docs/architecture.md. `max_context_len` (optional) bounds context_lens for the split
+    choice; by default the block-table width bounds it, which needs no device sync."""
+    validation.check_decode(OP, query, k_cache, v_cache, block_tables, context_lens, out,
+                            validation.HALF_AND_FLOAT)
+    check_runnable(OP, query)
+    cfg = config or DecodeConfig()
+    batch, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(query)
+    if batch == 0:
+        return out
+    if max_context_len is None:
+        max_context_len = block_tables.shape[1] * block_size
+    max_context_len = max(int(max_context_len), 1)
+    splits = cfg.num_splits or choose_num_splits(batch, num_kv_heads, max_context_len, cfg.block_n,
+                                                 num_sms(query.device), cfg.programs_per_sm)
+    per_split = tokens_per_split(max_context_len, splits, cfg.block_n)
+    splits = cdiv(max_context_len, per_split)
+    if splits > MAX_SPLITS:
+        validation.fail(OP, f"num_splits must be at most {MAX_SPLITS}, got {splits}")
+    if splits > 1:
+        part_out = torch.empty(batch, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=query.device)
+    else:
+        part_out = part_lse = out  # unused when SPLIT is False
+    _decode_kernel[(batch, num_kv_heads, splits)](
+        query, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        scale * math.log2(math.e), per_split,
+        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, BLOCK_G=dot_block(group), HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
+        BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        _merge_kernel[(batch, num_heads)](
+            part_out, part_lse, context_lens, out, per_split, splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=next_pow2(splits), num_warps=4,
+        )
+    return out

@@ -1,0 +1,139 @@
+"""Paged prefill attention: causal attention of a chunk of new query tokens against the cached
+prefix plus the chunk itself, all read through the block table (the chunk's K/V were stored first).
+
+Flash-attention style: a program owns BLOCK_M queries of one head of one sequence and walks the
+keys in tiles of BLOCK_N, keeping a running max and sum (online softmax) so scores never reach
+memory. Key tiles entirely below the tile's first query position need no causal mask and run in a
+mask-free loop; tiles past the last query position are never visited.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation
+from ._attention_tile import attend_tile, kv_row_offsets
+from ._launch import cdiv, check_runnable, dot_block
+
+OP = "paged_prefill_attention"
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> PrefillConfig:
+    """Hopper-sized tiles for 16-bit inputs; float32 tiles are 4x smaller so they fit in shared
+    memory and registers (float32 is for tests, not serving). Short chunks get short M tiles."""
+    block_m = min(128 if dtype != torch.float32 else 64, dot_block(max_seqlen_q))
+    if dtype == torch.float32 or head_dim > 128:
+        return PrefillConfig(block_m=min(block_m, 64), block_n=32, num_warps=4, num_stages=2)
+    return PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if block_m >= 128 else 4,
+                         num_stages=3)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
+    scale_log2e,
+    stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
+    m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    m0 = m_block * BLOCK_M
+    if m0 >= q_len:
+        return
+    ctx = tl.load(context_lens_ptr + seq)
+    prefix = ctx - q_len
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = prefix + offs_m  # absolute position of each query row
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_btb
+    head_offset = (head // GROUP) * stride_ch
+
+    # Keys at positions <= prefix + m0 are visible to every row of this tile: no mask at all.
+    full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        tok = n0 + offs_n
+        rows = kv_row_offsets(block_table_row, tok, tok < full_end, head_offset, stride_cb,
+                              stride_ct, BLOCK_SIZE)
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :])
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :])
+        else:
+            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
+
+    # Diagonal tiles: causal mask. The first one holds position prefix + m0, which every row sees,
+    # so no row is fully masked on its first tile (attend_tile relies on that).
+    kv_end = prefix + tl.minimum(m0 + BLOCK_M, q_len)
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        tok = n0 + offs_n
+        valid = tok < kv_end
+        rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
+                              BLOCK_SIZE)
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        causal = (tok[None, :] <= q_pos[:, None]) & valid[None, :]
+        m_i, l_i, acc = attend_tile(q, k, v, causal, m_i, l_i, acc, scale_log2e, True, DOT_PRECISION)
+
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                            context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
+                            out: torch.Tensor | None = None, *,
+                            config: PrefillConfig | None = None) -> torch.Tensor:
+    """See docs/architecture.md. max_seqlen_q must bound every chunk (it sizes the grid)."""
+    validation.check_prefill(OP, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                             max_seqlen_q, out, validation.HALF_AND_FLOAT)
+    check_runnable(OP, query)
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    batch = block_tables.shape[0]
+    if out is None:
+        out = torch.empty_like(query)
+    if num_tokens == 0 or batch == 0 or max_seqlen_q == 0:
+        return out
+    cfg = config or default_config(query.dtype, head_dim, max_seqlen_q)
+    _prefill_kernel[(num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)](
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
+        BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

@@ -1,0 +1,149 @@
+"""PyTorch references of every kernel: same signatures, `_ref` suffix.
+
+These run for real: the CPU engine calls them instead of the Triton kernels, and must stay
+token-exact with Hugging Face there. So the math is plain and in float32 (float64 when given
+float64, which is how the tests build ground truth), with Hugging Face's operation order and
+rounding points (scores = (q @ k^T) * scale, softmax in float32, RMSNorm rounds the normalised
+value to the input dtype before the weight multiply). Attention is vectorised over the batch
+(decode) or over heads (prefill) so a small model runs quickly. Imports only torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import validation as v
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _gather_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `slots` (any shape) of a [num_blocks, block_size, Hkv, D] cache -> [*slots.shape, Hkv, D]."""
+    _, _, num_kv_heads, head_dim = cache.shape
+    return cache.view(-1, num_kv_heads, head_dim)[slots].to(dtype)
+
+
+def store_kv_cache_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    v.check_store_kv("store_kv_cache", key, value, k_cache, v_cache, slot_mapping, v.REFERENCE_DTYPES)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
+
+
+def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                               out: torch.Tensor | None = None, **_options) -> torch.Tensor:
+    op = "paged_decode_attention"
+    v.check_decode(op, query, k_cache, v_cache, block_tables, context_lens, out, v.REFERENCE_DTYPES)
+    batch, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    compute = _compute_dtype(query.dtype)
+    ctx = context_lens.long()
+    max_len = int(ctx.max()) if batch else 0
+    if max_len > block_tables.shape[1] * block_size:
+        v.fail(op, f"context_lens.max() = {max_len} exceeds the block tables' "
+                   f"{block_tables.shape[1]} blocks of {block_size}")
+    result = torch.zeros(batch, num_heads, head_dim, dtype=compute, device=query.device)
+    if max_len > 0:
+        pos = torch.arange(max_len, device=query.device)
+        valid = pos[None, :] < ctx[:, None]                                   # [B, L]
+        blocks = block_tables.long()[:, pos // block_size]
+        slots = torch.where(valid, blocks * block_size + pos % block_size, 0)  # padding reads slot 0
+        k = _gather_tokens(k_cache, slots, compute).permute(0, 2, 3, 1)       # [B, Hkv, D, L]
+        # Padding positions read slot 0, which may hold anything: 0 * NaN would leak through p @ v.
+        vals = _gather_tokens(v_cache, slots, compute).masked_fill(~valid[:, :, None, None], 0.0)
+        vals = vals.permute(0, 2, 1, 3)                                        # [B, Hkv, L, D]
+        q = query.to(compute).view(batch, num_kv_heads, group, head_dim)
+        scores = torch.matmul(q, k) * scale                                    # [B, Hkv, G, L]
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        attn = torch.matmul(probs, vals).view(batch, num_heads, head_dim)
+        result = torch.where((ctx > 0)[:, None, None], attn, result)  # empty context -> zeros
+    if out is None:
+        return result.to(query.dtype)
+    out.copy_(result)
+    return out
+
+
+def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
+                                out: torch.Tensor | None = None, **_options) -> torch.Tensor:
+    op = "paged_prefill_attention"
+    v.check_prefill(op, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                    max_seqlen_q, out, v.REFERENCE_DTYPES)
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    compute = _compute_dtype(query.dtype)
+    cu = cu_seqlens_q.tolist()
+    ctx_lens = context_lens.tolist()
+    if cu[0] != 0 or cu[-1] != num_tokens:
+        v.fail(op, f"cu_seqlens_q must run from 0 to T = {num_tokens}, got {cu}")
+    if out is None:
+        out = torch.empty_like(query)
+    for b, ctx in enumerate(ctx_lens):
+        start, end = cu[b], cu[b + 1]
+        q_len = end - start
+        if q_len < 0 or q_len > max_seqlen_q or q_len > ctx:
+            v.fail(op, f"sequence {b} has {q_len} query tokens, context {ctx} and "
+                       f"max_seqlen_q {max_seqlen_q}: need 0 <= q_len <= min(max_seqlen_q, context)")
+        if q_len == 0:
+            continue
+        if ctx > block_tables.shape[1] * block_size:
+            v.fail(op, f"context_lens[{b}] = {ctx} exceeds the block tables' "
+                       f"{block_tables.shape[1]} blocks of {block_size}")
+        pos = torch.arange(ctx, device=query.device)
+        slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
+        k = _gather_tokens(k_cache, slots, compute).permute(1, 2, 0)[:, None]  # [Hkv, 1, D, L]
+        vals = _gather_tokens(v_cache, slots, compute).permute(1, 0, 2)[:, None]  # [Hkv, 1, L, D]
+        q = query[start:end].to(compute).view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        scores = torch.matmul(q, k) * scale                                     # [Hkv, G, q, L]
+        q_pos = ctx - q_len + torch.arange(q_len, device=query.device)
+        scores = scores.masked_fill(pos[None, :] > q_pos[:, None], float("-inf"))
+        attn = torch.matmul(torch.softmax(scores, dim=-1), vals)                # [Hkv, G, q, D]
+        out[start:end] = attn.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(out.dtype)
+    return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None):
+    v.check_rms_norm("rms_norm", x, weight, residual, v.REFERENCE_DTYPES)
+    if residual is not None:
+        x = x + residual  # rounded to x.dtype, as Hugging Face's residual stream is
+    h = x.to(_compute_dtype(x.dtype))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = (weight * h.to(x.dtype)).to(x.dtype)
+    return out if residual is None else (out, x)
+
+
+def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                         cos_sin_cache: torch.Tensor, head_size: int | None = None) -> None:
+    """In place, neox / rotate-half style: the first rotary_dim dims of each head rotate."""
+    head_size, rotary_dim, num_heads, num_kv_heads = v.check_rotary(
+        "apply_rotary_emb", query, key, positions, cos_sin_cache, head_size, v.REFERENCE_DTYPES)
+    num_tokens = query.shape[0]
+    compute = _compute_dtype(query.dtype)
+    cos, sin = cos_sin_cache[positions.long()].to(compute).chunk(2, dim=-1)  # [T, rotary_dim/2]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    half = rotary_dim // 2
+    for x, heads in ((query, num_heads), (key, num_kv_heads)):
+        rot = x.view(num_tokens, heads, head_size)[..., :rotary_dim]
+        x1, x2 = rot[..., :half].to(compute), rot[..., half:].to(compute)
+        rot.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+
+
+def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    inter = v.check_silu_and_mul("silu_and_mul", x, out, v.REFERENCE_DTYPES)
+    result = F.silu(x[:, :inter]) * x[:, inter:]
+    if out is None:
+        return result
+    out.copy_(result)
+    return out

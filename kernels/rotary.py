@@ -1,0 +1,70 @@
+"""Rotary position embedding, in place on query and key (neox / rotate-half style, as HF Llama).
+
+The caller builds cos_sin_cache [max_position, rotary_dim] = cat(cos, sin) in float32, so Llama-3
+scaled RoPE or any other frequency scheme is just a different cache. One program per token rotates
+all query heads and then all key heads: the token's cos/sin row is loaded once for both. Only the
+first rotary_dim dims of each head rotate (partial rotary); the rest are left untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation
+from ._launch import check_runnable, next_pow2
+
+OP = "apply_rotary_emb"
+
+
+@triton.jit
+def _rotate_heads(x_ptr, stride_t, stride_h, tok, cos, sin, num_heads,
+                  BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_HALF)
+    mask = (offs_h < num_heads)[:, None] & (offs_r < HALF)[None, :]
+    first = x_ptr + tok * stride_t + offs_h[:, None] * stride_h + offs_r[None, :]
+    x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(first, (x1 * cos[None, :] - x2 * sin[None, :]).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(first + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, positions_ptr, cos_sin_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, num_heads, num_kv_heads,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + tok).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_HALF)
+    row = cos_sin_ptr + pos * (2 * HALF)
+    cos = tl.load(row + offs_r, mask=offs_r < HALF, other=0.0)
+    sin = tl.load(row + HALF + offs_r, mask=offs_r < HALF, other=0.0)
+    _rotate_heads(q_ptr, stride_qt, stride_qh, tok, cos, sin, num_heads, BLOCK_HQ, HALF, BLOCK_HALF)
+    _rotate_heads(k_ptr, stride_kt, stride_kh, tok, cos, sin, num_kv_heads, BLOCK_HK, HALF, BLOCK_HALF)
+
+
+def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, head_size: int | None = None, *,
+                     num_warps: int = 4) -> None:
+    """query [T, Hq*D] or [T, Hq, D], key likewise with Hkv; both rotated in place. For the 2-D
+    form, head_size defaults to rotary_dim. Positions are not range-checked on the device."""
+    head_size, rotary_dim, num_heads, num_kv_heads = validation.check_rotary(
+        OP, query, key, positions, cos_sin_cache, head_size, validation.HALF_AND_FLOAT)
+    check_runnable(OP, query)
+    num_tokens = query.shape[0]
+    if num_tokens == 0:
+        return
+    # Head stride: D for the flat [T, H*D] form, the real stride for [T, H, D] views.
+    stride_qh = query.stride(1) if query.dim() == 3 else head_size
+    stride_kh = key.stride(1) if key.dim() == 3 else head_size
+    half = rotary_dim // 2
+    _rotary_kernel[(num_tokens,)](
+        query, key, positions, cos_sin_cache,
+        query.stride(0), stride_qh, key.stride(0), stride_kh, num_heads, num_kv_heads,
+        HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_HQ=next_pow2(num_heads),
+        BLOCK_HK=next_pow2(num_kv_heads), num_warps=num_warps,
+    )

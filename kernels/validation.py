@@ -1,0 +1,235 @@
+"""Argument checks shared by the Triton wrappers and the PyTorch references.
+
+Imports only torch, so `kernels.reference` can use it on machines without Triton. Every failed
+check raises ValueError("<op>: <what is wrong>, got <what was passed>"); the tests match these
+messages exactly, so change them together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HALF_AND_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+# References also take float64: the tests compute their ground truth with them.
+REFERENCE_DTYPES = HALF_AND_FLOAT + (torch.float64,)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def fail(op: str, message: str) -> None:
+    raise ValueError(f"{op}: {message}")
+
+
+def _dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
+    names = [str(d) for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def check_tensor(op: str, name: str, t: object, layout: str,
+                 dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
+    """Type, rank (from the layout string, e.g. "[B, Hq, D]") and dtype of one argument."""
+    if not isinstance(t, torch.Tensor):
+        fail(op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    ndim = layout.count(",") + 1
+    if t.dim() != ndim:
+        fail(op, f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        fail(op, f"{name} must have dtype {_dtype_names(dtypes)}, got {t.dtype}")
+    return t
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...], layout: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        fail(op, f"{name} must have shape {layout} = {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def check_same_dtype(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        fail(op, f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}")
+
+
+def check_same_device(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    names = list(tensors)
+    first = tensors[names[0]].device
+    for name in names[1:]:
+        if tensors[name].device != first:
+            fail(op, f"{name} is on {tensors[name].device} but {names[0]} is on {first}")
+
+
+def check_last_dim_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        fail(op, f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+
+
+def check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        fail(op, f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def check_out(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor,
+              layout: str) -> None:
+    if out is None:
+        return
+    check_tensor(op, "out", out, layout, (like.dtype,))
+    check_shape(op, "out", out, shape, layout)
+    check_same_device(op, {"query": like, "out": out})
+    check_last_dim_contiguous(op, "out", out)
+
+
+# ---- one function per public op: returns the sizes the op needs -------------------------------
+
+def check_kv_cache(op: str, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   dtypes: tuple[torch.dtype, ...]) -> tuple[int, int, int]:
+    """Caches [num_blocks, block_size, Hkv, D] matching query [..., Hq, D]; returns (block_size, Hkv, D)."""
+    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes)
+    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
+    check_same_dtype(op, "k_cache", k_cache, "query", query)
+    check_same_dtype(op, "v_cache", v_cache, "query", query)
+    check_contiguous(op, "k_cache", k_cache)
+    check_contiguous(op, "v_cache", v_cache)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if block_size & (block_size - 1) or block_size == 0:
+        fail(op, f"block_size (k_cache.shape[1]) must be a power of two, got {block_size}")
+    if query.shape[-1] != head_dim:
+        fail(op, f"query head dim {query.shape[-1]} does not match k_cache head dim {head_dim}")
+    num_heads = query.shape[-2]
+    if num_heads % num_kv_heads:
+        fail(op, f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+    return block_size, num_kv_heads, head_dim
+
+
+def check_decode(op: str, query, k_cache, v_cache, block_tables, context_lens, out,
+                 dtypes: tuple[torch.dtype, ...]) -> None:
+    check_tensor(op, "query", query, "[B, Hq, D]", dtypes)
+    check_last_dim_contiguous(op, "query", query)
+    check_kv_cache(op, query, k_cache, v_cache, dtypes)
+    batch = query.shape[0]
+    check_tensor(op, "block_tables", block_tables, "[B, max_blocks]", (torch.int32,))
+    if block_tables.shape[0] != batch:
+        fail(op, f"block_tables has {block_tables.shape[0]} rows but query has batch {batch}")
+    check_last_dim_contiguous(op, "block_tables", block_tables)
+    check_tensor(op, "context_lens", context_lens, "[B]", (torch.int32,))
+    check_shape(op, "context_lens", context_lens, (batch,), "[B]")
+    check_contiguous(op, "context_lens", context_lens)
+    check_out(op, out, tuple(query.shape), query, "[B, Hq, D]")
+    check_same_device(op, {"query": query, "k_cache": k_cache, "v_cache": v_cache,
+                           "block_tables": block_tables, "context_lens": context_lens})
+
+
+def check_prefill(op: str, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
+                  max_seqlen_q, out, dtypes: tuple[torch.dtype, ...]) -> None:
+    check_tensor(op, "query", query, "[T, Hq, D]", dtypes)
+    check_last_dim_contiguous(op, "query", query)
+    check_kv_cache(op, query, k_cache, v_cache, dtypes)
+    check_tensor(op, "block_tables", block_tables, "[B, max_blocks]", (torch.int32,))
+    check_last_dim_contiguous(op, "block_tables", block_tables)
+    batch = block_tables.shape[0]
+    check_tensor(op, "cu_seqlens_q", cu_seqlens_q, "[B+1]", (torch.int32,))
+    check_shape(op, "cu_seqlens_q", cu_seqlens_q, (batch + 1,), "[B+1]")
+    check_contiguous(op, "cu_seqlens_q", cu_seqlens_q)
+    check_tensor(op, "context_lens", context_lens, "[B]", (torch.int32,))
+    check_shape(op, "context_lens", context_lens, (batch,), "[B]")
+    check_contiguous(op, "context_lens", context_lens)
+    if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        fail(op, f"max_seqlen_q must be a non-negative int, got {max_seqlen_q!r}")
+    check_out(op, out, tuple(query.shape), query, "[T, Hq, D]")
+    check_same_device(op, {"query": query, "k_cache": k_cache, "v_cache": v_cache,
+                           "block_tables": block_tables, "cu_seqlens_q": cu_seqlens_q,
+                           "context_lens": context_lens})
+
+
+def check_store_kv(op: str, key, value, k_cache, v_cache, slot_mapping,
+                   dtypes: tuple[torch.dtype, ...]) -> None:
+    check_tensor(op, "key", key, "[T, Hkv, D]", dtypes)
+    check_shape(op, "value", value, tuple(key.shape), "key.shape")
+    check_same_dtype(op, "value", value, "key", key)
+    check_last_dim_contiguous(op, "key", key)
+    check_last_dim_contiguous(op, "value", value)
+    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes)
+    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
+    check_same_dtype(op, "k_cache", k_cache, "key", key)
+    check_same_dtype(op, "v_cache", v_cache, "key", key)
+    check_contiguous(op, "k_cache", k_cache)
+    check_contiguous(op, "v_cache", v_cache)
+    if tuple(key.shape[1:]) != tuple(k_cache.shape[2:]):
+        fail(op, f"key [T, Hkv, D] has (Hkv, D) = {tuple(key.shape[1:])} but k_cache has "
+                 f"{tuple(k_cache.shape[2:])}")
+    check_tensor(op, "slot_mapping", slot_mapping, "[T]", INDEX_DTYPES)
+    check_shape(op, "slot_mapping", slot_mapping, (key.shape[0],), "[T]")
+    check_contiguous(op, "slot_mapping", slot_mapping)
+    check_same_device(op, {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache,
+                           "slot_mapping": slot_mapping})
+
+
+def check_rms_norm(op: str, x, weight, residual, dtypes: tuple[torch.dtype, ...]) -> None:
+    check_tensor(op, "x", x, "[T, H]", dtypes)
+    check_last_dim_contiguous(op, "x", x)
+    check_tensor(op, "weight", weight, "[H]", dtypes)
+    check_shape(op, "weight", weight, (x.shape[1],), "[H]")
+    check_contiguous(op, "weight", weight)
+    tensors = {"x": x, "weight": weight}
+    if residual is not None:
+        check_tensor(op, "residual", residual, "[T, H]", dtypes)
+        check_shape(op, "residual", residual, tuple(x.shape), "x.shape")
+        check_same_dtype(op, "residual", residual, "x", x)
+        check_last_dim_contiguous(op, "residual", residual)
+        tensors["residual"] = residual
+    check_same_device(op, tensors)
+
+
+def check_rotary(op: str, query, key, positions, cos_sin_cache, head_size: int | None,
+                 dtypes: tuple[torch.dtype, ...]) -> tuple[int, int, int, int]:
+    """Returns (head_size, rotary_dim, Hq, Hkv) after checking [T, H*D] or [T, H, D] inputs."""
+    if not isinstance(query, torch.Tensor) or query.dim() not in (2, 3):
+        shape = tuple(query.shape) if isinstance(query, torch.Tensor) else type(query).__name__
+        fail(op, f"query must be [T, Hq*D] or [T, Hq, D], got {shape}")
+    layout = "[T, Hq, D]" if query.dim() == 3 else "[T, Hq*D]"
+    check_tensor(op, "query", query, layout, dtypes)
+    check_tensor(op, "key", key, layout.replace("Hq", "Hkv"), dtypes)
+    check_same_dtype(op, "key", key, "query", query)
+    check_last_dim_contiguous(op, "query", query)
+    check_last_dim_contiguous(op, "key", key)
+    num_tokens = query.shape[0]
+    if key.shape[0] != num_tokens:
+        fail(op, f"key has {key.shape[0]} tokens but query has {num_tokens}")
+    check_tensor(op, "positions", positions, "[T]", INDEX_DTYPES)
+    check_shape(op, "positions", positions, (num_tokens,), "[T]")
+    check_contiguous(op, "positions", positions)
+    check_tensor(op, "cos_sin_cache", cos_sin_cache, "[max_position, rotary_dim]", (torch.float32,))
+    check_contiguous(op, "cos_sin_cache", cos_sin_cache)
+    rotary_dim = cos_sin_cache.shape[1]
+    if rotary_dim % 2:
+        fail(op, f"rotary_dim (cos_sin_cache.shape[1]) must be even, got {rotary_dim}")
+    if query.dim() == 3:
+        if key.shape[2] != query.shape[2]:
+            fail(op, f"key head size {key.shape[2]} does not match query head size {query.shape[2]}")
+        if head_size is not None and head_size != query.shape[2]:
+            fail(op, f"head_size={head_size} does not match query.shape[2]={query.shape[2]}")
+        head_size = query.shape[2]
+        num_heads, num_kv_heads = query.shape[1], key.shape[1]
+    else:
+        head_size = rotary_dim if head_size is None else head_size
+        if query.shape[1] % head_size or key.shape[1] % head_size:
+            fail(op, f"query width {query.shape[1]} and key width {key.shape[1]} must be multiples "
+                     f"of head_size {head_size}")
+        num_heads, num_kv_heads = query.shape[1] // head_size, key.shape[1] // head_size
+        if query.stride(0) < query.shape[1] or key.stride(0) < key.shape[1]:
+            fail(op, "query and key rows must not overlap")
+    if rotary_dim > head_size:
+        fail(op, f"rotary_dim {rotary_dim} is larger than head_size {head_size}")
+    check_same_device(op, {"query": query, "key": key, "positions": positions,
+                           "cos_sin_cache": cos_sin_cache})
+    return head_size, rotary_dim, num_heads, num_kv_heads
+
+
+def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
+    check_tensor(op, "x", x, "[T, 2*I]", dtypes)
+    check_last_dim_contiguous(op, "x", x)
+    if x.shape[1] % 2:
+        fail(op, f"x last dimension must be even (cat(gate, up)), got {x.shape[1]}")
+    inter = x.shape[1] // 2
+    if out is not None:
+        check_tensor(op, "out", out, "[T, I]", (x.dtype,))
+        check_shape(op, "out", out, (x.shape[0], inter), "[T, I]")
+        check_last_dim_contiguous(op, "out", out)
+        check_same_device(op, {"x": x, "out": out})
+    return inter

@@ -1,0 +1,119 @@
+"""paged_prefill_attention against a float64 oracle: chunks with and without a cached prefix,
+one-token chunks, shuffled physical blocks, GQA 1/4/7, block sizes 16/32, head dims 64/128, key
+tiles smaller and larger than a cache block."""
+
+import re
+
+import pytest
+import torch
+from kernel_checks import (DEVICE, DTYPES, attention_oracle, assert_accurate, make_paged_kv, poisoned,
+                           rel_err)
+
+import kernels
+from kernels import reference
+
+# (q_lens, context_lens, Hkv, group, head_dim, block_size, PrefillConfig fields or None)
+CASES = [
+    ([5, 40, 1, 17], [5, 70, 33, 17], 2, 1, 64, 16, None),   # pure prefill, chunk+prefix, 1-token
+    ([23, 9], [23, 75], 1, 4, 128, 32, (16, 16, 4, 2)),      # key tile smaller than a block
+    ([50, 3], [81, 3], 1, 7, 64, 16, (32, 64, 4, 2)),        # key tile spans 4 blocks
+    ([64, 20], [100, 20], 2, 4, 128, 16, None),              # default tiles for the dtype
+]
+
+
+def _config(fields):
+    if fields is None:
+        return None
+    from kernels.prefill_attention import PrefillConfig  # imports triton: only inside tests
+    return PrefillConfig(*fields)
+
+
+def _prefill_inputs(q_lens, ctx, hkv, group, head_dim, block_size, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    kv = make_paged_kv(ctx, hkv, head_dim, block_size, dtype, gen)
+    query = torch.randn(sum(q_lens), hkv * group, head_dim, generator=gen).to(dtype)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return kv, query, cu
+
+
+def _oracle(kv, query, q_lens, ctx, scale, dtype):
+    rows, start = [], 0
+    for b, (n, total) in enumerate(zip(q_lens, ctx)):
+        positions = torch.arange(total - n, total)
+        rows.append(attention_oracle(query[start:start + n], kv.keys[b], kv.values[b], positions, scale, dtype))
+        start += n
+    return torch.cat(rows)
+
+
+def _run(kv, query, cu, q_lens, ctx, scale, out=None, config=None):
+    return kernels.paged_prefill_attention(
+        query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
+        torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), scale, out=out, config=config)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_prefill_matches_float64(case, dtype):
+    q_lens, ctx, hkv, group, head_dim, block_size, fields = CASES[case]
+    kv, query, cu = _prefill_inputs(q_lens, ctx, hkv, group, head_dim, block_size, dtype, seed=case)
+    scale = head_dim ** -0.5
+    out = poisoned(query.shape, dtype)
+    _run(kv, query, cu, q_lens, ctx, scale, out=out, config=_config(fields))
+    ref64 = _oracle(kv, query, q_lens, ctx, scale, torch.float64)
+    assert_accurate(out, ref64, _oracle(kv, query, q_lens, ctx, scale, dtype))
+
+
+def test_prefill_long_chunk_uses_unmasked_tiles():
+    """A chunk far past its prefix walks whole mask-free key tiles before the diagonal ones;
+    peaky scores make a wrong running max visible."""
+    q_lens, ctx = [70], [200]
+    kv, query, cu = _prefill_inputs(q_lens, ctx, 1, 2, 64, 16, torch.float32, seed=5)
+    query = query * 6
+    ref64 = _oracle(kv, query, q_lens, ctx, 0.125, torch.float64)
+    for fields in [(16, 32, 4, 2), (64, 16, 4, 2)]:
+        out = _run(kv, query, cu, q_lens, ctx, 0.125, config=_config(fields))
+        assert rel_err(out, ref64) < 1e-4, fields
+
+
+def test_prefill_reference_matches_oracle_in_float64():
+    q_lens, ctx = [5, 40, 1], [5, 70, 33]
+    kv, query, cu = _prefill_inputs(q_lens, ctx, 2, 7, 32, 16, torch.float64, seed=9)
+    out = reference.paged_prefill_attention_ref(query, kv.k_cache.cpu(), kv.v_cache.cpu(),
+                                                kv.block_tables.cpu(), cu,
+                                                torch.tensor(ctx, dtype=torch.int32), 40, 0.2)
+    assert rel_err(out, _oracle(kv, query, q_lens, ctx, 0.2, torch.float64)) < 1e-12
+
+
+def test_prefill_reference_rejects_chunk_longer_than_max_seqlen_q():
+    q_lens, ctx = [5, 9], [5, 20]
+    kv, query, cu = _prefill_inputs(q_lens, ctx, 1, 1, 16, 16, torch.float32, seed=1)
+    with pytest.raises(ValueError, match=re.escape(
+            "paged_prefill_attention: sequence 1 has 9 query tokens, context 20 and max_seqlen_q 8: "
+            "need 0 <= q_len <= min(max_seqlen_q, context)") + "$"):
+        reference.paged_prefill_attention_ref(query, kv.k_cache.cpu(), kv.v_cache.cpu(),
+                                              kv.block_tables.cpu(), cu,
+                                              torch.tensor(ctx, dtype=torch.int32), 8, 0.25)
+
+
+@pytest.mark.parametrize("fn", [kernels.paged_prefill_attention, reference.paged_prefill_attention_ref])
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][:2]),
+     "paged_prefill_attention: cu_seqlens_q must have shape [B+1] = (3,), got (2,)"),
+    (lambda a: a.update(query=a["query"].half()),
+     "paged_prefill_attention: k_cache must have the dtype of query (torch.float16), got torch.float32"),
+    (lambda a: a.update(query=a["query"][0]),
+     "paged_prefill_attention: query must be 3-D [T, Hq, D], got shape (4, 64)"),
+    (lambda a: a.update(max_seqlen_q=5.0),
+     "paged_prefill_attention: max_seqlen_q must be a non-negative int, got 5.0"),
+    (lambda a: a.update(block_tables=a["block_tables"].long()),
+     "paged_prefill_attention: block_tables must have dtype torch.int32, got torch.int64"),
+])
+def test_prefill_rejects_bad_arguments(fn, change, message):
+    kv, query, cu = _prefill_inputs([2, 3], [4, 3], 2, 2, 64, 16, torch.float32, seed=0)
+    args = dict(query=query.to(DEVICE), k_cache=kv.k_cache, v_cache=kv.v_cache,
+                block_tables=kv.block_tables, cu_seqlens_q=cu.to(DEVICE),
+                context_lens=torch.tensor([4, 3], dtype=torch.int32, device=DEVICE), max_seqlen_q=3,
+                scale=0.125)
+    change(args)
+    with pytest.raises(ValueError, match=re.escape(message) + "$"):
+        fn(**args)
