@@ -22,6 +22,8 @@ class AttentionMetadata:
     prefill_cu_seqlens_q: torch.Tensor | None  # [num_prefills + 1] int32
     prefill_context_lens: torch.Tensor | None  # [num_prefills] int32, cached prefix + chunk
     prefill_max_seqlen_q: int = 0
+    # Host-side bound on decode_context_lens: sizes the decode kernel's KV split without a sync.
+    decode_max_context_len: int | None = None
 
 
 _current: AttentionMetadata | None = None

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
-from .forward_context import AttentionMetadata, set_attention_metadata
+from .cuda_graph import DecodeGraphs
+from .forward_context import set_attention_metadata
+from .input_batch import prepare_batch
 from .layers.sampler import Sampler, SamplerOutput
 from .loader import load_dummy, load_safetensors
 from .models import get_model_class
@@ -76,6 +78,11 @@ class ModelRunner:
                                     self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and not args.enforce_eager:
+            self.graphs = DecodeGraphs(self.model, args.max_num_seqs,
+                                       -(-max_model_len // self.block_size), max_model_len, self.device)
+            self.graphs.capture()
 
     # ---- KV pool sizing -----------------------------------------------------------------------
     @property
@@ -138,47 +145,11 @@ class ModelRunner:
 
     # ---- one step -----------------------------------------------------------------------------
     def _prepare(self, scheduled: list[ScheduledSequence]):
-        """Pack the step's tokens, decodes (one token) first, then prefill chunks."""
-        bs = self.block_size
-        decodes = [it for it in scheduled if it.num_new_tokens == 1]
-        prefills = [it for it in scheduled if it.num_new_tokens > 1]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        last_index: dict[int, int] = {}
-        for it in decodes + prefills:
-            s = it.seq
-            start, end = s.num_computed_tokens, s.num_computed_tokens + it.num_new_tokens
-            input_ids.extend(s.token_ids[start:end])
-            positions.extend(range(start, end))
-            bt = s.block_table
-            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, end))
-            last_index[s.seq_id] = len(input_ids) - 1
+        batch = prepare_batch(scheduled, self.block_size)
         dev = self.device
-
-        def table(items: list[ScheduledSequence]) -> torch.Tensor:
-            width = max(len(it.seq.block_table) for it in items)
-            rows = [it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in items]
-            return torch.tensor(rows, dtype=torch.int32, device=dev)
-
-        md = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=table(decodes) if decodes else None,
-            decode_context_lens=torch.tensor([it.seq.num_computed_tokens + 1 for it in decodes],
-                                             dtype=torch.int32, device=dev) if decodes else None,
-            num_prefill_tokens=len(input_ids) - len(decodes),
-            prefill_block_tables=table(prefills) if prefills else None,
-            prefill_cu_seqlens_q=torch.tensor(
-                [0] + list(_cumsum(it.num_new_tokens for it in prefills)),
-                dtype=torch.int32, device=dev) if prefills else None,
-            prefill_context_lens=torch.tensor(
-                [it.seq.num_computed_tokens + it.num_new_tokens for it in prefills],
-                dtype=torch.int32, device=dev) if prefills else None,
-            prefill_max_seqlen_q=max((it.num_new_tokens for it in prefills), default=0),
-        )
-        return (torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                torch.tensor(positions, dtype=torch.int64, device=dev), md, last_index)
+        return (torch.from_numpy(batch.input_ids).to(dev, non_blocking=True),
+                torch.from_numpy(batch.positions).to(dev, non_blocking=True),
+                batch.attention_metadata(dev), batch.last_index)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
@@ -189,13 +160,21 @@ class ModelRunner:
             src = torch.tensor([c[0] for c in block_copies], device=self.device)
             dst = torch.tensor([c[1] for c in block_copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-        input_ids, positions, md, last_index = self._prepare(scheduled)
-        with set_attention_metadata(md):
-            hidden = self.model(input_ids, positions)
+        batch = prepare_batch(scheduled, self.block_size)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.run(batch)
+        else:
+            dev = self.device
+            input_ids = torch.from_numpy(batch.input_ids).to(dev, non_blocking=True)
+            positions = torch.from_numpy(batch.positions).to(dev, non_blocking=True)
+            with set_attention_metadata(batch.attention_metadata(dev)):
+                hidden = self.model(input_ids, positions)
         if not sample_rows:
             return []
-        idx = torch.tensor([last_index[s] for s in sample_sources], device=self.device)
-        logits = self.model.compute_logits(hidden[idx])
+        rows_index = [batch.last_index[s] for s in sample_sources]
+        if rows_index != list(range(len(rows_index))) or len(rows_index) != hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows_index, device=self.device)]
+        logits = self.model.compute_logits(hidden)
         return self._to_results(self.sampler(logits, sample_rows), sample_rows)
 
     @staticmethod
@@ -213,13 +192,6 @@ class ModelRunner:
                 top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k and top_ids else []
             results.append(SampleResult(token_ids[i], logprobs[i], top, ranks[i] if k is not None else None))
         return results
-
-
-def _cumsum(values):
-    total = 0
-    for v in values:
-        total += v
-        yield total
 
 
 def _profile_params():

@@ -33,7 +33,8 @@ class Attention(nn.Module):
         nd = md.num_decode_tokens
         if nd:
             ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, md.decode_block_tables,
-                                       md.decode_context_lens, self.scale, out=out[:nd])
+                                       md.decode_context_lens, self.scale, out=out[:nd],
+                                       max_context_len=md.decode_max_context_len)
         if md.num_prefill_tokens:
             end = nd + md.num_prefill_tokens
             ops.paged_prefill_attention(q[nd:end], self.k_cache, self.v_cache,

@@ -16,9 +16,13 @@ def store_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
     fn(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out=None):
-    fn = kernels.paged_decode_attention if _on_gpu(query) else reference.paged_decode_attention_ref
-    return fn(query, k_cache, v_cache, block_tables, context_lens, scale, out=out)
+def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out=None,
+                           max_context_len=None):
+    if _on_gpu(query):
+        return kernels.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens,
+                                              scale, out=out, max_context_len=max_context_len)
+    return reference.paged_decode_attention_ref(query, k_cache, v_cache, block_tables,
+                                                context_lens, scale, out=out)
 
 
 def paged_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,

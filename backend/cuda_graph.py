@@ -1,0 +1,79 @@
+"""CUDA graphs for decode-only steps: the model's forward for a batch of one-token sequences,
+captured once per padded batch size over static input buffers, then replayed. This removes the
+per-kernel launch cost (hundreds of launches per step) that dominates small decode batches."""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from .forward_context import AttentionMetadata, set_attention_metadata
+from .input_batch import PreparedBatch
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += list(range(16, max_num_seqs, 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+class DecodeGraphs:
+    def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int,
+                 max_model_len: int, device: torch.device) -> None:
+        self.model = model
+        self.sizes = capture_sizes(max_num_seqs)
+        self.max_bs = self.sizes[-1]
+        self.max_model_len = max_model_len
+        n, w = self.max_bs, max_blocks_per_seq
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.block_tables = torch.zeros(n, w, dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _metadata(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs,
+            decode_block_tables=self.block_tables[:bs], decode_context_lens=self.context_lens[:bs],
+            num_prefill_tokens=0, prefill_block_tables=None, prefill_cu_seqlens_q=None,
+            prefill_context_lens=None, decode_max_context_len=self.max_model_len)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
+            md = self._metadata(bs)
+            with set_attention_metadata(md):
+                self.model(self.input_ids[:bs], self.positions[:bs])  # compile kernels, warm up
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(self.input_ids[:bs], self.positions[:bs])
+            pool = graph.pool()
+            self.graphs[bs] = (graph, out)
+        torch.cuda.synchronize()
+        logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
+
+    def can_run(self, batch: PreparedBatch) -> bool:
+        return (batch.num_decodes == batch.num_tokens and 0 < batch.num_tokens <= self.max_bs
+                and batch.decode_block_tables.shape[1] <= self.block_tables.shape[1])
+
+    def run(self, batch: PreparedBatch) -> torch.Tensor:
+        n = batch.num_tokens
+        bs = next(s for s in self.sizes if s >= n)
+        width = batch.decode_block_tables.shape[1]
+        self.input_ids[:n].copy_(torch.from_numpy(batch.input_ids), non_blocking=True)
+        self.positions[:n].copy_(torch.from_numpy(batch.positions), non_blocking=True)
+        self.slot_mapping[:n].copy_(torch.from_numpy(batch.slot_mapping), non_blocking=True)
+        self.context_lens[:n].copy_(torch.from_numpy(batch.decode_context_lens), non_blocking=True)
+        self.block_tables[:n, :width].copy_(torch.from_numpy(batch.decode_block_tables), non_blocking=True)
+        if bs > n:  # padding rows: store nothing, attend to nothing
+            self.slot_mapping[n:bs].fill_(-1)
+            self.context_lens[n:bs].zero_()
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:n]

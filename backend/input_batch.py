@@ -1,0 +1,100 @@
+"""Packs one step's scheduled tokens into model inputs and attention metadata."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .forward_context import AttentionMetadata
+from .scheduler import ScheduledSequence
+
+
+@dataclass
+class PreparedBatch:
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    num_decodes: int
+    decode_block_tables: np.ndarray | None  # [num_decodes, width] int32
+    decode_context_lens: np.ndarray | None  # [num_decodes] int32
+    prefill_block_tables: np.ndarray | None
+    prefill_cu_seqlens_q: np.ndarray | None
+    prefill_context_lens: np.ndarray | None
+    prefill_max_seqlen_q: int
+    last_index: dict[int, int]  # seq_id -> index of its last new token in the packed batch
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    def attention_metadata(self, device: torch.device) -> AttentionMetadata:
+        def dev(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(a).to(device, non_blocking=True)
+
+        nd = self.num_decodes
+        return AttentionMetadata(
+            slot_mapping=dev(self.slot_mapping), num_decode_tokens=nd,
+            decode_block_tables=dev(self.decode_block_tables),
+            decode_context_lens=dev(self.decode_context_lens),
+            num_prefill_tokens=self.num_tokens - nd,
+            prefill_block_tables=dev(self.prefill_block_tables),
+            prefill_cu_seqlens_q=dev(self.prefill_cu_seqlens_q),
+            prefill_context_lens=dev(self.prefill_context_lens),
+            prefill_max_seqlen_q=self.prefill_max_seqlen_q,
+            decode_max_context_len=int(self.decode_context_lens.max()) if nd else None)
+
+
+def _block_table_matrix(items: list[ScheduledSequence]) -> np.ndarray:
+    width = max(len(it.seq.block_table) for it in items)
+    table = np.zeros((len(items), width), dtype=np.int32)
+    for i, it in enumerate(items):
+        bt = it.seq.block_table
+        table[i, :len(bt)] = bt
+    return table
+
+
+def prepare_batch(scheduled: list[ScheduledSequence], block_size: int) -> PreparedBatch:
+    """Decodes (one new token) first, then prompt chunks."""
+    decodes = [it for it in scheduled if it.num_new_tokens == 1]
+    prefills = [it for it in scheduled if it.num_new_tokens > 1]
+    nd = len(decodes)
+    ids, pos, slots = [], [], []
+    last_index: dict[int, int] = {}
+    for i, it in enumerate(decodes):
+        s = it.seq
+        p = s.num_computed_tokens
+        ids.append(s.token_ids[p])
+        pos.append(p)
+        slots.append(s.block_table[p // block_size] * block_size + p % block_size)
+        last_index[s.seq_id] = i
+    parts_ids = [np.asarray(ids, dtype=np.int64)]
+    parts_pos = [np.asarray(pos, dtype=np.int64)]
+    parts_slots = [np.asarray(slots, dtype=np.int64)]
+    offset = nd
+    for it in prefills:
+        s = it.seq
+        start, end = s.num_computed_tokens, s.num_computed_tokens + it.num_new_tokens
+        p = np.arange(start, end, dtype=np.int64)
+        bt = np.asarray(s.block_table, dtype=np.int64)
+        parts_ids.append(np.asarray(s.token_ids[start:end], dtype=np.int64))
+        parts_pos.append(p)
+        parts_slots.append(bt[p // block_size] * block_size + p % block_size)
+        offset += it.num_new_tokens
+        last_index[s.seq_id] = offset - 1
+    cu = None
+    if prefills:
+        cu = np.zeros(len(prefills) + 1, dtype=np.int32)
+        np.cumsum([it.num_new_tokens for it in prefills], out=cu[1:])
+    return PreparedBatch(
+        input_ids=np.concatenate(parts_ids), positions=np.concatenate(parts_pos),
+        slot_mapping=np.concatenate(parts_slots), num_decodes=nd,
+        decode_block_tables=_block_table_matrix(decodes) if decodes else None,
+        decode_context_lens=np.asarray([it.seq.num_computed_tokens + 1 for it in decodes],
+                                       dtype=np.int32) if decodes else None,
+        prefill_block_tables=_block_table_matrix(prefills) if prefills else None,
+        prefill_cu_seqlens_q=cu,
+        prefill_context_lens=np.asarray([it.seq.num_computed_tokens + it.num_new_tokens
+                                         for it in prefills], dtype=np.int32) if prefills else None,
+        prefill_max_seqlen_q=max((it.num_new_tokens for it in prefills), default=0),
+        last_index=last_index)
