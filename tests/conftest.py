@@ -1,0 +1,33 @@
+"""Shared fixtures: one real tritonserver serving the tiny model, for every test that needs it."""
+import os
+
+import pytest
+
+from triton_server import (TEST_ENGINE_ARGS, TritonServer, ensure_default_model, start_server,
+                           write_model_repository)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def llm_server(tiny_model, tmp_path_factory) -> TritonServer:
+    """tritonserver with the llm model (tiny model, CPU-sized KV cache) on free ports."""
+    tmp = tmp_path_factory.mktemp("llm_server")
+    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS})
+    server = start_server(repo, str(tmp / "tritonserver.log"))
+    yield server
+    server.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a failure, show the log of the server the test used."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, TritonServer) and os.path.exists(value.log_path):
+                report.sections.append((f"tritonserver log ({value.log_path})", value.log_tail()))

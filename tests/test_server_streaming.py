@@ -1,0 +1,126 @@
+"""Must-show 1 and 2: the real tritonserver streams what the offline engine generates, over gRPC
+and HTTP, and 64 concurrent streams each end with exactly one FINAL and all their tokens."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from backend import LLM, SamplingParams
+from triton_server import (ROOT, TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request,
+                           sse_events)
+
+PROMPTS = ["Hello world", "The capital of France is", "Once upon a time, in a land far away,"]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model):
+    """The offline engine's greedy completions, with the server's engine arguments."""
+    args = {k: v for k, v in TEST_ENGINE_ARGS.items()}
+    llm = LLM(tiny_model, dtype=args["dtype"], num_kv_blocks=int(args["num_kv_blocks"]),
+              block_size=int(args["block_size"]), max_model_len=int(args["max_model_len"]))
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    return {p: o.outputs[0] for p, o in zip(PROMPTS, outs)}
+
+
+def test_grpc_stream_equals_the_offline_engine(llm_server, offline):
+    stream = StreamCollector(llm_server.grpc_url)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            stream.send(f"s{i}", grpc_inputs(prompt, sampling={"temperature": 0, "max_tokens": MAX_TOKENS},
+                                             stream=True, return_num_output_tokens=True,
+                                             return_finish_reason=True))
+        for i, prompt in enumerate(PROMPTS):
+            r = stream.wait(f"s{i}")
+            expected = offline[prompt]
+            assert r.text == expected.text
+            assert sum(r.num_output_tokens) == len(expected.token_ids) == MAX_TOKENS
+            # Token by token: one response per generated token, each with one token.
+            assert r.num_output_tokens == [1] * MAX_TOKENS
+            assert r.finish_reasons[-1] == expected.finish_reason == "length"
+            assert (r.finals, r.after_final) == (1, 0)
+        assert stream.errors.empty()
+    finally:
+        stream.close()
+
+
+def test_grpc_non_streaming_includes_the_prompt(llm_server, offline):
+    stream = StreamCollector(llm_server.grpc_url)
+    try:
+        prompt = PROMPTS[1]
+        stream.send("full", grpc_inputs(prompt, sampling={"temperature": 0, "max_tokens": MAX_TOKENS}))
+        stream.send("excl", grpc_inputs(prompt, sampling={"temperature": 0, "max_tokens": MAX_TOKENS},
+                                        exclude_input_in_output=True))
+        full, excl = stream.wait("full"), stream.wait("excl")
+        assert full.texts == [prompt + offline[prompt].text]
+        assert excl.texts == [offline[prompt].text]
+    finally:
+        stream.close()
+
+
+def test_http_generate_and_generate_stream(llm_server, offline):
+    prompt = PROMPTS[2]
+    # Top-level keys that are not inputs arrive as request parameters: the sampling parameters.
+    status, body = http_request(f"{llm_server.http_url}/v2/models/llm/generate",
+                                {"text_input": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                 "exclude_input_in_output": True})
+    assert status == 200, body
+    import json
+    assert json.loads(body)["text_output"] == offline[prompt].text
+
+    status, body = http_request(f"{llm_server.http_url}/v2/models/llm/generate_stream",
+                                {"text_input": prompt, "stream": True,
+                                 "parameters": {"max_tokens": MAX_TOKENS, "temperature": 0}})
+    assert status == 200, body
+    events = sse_events(body)
+    assert "".join(e["text_output"] for e in events) == offline[prompt].text
+    assert len(events) == MAX_TOKENS
+
+
+def test_input_ids_prompt(llm_server, offline, tiny_model):
+    from transformers import AutoTokenizer
+
+    prompt = PROMPTS[0]
+    ids = AutoTokenizer.from_pretrained(tiny_model)(prompt)["input_ids"]
+    stream = StreamCollector(llm_server.grpc_url)
+    try:
+        stream.send("ids", grpc_inputs(input_ids=ids, sampling={"temperature": 0, "max_tokens": MAX_TOKENS},
+                                       stream=True))
+        assert stream.wait("ids").text == offline[prompt].text
+    finally:
+        stream.close()
+
+
+def test_64_concurrent_streams_each_end_once_with_all_tokens(llm_server):
+    stream = StreamCollector(llm_server.grpc_url)
+    wanted = {f"c{i}": 8 + i % 25 for i in range(64)}
+    try:
+        for rid, n in wanted.items():
+            stream.send(rid, grpc_inputs(f"request {rid}: tell me something", stream=True,
+                                         sampling={"max_tokens": n, "ignore_eos": True, "temperature": 0.8,
+                                                   "seed": int(rid[1:])},
+                                         return_num_output_tokens=True, return_finish_reason=True))
+        for rid, n in wanted.items():
+            r = stream.wait(rid, timeout=300)
+            assert (r.finals, r.after_final) == (1, 0), rid
+            assert sum(r.num_output_tokens) == n, rid
+            assert r.finish_reasons[-1] == "length", rid
+        assert stream.errors.empty()
+    finally:
+        stream.close()
+
+
+def test_cli_client_streams_the_offline_text(llm_server, offline):
+    prompt = PROMPTS[0]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-m", "client", "--url", llm_server.grpc_url, "--temperature", "0",
+                          "--max-tokens", str(MAX_TOKENS), prompt],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == offline[prompt].text + "\n"
+    http = subprocess.run([sys.executable, "-m", "client", "--http", "--url", llm_server.http_url.split("//")[1],
+                           "--temperature", "0", "--max-tokens", str(MAX_TOKENS), prompt],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert http.returncode == 0, http.stderr
+    assert http.stdout == offline[prompt].text + "\n"
