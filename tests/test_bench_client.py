@@ -1,0 +1,239 @@
+"""The benchmark harness's pure parts: workloads, statistics, response parsing, model-repository
+rewriting and the report's ratios; and one small run of client/bench.py against the real server."""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from client.bench import _split, sampling_parameters  # noqa: E402
+from client.bench_model_repo import get_parameters, parse_assignments, set_parameters  # noqa: E402
+from client.bench_report import check_targets, derive, render_table  # noqa: E402
+from client.bench_stats import RequestTrace, percentile, summarize, tokens_in_response  # noqa: E402
+from client.workloads import (WORKLOADS, Workload, make_prompts, parse_vocab_range,  # noqa: E402
+                              resolve_workload, with_overrides)
+
+
+# --- workloads -------------------------------------------------------------------------------
+
+def test_the_issue_workloads():
+    assert WORKLOADS["A"] == Workload("A", num_requests=256, input_len=512, output_len=256)
+    assert WORKLOADS["B"] == Workload("B", num_requests=1, input_len=512, output_len=128)
+    assert WORKLOADS["A"].total_output_tokens == 65536
+
+
+def test_prompts_have_exact_lengths_and_range():
+    prompts = make_prompts(256, 512, seed=0, tag="A", vocab_low=100, vocab_high=500)
+    assert len(prompts) == 256
+    assert {len(p) for p in prompts} == {512}
+    assert min(min(p) for p in prompts) >= 100 and max(max(p) for p in prompts) < 500
+    assert len({tuple(p) for p in prompts}) == 256
+
+
+def test_prompts_are_reproducible_across_machines():
+    # String-seeded random: the same ids in every process, whatever PYTHONHASHSEED is.
+    assert make_prompts(1, 8, seed=0, tag="A")[0] == make_prompts(1, 8, seed=0, tag="A")[0]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from client.workloads import make_prompts; "
+            "print(make_prompts(2, 6, seed=3, tag='B'))")
+    outs = {subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)}
+    assert outs == {f"{make_prompts(2, 6, seed=3, tag='B')}\n"}
+
+
+def test_prompt_sets_of_one_run_do_not_share_prefixes():
+    # B's prompt must not be A's first prompt: prefix caching would make B's prefill free.
+    a = make_prompts(256, 512, seed=0, tag="A")
+    b = make_prompts(1, 512, seed=0, tag="B")[0]
+    warm = make_prompts(4, 512, seed=0, tag="warmup")
+    assert all(p[:16] != b[:16] for p in a + warm)
+    assert make_prompts(1, 16, seed=0, tag="A") != make_prompts(1, 16, seed=1, tag="A")
+
+
+def test_workload_overrides_keep_the_latency_workload_at_one_request():
+    assert with_overrides("A", 16, 64, 8) == Workload("A", 16, 64, 8)
+    assert with_overrides("B", 16, 64, 8) == Workload("B", 1, 64, 8)
+    assert resolve_workload("A", None, None, None) == WORKLOADS["A"]
+    assert resolve_workload(None, 3, 4, 5) == Workload("custom", 3, 4, 5)
+    with pytest.raises(ValueError, match="give --num-requests"):
+        resolve_workload(None, 3, None, 5)
+    with pytest.raises(ValueError, match="unknown workload 'C'"):
+        resolve_workload("C", None, None, None)
+
+
+def test_invalid_workloads_and_ranges_are_rejected():
+    with pytest.raises(ValueError, match="output_len must be a positive integer"):
+        Workload("x", 1, 1, 0)
+    assert parse_vocab_range("100:500") == (100, 500)
+    with pytest.raises(ValueError, match="LOW:HIGH"):
+        parse_vocab_range("100-500")
+    with pytest.raises(ValueError, match="0 <= low < high"):
+        parse_vocab_range("500:100")
+
+
+def test_sampling_parameters_ask_for_exactly_n_greedy_tokens():
+    assert json.loads(sampling_parameters(256)) == {"max_tokens": 256, "ignore_eos": True, "temperature": 0}
+
+
+def test_requests_are_split_evenly_over_client_processes():
+    assert _split(10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert _split(1, 4) == [(0, 1)]
+    assert _split(256, 4)[-1] == (192, 256)
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+def test_percentile_interpolates_like_numpy():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(xs, 0) == 1.0
+    assert percentile(xs, 50) == 2.5
+    assert percentile(xs, 99) == pytest.approx(3.97)
+    assert percentile(xs, 100) == 4.0
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError, match="percentile must be in"):
+        percentile(xs, 101)
+
+
+def _trace(rid: str, send: float, events: list[tuple[float, int]], end: float | None) -> RequestTrace:
+    t = RequestTrace(rid, send_time=send)
+    for at, n in events:
+        t.add_response(at, n)
+    if end is not None:
+        t.end_time = end
+    return t
+
+
+def test_trace_latencies():
+    # Responses of 1 and 2 tokens, then an empty final response.
+    t = _trace("r", 10.0, [(10.1, 1), (10.3, 2), (10.4, 0)], 10.4)
+    assert t.output_tokens == 3
+    assert t.ttft == pytest.approx(0.1)
+    assert t.itls() == pytest.approx([0.1, 0.1])  # 0.2 s for 2 tokens: one sample per token
+    assert t.e2e == pytest.approx(0.4)
+    assert t.tpot == pytest.approx(0.15)
+
+
+def test_summary_throughput_and_failures():
+    ok1 = _trace("a", 0.0, [(0.5, 1), (1.0, 1), (1.5, 1), (2.0, 1)], 2.0)
+    ok2 = _trace("b", 1.0, [(2.0, 2), (4.0, 2)], 4.0)
+    failed = _trace("c", 0.0, [(0.1, 1)], None)
+    failed.error = "boom"
+    s = summarize([ok1, ok2, failed], expected_output_len=4)
+    assert (s["completed"], s["failed"], s["output_tokens"]) == (2, 1, 8)
+    assert s["wall_s"] == 4.0  # first send 0.0 to last final 4.0
+    assert s["output_tok_s"] == 2.0
+    assert s["requests_s"] == 0.5
+    assert s["ttft_ms"]["p50"] == pytest.approx(750.0)  # TTFTs 0.5 and 1.0 s
+    assert s["e2e_ms"]["p99"] == pytest.approx(2990.0)  # 2.0 and 3.0 s
+    # ITL samples: a: 0.5 x3; b: 1.0 x2 -> sorted [.5,.5,.5,1,1]
+    assert s["itl_ms"]["p50"] == pytest.approx(500.0)
+    assert s["decode_tok_s"] == pytest.approx((3 / 1.5 + 3 / 2.0) / 2)
+    assert s["wrong_length_requests"] == 0
+    short = summarize([_trace("d", 0.0, [(1.0, 3)], 1.0)], expected_output_len=4)
+    assert short["wrong_length_requests"] == 1
+
+
+def test_summary_with_nothing_completed():
+    t = RequestTrace("x", send_time=0.0, error="refused")
+    s = summarize([t])
+    assert s["completed"] == 0 and s["failed"] == 1 and math.isnan(s["output_tok_s"])
+
+
+# --- response parsing ------------------------------------------------------------------------
+
+def _bytes_tensor(*items: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(x)) + x for x in items)
+
+
+def test_tokens_counted_from_num_output_tokens():
+    assert tokens_in_response(["text_output", "num_output_tokens"],
+                              [_bytes_tensor(b"abc"), struct.pack("<I", 3)]) == 3
+    assert tokens_in_response(["num_output_tokens"], [struct.pack("<2I", 2, 5)]) == 7
+    assert tokens_in_response(["num_output_tokens"], [struct.pack("<I", 0)]) == 0
+
+
+def test_tokens_counted_by_response_without_the_count():
+    assert tokens_in_response(["text_output"], [_bytes_tensor(b"hello world")]) == 1
+    assert tokens_in_response(["text_output"], [_bytes_tensor(b"")]) == 0  # empty final response
+    assert tokens_in_response([], []) == 0
+
+
+def test_malformed_count_is_an_error():
+    with pytest.raises(ValueError, match="not a whole number of INT32"):
+        tokens_in_response(["num_output_tokens"], [b"\x01\x00\x00"])
+
+
+# --- model repository ------------------------------------------------------------------------
+
+PBTXT = """backend: "python"
+parameters { key: "model" value { string_value: "models/tiny-llama" } }
+parameters { key: "max_num_seqs" value { string_value: "64" } }
+instance_group [ { count: 1 kind: KIND_MODEL } ]
+"""
+
+
+def test_parameters_replaced_in_place_and_appended():
+    out = set_parameters(PBTXT, {"max_num_seqs": "256", "load_format": "dummy", "model": '/a "b"'})
+    assert get_parameters(out) == {"model": '/a "b"', "max_num_seqs": "256", "load_format": "dummy"}
+    assert out.index("max_num_seqs") < out.index("instance_group") < out.index("load_format")
+    assert 'backend: "python"' in out and out.count("parameters") == 3
+    assert set_parameters(PBTXT, {}) == PBTXT
+
+
+def test_assignments():
+    assert parse_assignments(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        parse_assignments(["novalue"])
+
+
+# --- report ----------------------------------------------------------------------------------
+
+def test_ratios_and_targets():
+    triton = {"A": {"output_tok_s": 12000.0, "requests_s": 46.9, "ttft_ms": {"p50": 900.0, "p99": 1800.0},
+                    "itl_ms": {"p50": 20.0, "p99": 40.0}},
+              "B": {"decode_tok_s": 210.0, "ttft_ms": {"p50": 30.0}, "itl_ms": {"p50": 4.7, "p99": 5.0}}}
+    offline = {"A": {"output_tok_s": 12500.0}, "B": {"decode_tok_s": 220.0, "ttft_ms": {"p50": 25.0}}}
+    hf = {"A": {"output_tok_s": 2000.0}, "B": {"decode_tok_s": 35.0, "ttft_ms": {"p50": 60.0}}}
+    d = derive(triton, offline, hf)
+    assert d["A_ratio_triton_vs_hf"] == 6.0
+    assert d["A_ratio_offline_vs_hf"] == 6.25
+    assert d["serving_overhead"] == pytest.approx(0.04)
+    assert d["B_ratio_triton_vs_hf"] == 6.0
+    assert check_targets(d) == {"A_out_tok_s": True, "B_decode_tok_s": True, "serving_overhead": True,
+                                "B_ttft_ms": True}
+    slow = derive({"A": {"output_tok_s": 9000.0}, "B": {"decode_tok_s": 150.0, "ttft_ms": {"p50": 45.0}}},
+                  offline, {})
+    assert math.isnan(slow["A_ratio_triton_vs_hf"])
+    assert check_targets(slow) == {"A_out_tok_s": False, "B_decode_tok_s": False, "serving_overhead": False,
+                                   "B_ttft_ms": False}
+    assert check_targets(derive({}, {}, {}))["A_out_tok_s"] is None
+
+
+def test_table_marks_missing_figures():
+    results = {"models": {"qwen2.5-1.5b": {"derived": derive({}, {"A": {"output_tok_s": 5000.0}}, {})}}}
+    row = render_table(results).splitlines()[2]
+    assert row.startswith("| qwen2.5-1.5b | - | 5,000 | - | - | - |")
+
+
+# --- against the real server (tiny model on the CPU) -----------------------------------------
+
+def test_bench_client_against_the_server(llm_server, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "client", "bench.py"), "--url", f"127.0.0.1:{llm_server.grpc_port}",
+         "--num-requests", "6", "--input-len", "24", "--output-len", "5", "--procs", "2", "--warmup", "1",
+         "--no-progress", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"], s["output_tokens"], s["wrong_length_requests"]) == (6, 0, 30, 0)
+    assert result["per_request"]["output_tokens"] == [5] * 6
+    assert all(0 < t <= e for t, e in zip(result["per_request"]["ttft_ms"], result["per_request"]["e2e_ms"]))
+    assert s["output_tok_s"] == pytest.approx(30 / s["wall_s"])
