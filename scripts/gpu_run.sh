@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The benchmark on the GPU machine, in one call: for each model shape, the real tritonserver with
+# the Tritium model (dummy weights) driven by client/bench.py over gRPC streaming, the same
+# workloads through the engine in-process (scripts/bench_offline.py), and the Hugging Face anchor
+# (scripts/bench_hf.py). Run from the repository root with gpu_bundle/ carried along
+# (scripts/package_gpu_bundle.sh builds it) and $OUT set:
+#
+#   scripts/gpu_run.sh [--models llama-3-8b,qwen2.5-7b,qwen2.5-1.5b] [--phases triton,offline,hf]
+#                      [--workloads A,B] [--hf-requests 256] [--budget 560] [--engine-arg K=V]...
+#                      [--tokenizer models/tiny-llama] [--device cuda] [--dtype bfloat16]
+#                      [--num-requests N --input-len N --output-len N]   (smaller runs, all runners)
+#
+# A model is a directory name under models/configs or a path to a model directory.
+# Writes $OUT/results.json (every figure, ratios, targets) and $OUT/logs.tar.gz (all logs and
+# per-run JSON), both refreshed after every phase so that a run cut off at its time limit still
+# returns what it measured. Phases that would start after --budget seconds are skipped.
+# Environment: IMAGE_PYTHON (python3: the interpreter holding torch), TRITIUM_BUNDLE
+# (gpu_bundle), TRITIUM_BENCH_DIR (/tmp/tritium-bench), TRITIUM_PORT_BASE (8000), TRITIUM_COMMIT
+# (recorded in results.json; the device copy has no .git).
+# --num-requests etc. apply to every runner (HF too, overriding --hf-requests).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+START=$(date +%s)
+OUT="${OUT:-$ROOT/bench_out}"
+BUNDLE="${TRITIUM_BUNDLE:-$ROOT/gpu_bundle}"
+BASE="${TRITIUM_BENCH_DIR:-/tmp/tritium-bench}"
+IMAGE_PY="${IMAGE_PYTHON:-python3}"
+PORT="${TRITIUM_PORT_BASE:-8000}"
+
+MODELS="llama-3-8b,qwen2.5-7b,qwen2.5-1.5b" PHASES="triton,offline,hf" WORKLOADS="A,B"
+HF_REQUESTS=256 BUDGET=560 TOKENIZER="models/tiny-llama" DEVICE=cuda DTYPE=bfloat16
+SIZES=() ENGINE_SETS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --models) MODELS="$2"; shift 2 ;;
+        --phases) PHASES="$2"; shift 2 ;;
+        --workloads) WORKLOADS="$2"; shift 2 ;;
+        --hf-requests) HF_REQUESTS="$2"; shift 2 ;;
+        --budget) BUDGET="$2"; shift 2 ;;
+        --tokenizer) TOKENIZER="$2"; shift 2 ;;
+        --device) DEVICE="$2"; shift 2 ;;
+        --dtype) DTYPE="$2"; shift 2 ;;
+        --engine-arg) ENGINE_SETS+=(--set "$2"); shift 2 ;;
+        --num-requests|--input-len|--output-len) SIZES+=("$1" "$2"); shift 2 ;;
+        *) echo "gpu_run.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+WORK="$BASE/work" LOGS="$BASE/work/logs" V="$BASE/venv"
+rm -rf "$WORK" && mkdir -p "$WORK" "$LOGS" "$OUT"
+elapsed() { echo $(($(date +%s) - START)); }
+say() { echo "[gpu_run $(elapsed)s] $*"; }
+
+publish() {  # results.json + logs.tar.gz into $OUT, after every phase
+    "$V/bin/python" client/bench_report.py --work "$WORK" --out "$OUT/results.json" --quiet \
+        >>"$LOGS/report.log" 2>&1
+    tar -C "$WORK" -czf "$OUT/logs.tar.gz.part" . 2>/dev/null && mv "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
+}
+
+# phase MODEL NAME MAX_SECONDS COMMAND...: run with a deadline, log, record its status.
+phase() {
+    local model="$1" name="$2" cap="$3"; shift 3
+    local left=$((BUDGET - $(elapsed) - 10))
+    if [ "$left" -lt 30 ]; then
+        say "SKIP $model/$name: budget spent"
+        echo "{\"model\": \"$model\", \"phase\": \"$name\", \"rc\": null, \"seconds\": 0, \"skipped\": true}" >>"$WORK/phases.jsonl"
+        return 1
+    fi
+    [ "$left" -lt "$cap" ] && cap=$left
+    local t0 rc
+    t0=$(date +%s.%N)
+    say "START $model/$name (limit ${cap}s)"
+    timeout --kill-after=10 "$cap" "$@" 2>&1 | tee "$LOGS/$model-$name.log"
+    rc=${PIPESTATUS[0]}
+    local dt
+    dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    say "END $model/$name: ${dt}s, exit $rc"
+    echo "{\"model\": \"$model\", \"phase\": \"$name\", \"rc\": $rc, \"seconds\": $dt}" >>"$WORK/phases.jsonl"
+    publish
+    return "$rc"
+}
+
+setup() {  # once per machine: server unpacked into a venv whose numpy is 1.26
+    [ -x "$V/bin/python" ] && [ -f "$V/.tritium-ready" ] && return 0
+    rm -rf "$V"
+    "$IMAGE_PY" -m venv "$V" || return 1
+    local site image_site
+    site=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    image_site=$("$IMAGE_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$V/bin/python" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+        "$BUNDLE"/numpy-1.26.4-*.whl "$BUNDLE"/tritonclient-*.whl "$BUNDLE"/python_rapidjson-*.whl || return 1
+    # The image's packages (torch, triton, transformers) after the venv's own: numpy 1.26 wins.
+    echo "import site; site.addsitedir('$image_site')" >"$site/zz_image_site.pth"
+    # Python's tarfile rather than tar -J: the image need not have xz.
+    "$V/bin/python" -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' \
+        "$BUNDLE"/tritonserver-2.51.0-py*.tar.xz "$site" || return 1
+    # Exec bits: the archive keeps them, but be safe against unpackers that do not.
+    chmod +x "$site/pytriton/tritonserver/bin/tritonserver" \
+        "$site"/pytriton/tritonserver/python_backend_stubs/*/triton_python_backend_stub
+    touch "$V/.tritium-ready"
+}
+
+tokenizer_dir() {
+    if [ ! -d "$TOKENIZER" ] && [ "$TOKENIZER" = "models/tiny-llama" ] && [ -f scripts/build_default_model.py ]; then
+        say "building $TOKENIZER (the tokenizer the engine is given; prompts are token ids)" >&2
+        "$IMAGE_PY" scripts/build_default_model.py --out "$TOKENIZER" >"$LOGS/build_tokenizer.log" 2>&1
+    fi
+    (cd "$TOKENIZER" 2>/dev/null && pwd)
+}
+
+model_dir() {  # a name under models/configs, or a path
+    if [ -d "models/configs/$1" ]; then (cd "models/configs/$1" && pwd); else (cd "$1" 2>/dev/null && pwd); fi
+}
+
+write_meta() {
+    "$IMAGE_PY" - "$WORK/meta.json" "$MODELS" "$PHASES" "$WORKLOADS" "$HF_REQUESTS" "$DEVICE" "$DTYPE" \
+        "$TOKENIZER" "${ENGINE_SETS[*]:-}" "${SIZES[*]:-}" <<'EOF' || true
+import json, os, platform, subprocess, sys, time
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as e:
+        return f"unavailable: {e}"
+keys = ["models", "phases", "workloads", "hf_requests", "device", "dtype", "tokenizer", "engine_args", "sizes"]
+meta = dict(zip(keys, sys.argv[2:]))
+meta.update(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), host=platform.node(), python=platform.python_version(),
+            git_commit=os.environ.get("TRITIUM_COMMIT") or sh("git rev-parse HEAD 2>/dev/null") or "unknown (no .git)",
+            gpu=sh("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader"),
+            torch=sh(f"{sys.executable} -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'"))
+json.dump(meta, open(sys.argv[1], "w"), indent=1)
+EOF
+}
+
+say "setup (bundle $BUNDLE)"
+if ! setup >"$LOGS/setup.log" 2>&1; then
+    cat "$LOGS/setup.log"; say "setup failed"; tar -C "$WORK" -czf "$OUT/logs.tar.gz" .; exit 1
+fi
+TOK="$(tokenizer_dir)" || true
+[ -n "$TOK" ] || { say "no tokenizer directory $TOKENIZER"; exit 1; }
+write_meta
+export TRITIUM_VENV="$V"  # scripts/tritonserver runs the server in it
+say "setup done"
+
+for spec in ${MODELS//,/ }; do
+    MDIR="$(model_dir "$spec")" || true
+    m="$(basename "$spec")"
+    [ -n "$MDIR" ] || { say "no model directory for $spec"; continue; }
+    mkdir -p "$WORK/$m"
+    REPO="$BASE/repo-$m"
+    # One configuration for both: the offline bench reads this config.pbtxt back.
+    "$V/bin/python" client/bench_model_repo.py --dest "$REPO" --set model="$MDIR" --set tokenizer="$TOK" \
+        --set load_format=dummy --set dtype="$DTYPE" --set device="$DEVICE" --set max_num_seqs=256 \
+        "${ENGINE_SETS[@]}" | tee "$WORK/$m/engine_args.txt"
+    for p in ${PHASES//,/ }; do
+        case "$p" in
+            triton) phase "$m" triton 420 bash scripts/bench_triton.sh --repo "$REPO" \
+                --out-dir "$WORK/$m" --workloads "$WORKLOADS" --log "$LOGS/$m-tritonserver.log" \
+                --port-base "$PORT" -- "${SIZES[@]}" ;;
+            offline) phase "$m" offline 300 "$V/bin/python" scripts/bench_offline.py \
+                --model-config "$REPO/llm/config.pbtxt" --workloads "$WORKLOADS" "${SIZES[@]}" \
+                --json "$WORK/$m/offline.json" ;;
+            hf) phase "$m" hf 300 "$IMAGE_PY" scripts/bench_hf.py --config "$MDIR" --device "$DEVICE" \
+                --dtype "$DTYPE" --workloads "$WORKLOADS" --num-requests "$HF_REQUESTS" "${SIZES[@]}" \
+                --json "$WORK/$m/hf.json" ;;
+            *) say "unknown phase $p" ;;
+        esac
+    done
+done
+
+publish
+"$V/bin/python" client/bench_report.py --work "$WORK" --out "$OUT/results.json"
+say "done: $OUT/results.json, $OUT/logs.tar.gz"
