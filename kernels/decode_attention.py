@@ -64,8 +64,10 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # KV heads on the fastest axis: a token's heads are adjacent 256-byte rows in the cache, so
+    # the programs that read them run together and share DRAM pages.
+    kv_head = tl.program_id(0)
+    seq = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
     start = split * tokens_per_split
@@ -102,7 +104,7 @@ def _decode_kernel(
         m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e,
                                     True, DOT_PRECISION)
 
-    num_q_heads = tl.num_programs(1) * GROUP
+    num_q_heads = tl.num_programs(0) * GROUP
     if SPLIT:
         part = (seq * num_q_heads + q_heads).to(tl.int64) * tl.num_programs(2) + split
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
@@ -172,7 +174,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=query.device)
     else:
         part_out = part_lse = out  # unused when SPLIT is False
-    _decode_kernel[(batch, num_kv_heads, splits)](
+    _decode_kernel[(num_kv_heads, batch, splits)](
         query, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
         scale * math.log2(math.e), per_split,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
