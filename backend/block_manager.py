@@ -93,6 +93,13 @@ class BlockManager:
         `computed_blocks` (prefix-cache hits, only for a sequence with an empty table) are taken
         first. Returns False, changing nothing, when there are not enough free blocks.
         """
+        if not computed_blocks:  # the common case, a running sequence: usually nothing to do
+            table = seq.block_table
+            num_computed = seq.num_computed_tokens
+            needed = -(-(num_computed + num_new_tokens) // self.block_size) - len(table)
+            if needed <= 0 and (num_computed % self.block_size == 0
+                                or self.blocks[table[num_computed // self.block_size]].ref_cnt == 1):
+                return True
         computed_blocks = computed_blocks or []
         assert not computed_blocks or not seq.block_table
         num_computed = len(computed_blocks) * self.block_size if computed_blocks else seq.num_computed_tokens
@@ -145,6 +152,7 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.block_table = list(parent.block_table)
+        child.num_cached_blocks = parent.num_cached_blocks
         for block_id in child.block_table:
             self.blocks[block_id].ref_cnt += 1
         self._seq_hashes[child.seq_id] = list(self._seq_hashes.get(parent.seq_id, []))
@@ -159,6 +167,7 @@ class BlockManager:
             if block.ref_cnt == 0:
                 self.free_queue[block_id] = block
         seq.block_table = []
+        seq.num_cached_blocks = 0
 
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence state once the sequence is finished for good."""
@@ -169,8 +178,11 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if num_full <= seq.num_cached_blocks:
+            return
         hashes = self._block_hashes(seq)
-        for i in range(num_full):
+        start, seq.num_cached_blocks = seq.num_cached_blocks, num_full
+        for i in range(start, num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is not None:
                 continue

@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import time
+from typing import Callable
 
 from .block_manager import BlockManager
 from .config import EngineArgs, load_hf_config
@@ -51,6 +52,7 @@ class LLMEngine:
         self.max_seq_len = min(max_model_len, self.runner.num_blocks * args.block_size)
         self.eos_token_ids = self._eos_token_ids()
         self.requests: dict[str, Request] = {}
+        self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
         self.stats = EngineStats()
 
     def _eos_token_ids(self) -> tuple[int, ...]:
@@ -136,57 +138,81 @@ class LLMEngine:
         return bool(self.requests)
 
     # ---- the step -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, deliver: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
+        """Schedule and launch this step on the device; while it runs, turn the previous step's
+        tokens into text and outputs; then take this step's tokens (token-level stop checks).
+        So outputs trail the tokens by one step, and the GPU is not idle while text is made.
+        With `deliver`, those outputs are handed over while the device still works, and only
+        outputs made afterwards (failures) are returned."""
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
+        pending = None
         rows: list[Sequence] = []
-        sources: list[int] = []
         forks: list[tuple[Sequence, list[Sequence]]] = []
-        for item in sched.scheduled:
-            seq = item.seq
-            if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
-                continue  # a prompt chunk that does not reach the end: nothing to sample
-            group = [seq]
-            if seq.num_forks_pending:
-                children = [seq.fork(i) for i in range(1, seq.params.n)]
-                forks.append((seq, children))
-                group += children
-            rows.extend(group)
-            sources.extend([seq.seq_id] * len(group))
-        try:
-            results = self.runner.execute(sched.scheduled, sched.block_copies, rows, sources)
-        except Exception as exc:  # fail this batch's requests, keep the engine serving others
-            logger.exception("model step failed")
+        failure: str | None = None
+        if not sched.is_empty:
+            sources: list[int] = []
+            for item in sched.scheduled:
+                seq = item.seq
+                if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
+                    continue  # a prompt chunk that does not reach the end: nothing to sample
+                group = [seq]
+                if seq.num_forks_pending:
+                    children = [seq.fork(i) for i in range(1, seq.params.n)]
+                    forks.append((seq, children))
+                    group += children
+                rows.extend(group)
+                sources.extend([seq.seq_id] * len(group))
+            try:
+                pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources)
+            except Exception as exc:  # fail this batch's requests, keep serving the others
+                logger.exception("model step failed")
+                failure = f"internal error while running the model: {exc}"
+        in_flight = {item.seq.seq_id for item in sched.scheduled} if pending is not None else set()
+        outputs = self._process_text(in_flight)
+        if deliver is not None:
+            deliver(outputs)
+            outputs = []
+        if pending is not None:
+            try:
+                results = pending.wait()
+            except Exception as exc:
+                logger.exception("model step failed")
+                failure = f"internal error while running the model: {exc}"
+            else:
+                self._process_tokens(sched, forks, rows, results)
+        if failure is not None:
             self.block_manager.reset_prefix_cache()
-            return self._fail_batch(sched, f"internal error while running the model: {exc}")
+            ids = {item.seq.request_id for item in sched.scheduled}
+            outputs += [o for rid in ids if (o := self.abort_request(rid, error=failure)) is not None]
+        return outputs
+
+    def _process_tokens(self, sched, forks, rows: list[Sequence], results) -> None:
+        """Append sampled tokens; finish on stop tokens and length. Cheap: runs before the next
+        step can be scheduled."""
         self.scheduler.update_after_step(sched)
         for parent, children in forks:
             parent.num_forks_pending = 0
-            req = self.requests[parent.request_id]
+            req = self.requests.get(parent.request_id)
             for child in children:
                 child.num_computed_tokens = parent.num_computed_tokens
                 self.block_manager.fork(parent, child)
                 self.scheduler.add_running(child)
-                self._attach_detokenizer(child, req)
-                req.seqs.append(child)
+                if req is not None:
+                    self._attach_detokenizer(child, req)
+                    req.seqs.append(child)
+                if parent.finish_reason is not None:  # stopped while its prompt ran
+                    child.finish_reason = parent.finish_reason
         now = time.time()
-        touched: dict[str, Request] = {}
         for seq, res in zip(rows, results):
-            req = self.requests[seq.request_id]
+            req = self.requests.get(seq.request_id)
+            if seq.finish_reason is not None or req is None:
+                # Finished by a stop string (found while this step ran) or aborted: this
+                # token is past the end; drop it and free the blocks.
+                if not seq.is_finished:
+                    self.scheduler.finish(seq)
+                continue
             self._append_token(seq, req, res, now)
-            touched[req.request_id] = req
-        outputs = []
-        for req in touched.values():
-            if req.finished:
-                self.requests.pop(req.request_id, None)
-                self._record_finished(req)
-            outputs.append(req.make_delta_output())
-        return outputs
-
-    def _fail_batch(self, sched, message: str) -> list[RequestOutput]:
-        ids = {item.seq.request_id for item in sched.scheduled}
-        return [out for rid in ids if (out := self.abort_request(rid, error=message)) is not None]
+            self._text_queue.append(seq)
 
     def _append_token(self, seq: Sequence, req: Request, res, now: float) -> None:
         p = seq.params
@@ -208,23 +234,54 @@ class LLMEngine:
         if res.token_id in p.all_stop_token_ids and n_out >= p.min_tokens:
             seq.finish_reason = "stop"
             seq.stop_reason = res.token_id if res.token_id in p.stop_token_ids else None
-            seq.output_text += seq.detokenizer.flush()
-        else:
-            delta = seq.detokenizer.add_token(res.token_id)
-            if delta:
-                seq.output_text += delta
-                if p.stop and n_out >= p.min_tokens:
-                    hit = find_stop_string(seq.output_text, len(delta), p.stop)
-                    if hit is not None:
-                        idx, s = hit
-                        seq.output_text = seq.output_text[:idx + len(s) if p.include_stop_str_in_output else idx]
-                        seq.finish_reason, seq.stop_reason = "stop", s
-        if seq.finish_reason is None and (
-                (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_seq_len):
+            seq.num_text_tokens = n_out - 1  # the stop token itself is not part of the text
+        elif (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_seq_len:
             seq.finish_reason = "length"
-            seq.output_text += seq.detokenizer.flush()
         if seq.finish_reason is not None:
             self.scheduler.finish(seq)
+
+    def _process_text(self, in_flight: set[int]) -> list[RequestOutput]:
+        """Detokenize the tokens of the previous step, apply stop strings, build the outputs."""
+        queue, self._text_queue = self._text_queue, []
+        touched: dict[str, Request] = {}
+        for seq in queue:
+            req = self.requests.get(seq.request_id)
+            if req is None:
+                continue  # aborted meanwhile
+            touched[req.request_id] = req
+            self._detokenize(seq)
+            if seq.finish_reason == "stop" and isinstance(seq.stop_reason, str) and not seq.is_finished:
+                if seq.seq_id not in in_flight:
+                    self.scheduler.finish(seq)
+                # else: freed when its in-flight token arrives (and is dropped)
+        outputs = []
+        for req in touched.values():
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+                self._record_finished(req)
+            outputs.append(req.make_delta_output())
+        return outputs
+
+    def _detokenize(self, seq: Sequence) -> None:
+        p = seq.params
+        limit = seq.num_output_tokens if seq.num_text_tokens is None else seq.num_text_tokens
+        out_ids = seq.token_ids[seq.num_prompt_tokens:]
+        while seq.num_detokenized < limit:
+            delta = seq.detokenizer.add_token(out_ids[seq.num_detokenized])
+            seq.num_detokenized += 1
+            if not delta:
+                continue
+            seq.output_text += delta
+            if p.stop and seq.num_detokenized >= p.min_tokens:
+                hit = find_stop_string(seq.output_text, len(delta), p.stop)
+                if hit is not None:
+                    idx, stop = hit
+                    seq.output_text = seq.output_text[:idx + len(stop) if p.include_stop_str_in_output else idx]
+                    seq.finish_reason, seq.stop_reason = "stop", stop
+                    del seq.token_ids[seq.num_prompt_tokens + seq.num_detokenized:]
+                    return
+        if seq.finish_reason is not None:
+            seq.output_text += seq.detokenizer.flush()
 
     def _record_finished(self, req: Request) -> None:
         now = time.time()

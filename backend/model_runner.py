@@ -152,10 +152,11 @@ class ModelRunner:
                 batch.attention_metadata(dev), batch.last_index)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
-                sample_rows: list[Sequence], sample_sources: list[int]) -> list[SampleResult]:
-        """Run the model on the scheduled tokens; sample one token for each row in `sample_rows`
-        from the logits after the last new token of sequence id `sample_sources[i]`."""
+    def launch(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
+               sample_rows: list[Sequence], sample_sources: list[int]) -> "PendingStep":
+        """Queue the step's GPU work and return at once; `PendingStep.wait()` gives the sampled
+        tokens. Row i of `sample_rows` samples from the logits after the last new token of the
+        sequence with id `sample_sources[i]`."""
         if block_copies:
             src = torch.tensor([c[0] for c in block_copies], device=self.device)
             dst = torch.tensor([c[1] for c in block_copies], device=self.device)
@@ -170,27 +171,61 @@ class ModelRunner:
             with set_attention_metadata(batch.attention_metadata(dev)):
                 hidden = self.model(input_ids, positions)
         if not sample_rows:
-            return []
+            return PendingStep(None, [])
         rows_index = [batch.last_index[s] for s in sample_sources]
-        if rows_index != list(range(len(rows_index))) or len(rows_index) != hidden.shape[0]:
+        if rows_index != list(range(hidden.shape[0])):
             hidden = hidden[torch.tensor(rows_index, device=self.device)]
-        logits = self.model.compute_logits(hidden)
-        return self._to_results(self.sampler(logits, sample_rows), sample_rows)
+        out = self.sampler(self.model.compute_logits(hidden), sample_rows)
+        return PendingStep(out, sample_rows)
 
-    @staticmethod
-    def _to_results(out: SamplerOutput, rows: list[Sequence]) -> list[SampleResult]:
-        token_ids = out.token_ids.tolist()  # the step's one host-device synchronisation
-        logprobs = out.logprobs.tolist()
-        ranks = out.ranks.tolist() if out.ranks is not None else None
-        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
+    def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
+                sample_rows: list[Sequence], sample_sources: list[int]) -> list[SampleResult]:
+        return self.launch(scheduled, block_copies, sample_rows, sample_sources).wait()
+
+
+class PendingStep:
+    """A launched step. The results travel to pinned host memory without blocking; `wait()`
+    blocks on a CUDA event, which releases the GIL so that other threads (the server's response
+    sender) run while the GPU works."""
+
+    def __init__(self, out: SamplerOutput | None, rows: list[Sequence]) -> None:
+        self.rows = rows
+        self.event = None
+        if out is None:
+            self.host = None
+            return
+        cuda = out.token_ids.is_cuda
+        packed = [out.token_ids.double(), out.logprobs.double()]
+        if out.ranks is not None:
+            packed.append(out.ranks.double())
+        main = torch.stack(packed)
+        extra = [t for t in (out.top_logprobs, out.top_token_ids) if t is not None]
+        if cuda:
+            self.host = [t.to("cpu", non_blocking=True) for t in [main] + extra]
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = [main] + extra
+        self.has_ranks = out.ranks is not None
+
+    def wait(self) -> list[SampleResult]:
+        if self.host is None:
+            return []
+        if self.event is not None:
+            self.event.synchronize()
+        main = self.host[0].tolist()
+        token_ids, logprobs = main[0], main[1]
+        ranks = main[2] if self.has_ranks else None
+        top_vals = self.host[1].tolist() if len(self.host) > 1 else None
+        top_ids = self.host[2].tolist() if len(self.host) > 2 else None
         results = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(self.rows):
             k = row.params.logprobs
             top = None
             if k is not None:
                 top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k and top_ids else []
-            results.append(SampleResult(token_ids[i], logprobs[i], top, ranks[i] if k is not None else None))
+            results.append(SampleResult(int(token_ids[i]), logprobs[i], top,
+                                        int(ranks[i]) if k is not None else None))
         return results
 
 

@@ -21,7 +21,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return bool(self.seqs) and all(s.is_finished for s in self.seqs)
+        return bool(self.seqs) and all(s.finish_reason is not None for s in self.seqs)
 
     def make_delta_output(self) -> RequestOutput:
         """What is new since the previous call, per sample. Text that could be the start of a
@@ -29,7 +29,7 @@ class Request:
         completions = []
         for seq in sorted(self.seqs, key=lambda s: s.index):
             text_end = len(seq.output_text)
-            if not seq.is_finished and seq.params.stop:
+            if seq.finish_reason is None and seq.params.stop:
                 text_end -= partial_stop_suffix_len(seq.output_text, seq.params.stop)
             text = seq.output_text[seq.num_text_emitted:text_end]
             seq.num_text_emitted = max(seq.num_text_emitted, text_end)

@@ -41,6 +41,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission
         self.block_table: list[int] = []
+        self.num_cached_blocks = 0  # leading blocks already offered to the prefix cache
         # A parent of n > 1 samples forks into n sequences after its prompt is computed.
         self.num_forks_pending = params.n - 1 if index == 0 else 0
         self.cumulative_logprob = 0.0
@@ -49,6 +50,8 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.detokenizer: "IncrementalDetokenizer | None" = None
         self.output_text = ""  # text after stop-string truncation
+        self.num_detokenized = 0  # output tokens fed to the detokenizer
+        self.num_text_tokens: int | None = None  # output tokens that have text (None: all)
         self.num_text_emitted = 0  # characters of output_text already streamed
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0

@@ -79,9 +79,8 @@ class StreamingEngine:
             if not engine.has_unfinished_requests():
                 continue
             with self._lock:
-                outputs = engine.step()
-            for out in outputs:
-                self._deliver(out)
+                outputs = engine.step(self._deliver_all)
+            self._deliver_all(outputs)
         for rid in list(engine.requests):
             out = engine.abort_request(rid, error="The engine is shutting down.")
             if out is not None:
@@ -116,6 +115,10 @@ class StreamingEngine:
                     out = self.engine.abort_request(payload)
                     if out is not None:
                         self._deliver(out)
+
+    def _deliver_all(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._deliver(out)
 
     def _deliver(self, out: RequestOutput) -> None:
         callback = self._callbacks.get(out.request_id)

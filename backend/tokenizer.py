@@ -31,6 +31,9 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        # Fast tokenizers: call the Rust decoder directly (a third of the cost of the Python
+        # wrapper, which adds nothing here since we never clean up spaces).
+        self._rust = getattr(tokenizer, "_tokenizer", None)
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
@@ -42,6 +45,8 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if self._rust is not None:
+            return self._rust.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      spaces_between_special_tokens=self.spaces_between_special_tokens,
                                      clean_up_tokenization_spaces=False)
