@@ -1,0 +1,98 @@
+"""Compile every kernel for sm_90 (H100/H200) on a machine without a GPU and print one JSON line
+per kernel: registers, spill bytes, shared memory and which matrix instructions the PTX uses.
+
+Run as a script, without TRITON_INTERPRET (compiling needs Triton's compiled mode). It intercepts
+the kernel launch inside each wrapper, so the wrappers choose constexprs and launch options
+exactly as on the GPU, and compiles with the same argument specialisation Triton would use
+there. It leans on Triton internals (binder, _pack_args), so it is a CI aid for the pinned
+Triton, not part of the kernels.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = make_backend(TARGET)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+launches = []
+
+
+def _record(self, *args, grid, warmup, **kwargs):
+    launches.append((self, args, kwargs))
+
+
+def compile_launch(fn, args, kwargs) -> dict:
+    binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
+                            options=options.__dict__)
+    info = {"kernel": fn.__name__, "shared": kernel.metadata.shared,
+            "wgmma": "wgmma.mma_async" in kernel.asm["ptx"], "mma": "mma.sync" in kernel.asm["ptx"]}
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    usage = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    if m := re.search(r"REG:(\d+).*LOCAL:(\d+)", usage):
+        info["registers"], info["local_bytes"] = int(m.group(1)), int(m.group(2))
+    return info
+
+
+def cases():
+    """(label, call) pairs at the benchmark's Llama-3-8B shapes (bf16: the serving dtype; the
+    float32 variants compile for real when the tests run on a GPU)."""
+    import kernels
+    from kernels.decode_attention import DecodeConfig
+    e = torch.empty
+    for dtype in (torch.bfloat16,):
+        q, cache = e(2, 32, 128, dtype=dtype), e(64, 16, 8, 128, dtype=dtype)
+        bt, cl = torch.zeros(2, 32, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+        for splits in (1, 4):
+            yield (f"decode {dtype} splits={splits}",
+                   lambda: kernels.paged_decode_attention(q, cache, cache, bt, cl, 0.1,
+                                                          config=DecodeConfig(num_splits=splits)))
+        cu = torch.tensor([0, 512], dtype=torch.int32)
+        qp = e(512, 32, 128, dtype=dtype)
+        yield (f"prefill {dtype}",
+               lambda: kernels.paged_prefill_attention(qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1))
+    h = e(16, 4096, dtype=torch.bfloat16)
+    yield "rms_norm", lambda: kernels.rms_norm(h, h[0], 1e-5, h)
+    yield "rotary", lambda: kernels.apply_rotary_emb(e(16, 4096, dtype=torch.bfloat16),
+                                                     e(16, 1024, dtype=torch.bfloat16),
+                                                     torch.zeros(16, dtype=torch.int64), e(64, 128))
+    yield "silu_and_mul", lambda: kernels.silu_and_mul(e(16, 2 * 14336, dtype=torch.bfloat16))
+    kv = e(16, 8, 128, dtype=torch.bfloat16)
+    yield "store_kv_cache", lambda: kernels.store_kv_cache(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
+                                                           e(4, 16, 8, 128, dtype=torch.bfloat16),
+                                                           torch.zeros(16, dtype=torch.int64))
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
+    JITFunction.run = _record
+    import kernels._launch as launch
+    for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store"):
+        __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
+    for label, call in cases():
+        launches.clear()
+        call()
+        for fn, args, kwargs in launches:
+            print(json.dumps({"case": label, **compile_launch(fn, args, kwargs)}), flush=True)
+    del launch
+
+
+if __name__ == "__main__":
+    main()
