@@ -1,0 +1,95 @@
+"""Where an engine step's time goes, on the GPU: schedule, launch (host side), text work
+(overlapped), wait for the device, token processing. Runs a throughput workload in-process
+with dummy weights and prints a table; writes JSON with --json.
+
+    python3 scripts/profile_engine.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+        --num-requests 256 --input-len 512 --output-len 64 [--engine-arg enforce_eager=true]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from backend import model_runner  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--num-requests", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--engine-arg", action="append", default=[])
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    values = {"model": a.model, "load_format": "dummy", "dtype": "bfloat16"}
+    if a.tokenizer:
+        values["tokenizer"] = a.tokenizer
+    values.update(kv.split("=", 1) for kv in a.engine_arg)
+    t0 = time.perf_counter()
+    engine = LLMEngine(EngineArgs.from_strings(values))
+    startup = time.perf_counter() - t0
+    import torch
+    times: dict[str, list[float]] = defaultdict(list)
+
+    def timed(name, fn):
+        def wrapper(*args, **kw):
+            s = time.perf_counter()
+            r = fn(*args, **kw)
+            times[name].append(time.perf_counter() - s)
+            return r
+        return wrapper
+
+    engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)
+    engine.runner.launch = timed("launch", engine.runner.launch)
+    engine._process_text = timed("text", engine._process_text)
+    engine._process_tokens = timed("tokens", engine._process_tokens)
+    model_runner.PendingStep.wait = timed("wait", model_runner.PendingStep.wait)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+    # warm-up (compiles kernels outside the timed region)
+    engine.add_request("warm", [rng.randrange(100, 500) for _ in range(a.input_len)], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    times.clear()
+    for i in range(a.num_requests):
+        engine.add_request(str(i), [rng.randrange(100, 500) for _ in range(a.input_len)], params)
+    steps = []
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        running_decode = all(not s.is_prefill for s in engine.scheduler.running) and not engine.scheduler.waiting
+        s = time.perf_counter()
+        engine.step()
+        steps.append((running_decode, len(engine.scheduler.running), time.perf_counter() - s))
+    wall = time.perf_counter() - start
+    tokens = a.num_requests * a.output_len
+    dec = [t for d, n, t in steps if d and n >= a.num_requests * 0.9]
+    summary = {
+        "startup_s": startup, "wall_s": wall, "output_tok_s": tokens / wall, "steps": len(steps),
+        "num_kv_blocks": engine.runner.num_blocks,
+        "decode_steps_full_batch": len(dec),
+        "decode_step_ms_median": sorted(dec)[len(dec) // 2] * 1000 if dec else None,
+        "phase_ms_mean": {k: sum(v) / len(v) * 1000 for k, v in times.items() if v},
+        "phase_ms_total": {k: sum(v) * 1000 for k, v in times.items()},
+        "engine_args": values,
+    }
+    print(json.dumps(summary, indent=1))
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
