@@ -38,10 +38,10 @@ class DecodeConfig:
     programs_per_sm: int = 2     # split until batch * Hkv * splits reaches this many per SM
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, block_n: int,
-                      sms: int, programs_per_sm: int = 2) -> int:
+def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: int,
+                      programs_per_sm: int = 2) -> int:
     """Splits per sequence so that batch * Hkv * splits fills the GPU, without splits so short
-    that the merge dominates. Uses only host-side sizes: no device sync, graph-capturable."""
+    that the merge dominates. Uses only host-side sizes, so choosing needs no device sync."""
     programs = max(batch * num_kv_heads, 1)
     splits = cdiv(programs_per_sm * sms, programs)
     splits = max(splits, cdiv(max_context_len, MAX_TOKENS_PER_SPLIT))
@@ -163,7 +163,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if max_context_len is None:
         max_context_len = block_tables.shape[1] * block_size
     max_context_len = max(int(max_context_len), 1)
-    splits = cfg.num_splits or choose_num_splits(batch, num_kv_heads, max_context_len, cfg.block_n,
+    splits = cfg.num_splits or choose_num_splits(batch, num_kv_heads, max_context_len,
                                                  num_sms(query.device), cfg.programs_per_sm)
     per_split = tokens_per_split(max_context_len, splits, cfg.block_n)
     splits = cdiv(max_context_len, per_split)

@@ -105,13 +105,13 @@ def test_reference_matches_oracle_in_float64():
 def test_split_choice_fills_the_h200():
     from kernels.decode_attention import choose_num_splits, tokens_per_split
     # Llama-3-8B decode shapes: 8 KV heads, 132 SMs.
-    assert choose_num_splits(1, 8, 32768, 64, 132) == 33
+    assert choose_num_splits(1, 8, 32768, 132) == 33
     assert tokens_per_split(32768, 33, 64) == 1024  # -> 32 splits of 1024 tokens, 256 programs
-    assert choose_num_splits(64, 8, 4096, 64, 132) == 1
-    assert choose_num_splits(256, 8, 1024, 64, 132) == 1
+    assert choose_num_splits(64, 8, 4096, 132) == 1
+    assert choose_num_splits(256, 8, 1024, 132) == 1
     # One long sequence in a big batch is still split so it does not become the tail.
-    assert choose_num_splits(256, 8, 32768, 64, 132) == 8
-    assert choose_num_splits(4, 8, 100, 64, 132) == 1  # too short to split
+    assert choose_num_splits(256, 8, 32768, 132) == 8
+    assert choose_num_splits(4, 8, 100, 132) == 1  # too short to split
 
 
 def _valid_args(dtype=torch.float32):
