@@ -25,9 +25,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def resolve_device(args: EngineArgs) -> torch.device:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: cuda was requested but no CUDA device is available.")
-    if args.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(args.device)
+    if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def resolve_dtype(args: EngineArgs, hf_config: dict, device: torch.device) -> torch.dtype:

@@ -13,14 +13,18 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+if [ "$MODE" != engine ]; then
 stamp "kernel tests (CUDA)"
 timeout 200 python3 -m pytest tests/kernels --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/kernel_tests.txt"
+fi
 stamp "engine tests (CUDA, float32 kernels vs HF)"
 timeout 200 python3 -m pytest tests/engine/test_hf_parity.py tests/engine/test_sampling.py \
     --confcutdir=tests/engine -q -x -p no:cacheprovider 2>&1 | tail -12 | tee "$OUT/engine_tests.txt"
+if [ "$MODE" != engine ]; then
 stamp "kernel benchmark"
 if [ "$MODE" = full ]; then KB=""; else KB="--quick"; fi
 timeout 240 python3 scripts/bench_kernels.py $KB --out "$OUT/kernels.json" 2>&1 | tail -45
+fi
 stamp "engine profile, workload A-like (256 x 512 in, 64 out)"
 timeout 240 python3 scripts/profile_engine.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
     --num-requests 256 --input-len 512 --output-len 64 --json "$OUT/profile_a.json" 2>&1 | tail -30
