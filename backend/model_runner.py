@@ -162,6 +162,13 @@ class ModelRunner:
             dst = torch.tensor([c[1] for c in block_copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         batch = prepare_batch(scheduled, self.block_size)
+        # Host-to-device copies of pageable memory wait for the stream: make them all now,
+        # before the forward is queued, so that nothing after it blocks until wait().
+        rows_index = [batch.last_index[s] for s in sample_sources]
+        gather = None
+        if sample_rows and rows_index != list(range(batch.num_tokens)):
+            gather = torch.tensor(rows_index).to(self.device, non_blocking=True)
+        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.run(batch)
         else:
@@ -172,10 +179,9 @@ class ModelRunner:
                 hidden = self.model(input_ids, positions)
         if not sample_rows:
             return PendingStep(None, [])
-        rows_index = [batch.last_index[s] for s in sample_sources]
-        if rows_index != list(range(hidden.shape[0])):
-            hidden = hidden[torch.tensor(rows_index, device=self.device)]
-        out = self.sampler(self.model.compute_logits(hidden), sample_rows)
+        if gather is not None:
+            hidden = hidden[gather]
+        out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
         return PendingStep(out, sample_rows)
 
     def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],

@@ -50,7 +50,16 @@ def main() -> None:
             return r
         return wrapper
 
-    engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)
+    last = {}
+    schedule = timed("schedule", engine.scheduler.schedule)
+
+    def schedule_and_record():
+        out = schedule()
+        last["tokens"] = out.num_batched_tokens
+        last["decodes"] = sum(1 for it in out.scheduled if it.num_new_tokens == 1)
+        return out
+
+    engine.scheduler.schedule = schedule_and_record
     engine.runner.launch = timed("launch", engine.runner.launch)
     engine._process_text = timed("text", engine._process_text)
     engine._process_tokens = timed("tokens", engine._process_tokens)
@@ -69,18 +78,21 @@ def main() -> None:
         torch.cuda.synchronize()
     start = time.perf_counter()
     while engine.has_unfinished_requests():
-        running_decode = all(not s.is_prefill for s in engine.scheduler.running) and not engine.scheduler.waiting
         s = time.perf_counter()
         engine.step()
-        steps.append((running_decode, len(engine.scheduler.running), time.perf_counter() - s))
+        steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
     wall = time.perf_counter() - start
     tokens = a.num_requests * a.output_len
-    dec = [t for d, n, t in steps if d and n >= a.num_requests * 0.9]
+    dec = [t for n, d, t in steps if n == d and d >= a.num_requests * 0.9]
+    big = [(n, t) for n, d, t in steps if n - d >= 1024]
     summary = {
         "startup_s": startup, "wall_s": wall, "output_tok_s": tokens / wall, "steps": len(steps),
         "num_kv_blocks": engine.runner.num_blocks,
         "decode_steps_full_batch": len(dec),
         "decode_step_ms_median": sorted(dec)[len(dec) // 2] * 1000 if dec else None,
+        "mixed_prefill_steps": len(big),
+        "mixed_step_tokens_per_s": sum(n for n, _ in big) / sum(t for _, t in big) if big else None,
+        "mixed_step_ms_median": sorted(t for _, t in big)[len(big) // 2] * 1000 if big else None,
         "phase_ms_mean": {k: sum(v) / len(v) * 1000 for k, v in times.items() if v},
         "phase_ms_total": {k: sum(v) * 1000 for k, v in times.items()},
         "engine_args": values,

@@ -6,10 +6,13 @@ Works on a [num_rows, vocab] float32 logits tensor; each row comes with an objec
 on whatever else is in the batch. Order of processing, as in vLLM: penalties, min_tokens,
 temperature, min_p, top_k, top_p, then sampling by the exponential race (argmax of p / E with
 E ~ Exp(1), which draws from p). Logprobs are of the model's raw distribution.
+
+Everything the sampler needs from the host is copied to the device by `prepare()`, before the
+model's forward is queued: a host-to-device copy after it would wait for the whole forward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence as Seq
 
 import torch
@@ -24,97 +27,131 @@ class SamplerOutput:
     ranks: torch.Tensor | None = None  # [R] rank of the sampled token (1 = most likely)
 
 
+@dataclass
+class SamplingMetadata:
+    all_greedy: bool
+    greedy: torch.Tensor | None = None  # [R] bool
+    temperature: torch.Tensor | None = None  # [R]
+    min_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None  # [R] int64, vocab size where disabled
+    top_p: torch.Tensor | None = None
+    seeded: list[tuple[int, Any]] = field(default_factory=list)  # (row, sequence)
+    # (row, token ids seen in prompt+output, penalty)
+    repetition: list[tuple[int, torch.Tensor, float]] = field(default_factory=list)
+    # (row, output token ids, their counts, frequency penalty, presence penalty)
+    frequency: list[tuple[int, torch.Tensor, torch.Tensor, float, float]] = field(default_factory=list)
+    min_tokens: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, stop ids)
+    max_logprobs: int = 0
+    want_logprobs: bool = False
+
+
+def _dev(values, dtype, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 class Sampler:
-    def __call__(self, logits: torch.Tensor, rows: Seq[Any]) -> SamplerOutput:
+    @staticmethod
+    def prepare(rows: Seq[Any], vocab_size: int, device: torch.device) -> SamplingMetadata:
+        params = [r.params for r in rows]
+        md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
+        md.want_logprobs = any(p.logprobs is not None for p in params)
+        md.max_logprobs = max((p.logprobs or 0) for p in params)
+        if not md.all_greedy:
+            md.greedy = _dev([p.greedy for p in params], torch.bool, device)
+            md.temperature = _dev([1.0 if p.greedy else p.temperature for p in params], torch.float32, device)
+            if any(p.min_p for p in params):
+                md.min_p = _dev([p.min_p for p in params], torch.float32, device)
+            if any(p.top_k > 0 for p in params):
+                md.top_k = _dev([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64, device)
+            if any(p.top_p < 1.0 for p in params):
+                md.top_p = _dev([p.top_p for p in params], torch.float32, device)
+            md.seeded = [(i, r) for i, r in enumerate(rows) if r.params.seed is not None and not r.params.greedy]
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.repetition_penalty != 1.0:
+                seen = sorted({t for t in r.token_ids if t < vocab_size})
+                md.repetition.append((i, _dev(seen, torch.int64, device), p.repetition_penalty))
+            if p.presence_penalty or p.frequency_penalty:
+                counts: dict[int, int] = {}
+                for t in r.token_ids[r.num_prompt_tokens:]:
+                    if t < vocab_size:
+                        counts[t] = counts.get(t, 0) + 1
+                if counts:
+                    md.frequency.append((i, _dev(list(counts), torch.int64, device),
+                                         _dev(list(counts.values()), torch.float32, device),
+                                         p.frequency_penalty, p.presence_penalty))
+            if p.min_tokens and len(r.token_ids) - r.num_prompt_tokens < p.min_tokens:
+                stop = [t for t in p.all_stop_token_ids if t < vocab_size]
+                if stop:
+                    md.min_tokens.append((i, _dev(stop, torch.int64, device)))
+        return md
+
+    def __call__(self, logits: torch.Tensor, rows: Seq[Any],
+                 md: SamplingMetadata | None = None) -> SamplerOutput:
+        if md is None:
+            md = self.prepare(rows, logits.shape[1], logits.device)
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_penalties(logits, rows)
-        logits = self._apply_min_tokens(logits, rows)
-        token_ids = self._sample(logits, rows)
+        logits = self._apply_penalties(logits, md)
+        token_ids = self._sample(logits, rows, md)
         out = SamplerOutput(token_ids, raw_logprobs.gather(1, token_ids[:, None]).squeeze(1))
-        k = max((r.params.logprobs or 0) for r in rows)
-        if any(r.params.logprobs is not None for r in rows):
-            if k:
-                out.top_logprobs, out.top_token_ids = raw_logprobs.topk(k, dim=-1)
+        if md.want_logprobs:
+            if md.max_logprobs:
+                out.top_logprobs, out.top_token_ids = raw_logprobs.topk(md.max_logprobs, dim=-1)
             out.ranks = (raw_logprobs > out.logprobs[:, None]).sum(dim=-1) + 1
         return out
 
     @staticmethod
-    def _apply_penalties(logits: torch.Tensor, rows: Seq[Any]) -> torch.Tensor:
-        vocab = logits.shape[1]
-        for i, r in enumerate(rows):
-            p = r.params
-            if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted({t for t in r.token_ids if t < vocab}),
-                                    dtype=torch.long, device=logits.device)
-                vals = logits[i, seen]
-                logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty,
-                                              vals * p.repetition_penalty)
-            if p.presence_penalty or p.frequency_penalty:
-                out_ids = [t for t in r.token_ids[r.num_prompt_tokens:] if t < vocab]
-                if out_ids:
-                    counts = torch.zeros(vocab, device=logits.device)
-                    counts.index_add_(0, torch.tensor(out_ids, device=logits.device),
-                                      torch.ones(len(out_ids), device=logits.device))
-                    logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        for i, seen, penalty in md.repetition:
+            vals = logits[i, seen]
+            logits[i, seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        for i, ids, counts, freq, pres in md.frequency:
+            logits[i, ids] -= freq * counts + pres
+        for i, stop in md.min_tokens:
+            logits[i, stop] = float("-inf")
         return logits
 
     @staticmethod
-    def _apply_min_tokens(logits: torch.Tensor, rows: Seq[Any]) -> torch.Tensor:
-        for i, r in enumerate(rows):
-            if r.params.min_tokens and len(r.token_ids) - r.num_prompt_tokens < r.params.min_tokens:
-                stop = [t for t in r.params.all_stop_token_ids if t < logits.shape[1]]
-                if stop:
-                    logits[i, stop] = float("-inf")
-        return logits
-
-    def _sample(self, logits: torch.Tensor, rows: Seq[Any]) -> torch.Tensor:
+    def _sample(logits: torch.Tensor, rows: Seq[Any], md: SamplingMetadata) -> torch.Tensor:
         greedy_ids = logits.argmax(dim=-1)
-        if all(r.params.greedy for r in rows):  # the common benchmark case: no second pass
+        if md.all_greedy:  # the common benchmark case: no second pass
             return greedy_ids
-        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
-        temps = torch.tensor([r.params.temperature if not r.params.greedy else 1.0 for r in rows],
-                             device=logits.device)
-        logits = logits / temps[:, None]
-        logits = apply_min_p(logits, [r.params.min_p for r in rows])
-        logits = apply_top_k_top_p(logits, [r.params.top_k for r in rows], [r.params.top_p for r in rows])
+        logits = logits / md.temperature[:, None]
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         probs = torch.softmax(logits, dim=-1)
         q = torch.empty_like(probs).exponential_()
-        for i, r in enumerate(rows):
-            if r.params.seed is not None and not r.params.greedy:
-                if r.generator is None:
-                    r.generator = torch.Generator(device=logits.device).manual_seed(r.params.seed + r.index)
-                q[i].exponential_(generator=r.generator)
+        for i, r in md.seeded:
+            if r.generator is None:
+                r.generator = torch.Generator(device=logits.device).manual_seed(r.params.seed + r.index)
+            q[i].exponential_(generator=r.generator)
         sampled = (probs / q).argmax(dim=-1)
-        return torch.where(greedy, greedy_ids, sampled)
+        return torch.where(md.greedy, greedy_ids, sampled)
 
 
-def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Drop tokens whose probability is below min_p times the most likely token's."""
-    if not any(min_p):
-        return logits
-    mp = torch.tensor(min_p, device=logits.device, dtype=logits.dtype)
     probs = torch.softmax(logits, dim=-1)
-    threshold = probs.max(dim=-1, keepdim=True).values * mp[:, None]
+    threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
     """Keep the k most likely tokens, then the smallest set whose probability reaches top_p."""
-    use_k, use_p = any(k > 0 for k in top_k), any(p < 1.0 for p in top_p)
-    if not use_k and not use_p:
+    if top_k is None and top_p is None:
         return logits
     vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    if use_k:
-        k = torch.tensor([k if k > 0 else vocab for k in top_k], device=logits.device)
+    if top_k is not None:
         positions = torch.arange(vocab, device=logits.device)[None, :]
-        sorted_logits = sorted_logits.masked_fill(positions >= k[:, None], float("-inf"))
-    if use_p:
-        p = torch.tensor(top_p, device=logits.device, dtype=torch.float32)
+        sorted_logits = sorted_logits.masked_fill(positions >= top_k[:, None], float("-inf"))
+    if top_p is not None:
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
-        drop = before >= p[:, None]
+        drop = before >= top_p[:, None]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -97,7 +97,7 @@ def test_penalties_change_logits_as_vllm_defines():
     # prompt [0], output [3, 3, 2]
     r = row(SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=0.5,
                            frequency_penalty=0.25), token_ids=[0, 3, 3, 2], num_prompt_tokens=1)
-    out = Sampler._apply_penalties(logits.clone(), [r])
+    out = Sampler._apply_penalties(logits.clone(), Sampler.prepare([r], 4, logits.device))
     # repetition: seen tokens 0, 2, 3 (prompt and output): positive / 2, negative * 2
     # presence/frequency: output counts {3: 2, 2: 1}
     expected = torch.tensor([[1.0, -1.0, 0.25 - 0.25 - 0.5, 1.5 - 0.5 - 0.5]])
@@ -111,9 +111,11 @@ def test_min_tokens_masks_eos_until_reached(llama_dir):
     r.params._eos_token_ids = (eos,)
     logits = torch.zeros(1, engine.vocab_size)
     logits[0, eos] = 100.0
-    assert Sampler._apply_min_tokens(logits.clone(), [r])[0, eos] == float("-inf")
+    md = Sampler.prepare([r], engine.vocab_size, logits.device)
+    assert Sampler._apply_penalties(logits.clone(), md)[0, eos] == float("-inf")
     r.token_ids.append(5)
-    assert Sampler._apply_min_tokens(logits.clone(), [r])[0, eos] == 100.0
+    md = Sampler.prepare([r], engine.vocab_size, logits.device)
+    assert Sampler._apply_penalties(logits.clone(), md)[0, eos] == 100.0
 
 
 def test_n_samples_share_prompt_blocks_copy_on_write(llama_dir):
