@@ -103,11 +103,16 @@ class SamplingParams:
         return self.temperature < 1e-5
 
     @property
-    def all_stop_token_ids(self) -> set[int]:
-        ids = set(self.stop_token_ids)
-        if not self.ignore_eos:
-            ids.update(self._eos_token_ids)
-        return ids
+    def all_stop_token_ids(self) -> frozenset[int]:
+        """stop_token_ids plus the EOS ids unless ignore_eos; computed once (checked per token)."""
+        cached = self.__dict__.get("_stop_set")
+        if cached is None or cached[0] != self._eos_token_ids:
+            ids = set(self.stop_token_ids)
+            if not self.ignore_eos:
+                ids.update(self._eos_token_ids)
+            cached = (self._eos_token_ids, frozenset(ids))
+            self.__dict__["_stop_set"] = cached
+        return cached[1]
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
@@ -127,7 +132,9 @@ class SamplingParams:
         return cls(**kwargs)
 
     def clone(self) -> "SamplingParams":
-        return dataclasses.replace(self)
+        clone = dataclasses.replace(self)
+        clone.__dict__.pop("_stop_set", None)
+        return clone
 
 
 _INT, _FLOAT, _BOOL = "int", "float", "bool"
