@@ -63,7 +63,8 @@ class BlockManager:
         """Chained hashes of the sequence's full blocks, extended as its tokens grow."""
         hashes = self._seq_hashes.setdefault(seq.seq_id, [])
         bs = self.block_size
-        for i in range(len(hashes), seq.num_tokens // bs):
+        known = seq.num_tokens - seq.num_unresolved  # placeholders have no id yet
+        for i in range(len(hashes), known // bs):
             parent = hashes[i - 1] if i else None
             hashes.append(hash_block_tokens(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return hashes
@@ -177,7 +178,8 @@ class BlockManager:
         """Register the sequence's full, computed blocks in the prefix cache (after a step)."""
         if not self.enable_prefix_caching:
             return
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        known = min(seq.num_computed_tokens, seq.num_tokens - seq.num_unresolved)
+        num_full = min(known // self.block_size, len(seq.block_table))
         if num_full <= seq.num_cached_blocks:
             return
         hashes = self._block_hashes(seq)

@@ -66,7 +66,9 @@ class DecodeGraphs:
         return (batch.num_decodes == batch.num_tokens and 0 < batch.num_tokens <= self.max_bs
                 and batch.decode_block_tables.shape[1] <= self.block_tables.shape[1])
 
-    def run(self, batch: PreparedBatch) -> torch.Tensor:
+    def run(self, batch: PreparedBatch, fill=None) -> torch.Tensor:
+        """`fill` = (token positions, rows, tokens): input tokens that the previous step is still
+        sampling, read from its output tensor on the device."""
         n = batch.num_tokens
         bs = next(s for s in self.sizes if s >= n)
         width = batch.decode_block_tables.shape[1]
@@ -81,6 +83,8 @@ class DecodeGraphs:
         self.vectors[:, :bs].copy_(self.host_vectors[:, :bs], non_blocking=True)
         self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)
         self.context_lens[:bs].copy_(self.vectors[3, :bs])  # the kernel reads int32
+        if fill is not None:
+            self.input_ids[fill[0]] = fill[2][fill[1]]
         graph, out = self.graphs[bs]
         graph.replay()
         return out[:n]

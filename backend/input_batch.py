@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from .forward_context import AttentionMetadata
 from .scheduler import ScheduledSequence
+
+_TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
 
 @dataclass
@@ -23,14 +26,22 @@ class PreparedBatch:
     prefill_context_lens: np.ndarray | None
     prefill_max_seqlen_q: int
     last_index: dict[int, int]  # seq_id -> index of its last new token in the packed batch
+    decode_seq_ids: list[int]  # seq_id of each decode row
+
+    def seq_ids_at(self, token_indices) -> list[int]:
+        """Sequence ids of decode tokens (only decodes can read a placeholder token)."""
+        nd = self.num_decodes
+        if len(token_indices) and int(token_indices[-1]) >= nd:
+            raise RuntimeError("a prompt chunk contains a token that is not sampled yet")
+        return [self.decode_seq_ids[i] for i in token_indices]
 
     @property
     def num_tokens(self) -> int:
         return len(self.input_ids)
 
-    def attention_metadata(self, device: torch.device) -> AttentionMetadata:
+    def attention_metadata(self, to_device: Callable[[np.ndarray, torch.dtype], torch.Tensor]) -> AttentionMetadata:
         def dev(a: np.ndarray | None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(a).to(device, non_blocking=True)
+            return None if a is None else to_device(a, _TORCH_DTYPES[a.dtype.type])
 
         nd = self.num_decodes
         return AttentionMetadata(
@@ -97,4 +108,4 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int) -> Prepar
         prefill_context_lens=np.asarray([it.seq.num_computed_tokens + it.num_new_tokens
                                          for it in prefills], dtype=np.int32) if prefills else None,
         prefill_max_seqlen_q=max((it.num_new_tokens for it in prefills), default=0),
-        last_index=last_index)
+        last_index=last_index, decode_seq_ids=[it.seq.seq_id for it in decodes])

@@ -15,7 +15,7 @@ from .outputs import RequestOutput
 from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import PLACEHOLDER, Sequence
 from .tokenizer import IncrementalDetokenizer, find_stop_string, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
+        self._inflight = None  # the launched step whose tokens are not yet taken
         self.stats = EngineStats()
 
     def _eos_token_ids(self) -> tuple[int, ...]:
@@ -127,99 +128,137 @@ class LLMEngine:
         if req is None:
             return None
         for seq in req.seqs:
-            if not seq.is_finished:
+            seq.drop_unresolved()  # tokens of an in-flight step are not waited for
+            if seq.finish_reason is None:
                 seq.finish_reason = "abort"
-                self.scheduler.finish(seq)
+            if not seq.is_finished:
+                self.scheduler.finish(seq)  # safe with a step in flight: the stream orders reuse
         req.error = error
         self._record_finished(req)
         return req.make_delta_output()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or self._inflight is not None
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self, deliver: Callable[[list[RequestOutput]], None] | None = None) -> list[RequestOutput]:
-        """Schedule and launch this step on the device; while it runs, turn the previous step's
-        tokens into text and outputs; then take this step's tokens (token-level stop checks).
-        So outputs trail the tokens by one step, and the GPU is not idle while text is made.
-        With `deliver`, those outputs are handed over while the device still works, and only
-        outputs made afterwards (failures) are returned."""
+        """One iteration of the pipeline: schedule and launch step N+1 while step N still runs
+        on the device (its sampled tokens feed N+1's inputs on the device), then wait for step
+        N, take its tokens, and turn them into text and outputs while N+1 runs.
+
+        Requests whose sampling needs the previous token on the host (penalties) make the
+        engine wait for step N before scheduling N+1. With `deliver`, outputs are handed over
+        as soon as they are made (the device still busy); otherwise they are returned."""
+        outputs: list[RequestOutput] = []
+        if self._inflight is not None and self._must_sync():
+            self._take_results(self._inflight, outputs)
+            self._inflight = None
         sched = self.scheduler.schedule()
-        pending = None
-        rows: list[Sequence] = []
-        forks: list[tuple[Sequence, list[Sequence]]] = []
-        failure: str | None = None
+        launched = None
         if not sched.is_empty:
-            sources: list[int] = []
-            for item in sched.scheduled:
-                seq = item.seq
-                if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
-                    continue  # a prompt chunk that does not reach the end: nothing to sample
-                group = [seq]
-                if seq.num_forks_pending:
-                    children = [seq.fork(i) for i in range(1, seq.params.n)]
-                    forks.append((seq, children))
-                    group += children
-                rows.extend(group)
-                sources.extend([seq.seq_id] * len(group))
-            try:
-                pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources)
-            except Exception as exc:  # fail this batch's requests, keep serving the others
-                logger.exception("model step failed")
-                failure = f"internal error while running the model: {exc}"
-        in_flight = {item.seq.seq_id for item in sched.scheduled} if pending is not None else set()
-        outputs = self._process_text(in_flight)
+            launched = self._launch(sched, outputs)
+        previous, self._inflight = self._inflight, launched
+        if previous is not None:
+            self._take_results(previous, outputs)
+        outputs += self._process_text()
         if deliver is not None:
             deliver(outputs)
-            outputs = []
-        if pending is not None:
-            try:
-                results = pending.wait()
-            except Exception as exc:
-                logger.exception("model step failed")
-                failure = f"internal error while running the model: {exc}"
-            else:
-                self._process_tokens(sched, forks, rows, results)
-        if failure is not None:
-            self.block_manager.reset_prefix_cache()
-            ids = {item.seq.request_id for item in sched.scheduled}
-            outputs += [o for rid in ids if (o := self.abort_request(rid, error=failure)) is not None]
+            return []
         return outputs
 
-    def _process_tokens(self, sched, forks, rows: list[Sequence], results) -> None:
-        """Append sampled tokens; finish on stop tokens and length. Cheap: runs before the next
-        step can be scheduled."""
+    def _must_sync(self) -> bool:
+        return any(s.params.repetition_penalty != 1.0 or s.params.presence_penalty
+                   or s.params.frequency_penalty for s in self.scheduler.running)
+
+    def _launch(self, sched, outputs: list[RequestOutput]):
+        """Book the step as done (computed tokens, forks, a placeholder per sample, length
+        limits), then queue it on the device."""
+        rows: list[Sequence] = []
+        sources: list[int] = []
+        forks: list[tuple[Sequence, list[Sequence]]] = []
+        for item in sched.scheduled:
+            seq = item.seq
+            if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
+                continue  # a prompt chunk that does not reach the end: nothing to sample
+            group = [seq]
+            if seq.num_forks_pending:
+                children = [seq.fork(i) for i in range(1, seq.params.n)]
+                forks.append((seq, children))
+                group += children
+            rows.extend(group)
+            sources.extend([seq.seq_id] * len(group))
+        try:
+            pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources,
+                                         self._inflight)
+        except Exception as exc:  # fail this batch's requests, keep serving the others
+            logger.exception("model step failed")
+            self._fail(sched, f"internal error while running the model: {exc}", outputs)
+            return None
         self.scheduler.update_after_step(sched)
         for parent, children in forks:
             parent.num_forks_pending = 0
-            req = self.requests.get(parent.request_id)
+            req = self.requests[parent.request_id]
             for child in children:
                 child.num_computed_tokens = parent.num_computed_tokens
                 self.block_manager.fork(parent, child)
                 self.scheduler.add_running(child)
-                if req is not None:
-                    self._attach_detokenizer(child, req)
-                    req.seqs.append(child)
-                if parent.finish_reason is not None:  # stopped while its prompt ran
-                    child.finish_reason = parent.finish_reason
+                self._attach_detokenizer(child, req)
+                req.seqs.append(child)
+        pending.positions = []
+        for seq in rows:
+            seq.append_token(PLACEHOLDER)
+            seq.num_unresolved += 1
+            pending.positions.append(seq.num_tokens - 1)
+            p = seq.params
+            if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
+                    seq.num_tokens >= self.max_seq_len:
+                seq.finish_reason = "length"  # known now: free its blocks, do not schedule it again
+                self.scheduler.finish(seq)
+        pending.scheduled = sched
+        return pending
+
+    def _fail(self, sched, message: str, outputs: list[RequestOutput]) -> None:
+        self.block_manager.reset_prefix_cache()
+        for rid in {item.seq.request_id for item in sched.scheduled}:
+            out = self.abort_request(rid, error=message)
+            if out is not None:
+                outputs.append(out)
+
+    def _take_results(self, pending, outputs: list[RequestOutput]) -> None:
+        """Wait for a launched step and put its sampled tokens in place of the placeholders."""
+        try:
+            results = pending.wait()
+        except Exception as exc:
+            logger.exception("model step failed")
+            self._fail(pending.scheduled, f"internal error while running the model: {exc}", outputs)
+            return
         now = time.time()
-        for seq, res in zip(rows, results):
+        for seq, pos, res in zip(pending.rows, pending.positions, results):
             req = self.requests.get(seq.request_id)
-            if seq.finish_reason is not None or req is None:
-                # Finished by a stop string (found while this step ran) or aborted: this
-                # token is past the end; drop it and free the blocks.
+            if req is None or pos >= seq.num_tokens or seq.token_ids[pos] != PLACEHOLDER:
+                continue  # aborted, or stopped at an earlier token: this one is past the end
+            seq.token_ids[pos] = res.token_id
+            seq.num_unresolved -= 1
+            self._record_token(seq, req, res, now)
+            p = seq.params
+            n_out = pos + 1 - seq.num_prompt_tokens
+            if res.token_id in p.all_stop_token_ids and n_out >= p.min_tokens and \
+                    seq.finish_reason in (None, "length"):
+                seq.finish_reason = "stop"
+                seq.stop_reason = res.token_id if res.token_id in p.stop_token_ids else None
+                seq.num_text_tokens = n_out - 1  # the stop token itself has no text
+                del seq.token_ids[pos + 1:]  # a sample of the step in flight, if any
+                seq.num_unresolved = 0
                 if not seq.is_finished:
                     self.scheduler.finish(seq)
-                continue
-            self._append_token(seq, req, res, now)
+            elif not seq.is_finished:
+                self.block_manager.cache_full_blocks(seq)
             self._text_queue.append(seq)
 
-    def _append_token(self, seq: Sequence, req: Request, res, now: float) -> None:
-        p = seq.params
-        seq.append_token(res.token_id)
-        seq.cumulative_logprob += res.logprob
-        if p.logprobs is not None:
+    def _record_token(self, seq: Sequence, req: Request, res, now: float) -> None:
+        if seq.params.logprobs is not None:
             seq.output_logprobs.append(make_logprobs_entry(res.token_id, res.logprob, res.rank, res.top))
+        seq.cumulative_logprob += res.logprob
         m = req.metrics
         if m.first_token_time is None:
             m.first_token_time = now
@@ -230,18 +269,9 @@ class LLMEngine:
         if seq.index == 0:
             m.last_token_time = now
         self.stats.generation_tokens += 1
-        n_out = seq.num_output_tokens
-        if res.token_id in p.all_stop_token_ids and n_out >= p.min_tokens:
-            seq.finish_reason = "stop"
-            seq.stop_reason = res.token_id if res.token_id in p.stop_token_ids else None
-            seq.num_text_tokens = n_out - 1  # the stop token itself is not part of the text
-        elif (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_seq_len:
-            seq.finish_reason = "length"
-        if seq.finish_reason is not None:
-            self.scheduler.finish(seq)
 
-    def _process_text(self, in_flight: set[int]) -> list[RequestOutput]:
-        """Detokenize the tokens of the previous step, apply stop strings, build the outputs."""
+    def _process_text(self) -> list[RequestOutput]:
+        """Detokenize new tokens, apply stop strings, build the outputs of touched requests."""
         queue, self._text_queue = self._text_queue, []
         touched: dict[str, Request] = {}
         for seq in queue:
@@ -250,13 +280,10 @@ class LLMEngine:
                 continue  # aborted meanwhile
             touched[req.request_id] = req
             self._detokenize(seq)
-            if seq.finish_reason == "stop" and isinstance(seq.stop_reason, str) and not seq.is_finished:
-                if seq.seq_id not in in_flight:
-                    self.scheduler.finish(seq)
-                # else: freed when its in-flight token arrives (and is dropped)
         outputs = []
         for req in touched.values():
-            if req.finished:
+            finished = req.finished
+            if finished:
                 self.requests.pop(req.request_id, None)
                 self._record_finished(req)
             outputs.append(req.make_delta_output())
@@ -264,7 +291,8 @@ class LLMEngine:
 
     def _detokenize(self, seq: Sequence) -> None:
         p = seq.params
-        limit = seq.num_output_tokens if seq.num_text_tokens is None else seq.num_text_tokens
+        known = seq.num_output_tokens - seq.num_unresolved
+        limit = known if seq.num_text_tokens is None else min(known, seq.num_text_tokens)
         out_ids = seq.token_ids[seq.num_prompt_tokens:]
         while seq.num_detokenized < limit:
             delta = seq.detokenizer.add_token(out_ids[seq.num_detokenized])
@@ -279,8 +307,11 @@ class LLMEngine:
                     seq.output_text = seq.output_text[:idx + len(stop) if p.include_stop_str_in_output else idx]
                     seq.finish_reason, seq.stop_reason = "stop", stop
                     del seq.token_ids[seq.num_prompt_tokens + seq.num_detokenized:]
+                    seq.num_unresolved = 0
+                    if not seq.is_finished:
+                        self.scheduler.finish(seq)  # safe with its next token in flight
                     return
-        if seq.finish_reason is not None:
+        if seq.output_finished:
             seq.output_text += seq.detokenizer.flush()
 
     def _record_finished(self, req: Request) -> None:

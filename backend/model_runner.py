@@ -5,6 +5,7 @@ import gc
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
@@ -15,7 +16,7 @@ from .layers.sampler import Sampler, SamplerOutput
 from .loader import load_dummy, load_safetensors
 from .models import get_model_class
 from .scheduler import ScheduledSequence
-from .sequence import Sequence
+from .sequence import PLACEHOLDER, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -149,40 +150,59 @@ class ModelRunner:
         dev = self.device
         return (torch.from_numpy(batch.input_ids).to(dev, non_blocking=True),
                 torch.from_numpy(batch.positions).to(dev, non_blocking=True),
-                batch.attention_metadata(dev), batch.last_index)
+                batch.attention_metadata(self.to_device), batch.last_index)
+
+    def to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
+        """Host data to the device without blocking: copies from pageable memory would wait
+        for the stream (the step still running); pinned ones are queued behind it."""
+        t = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return t.to(dtype)
+        return t.to(dtype).pin_memory().to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
-               sample_rows: list[Sequence], sample_sources: list[int]) -> "PendingStep":
-        """Queue the step's GPU work and return at once; `PendingStep.wait()` gives the sampled
-        tokens. Row i of `sample_rows` samples from the logits after the last new token of the
-        sequence with id `sample_sources[i]`."""
+               sample_rows: list[Sequence], sample_sources: list[int],
+               previous: "PendingStep | None" = None) -> "PendingStep":
+        """Queue the step on the device and return at once; `PendingStep.wait()` gives the
+        sampled tokens. Row i of `sample_rows` samples from the logits after the last new token
+        of the sequence with id `sample_sources[i]`. Input tokens still being sampled by
+        `previous` (placeholders) are read from its output on the device."""
         if block_copies:
-            src = torch.tensor([c[0] for c in block_copies], device=self.device)
-            dst = torch.tensor([c[1] for c in block_copies], device=self.device)
+            src = self.to_device([c[0] for c in block_copies], torch.int64)
+            dst = self.to_device([c[1] for c in block_copies], torch.int64)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         batch = prepare_batch(scheduled, self.block_size)
-        # Host-to-device copies of pageable memory wait for the stream: make them all now,
-        # before the forward is queued, so that nothing after it blocks until wait().
+        fill = None
+        holes = np.flatnonzero(batch.input_ids == PLACEHOLDER)
+        if len(holes):
+            if previous is None or previous.token_ids is None:
+                raise RuntimeError("a placeholder input token without a step that samples it")
+            ids = batch.input_ids
+            src_rows = [previous.row_of[sid] for sid in batch.seq_ids_at(holes)]
+            ids[holes] = 0
+            fill = (self.to_device(holes.astype(np.int64), torch.int64),
+                    self.to_device(src_rows, torch.int64), previous.token_ids)
         rows_index = [batch.last_index[s] for s in sample_sources]
         gather = None
         if sample_rows and rows_index != list(range(batch.num_tokens)):
-            gather = torch.tensor(rows_index).to(self.device, non_blocking=True)
+            gather = self.to_device(rows_index, torch.int64)
         sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
         if self.graphs is not None and self.graphs.can_run(batch):
-            hidden = self.graphs.run(batch)
+            hidden = self.graphs.run(batch, fill)
         else:
-            dev = self.device
-            input_ids = torch.from_numpy(batch.input_ids).to(dev, non_blocking=True)
-            positions = torch.from_numpy(batch.positions).to(dev, non_blocking=True)
-            with set_attention_metadata(batch.attention_metadata(dev)):
+            input_ids = self.to_device(batch.input_ids, torch.int64)
+            if fill is not None:
+                input_ids[fill[0]] = fill[2][fill[1]]
+            positions = self.to_device(batch.positions, torch.int64)
+            with set_attention_metadata(batch.attention_metadata(self.to_device)):
                 hidden = self.model(input_ids, positions)
         if not sample_rows:
-            return PendingStep(None, [])
+            return PendingStep(None, [], [])
         if gather is not None:
             hidden = hidden[gather]
         out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
-        return PendingStep(out, sample_rows)
+        return PendingStep(out, sample_rows, [s.seq_id for s in sample_rows])
 
     def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
                 sample_rows: list[Sequence], sample_sources: list[int]) -> list[SampleResult]:
@@ -190,13 +210,17 @@ class ModelRunner:
 
 
 class PendingStep:
-    """A launched step. The results travel to pinned host memory without blocking; `wait()`
-    blocks on a CUDA event, which releases the GIL so that other threads (the server's response
-    sender) run while the GPU works."""
+    """A launched step. The sampled tokens stay on the device (the next step reads them there)
+    and travel to pinned host memory without blocking; `wait()` blocks on a CUDA event, which
+    releases the GIL so that other threads (the server's response sender) run meanwhile."""
 
-    def __init__(self, out: SamplerOutput | None, rows: list[Sequence]) -> None:
+    def __init__(self, out: SamplerOutput | None, rows: list[Sequence], seq_ids: list[int]) -> None:
         self.rows = rows
+        self.row_of = {sid: i for i, sid in enumerate(seq_ids)}
+        self.positions: list[int] = []  # where each row's token goes (set by the engine)
+        self.scheduled = None
         self.event = None
+        self.token_ids = out.token_ids if out is not None else None
         if out is None:
             self.host = None
             return

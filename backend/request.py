@@ -21,7 +21,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return bool(self.seqs) and all(s.finish_reason is not None for s in self.seqs)
+        return bool(self.seqs) and all(s.output_finished for s in self.seqs)
 
     def make_delta_output(self) -> RequestOutput:
         """What is new since the previous call, per sample. Text that could be the start of a
@@ -29,11 +29,13 @@ class Request:
         completions = []
         for seq in sorted(self.seqs, key=lambda s: s.index):
             text_end = len(seq.output_text)
-            if seq.finish_reason is None and seq.params.stop:
+            done = seq.output_finished
+            if not done and seq.params.stop:
                 text_end -= partial_stop_suffix_len(seq.output_text, seq.params.stop)
             text = seq.output_text[seq.num_text_emitted:text_end]
             seq.num_text_emitted = max(seq.num_text_emitted, text_end)
-            new_ids = seq.output_token_ids[seq.num_tokens_emitted:]
+            known = seq.num_tokens - seq.num_unresolved
+            new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_emitted:known]
             seq.num_tokens_emitted += len(new_ids)
             logprobs = None
             if seq.params.logprobs is not None:
@@ -42,7 +44,8 @@ class Request:
             completions.append(CompletionOutput(
                 index=seq.index, text=text, token_ids=new_ids,
                 cumulative_logprob=seq.cumulative_logprob, logprobs=logprobs,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+                finish_reason=seq.finish_reason if done else None,
+                stop_reason=seq.stop_reason if done else None))
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
                              finished=self.finished, num_cached_tokens=self.seqs[0].num_cached_tokens,
                              error=self.error, metrics=self.metrics)

@@ -19,6 +19,9 @@ class SequenceStatus(enum.Enum):
 
 
 _seq_counter = itertools.count()
+# A token sampled by a step still running on the device: its id is filled in when the step's
+# results arrive; the next step already reads it there, on the device.
+PLACEHOLDER = -1
 
 
 class Sequence:
@@ -52,6 +55,7 @@ class Sequence:
         self.output_text = ""  # text after stop-string truncation
         self.num_detokenized = 0  # output tokens fed to the detokenizer
         self.num_text_tokens: int | None = None  # output tokens that have text (None: all)
+        self.num_unresolved = 0  # trailing PLACEHOLDER tokens
         self.num_text_emitted = 0  # characters of output_text already streamed
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
@@ -76,6 +80,16 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def output_finished(self) -> bool:
+        """Finished, and every token it will report is known."""
+        return self.finish_reason is not None and self.num_unresolved == 0
+
+    def drop_unresolved(self) -> None:
+        if self.num_unresolved:
+            del self.token_ids[-self.num_unresolved:]
+            self.num_unresolved = 0
 
     @property
     def is_prefill(self) -> bool:

@@ -46,7 +46,11 @@ class SamplingMetadata:
 
 
 def _dev(values, dtype, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    # From pinned memory: a pageable copy would wait for the step still running on the device.
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class Sampler:
