@@ -35,8 +35,11 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, w, dtype=torch.int32, device=device)
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
         # Pinned staging: two asynchronous copies per step instead of five synchronous ones.
-        self.host_vectors = torch.zeros(4, n, dtype=torch.int64).pin_memory()
-        self.host_tables = torch.zeros(n, w, dtype=torch.int32).pin_memory()
+        # Two sets, used alternately: the copy queued for step N may still be waiting behind
+        # step N-1 on the device when step N+1 is prepared; step N+2 comes after N was taken.
+        self.host_vectors = [torch.zeros(4, n, dtype=torch.int64).pin_memory() for _ in range(2)]
+        self.host_tables = [torch.zeros(n, w, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self.parity = 0
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _metadata(self, bs: int) -> AttentionMetadata:
@@ -72,16 +75,18 @@ class DecodeGraphs:
         n = batch.num_tokens
         bs = next(s for s in self.sizes if s >= n)
         width = batch.decode_block_tables.shape[1]
-        hv = self.host_vectors.numpy()
+        self.parity ^= 1
+        host_vectors, host_tables = self.host_vectors[self.parity], self.host_tables[self.parity]
+        hv = host_vectors.numpy()
         hv[0, :n] = batch.input_ids
         hv[1, :n] = batch.positions
         hv[2, :n] = batch.slot_mapping
         hv[3, :n] = batch.decode_context_lens
         hv[2, n:bs] = -1  # padding rows: store nothing, attend to nothing
         hv[3, n:bs] = 0
-        self.host_tables.numpy()[:n, :width] = batch.decode_block_tables
-        self.vectors[:, :bs].copy_(self.host_vectors[:, :bs], non_blocking=True)
-        self.block_tables[:n, :width].copy_(self.host_tables[:n, :width], non_blocking=True)
+        host_tables.numpy()[:n, :width] = batch.decode_block_tables
+        self.vectors[:, :bs].copy_(host_vectors[:, :bs], non_blocking=True)
+        self.block_tables[:n, :width].copy_(host_tables[:n, :width], non_blocking=True)
         self.context_lens[:bs].copy_(self.vectors[3, :bs])  # the kernel reads int32
         if fill is not None:
             self.input_ids[fill[0]] = fill[2][fill[1]]
