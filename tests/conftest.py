@@ -1,6 +1,11 @@
 """Shared fixtures: one real tritonserver serving the tiny model, for every test that needs it."""
 import os
 
+# Triton fixes interpreter mode when it is first imported, and some library in the session may
+# import it before tests/kernels runs: without a GPU, decide it here, before anything else.
+if not os.path.exists("/dev/nvidia0") and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+
 import pytest
 
 from triton_server import (TEST_ENGINE_ARGS, TritonServer, ensure_default_model, start_server,
