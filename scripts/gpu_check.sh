@@ -2,7 +2,7 @@
 # One device call that checks and profiles the GPU path: the kernel tests and the engine's
 # Hugging Face parity tests compiled on CUDA, the kernel benchmark, and an engine step profile
 # at Llama-3-8B shapes (dummy weights). Run from the repo root with $OUT set and
-# models/tiny-llama carried:  bash scripts/gpu_check.sh [quick|full]
+# models/tiny-llama carried:  bash scripts/gpu_check.sh [quick|full|engine|profile]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 MODE="${1:-quick}"
@@ -13,14 +13,16 @@ t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-if [ "$MODE" != engine ]; then
+if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
 stamp "kernel tests (CUDA)"
 timeout 200 python3 -m pytest tests/kernels --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/kernel_tests.txt"
 fi
+if [ "$MODE" != profile ]; then
 stamp "engine tests (CUDA, float32 kernels vs HF)"
 timeout 200 python3 -m pytest tests/engine/test_hf_parity.py tests/engine/test_sampling.py \
     --confcutdir=tests/engine -q -x -p no:cacheprovider 2>&1 | tail -12 | tee "$OUT/engine_tests.txt"
-if [ "$MODE" != engine ]; then
+fi
+if [ "$MODE" = quick ] || [ "$MODE" = full ]; then
 stamp "kernel benchmark"
 if [ "$MODE" = full ]; then KB=""; else KB="--quick"; fi
 timeout 240 python3 scripts/bench_kernels.py $KB --out "$OUT/kernels.json" 2>&1 | tail -45
