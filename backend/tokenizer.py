@@ -1,9 +1,12 @@
 """Tokenizer loading, incremental detokenization and stop-string handling."""
 from __future__ import annotations
 
+import logging
 import os
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 # Prompt tokens decoded together with the first generated ones, so that tokenizers which drop a
 # leading space at the start of a decode (SentencePiece) keep it for the first generated token.
@@ -14,6 +17,19 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if not os.path.isdir(path):
         raise ValueError(f"tokenizer: directory {path!r} does not exist.")
     try:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            # AutoTokenizer drags in transformers' generation code and, through it, scikit-learn
+            # and SciPy; where those are built for another NumPy (the GPU image's SciPy wants
+            # NumPy 2, the Triton stub needs NumPy 1) that import fails. tokenizer.json alone
+            # describes a fast tokenizer completely.
+            if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+                raise
+            logger.warning("transformers.AutoTokenizer cannot be imported here; loading %s/tokenizer.json "
+                           "as a PreTrainedTokenizerFast", path)
+            from transformers import PreTrainedTokenizerFast
+            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises many types; the user needs the path and cause
         raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {exc}") from exc

@@ -61,8 +61,9 @@ def main() -> None:
 
     engine.scheduler.schedule = schedule_and_record
     engine.runner.launch = timed("launch", engine.runner.launch)
+    engine._launch = timed("book_and_launch", engine._launch)
     engine._process_text = timed("text", engine._process_text)
-    engine._process_tokens = timed("tokens", engine._process_tokens)
+    engine._take_results = timed("tokens", engine._take_results)
     model_runner.PendingStep.wait = timed("wait", model_runner.PendingStep.wait)
     rng = random.Random(0)
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)

@@ -107,3 +107,22 @@ def test_eos_stops_unless_ignored_or_below_min_tokens(llama_dir):
     # min_tokens masks the EOS logit, so the first 5 tokens can never be the EOS.
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, min_tokens=5))[0].outputs[0]
     assert len(out.token_ids) >= 5 and eos not in out.token_ids[:5]
+
+
+def test_tokenizer_falls_back_to_tokenizer_json_when_autotokenizer_cannot_import(llama_dir, monkeypatch):
+    import builtins
+
+    from backend.tokenizer import load_tokenizer
+    real_import = builtins.__import__
+
+    def failing_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "transformers" and fromlist and "AutoTokenizer" in fromlist:
+            raise ImportError("Could not import module 'AutoTokenizer' (simulated)")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    tok = load_tokenizer(llama_dir)
+    monkeypatch.undo()
+    ref = AutoTokenizer.from_pretrained(llama_dir)
+    assert tok(TEXT)["input_ids"] == ref(TEXT)["input_ids"]
+    assert tok.eos_token_id == ref.eos_token_id and tok.bos_token_id == ref.bos_token_id
