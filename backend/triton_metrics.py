@@ -1,13 +1,15 @@
 """Engine statistics as vLLM's Prometheus metrics, for Triton's custom-metrics API.
 
-Pure Python: `MetricsTracker.update(stats)` turns an EngineStats snapshot into metric operations
-(set a gauge, increment a counter by the delta since the previous snapshot, observe samples);
-model.py owns the pb_utils MetricFamily objects and applies them. The names are vLLM's, with
-the `_total` suffix its Prometheus client gives counters, so existing dashboards work.
+`MetricsTracker.update(stats)` turns an EngineStats snapshot into metric operations (set a gauge,
+increment a counter by the delta since the previous snapshot, observe samples);
+`MetricsPublisher` applies them to pb_utils metrics. The names are vLLM's, with the `_total`
+suffix its Prometheus client gives counters, so existing dashboards work.
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
+from typing import Any
 
 from backend.metrics import EngineStats
 
@@ -90,3 +92,88 @@ class MetricsTracker:
         self._counters[key] = total
         # A counter that went backwards means a new engine; Prometheus counters never decrease.
         return [(name, "increment", delta, labels)] if delta > 0 else []
+
+
+class MetricsPublisher:
+    """The pb_utils metric families and metrics of one model instance.
+
+    `pb_utils` is handed in (only model.py imports it). A family must outlive its metrics, so
+    `close()` drops the metrics first. Tritonserver 2.51 frees a Prometheus series shared by two
+    instances (same name and labels) as soon as either deletes its metric, and the other then
+    writes to freed memory and crashes the server; during a reload (poll mode, or loading a
+    loaded model) the new instance starts before the old one ends. So an instance creates its
+    metrics only while it holds a lock that the previous one releases after deleting its own.
+    """
+
+    def __init__(self, pb_utils: Any, labels: dict[str, str], lock_name: str) -> None:
+        self._pb = pb_utils
+        self._labels = labels
+        self._lock = _AbstractSocketLock(lock_name)
+        self._tracker = MetricsTracker()
+        self._families: dict[str, Any] = {}
+        self._metrics: dict[tuple, Any] = {}
+        self._specs = {spec.name: spec for spec in METRICS}
+        self.is_open = False
+
+    def open(self) -> bool:
+        """Create the metrics, unless the previous instance still has its own. True when open."""
+        if self.is_open or not self._lock.try_acquire():
+            return self.is_open
+        kinds = {"counter": self._pb.MetricFamily.COUNTER, "gauge": self._pb.MetricFamily.GAUGE,
+                 "histogram": self._pb.MetricFamily.HISTOGRAM}
+        for spec in METRICS:
+            self._families[spec.name] = self._pb.MetricFamily(
+                name=spec.name, description=spec.description, kind=kinds[spec.kind])
+        for spec in METRICS:
+            if spec.name != "vllm:request_success_total":
+                self._metric(spec.name, {})
+        for reason in FINISH_REASONS:
+            self._metric("vllm:request_success_total", {"finished_reason": reason})
+        self.is_open = True
+        return True
+
+    def publish(self, stats: EngineStats) -> None:
+        """Apply a snapshot (after `open()`: the new series count from the engine's start)."""
+        assert self.is_open, "publish before open"
+        for name, op, value, extra in self._tracker.update(stats):
+            getattr(self._metric(name, extra), op)(value)
+
+    def _metric(self, name: str, extra: dict[str, str]) -> Any:
+        key = (name, tuple(sorted(extra.items())))
+        if key not in self._metrics:
+            spec = self._specs[name]
+            kwargs = {"buckets": list(spec.buckets)} if spec.kind == "histogram" else {}
+            self._metrics[key] = self._families[name].Metric(labels={**self._labels, **extra}, **kwargs)
+        return self._metrics[key]
+
+    def close(self) -> None:
+        self._metrics.clear()
+        self._families.clear()
+        self.is_open = False
+        self._lock.release()
+
+
+class _AbstractSocketLock:
+    """A lock between processes of one machine: a bound abstract Unix socket. The kernel frees it
+    when its process exits, however it exits, and it leaves no file behind."""
+
+    def __init__(self, name: str) -> None:
+        self._address = "\0" + name
+        self._sock: socket.socket | None = None
+
+    def try_acquire(self) -> bool:
+        if self._sock is not None:
+            return True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self._address)
+        except OSError:
+            sock.close()
+            return False
+        self._sock = sock
+        return True
+
+    def release(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -74,3 +74,58 @@ def test_bad_engine_arguments(tmp_path, params, message):
     with pytest.raises(ValueError) as e:
         engine_args_from_model_config(params, str(tmp_path))
     assert str(e.value).startswith(message)
+
+
+class _FakeMetric:
+    def __init__(self, labels, buckets=None):
+        self.labels, self.buckets, self.value, self.observed = labels, buckets, 0.0, []
+
+    def set(self, v):
+        self.value = v
+
+    def increment(self, v):
+        self.value += v
+
+    def observe(self, v):
+        self.observed.append(v)
+
+
+class _FakePbUtils:
+    """Just the parts of triton_python_backend_utils that MetricsPublisher uses."""
+
+    class MetricFamily:
+        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+        created: list = []
+
+        def __init__(self, name, description, kind):
+            self.name, self.kind, self.metrics = name, kind, []
+            _FakePbUtils.MetricFamily.created.append(self)
+
+        def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' name
+            self.metrics.append(_FakeMetric(labels, buckets))
+            return self.metrics[-1]
+
+
+def test_publisher_waits_for_the_previous_instance_and_applies_deltas():
+    from backend.triton_metrics import MetricsPublisher
+
+    labels = {"model": "llm", "version": "1"}
+    old = MetricsPublisher(_FakePbUtils, labels, f"tritium-test-{os.getpid()}")
+    new = MetricsPublisher(_FakePbUtils, labels, f"tritium-test-{os.getpid()}")
+    assert old.open() and not new.open()
+    old.close()
+    assert new.open()
+    families = {f.name: f for f in _FakePbUtils.MetricFamily.created[-len(METRICS):]}
+    assert {f.kind for f in families.values()} == {"counter", "gauge", "histogram"}
+    new.publish(EngineStats(generation_tokens=7, num_running=2, e2e_request_latency=[0.5],
+                            request_success={"stop": 1}))
+    assert families["vllm:generation_tokens_total"].metrics[0].value == 7.0
+    assert families["vllm:num_requests_running"].metrics[0].value == 2.0
+    assert families["vllm:num_requests_running"].metrics[0].labels == labels
+    e2e = families["vllm:e2e_request_latency_seconds"].metrics[0]
+    assert e2e.observed == [0.5] and e2e.buckets[0] == 0.3
+    success = {m.labels["finished_reason"]: m.value for m in families["vllm:request_success_total"].metrics}
+    assert success == {"stop": 1.0, "length": 0.0, "abort": 0.0}
+    new.publish(EngineStats(generation_tokens=10))
+    assert families["vllm:generation_tokens_total"].metrics[0].value == 10.0  # by deltas
+    new.close()

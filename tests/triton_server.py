@@ -52,10 +52,12 @@ def write_config(model_dir: str, engine_args: dict[str, str]) -> None:
     text = re.sub(r"^parameters \{.*\}\n", "", text, flags=re.M)
     text += "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
                     for k, v in engine_args.items())
-    tmp = os.path.join(model_dir, "config.pbtxt.tmp")
+    # Written next to the repository and renamed: poll mode must see neither half a file nor
+    # a temporary one in the model directory (each change it sees is a reload).
+    tmp = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(model_dir))), "config.pbtxt.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(tmp, os.path.join(model_dir, "config.pbtxt"))  # poll mode must never see half a file
+    os.replace(tmp, os.path.join(model_dir, "config.pbtxt"))
 
 
 def _free_ports(n: int) -> list[int]:

@@ -6,6 +6,7 @@ from several threads lost responses in the 2.51 python backend) and, between sen
 requests whose client cancelled or went away. A metrics thread publishes EngineStats as vLLM's
 metrics. Every request gets exactly one FINAL response, also when the model is unloaded.
 """
+import functools
 import gc
 import itertools
 import json
@@ -41,6 +42,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 # Triton also imports this file in a short-lived stub just to auto-complete the config.
 
 _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
+_UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded
 _METRICS_INTERVAL_S = 0.2
 _STOP = object()
 
@@ -51,6 +53,7 @@ class _InFlight:
     sender: Any  # pb_utils.InferenceResponseSender
     builder: Any  # backend.triton_request.ResponseBuilder
     cancelled: bool = False
+    unloading: bool = False  # aborted because the model is being unloaded
     failure: str | None = None  # set when building its responses failed
 
 
@@ -65,6 +68,7 @@ class TritonPythonModel:
                                                 "model_transaction_policy { decoupled: true }")
         engine_args = engine_args_from_model_config(config.get("parameters", {}), _ROOT)
         self._labels = {"model": args["model_name"], "version": args["model_version"]}
+        self._model = (args["model_name"], args["model_version"])
         self._requests = triton_request
         self._engine = StreamingEngine(engine_args)
         self._max_n = self._engine.engine_args.max_num_seqs
@@ -75,8 +79,9 @@ class TritonPythonModel:
         self._closing = False
         self._sender_thread = threading.Thread(target=self._send_loop, name="tritium-sender")
         self._sender_thread.start()
-        self._metrics = _Metrics(self._labels, triton_metrics)
-        self._metrics_tracker = triton_metrics.MetricsTracker()
+        # The lock is per server (its pid) and model version: instances of one server share it.
+        lock = f"tritium-metrics-{os.getppid()}-{args['model_name']}-{args['model_version']}"
+        self._metrics = triton_metrics.MetricsPublisher(pb_utils, self._labels, lock)
         self._metrics_stop = threading.Event()
         self._metrics_thread = threading.Thread(target=self._metrics_loop, name="tritium-metrics")
         self._metrics_thread.start()
@@ -102,7 +107,7 @@ class TritonPythonModel:
                 self._inflight[state.request_id] = state
             try:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
-                                         lambda output, s=state: self._queue.put((s, output)))
+                                         functools.partial(self._on_output, state.request_id))
             except BaseException:
                 with self._lock:
                     self._inflight.pop(state.request_id, None)
@@ -113,8 +118,14 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
             self._queue.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
 
+    def _on_output(self, request_id: str, output: Any) -> None:
+        # On the engine thread: only enqueue. The callback holds the id, not the response sender:
+        # Triton unloads the model only once every request's sender is gone, and the engine may
+        # keep a finished request's callback alive for a while.
+        self._queue.put((request_id, output))
+
     def _send_loop(self) -> None:
-        next_check = 0.0
+        next_check = next_unload_check = 0.0
         while True:
             try:
                 item = self._queue.get(timeout=_CANCEL_CHECK_S)
@@ -127,16 +138,27 @@ class TritonPythonModel:
                     self._handle(*item)
                 except Exception:
                     pb_utils.Logger.log_error(f"tritium: sending failed: {traceback.format_exc()}")
-            if time.monotonic() >= next_check:
-                self._abort_cancelled()
-                next_check = time.monotonic() + _CANCEL_CHECK_S
+            now = time.monotonic()
+            if now >= next_check:
+                check_unload = now >= next_unload_check
+                try:
+                    self._abort_cancelled(check_unload)
+                except Exception:  # this thread must live on: it sends every response
+                    pb_utils.Logger.log_error(f"tritium: abort check failed: {traceback.format_exc()}")
+                next_check = now + _CANCEL_CHECK_S
+                if check_unload:
+                    next_unload_check = now + _UNLOAD_CHECK_S
 
     def _handle(self, *item: Any) -> None:
         if len(item) == 3:  # a rejected request: (sender, message, code)
             sender, message, code = item
             _send_error(sender, message, code)
             return
-        state, output = item
+        request_id, output = item
+        with self._lock:
+            state = self._inflight.get(request_id)
+        if state is None:
+            return
         response = None
         if state.failure is None:
             try:
@@ -159,6 +181,8 @@ class TritonPythonModel:
         self._finish(state)
         if state.cancelled:
             _send_error(state.sender, "Request was cancelled", pb_utils.TritonError.CANCELLED)
+        elif state.unloading:
+            _send_error(state.sender, "The model is being unloaded.", pb_utils.TritonError.UNAVAILABLE)
         elif response.error is not None:
             code = pb_utils.TritonError.UNAVAILABLE if self._closing else pb_utils.TritonError.INTERNAL
             _send_error(state.sender, response.error, code)
@@ -170,18 +194,45 @@ class TritonPythonModel:
         with self._lock:
             self._inflight.pop(state.request_id, None)
 
-    def _abort_cancelled(self) -> None:
+    def _abort_cancelled(self, check_unload: bool) -> None:
+        """Abort the requests whose client cancelled or went away; with check_unload, all of
+        them when the model is being unloaded (Triton finalizes the model only after every
+        request has ended, so in-flight requests would otherwise delay the unload)."""
         with self._lock:
-            states = [s for s in self._inflight.values() if not s.cancelled]
+            states = [s for s in self._inflight.values() if not (s.cancelled or s.unloading)]
+        if not states:
+            return
+        unloading = check_unload and self._being_unloaded()
         for state in states:
-            if state.sender.is_cancelled():
-                state.cancelled = True
+            if unloading:
+                state.unloading = True
                 self._engine.abort(state.request_id)  # its final "abort" output ends it
+            elif state.sender.is_cancelled():
+                state.cancelled = True
+                self._engine.abort(state.request_id)
+
+    def _being_unloaded(self) -> bool:
+        name, version = self._model
+        try:
+            return not pb_utils.is_model_ready(model_name=name, model_version=version)
+        except Exception:  # cannot tell: keep serving
+            return False
 
     def _metrics_loop(self) -> None:
+        waiting_logged = False
         while not self._metrics_stop.wait(_METRICS_INTERVAL_S):
             try:
-                self._metrics.apply(self._metrics_tracker.update(self._engine.get_stats()))
+                if not self._metrics.open():
+                    if not waiting_logged:
+                        waiting_logged = True
+                        pb_utils.Logger.log_info("tritium: metrics start once the previous "
+                                                 "instance of the model has unloaded")
+                    continue
+                self._metrics.publish(self._engine.get_stats())
+            except pb_utils.TritonModelException as e:  # e.g. the server runs with --allow-metrics=false
+                pb_utils.Logger.log_warn(f"tritium: no metrics: {e}")
+                self._metrics.close()
+                return
             except Exception:
                 pb_utils.Logger.log_error(f"tritium: metrics failed: {traceback.format_exc()}")
 
@@ -216,46 +267,3 @@ def _response(outputs: dict) -> Any:
 def _send_error(sender: Any, message: str, code: Any) -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)),
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-
-class _Metrics:
-    """The pb_utils metric families and metrics. A family must outlive its metrics, so both are
-    kept here and the metrics are dropped first."""
-
-    def __init__(self, labels: dict, definitions: Any) -> None:
-        self._labels = labels
-        self._families: dict[str, Any] = {}
-        self._metrics: dict[tuple, Any] = {}
-        self._specs = {spec.name: spec for spec in definitions.METRICS}
-        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
-                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
-        try:
-            for spec in self._specs.values():
-                self._families[spec.name] = pb_utils.MetricFamily(
-                    name=spec.name, description=spec.description, kind=kinds[spec.kind])
-            for spec in self._specs.values():
-                if spec.name != "vllm:request_success_total":
-                    self._metric(spec.name, {})
-            for reason in definitions.FINISH_REASONS:
-                self._metric("vllm:request_success_total", {"finished_reason": reason})
-        except pb_utils.TritonModelException as e:  # the server runs with --allow-metrics=false
-            pb_utils.Logger.log_warn(f"tritium: no metrics: {e}")
-            self.close()
-
-    def _metric(self, name: str, extra: dict) -> Any:
-        key = (name, tuple(sorted(extra.items())))
-        if key not in self._metrics:
-            spec = self._specs[name]
-            kwargs = {"buckets": list(spec.buckets)} if spec.kind == "histogram" else {}
-            self._metrics[key] = self._families[name].Metric(labels={**self._labels, **extra}, **kwargs)
-        return self._metrics[key]
-
-    def apply(self, ops: list) -> None:
-        if not self._families:
-            return
-        for name, op, value, extra in ops:
-            getattr(self._metric(name, extra), op)(value)
-
-    def close(self) -> None:
-        self._metrics.clear()
-        self._families.clear()
