@@ -68,13 +68,35 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     sampling = dict(request_params)
     if inputs.get("sampling_parameters") is not None:
         sampling.update(_json_object_input("sampling_parameters", inputs["sampling_parameters"]))
-    params = SamplingParams.from_dict(sampling)
+    params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
     if max_n is not None and params.n > max_n:
         raise ValueError(f"n must be at most {max_n} (the model's max_num_seqs), got {params.n}.")
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
                          exclude_input_in_output=exclude,
                          **{k: v for k, v in flags.items() if k.startswith("return_")})
+
+
+def _openai_frontend_keys(sampling: dict[str, Any]) -> dict[str, Any]:
+    """Map the OpenAI request fields that Triton's OpenAI frontend passes through as sampling
+    parameters (with its defaults, e.g. best_of=1 and chat's logprobs=false) to vLLM's."""
+    sampling = dict(sampling)
+    if "max_completion_tokens" in sampling:
+        value = sampling.pop("max_completion_tokens")
+        if value is not None:
+            sampling.setdefault("max_tokens", value)
+    if sampling.get("logit_bias") is not None:
+        raise ValueError("logit_bias is not supported.")
+    sampling.pop("logit_bias", None)
+    best_of = sampling.pop("best_of", None)
+    if best_of is not None and str(best_of) != str(sampling.get("n", 1)):
+        raise ValueError(f"best_of must equal n (sampling more candidates than returned is not "
+                         f"supported), got best_of={best_of}.")
+    # Chat completions: logprobs is a boolean and top_logprobs the number of alternatives.
+    top_logprobs = sampling.pop("top_logprobs", None)
+    if isinstance(sampling.get("logprobs"), bool):
+        sampling["logprobs"] = (top_logprobs or 0) if sampling["logprobs"] else None
+    return sampling
 
 
 def _prompt(inputs: Mapping[str, np.ndarray]) -> str | list[int]:

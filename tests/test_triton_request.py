@@ -51,6 +51,27 @@ def test_request_parameters_and_tensor_precedence():
     assert r.return_finish_reason is False
 
 
+def test_what_the_openai_frontend_sends():
+    # Chat: its defaults (logprobs=false, n=1, ...) and max_completion_tokens mapped to max_tokens.
+    chat = {"frequency_penalty": 0, "ignore_eos": False, "logprobs": False, "n": 1, "presence_penalty": 0,
+            "temperature": 1, "top_p": 1, "max_tokens": 20}
+    p = parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(chat))}).sampling_params
+    assert (p.logprobs, p.max_tokens, p.n) == (None, 20, 1)
+    chat.update(logprobs=True, top_logprobs=3)
+    assert parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(chat))}
+                         ).sampling_params.logprobs == 3
+    # Completions: best_of=1 by default, logprobs an integer.
+    completion = {"best_of": 1, "n": 1, "logprobs": 2, "max_completion_tokens": 9}
+    p = parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(completion))}).sampling_params
+    assert (p.logprobs, p.max_tokens) == (2, 9)
+    for bad, message in [({"best_of": 3, "n": 1}, "best_of must equal n (sampling more candidates than "
+                          "returned is not supported), got best_of=3."),
+                         ({"logit_bias": {"5": 10}}, "logit_bias is not supported.")]:
+        with pytest.raises(ValueError) as e:
+            parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(bad))})
+        assert str(e.value) == message
+
+
 def test_input_ids_prompt():
     r = parse_request({"input_ids": np.array([1, 5, 9], dtype=np.int32)})
     assert r.prompt == [1, 5, 9]
