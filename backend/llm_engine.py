@@ -264,8 +264,6 @@ class LLMEngine:
             m.first_token_time = now
             self.stats.time_to_first_token.append(now - m.arrival_time)
             self.stats.prompt_tokens += len(req.prompt_token_ids)
-        elif seq.index == 0 and m.last_token_time is not None:
-            self.stats.time_per_output_token.append(now - m.last_token_time)
         if seq.index == 0:
             m.last_token_time = now
         self.stats.generation_tokens += 1
@@ -318,6 +316,11 @@ class LLMEngine:
         now = time.time()
         req.metrics.finished_time = now
         self.stats.e2e_request_latency.append(now - req.metrics.arrival_time)
+        m, n = req.metrics, req.seqs[0].num_output_tokens - req.seqs[0].num_unresolved
+        if n > 1 and m.first_token_time is not None and m.last_token_time is not None:
+            # One sample per request, its mean time per output token after the first (as
+            # vLLM V1 does): per-token samples would cost a metrics call for every token.
+            self.stats.time_per_output_token.append((m.last_token_time - m.first_token_time) / (n - 1))
         reason = next((s.finish_reason for s in req.seqs if s.finish_reason), "abort")
         self.stats.request_success[reason] = self.stats.request_success.get(reason, 0) + 1
 

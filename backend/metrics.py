@@ -19,5 +19,5 @@ class EngineStats:
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count
     time_to_first_token: list[float] = field(default_factory=list)
-    time_per_output_token: list[float] = field(default_factory=list)
+    time_per_output_token: list[float] = field(default_factory=list)  # per finished request: mean
     e2e_request_latency: list[float] = field(default_factory=list)
