@@ -7,7 +7,7 @@ MODEL_REPOSITORY ?= model_repository
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --timeout=600
 
 .PHONY: venv model serve test perf-analyzer clean
 
