@@ -36,8 +36,9 @@ def test_grpc_stream_equals_the_offline_engine(llm_server, offline):
             expected = offline[prompt]
             assert r.text == expected.text
             assert sum(r.num_output_tokens) == len(expected.token_ids) == MAX_TOKENS
-            # Token by token: one response per generated token, each with one token.
-            assert r.num_output_tokens == [1] * MAX_TOKENS
+            # Streamed as generated: several responses, none empty (a response carries more than
+            # one token only when the sender thread fell behind the engine and folded them).
+            assert len(r.num_output_tokens) > 1 and min(r.num_output_tokens) >= 1
             assert r.finish_reasons[-1] == expected.finish_reason == "length"
             assert (r.finals, r.after_final) == (1, 0)
         assert stream.errors.empty()
@@ -75,7 +76,7 @@ def test_http_generate_and_generate_stream(llm_server, offline):
     assert status == 200, body
     events = sse_events(body)
     assert "".join(e["text_output"] for e in events) == offline[prompt].text
-    assert len(events) == MAX_TOKENS
+    assert len(events) > 1
 
 
 def test_input_ids_prompt(llm_server, offline, tiny_model):
