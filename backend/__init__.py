@@ -5,7 +5,7 @@ from .llm_engine import LLMEngine
 from .metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
-from .streaming_engine import StreamingEngine
+from .streaming_engine import EngineShutdownError, StreamingEngine
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineArgs", "EngineStats", "SamplingParams",
-           "RequestOutput", "CompletionOutput", "Logprob"]
+           "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError"]

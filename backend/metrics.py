@@ -15,7 +15,7 @@ class EngineStats:
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
     num_preemptions: int = 0
-    prompt_tokens: int = 0  # tokens computed for prompts (cache hits excluded)
+    prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count
     time_to_first_token: list[float] = field(default_factory=list)

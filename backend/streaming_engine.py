@@ -22,6 +22,10 @@ logger = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
 
 
+class EngineShutdownError(RuntimeError):
+    """A request arrived after `shutdown()` (a server maps it to "unavailable")."""
+
+
 class StreamingEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.engine = LLMEngine(args)
@@ -47,7 +51,7 @@ class StreamingEngine:
         req = self.engine.make_request(request_id, prompt, params)
         with self._ids_lock:
             if self._stopped:
-                raise RuntimeError("The engine is shut down.")
+                raise EngineShutdownError("The engine is shut down.")
             if request_id in self._ids_in_use:
                 raise ValueError(f"Request id {request_id!r} is already in use.")
             self._ids_in_use.add(request_id)
@@ -98,23 +102,29 @@ class StreamingEngine:
         """Apply queued adds and aborts; False when asked to stop."""
         while True:
             try:
-                kind, payload = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+                item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             except queue.Empty:
                 if block:
                     continue
                 return True
             block = False
-            if kind == "stop":
+            if not self._apply(*item):
                 return False
-            with self._lock:
-                if kind == "add":
-                    req, callback = payload
-                    self._callbacks[req.request_id] = callback
-                    self.engine.add_request(req.request_id, req)
-                elif kind == "abort":
-                    out = self.engine.abort_request(payload)
-                    if out is not None:
-                        self._deliver(out)
+            del item  # an idle engine must not keep the last request (and its callback) alive
+
+    def _apply(self, kind: str, payload: Any) -> bool:
+        if kind == "stop":
+            return False
+        with self._lock:
+            if kind == "add":
+                req, callback = payload
+                self._callbacks[req.request_id] = callback
+                self.engine.add_request(req.request_id, req)
+            elif kind == "abort":
+                out = self.engine.abort_request(payload)
+                if out is not None:
+                    self._deliver(out)
+        return True
 
     def _deliver_all(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from backend import LLM, EngineArgs, SamplingParams, StreamingEngine
+from backend import LLM, EngineArgs, EngineShutdownError, SamplingParams, StreamingEngine
 from backend.request import accumulate
 
 
@@ -167,5 +167,22 @@ def test_shutdown_finishes_in_flight_requests_with_error(llama_dir):
     assert c.done.is_set()
     assert c.total.error == "The engine is shutting down."
     assert c.total.outputs[0].finish_reason == "abort"
-    with pytest.raises(RuntimeError, match="The engine is shut down."):
+    with pytest.raises(EngineShutdownError, match="The engine is shut down."):
         eng.add_request("y", [0, 1], SamplingParams(), Collector())
+
+
+def test_idle_engine_keeps_no_reference_to_a_finished_request(engine):
+    import gc
+    import time
+    import weakref
+
+    c = Collector()
+    ref = weakref.ref(c)
+    engine.add_request("weak", [0, 1], SamplingParams(max_tokens=2, ignore_eos=True), c)
+    assert c.done.wait(30)
+    del c
+    deadline = time.time() + 5
+    while ref() is not None and time.time() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert ref() is None

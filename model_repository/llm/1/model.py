@@ -81,8 +81,10 @@ class TritonPythonModel:
         self._closing = False
         self._stopping = False
         self._cancel_cursor = 0
+        from backend import EngineShutdownError
         from backend.request import accumulate
         self._accumulate = accumulate
+        self._shutdown_error = EngineShutdownError
         # The engine thread must get the GIL back quickly from the sender and metrics threads
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
         sys.setswitchinterval(0.001)
@@ -123,6 +125,8 @@ class TritonPythonModel:
                 raise
         except ValueError as e:
             self._queue.put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
+        except self._shutdown_error as e:  # a request racing the model's unload
+            self._queue.put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
         except Exception as e:  # the server and the other requests carry on
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
             self._queue.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
