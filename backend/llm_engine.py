@@ -1,14 +1,13 @@
 """LLMEngine: requests in, one step at a time: schedule, run the model, process the tokens."""
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from typing import Callable
 
 from .block_manager import BlockManager
 from .config import EngineArgs, load_hf_config
+from .input_processor import InputProcessor, load_eos_token_ids
 from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
@@ -50,61 +49,28 @@ class LLMEngine:
                                    args.enable_chunked_prefill, args.long_prefill_token_threshold)
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(max_model_len, self.runner.num_blocks * args.block_size)
-        self.eos_token_ids = self._eos_token_ids()
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.vocab_size, max_model_len, self.runner.num_blocks * args.block_size,
+            args.max_num_seqs, args.max_logprobs,
+            load_eos_token_ids(args.model, self.hf_config, self.tokenizer))
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
         self._inflight = None  # the launched step whose tokens are not yet taken
         self.stats = EngineStats()
 
-    def _eos_token_ids(self) -> tuple[int, ...]:
-        ids: set[int] = set()
-        gen_path = os.path.join(self.args.model, "generation_config.json")
-        for source in (self.hf_config, json.load(open(gen_path, encoding="utf-8"))
-                       if os.path.isfile(gen_path) else {}):
-            eos = source.get("eos_token_id")
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return tuple(sorted(ids))
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.input_processor.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: tuple[int, ...]) -> None:
+        self.input_processor.eos_token_ids = tuple(ids)
 
     # ---- requests -----------------------------------------------------------------------------
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                      arrival_time: float | None = None) -> Request:
-        """Validate and tokenize; raise ValueError with a clear message for bad input.
-        Touches no engine state, so it may run on any thread."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams.")
-        text: str | None = None
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("The prompt is empty.")
-            text = prompt
-            token_ids = list(self.tokenizer(prompt)["input_ids"])
-        elif isinstance(prompt, (list, tuple)):
-            token_ids = list(prompt)
-            bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
-                        or not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise ValueError(f"Token id {bad!r} is out of vocabulary (valid ids are 0 to {self.vocab_size - 1}).")
-        else:
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}.")
-        if not token_ids:
-            raise ValueError("The prompt is empty.")
-        n = len(token_ids)
-        if n >= self.args.max_model_len:
-            raise ValueError(f"The prompt has {n} tokens, but max_model_len is {self.args.max_model_len}: "
-                             f"prompt plus at least one generated token must fit.")
-        capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        if n + 1 > capacity:
-            raise ValueError(f"The prompt has {n} tokens, more than the KV cache can ever hold "
-                             f"({capacity} tokens).")
-        if params.n > self.args.max_num_seqs:
-            raise ValueError(f"n={params.n} is larger than max_num_seqs={self.args.max_num_seqs}.")
-        if params.logprobs is not None and params.logprobs > self.args.max_logprobs:
-            raise ValueError(f"logprobs={params.logprobs} is larger than max_logprobs={self.args.max_logprobs}.")
-        params = params.clone()
-        params._eos_token_ids = self.eos_token_ids
-        return Request(request_id, text, token_ids, params, arrival_time or time.time())
+        """Validate and tokenize (ValueError with a clear message); touches no engine state."""
+        return self.input_processor.process(request_id, prompt, params, arrival_time)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Request,
                     params: SamplingParams | None = None, arrival_time: float | None = None) -> None:

@@ -204,10 +204,6 @@ class ModelRunner:
         out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
         return PendingStep(out, sample_rows, [s.seq_id for s in sample_rows])
 
-    def execute(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
-                sample_rows: list[Sequence], sample_sources: list[int]) -> list[SampleResult]:
-        return self.launch(scheduled, block_copies, sample_rows, sample_sources).wait()
-
 
 class PendingStep:
     """A launched step. The sampled tokens stay on the device (the next step reads them there)

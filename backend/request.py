@@ -17,7 +17,6 @@ class Request:
         self.seqs: list[Sequence] = []
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: str | None = None
-        self.num_prompt_tokens_counted = False
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,76 @@
+"""InputProcessor: validates and tokenizes a request before it reaches the engine."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .request import Request
+from .sampling_params import SamplingParams
+
+
+def load_eos_token_ids(model_dir: str, hf_config: dict, tokenizer) -> tuple[int, ...]:
+    """EOS ids of config.json, generation_config.json and the tokenizer, together."""
+    ids: set[int] = set()
+    sources = [hf_config]
+    gen_path = os.path.join(model_dir, "generation_config.json")
+    if os.path.isfile(gen_path):
+        with open(gen_path, encoding="utf-8") as f:
+            sources.append(json.load(f))
+    for source in sources:
+        eos = source.get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+class InputProcessor:
+    """Turns (prompt, SamplingParams) into a Request, or raises ValueError with a message a
+    client can act on. Reads only the tokenizer and fixed limits, so any thread may call it."""
+
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
+                 max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_logprobs = max_logprobs
+        self.eos_token_ids = eos_token_ids
+
+    def process(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                arrival_time: float | None = None) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams.")
+        text: str | None = None
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("The prompt is empty.")
+            text = prompt
+            token_ids = list(self.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = list(prompt)
+            bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
+                        or not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"Token id {bad!r} is out of vocabulary "
+                                 f"(valid ids are 0 to {self.vocab_size - 1}).")
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}.")
+        if not token_ids:
+            raise ValueError("The prompt is empty.")
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(f"The prompt has {n} tokens, but max_model_len is {self.max_model_len}: "
+                             f"prompt plus at least one generated token must fit.")
+        if n + 1 > self.kv_capacity_tokens:
+            raise ValueError(f"The prompt has {n} tokens, more than the KV cache can ever hold "
+                             f"({self.kv_capacity_tokens} tokens).")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n={params.n} is larger than max_num_seqs={self.max_num_seqs}.")
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} is larger than max_logprobs={self.max_logprobs}.")
+        params = params.clone()
+        params._eos_token_ids = self.eos_token_ids
+        return Request(request_id, text, token_ids, params, arrival_time or time.time())
