@@ -1,0 +1,192 @@
+"""EngineProcess: the engine in a process of its own, behind StreamingEngine's interface.
+
+A server's threads (receiving requests, sending responses, metrics) and the engine's step loop
+share one GIL when they share a process; under load the engine then waits for the GIL while the
+GPU waits for the engine. Here the parent only validates and tokenizes requests and hands
+outputs to callbacks; the child (`python -m backend.engine_process FD`) runs the step loop.
+They talk over a socket pair: commands one way, one message of outputs per step the other.
+The child exits when told to, and on its own when the parent goes away (the socket closes).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .config import EngineArgs
+from .input_processor import InputProcessor
+from .metrics import EngineStats
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+from .streaming_engine import EngineShutdownError, OutputCallback
+from .tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STATS_TIMEOUT_S = 30.0
+
+
+def _python() -> str:
+    """This environment's interpreter (inside Triton's stub, sys.executable is not Python)."""
+    exe = sys.executable or ""
+    if os.path.basename(exe).startswith("python"):
+        return exe
+    candidate = os.path.join(sys.prefix, "bin", "python3")
+    return candidate if os.path.exists(candidate) else (shutil.which("python3") or "python3")
+
+
+def pack_output(out: RequestOutput) -> tuple:
+    """A RequestOutput as plain tuples: pickling them costs a fraction of the dataclasses."""
+    return (out.request_id, out.finished, out.error, out.num_cached_tokens,
+            [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
+              c.stop_reason) for c in out.outputs])
+
+
+class EngineProcess:
+    """StreamingEngine's interface (add_request, abort, get_stats, shutdown), engine elsewhere."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._proc = subprocess.Popen([_python(), "-m", "backend.engine_process", str(child.fileno())],
+                                      pass_fds=[child.fileno()], env=env, cwd=_ROOT)
+        child.close()
+        self._conn = Connection(parent.detach())
+        self._send_lock = threading.Lock()
+        self._conn.send(args)
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            self._proc.wait()
+            raise RuntimeError(f"the engine process exited during start-up (code {self._proc.returncode})") from None
+        if kind == "error":
+            self._proc.wait()
+            raise ValueError(payload)
+        self.engine_args: EngineArgs = payload["engine_args"]
+        self.tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
+        self._processor = InputProcessor(self.tokenizer, payload["vocab_size"],
+                                         self.engine_args.max_model_len, payload["kv_capacity_tokens"],
+                                         self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
+                                         payload["eos_token_ids"])
+        self._lock = threading.Lock()
+        self._requests: dict[str, tuple[Any, OutputCallback]] = {}  # id -> (request, callback)
+        self._stopped = False
+        self._stats: EngineStats | None = None
+        self._stats_ready = threading.Condition(self._lock)
+        self._receiver = threading.Thread(target=self._receive_loop, name="tritium-engine-rx", daemon=True)
+        self._receiver.start()
+
+    # ---- called from any thread -------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    on_output: OutputCallback) -> None:
+        req = self._processor.process(request_id, prompt, params)
+        with self._lock:
+            if self._stopped:
+                raise EngineShutdownError("The engine is shut down.")
+            if request_id in self._requests:
+                raise ValueError(f"Request id {request_id!r} is already in use.")
+            self._requests[request_id] = (req, on_output)
+        self._send(("add", req))
+
+    def abort(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def get_stats(self) -> EngineStats:
+        with self._lock:
+            self._stats = None
+        self._send(("stats", None))
+        with self._lock:
+            if not self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped,
+                                              _STATS_TIMEOUT_S) or self._stats is None:
+                return EngineStats()
+            return self._stats
+
+    def shutdown(self) -> None:
+        """Every in-flight request gets a final output with an error; the child exits."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._stats_ready.notify_all()
+        self._send(("stop", None))
+        self._receiver.join()
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._conn.close()
+
+    def _send(self, message: tuple) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except OSError:  # the child is gone: the receiver thread fails the requests
+            pass
+
+    # ---- the receiver thread ------------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while True:
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                self._fail_all("The engine process exited.")
+                return
+            if kind == "out":
+                for packed in payload:
+                    self._deliver(packed)
+            elif kind == "stats":
+                with self._lock:
+                    self._stats = payload
+                    self._stats_ready.notify_all()
+            elif kind == "bye":
+                self._fail_all("The engine is shutting down.")
+                return
+
+    def _deliver(self, packed: tuple) -> None:
+        request_id, finished, error, num_cached, completions = packed
+        with self._lock:
+            entry = self._requests.pop(request_id, None) if finished else self._requests.get(request_id)
+        if entry is None:
+            return
+        req, callback = entry
+        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
+                            [CompletionOutput(*c) for c in completions], finished,
+                            num_cached_tokens=num_cached, error=error, metrics=req.metrics)
+        try:
+            callback(out)
+        except Exception:  # a broken callback must not stop the others' outputs
+            logger.exception("output callback for request %s failed", request_id)
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            self._stopped = True
+            entries, self._requests = list(self._requests.items()), {}
+            self._stats_ready.notify_all()
+        for request_id, (req, callback) in entries:
+            out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
+                                [CompletionOutput(0, "", [], None, None, "abort")], True,
+                                error=message, metrics=req.metrics)
+            try:
+                callback(out)
+            except Exception:
+                logger.exception("output callback for request %s failed", request_id)
+
+
+def _child_main(fd: int) -> int:
+    """The engine's side: build the engine, then run its loop until told to stop."""
+    from .engine_core import run_engine_core
+    conn = Connection(fd)
+    return run_engine_core(conn, conn.recv())
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(_child_main(int(sys.argv[1])))
