@@ -1,0 +1,88 @@
+"""EngineProcess: the engine in a child process behind StreamingEngine's interface."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from backend import LLM, EngineArgs, EngineProcess, EngineShutdownError, SamplingParams
+from backend.request import accumulate
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.total = None
+        self.finals = 0
+        self.done = threading.Event()
+
+    def __call__(self, out) -> None:
+        self.total = accumulate(self.total, out)
+        if out.finished:
+            self.finals += 1
+            self.done.set()
+
+
+@pytest.fixture(scope="module")
+def engine(llama_dir):
+    eng = EngineProcess(EngineArgs(model=llama_dir, max_model_len=128))
+    yield eng
+    eng.shutdown()
+
+
+def test_outputs_equal_the_in_process_engine(engine, llama_dir):
+    prompts = [[0, 3, 9, 27], [0, 81, 243], [0, 5]]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    collectors = [Collector() for _ in prompts]
+    for i, (p, c) in enumerate(zip(prompts, collectors)):
+        engine.add_request(f"p{i}", p, params, c)
+    ref = LLM(llama_dir, max_model_len=128).generate(prompts, params)
+    for c, r in zip(collectors, ref):
+        assert c.done.wait(60) and c.finals == 1
+        got = c.total.outputs[0]
+        assert got.token_ids == r.outputs[0].token_ids and got.text == r.outputs[0].text
+        assert [sorted(e) for e in got.logprobs] == [sorted(e) for e in r.outputs[0].logprobs]
+        assert c.total.prompt_token_ids == r.prompt_token_ids and got.finish_reason == "length"
+    stats = engine.get_stats()
+    assert stats.generation_tokens >= 60 and stats.num_running == 0 and stats.kv_cache_usage == 0.0
+
+
+def test_bad_input_is_rejected_in_the_caller(engine):
+    with pytest.raises(ValueError, match="The prompt has 200 tokens, but max_model_len is 128"):
+        engine.add_request("long", list(range(200)), SamplingParams(), Collector())
+    with pytest.raises(ValueError, match="The prompt is empty."):
+        engine.add_request("empty", "", SamplingParams(), Collector())
+
+
+def test_abort_ends_the_request(engine):
+    c = Collector()
+    engine.add_request("ab", [0, 1], SamplingParams(max_tokens=100, ignore_eos=True), c)
+    engine.abort("ab")
+    assert c.done.wait(30)
+    assert c.total.outputs[0].finish_reason == "abort" and len(c.total.outputs[0].token_ids) < 100
+
+
+def test_shutdown_and_a_dead_child_end_every_request(llama_dir):
+    eng = EngineProcess(EngineArgs(model=llama_dir))
+    c = Collector()
+    eng.add_request("x", [0, 1], SamplingParams(max_tokens=5000, ignore_eos=True), c)
+    eng.shutdown()
+    assert c.done.is_set() and c.finals == 1
+    assert c.total.error == "The engine is shutting down."
+    assert eng._proc.returncode == 0
+    with pytest.raises(EngineShutdownError):
+        eng.add_request("y", [0, 1], SamplingParams(), Collector())
+
+    eng = EngineProcess(EngineArgs(model=llama_dir))
+    c = Collector()
+    eng.add_request("z", [0, 1], SamplingParams(max_tokens=5000, ignore_eos=True), c)
+    os.kill(eng._proc.pid, signal.SIGKILL)
+    assert c.done.wait(30)
+    assert c.total.error == "The engine process exited."
+    eng.shutdown()
+
+
+def test_engine_errors_at_start_reach_the_caller(llama_dir):
+    with pytest.raises(ValueError, match="max_model_len=100000 is larger than the model's"):
+        EngineProcess(EngineArgs(model=llama_dir, max_model_len=100000))
