@@ -15,6 +15,7 @@ from .input_batch import prepare_batch
 from .layers.sampler import Sampler, SamplerOutput
 from .loader import load_dummy, load_safetensors
 from .models import get_model_class
+from .sampling_params import SamplingParams
 from .scheduler import ScheduledSequence
 from .sequence import PLACEHOLDER, Sequence
 
@@ -121,9 +122,7 @@ class ModelRunner:
             s = Sequence(f"profile-{j}", [0] * n, n, _PROFILE_PARAMS)
             s.block_table = list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq))
             seqs.append(ScheduledSequence(s, n))
-        input_ids, positions, md, _ = self._prepare(seqs)
-        with set_attention_metadata(md):
-            hidden = self.model(input_ids, positions)
+        hidden = self._forward_eager(prepare_batch(seqs, self.block_size))
         rows = min(self.args.max_num_seqs, num_tokens)
         logits = self.model.compute_logits(hidden[:rows])
         torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's worst case
@@ -145,12 +144,13 @@ class ModelRunner:
         return num_blocks
 
     # ---- one step -----------------------------------------------------------------------------
-    def _prepare(self, scheduled: list[ScheduledSequence]):
-        batch = prepare_batch(scheduled, self.block_size)
-        dev = self.device
-        return (torch.from_numpy(batch.input_ids).to(dev, non_blocking=True),
-                torch.from_numpy(batch.positions).to(dev, non_blocking=True),
-                batch.attention_metadata(self.to_device), batch.last_index)
+    def _forward_eager(self, batch, fill=None) -> torch.Tensor:
+        input_ids = self.to_device(batch.input_ids, torch.int64)
+        if fill is not None:
+            input_ids[fill[0]] = fill[2][fill[1]]
+        positions = self.to_device(batch.positions, torch.int64)
+        with set_attention_metadata(batch.attention_metadata(self.to_device)):
+            return self.model(input_ids, positions)
 
     def to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
         """Host data to the device without blocking: copies from pageable memory would wait
@@ -191,12 +191,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.run(batch, fill)
         else:
-            input_ids = self.to_device(batch.input_ids, torch.int64)
-            if fill is not None:
-                input_ids[fill[0]] = fill[2][fill[1]]
-            positions = self.to_device(batch.positions, torch.int64)
-            with set_attention_metadata(batch.attention_metadata(self.to_device)):
-                hidden = self.model(input_ids, positions)
+            hidden = self._forward_eager(batch, fill)
         if not sample_rows:
             return PendingStep(None, [], [])
         if gather is not None:
@@ -255,9 +250,4 @@ class PendingStep:
         return results
 
 
-def _profile_params():
-    from .sampling_params import SamplingParams
-    return SamplingParams(max_tokens=1)
-
-
-_PROFILE_PARAMS = _profile_params()
+_PROFILE_PARAMS = SamplingParams(max_tokens=1)

@@ -7,7 +7,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from backend import LLM, LLMEngine, EngineArgs, SamplingParams
-from backend.request import accumulate
 from backend.tokenizer import IncrementalDetokenizer, find_stop_string, partial_stop_suffix_len
 
 TEXT = "Café 日本語のテキスト 🚀 naïve ∑ x² — Ελληνικά and 한국어 🧠✨ done."
