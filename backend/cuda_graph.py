@@ -14,6 +14,17 @@ from .input_batch import PreparedBatch
 logger = logging.getLogger(__name__)
 
 
+# Graphs fix the decode kernel's KV split at capture. One set sized for max_model_len would
+# split every batch's KV at least in two (the longest sequence must not become a tail) and pay
+# the merge kernel on every step; a second set for contexts up to SHORT_CONTEXT runs large
+# batches unsplit. 4096 keeps one split per sequence at most 4096 tokens.
+SHORT_CONTEXT = 4096
+
+
+def context_buckets(max_model_len: int) -> list[int]:
+    return sorted({min(SHORT_CONTEXT, max_model_len), max_model_len})
+
+
 def capture_sizes(max_num_seqs: int) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
     sizes += list(range(16, max_num_seqs, 16))
@@ -40,30 +51,34 @@ class DecodeGraphs:
         self.host_vectors = [torch.zeros(4, n, dtype=torch.int64).pin_memory() for _ in range(2)]
         self.host_tables = [torch.zeros(n, w, dtype=torch.int32).pin_memory() for _ in range(2)]
         self.parity = 0
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.buckets = context_buckets(max_model_len)
+        # (context bucket, batch size) -> (graph, output)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
-    def _metadata(self, bs: int) -> AttentionMetadata:
+    def _metadata(self, bs: int, max_context_len: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs,
             decode_block_tables=self.block_tables[:bs], decode_context_lens=self.context_lens[:bs],
             num_prefill_tokens=0, prefill_block_tables=None, prefill_cu_seqlens_q=None,
-            prefill_context_lens=None, decode_max_context_len=self.max_model_len)
+            prefill_context_lens=None, decode_max_context_len=max_context_len)
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
-        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
-            md = self._metadata(bs)
-            with set_attention_metadata(md):
-                self.model(self.input_ids[:bs], self.positions[:bs])  # compile kernels, warm up
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(self.input_ids[:bs], self.positions[:bs])
-            pool = graph.pool()
-            self.graphs[bs] = (graph, out)
+        for bucket in reversed(self.buckets):
+            for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
+                md = self._metadata(bs, bucket)
+                with set_attention_metadata(md):
+                    self.model(self.input_ids[:bs], self.positions[:bs])  # compile kernels, warm up
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = self.model(self.input_ids[:bs], self.positions[:bs])
+                pool = graph.pool()
+                self.graphs[(bucket, bs)] = (graph, out)
         torch.cuda.synchronize()
-        logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
+        logger.info("captured decode CUDA graphs for batch sizes %s, contexts up to %s",
+                    self.sizes, self.buckets)
 
     def can_run(self, batch: PreparedBatch) -> bool:
         return (batch.num_decodes == batch.num_tokens and 0 < batch.num_tokens <= self.max_bs
@@ -90,6 +105,8 @@ class DecodeGraphs:
         self.context_lens[:bs].copy_(self.vectors[3, :bs])  # the kernel reads int32
         if fill is not None:
             self.input_ids[fill[0]] = fill[2][fill[1]]
-        graph, out = self.graphs[bs]
+        longest = int(batch.decode_context_lens.max())
+        bucket = next(b for b in self.buckets if b >= longest)
+        graph, out = self.graphs[(bucket, bs)]
         graph.replay()
         return out[:n]

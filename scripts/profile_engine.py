@@ -60,7 +60,21 @@ def main() -> None:
         return out
 
     engine.scheduler.schedule = schedule_and_record
-    engine.runner.launch = timed("launch", engine.runner.launch)
+    events: list = []  # (before, after, prefill tokens in the step) per launch, CUDA only
+    launch = timed("launch", engine.runner.launch)
+
+    def launch_with_events(scheduled, *args, **kw):
+        if not torch.cuda.is_available():
+            return launch(scheduled, *args, **kw)
+        before = torch.cuda.Event(enable_timing=True)
+        before.record()
+        out = launch(scheduled, *args, **kw)
+        after = torch.cuda.Event(enable_timing=True)
+        after.record()
+        events.append((before, after, sum(it.num_new_tokens for it in scheduled if it.num_new_tokens > 1)))
+        return out
+
+    engine.runner.launch = launch_with_events
     engine._launch = timed("book_and_launch", engine._launch)
     engine._process_text = timed("text", engine._process_text)
     engine._take_results = timed("tokens", engine._take_results)
@@ -72,6 +86,7 @@ def main() -> None:
     while engine.has_unfinished_requests():
         engine.step()
     times.clear()
+    events.clear()
     for i in range(a.num_requests):
         engine.add_request(str(i), [rng.randrange(100, 500) for _ in range(a.input_len)], params)
     steps = []
@@ -86,6 +101,20 @@ def main() -> None:
     tokens = a.num_requests * a.output_len
     dec = [t for n, d, t in steps if n == d and d >= a.num_requests * 0.9]
     big = [(n, t) for n, d, t in steps if n - d >= 1024]
+    gpu = {}
+    if events:
+        torch.cuda.synchronize()
+        busy = {"prefill": 0.0, "decode": 0.0}
+        idle = {"prefill": 0.0, "decode": 0.0}
+        for i, (before, after, prefill) in enumerate(events):
+            phase = "prefill" if prefill else "decode"
+            busy[phase] += before.elapsed_time(after)
+            if i + 1 < len(events):  # > 0 only when the device waited for the host's next launch
+                idle[phase] += max(0.0, after.elapsed_time(events[i + 1][0]))
+        gpu = {"gpu_span_ms": events[0][0].elapsed_time(events[-1][1]),
+               "gpu_busy_ms": busy, "gpu_idle_after_step_ms": idle,
+               "steps_by_phase": {"prefill": sum(1 for e in events if e[2]),
+                                  "decode": sum(1 for e in events if not e[2])}}
     summary = {
         "startup_s": startup, "wall_s": wall, "output_tok_s": tokens / wall, "steps": len(steps),
         "num_kv_blocks": engine.runner.num_blocks,
@@ -97,6 +126,7 @@ def main() -> None:
         "phase_ms_mean": {k: sum(v) / len(v) * 1000 for k, v in times.items() if v},
         "phase_ms_total": {k: sum(v) * 1000 for k, v in times.items()},
         "engine_args": values,
+        **gpu,
     }
     print(json.dumps(summary, indent=1))
     if a.json:

