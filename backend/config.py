@@ -10,6 +10,7 @@ from typing import Any
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_QUANTIZATIONS = ("fp8",)
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
@@ -37,6 +38,9 @@ class EngineArgs:
     load_format: str = "auto"  # dummy: random weights of the config's shapes
     enforce_eager: bool = False  # True: no CUDA graphs
     max_logprobs: int = 20
+    # fp8: FP8 weights (per-channel scales) and per-token dynamic FP8 activations in the decoder's
+    # linear layers, quantized at load from a 16-bit checkpoint. Needs compute capability 8.9+.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -69,6 +73,8 @@ class EngineArgs:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
+        if self.quantization is not None:
+            _choice("quantization", self.quantization, _QUANTIZATIONS)
         if isinstance(self.long_prefill_token_threshold, bool) or not isinstance(
                 self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "

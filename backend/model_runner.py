@@ -12,6 +12,7 @@ from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs
 from .forward_context import set_attention_metadata
 from .input_batch import prepare_batch
+from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from .layers.sampler import Sampler, SamplerOutput
 from .loader import load_dummy, load_safetensors
 from .models import get_model_class
@@ -62,13 +63,17 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         torch.manual_seed(args.seed)
         model_cls = get_model_class(hf_config)
+        linear_method = get_linear_method(args.quantization)
+        if linear_method is not None:
+            check_fp8_supported(self.device)
         with torch.device(self.device):
-            self.model = model_cls(hf_config, self.dtype)
+            self.model = model_cls(hf_config, self.dtype, linear_method)
         self.model.eval()
         if args.load_format == "dummy":
             load_dummy(self.model, args.seed)
         else:
             load_safetensors(self.model, args.model)
+        process_weights_after_loading(self.model)
         self.attn_layers = self.model.attention_layers()
         a = self.model.args
         self.num_kv_heads = self.attn_layers[0].num_kv_heads

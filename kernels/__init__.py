@@ -16,7 +16,7 @@ from importlib import import_module
 import torch
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
-           "apply_rotary_emb", "silu_and_mul"]
+           "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token"]
 
 
 def _impl(module: str, name: str):
@@ -56,3 +56,7 @@ def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Te
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, **options) -> torch.Tensor:
     return _impl("activation", "silu_and_mul")(x, out, **options)
+
+
+def quantize_fp8_per_token(x: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    return _impl("quant", "quantize_fp8_per_token")(x, **options)

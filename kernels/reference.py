@@ -149,3 +149,16 @@ def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.
         return result
     out.copy_(result)
     return out
+
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn value (kernels/quant.py)
+
+
+def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (q float8_e4m3fn [T, K], scale float32 [T, 1]); x ~= q * scale."""
+    v.check_quantize("quantize_fp8_per_token", x, v.REFERENCE_DTYPES)
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    # Multiply by the reciprocal, as the kernel does, so both round the same values.
+    q = (xf * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale

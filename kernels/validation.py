@@ -233,3 +233,8 @@ def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
         check_last_dim_contiguous(op, "out", out)
         check_same_device(op, {"x": x, "out": out})
     return inter
+
+
+def check_quantize(op: str, x, dtypes: tuple[torch.dtype, ...]) -> None:
+    check_tensor(op, "x", x, "[T, K]", dtypes)
+    check_last_dim_contiguous(op, "x", x)

@@ -45,3 +45,8 @@ def apply_rotary_emb(query, key, positions, cos_sin_cache) -> None:
 def silu_and_mul(x):
     fn = kernels.silu_and_mul if _on_gpu(x) else reference.silu_and_mul_ref
     return fn(x)
+
+
+def quantize_fp8_per_token(x):
+    fn = kernels.quantize_fp8_per_token if _on_gpu(x) else reference.quantize_fp8_per_token_ref
+    return fn(x)

@@ -11,7 +11,8 @@ from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.layernorm import RMSNorm
-from ..layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from ..layers.linear import (LinearMethod, MergedColumnParallelLinear, QKVParallelLinear,
+                             RowParallelLinear)
 from ..layers.rotary import RotaryEmbedding
 
 
@@ -58,16 +59,18 @@ class LlamaArgs:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype,
+                 linear_method: LinearMethod | None = None) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(a.hidden_size, a.head_dim, a.num_attention_heads,
-                                          a.num_key_value_heads, bias=a.attention_bias, dtype=dtype)
+                                          a.num_key_value_heads, bias=a.attention_bias, dtype=dtype,
+                                          linear_method=linear_method)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * a.head_dim
         self.kv_size = self.num_kv_heads * a.head_dim
         self.o_proj = RowParallelLinear(a.num_attention_heads * a.head_dim, a.hidden_size,
-                                        bias=False, dtype=dtype)
+                                        bias=False, dtype=dtype, linear_method=linear_method)
         self.rotary_emb = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope_theta,
                                           a.rope_scaling)
         self.attn = Attention(self.num_heads, a.head_dim, a.head_dim ** -0.5, self.num_kv_heads)
@@ -82,12 +85,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype,
+                 linear_method: LinearMethod | None = None) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            a.hidden_size, [a.intermediate_size] * 2, bias=a.mlp_bias, dtype=dtype)
+            a.hidden_size, [a.intermediate_size] * 2, bias=a.mlp_bias, dtype=dtype,
+            linear_method=linear_method)
         self.down_proj = RowParallelLinear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias,
-                                           dtype=dtype)
+                                           dtype=dtype, linear_method=linear_method)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,10 +100,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype,
+                 linear_method: LinearMethod | None = None) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(a, dtype)
-        self.mlp = LlamaMLP(a, dtype)
+        self.self_attn = LlamaAttention(a, dtype, linear_method)
+        self.mlp = LlamaMLP(a, dtype, linear_method)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
 
@@ -115,10 +121,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, a: LlamaArgs, dtype: torch.dtype) -> None:
+    def __init__(self, a: LlamaArgs, dtype: torch.dtype,
+                 linear_method: LinearMethod | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(a.vocab_size, a.hidden_size, dtype)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(a, dtype) for _ in range(a.num_hidden_layers)])
+        self.layers = nn.ModuleList([LlamaDecoderLayer(a, dtype, linear_method)
+                                     for _ in range(a.num_hidden_layers)])
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -137,10 +145,12 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, hf_config: dict, dtype: torch.dtype) -> None:
+    def __init__(self, hf_config: dict, dtype: torch.dtype,
+                 linear_method: LinearMethod | None = None) -> None:
         super().__init__()
         self.args = LlamaArgs.from_hf_config(hf_config)
-        self.model = LlamaModel(self.args, dtype)
+        # The decoder's projections use `linear_method` (e.g. FP8); the LM head stays 16-bit.
+        self.model = LlamaModel(self.args, dtype, linear_method)
         self.lm_head = ParallelLMHead(self.args.vocab_size, self.args.hidden_size, dtype)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

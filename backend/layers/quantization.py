@@ -1,0 +1,70 @@
+"""FP8 weights and activations for the linear layers (`quantization="fp8"`, as vLLM names it).
+
+Weights are quantized once, after loading a 16-bit checkpoint: float8_e4m3fn with one scale per
+output channel. Activations are quantized per token at every call (dynamic scaling, so no
+calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
+applies both scales to the output; Hopper runs FP8 at twice the bf16 rate and reads half the
+weight bytes. Embeddings, the LM head, norms and the KV cache stay in the model dtype.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .linear import LinearBase, LinearMethod
+from . import ops
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+QUANTIZATIONS = ("fp8",)
+
+
+def check_fp8_supported(device: torch.device) -> None:
+    """FP8 matmuls need compute capability 8.9 (Ada) or newer; the CPU emulates them (tests)."""
+    if device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(f"quantization='fp8' needs a GPU of compute capability 8.9 or newer; "
+                         f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
+
+
+class Fp8LinearMethod(LinearMethod):
+    """Loads 16-bit weights like the base method, then `process_weights_after_loading`
+    replaces them with FP8 weights and per-channel scales."""
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        w = layer.weight.data
+        scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)  # [N]
+        q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        layer.weight = nn.Parameter(q, requires_grad=False)
+        layer.weight_scale = nn.Parameter(scale.view(1, -1), requires_grad=False)
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if layer.weight.dtype != FP8_DTYPE:
+            raise RuntimeError("Fp8LinearMethod: weights were not quantized after loading")
+        x_q, x_scale = ops.quantize_fp8_per_token(x)
+        if x.is_cuda:
+            # weight [N, K] row-major is the column-major [K, N] operand _scaled_mm wants.
+            # Row-wise scales need a bf16 output; other model dtypes are cast after.
+            out = torch._scaled_mm(x_q, layer.weight.t(), scale_a=x_scale,
+                                   scale_b=layer.weight_scale, out_dtype=torch.bfloat16).to(x.dtype)
+        else:  # emulation with the same rounding of inputs (tests; no FP8 matmul on the CPU)
+            out = ((x_q.float() * x_scale) @ (layer.weight.float() * layer.weight_scale.t()).t()).to(x.dtype)
+        return out if bias is None else out + bias
+
+
+def get_linear_method(quantization: str | None) -> LinearMethod | None:
+    if quantization is None:
+        return None
+    if quantization == "fp8":
+        return Fp8LinearMethod()
+    raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}")
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            hook = getattr(module.linear_method, "process_weights_after_loading", None)
+            if hook is not None:
+                hook(module)

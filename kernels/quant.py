@@ -1,0 +1,59 @@
+"""Dynamic per-token FP8 (e4m3) quantization of activations, for FP8 matmuls.
+
+Each row (token) gets its own scale, amax(|x|) / 448, so one outlier token does not crush the
+precision of the others; the matmul applies the row scales to its output (torch._scaled_mm's
+rowwise scaling). One program per row: a first pass over the row finds amax, a second writes
+the quantized row, so the activation is read twice and written once, in one launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation
+from ._launch import check_runnable, next_pow2
+
+OP = "quantize_fp8_per_token"
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+MIN_SCALE = 1e-12  # an all-zero row still gets a finite, nonzero scale
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, scale_ptr, num_cols, stride_x, stride_q,
+                     FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in range(0, num_cols, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < num_cols, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, 0) / FP8_MAX_C, MIN_SCALE_C)
+    tl.store(scale_ptr + row, scale)
+    inv = 1.0 / scale
+    for c0 in range(0, num_cols, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        mask = offs < num_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(x * inv, -FP8_MAX_C), FP8_MAX_C)
+        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_fp8_per_token(x: torch.Tensor, *, block: int = 2048,
+                           num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (16-bit or float32) -> (q [T, K] float8_e4m3fn, scale [T, 1] float32) with
+    x ~= q * scale."""
+    validation.check_quantize(OP, x, validation.HALF_AND_FLOAT)
+    check_runnable(OP, x)
+    rows, cols = x.shape
+    q = torch.empty(rows, cols, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return q, scale
+    _quantize_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0),
+                              FP8_MAX_C=FP8_MAX, MIN_SCALE_C=MIN_SCALE,
+                              BLOCK=min(block, next_pow2(cols)), num_warps=num_warps)
+    return q, scale

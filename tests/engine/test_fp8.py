@@ -1,0 +1,86 @@
+"""quantization="fp8": FP8 weights (per-channel scales) and per-token FP8 activations in the
+decoder's linear layers. On the CPU the FP8 matmul is emulated with the same rounding of both
+inputs, so the engine must match, token for token, a Hugging Face model whose linear layers apply
+the same quantize-dequantize by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from backend import LLM, EngineArgs, SamplingParams
+from backend.layers.linear import LinearBase
+from kernels import reference
+
+MAX_NEW = 12
+PROMPTS = ["The engine streams tokens", "A paged cache holds blocks of keys and values",
+           "x", "GPU kernels read the cache in place while the scheduler batches users"]
+
+
+def fake_quant_linear(linear: nn.Linear):
+    """Replace an HF linear's forward with: x and W rounded to FP8 (per token / per output
+    channel), then an ordinary float32 matmul of the dequantized values."""
+    w = linear.weight.data.float()
+    w_scale = (w.abs().amax(dim=1) / 448.0).clamp(min=1e-12)
+    w_deq = (w / w_scale[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn).float() * w_scale[:, None]
+
+    def forward(x):
+        shape = x.shape
+        q, s = reference.quantize_fp8_per_token_ref(x.reshape(-1, shape[-1]))
+        y = (q.float() * s) @ w_deq.t()
+        if linear.bias is not None:
+            y = y + linear.bias
+        return y.reshape(*shape[:-1], -1).to(x.dtype)
+    linear.forward = forward
+
+
+def hf_fp8_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    count = 0
+    for layer in model.model.layers:
+        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                    layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+            fake_quant_linear(lin)
+            count += 1
+    assert count == 7 * len(model.model.layers)
+    outs = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
+                           min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+        outs.append(y[0, len(ids):].tolist())
+    return outs
+
+
+def test_fp8_engine_matches_hf_with_the_same_fake_quantization(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    # The CPU's emulated FP8 matmul rounds exactly as the fake-quantized HF model does; a GPU's
+    # FP8 tensor cores accumulate in another order, so this comparison is CPU-only by design.
+    llm = LLM(model_dir, dtype="float32", device="cpu", quantization="fp8")
+    linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(m.weight.dtype == torch.float8_e4m3fn for m in linears)
+    assert all(m.weight_scale.shape == (1, m.weight.shape[0]) for m in linears)
+    assert llm.engine.runner.model.lm_head.weight.dtype == torch.float32  # the head stays 16/32-bit
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == hf_fp8_greedy(model_dir, prompts)
+
+
+def test_per_token_quantization_reference():
+    x = torch.randn(6, 300) * torch.tensor([1e-3, 1.0, 50.0, 0.0, 7.0, 300.0])[:, None]
+    q, s = reference.quantize_fp8_per_token_ref(x)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 1)
+    assert torch.equal(q[3].float(), torch.zeros(300)) and s[3].item() == pytest.approx(1e-12)
+    for row in (0, 1, 2, 4, 5):
+        assert q[row].float().abs().max().item() == 448.0  # each row uses the full range
+        # e4m3 keeps 3 mantissa bits: relative rounding error at most 2**-4 of the value.
+        err = (q[row].float() * s[row] - x[row]).abs()
+        assert (err <= x[row].abs() * 2 ** -4 + s[row] * 2 ** -9).all()
+
+
+def test_unknown_quantization_is_a_clear_error(llama_dir):
+    with pytest.raises(ValueError, match=r"^quantization must be one of fp8; got 'int4'\.$"):
+        EngineArgs(model=llama_dir, quantization="int4")
+    args = EngineArgs.from_strings({"model": llama_dir, "quantization": "none"})
+    assert args.quantization is None
