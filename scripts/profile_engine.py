@@ -127,6 +127,9 @@ def main() -> None:
         "phase_ms_total": {k: sum(v) * 1000 for k, v in times.items()},
         "engine_args": values,
         **gpu,
+        # the slowest steps: (index, batched tokens, decodes, ms)
+        "slowest_steps": sorted(([i, n, d, round(t * 1000, 2)] for i, (n, d, t) in enumerate(steps)),
+                                key=lambda r: -r[3])[:12],
     }
     print(json.dumps(summary, indent=1))
     if a.json:
