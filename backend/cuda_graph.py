@@ -76,6 +76,12 @@ class DecodeGraphs:
                         out = self.model(self.input_ids[:bs], self.positions[:bs])
                 pool = graph.pool()
                 self.graphs[(bucket, bs)] = (graph, out)
+        # A graph's first launch uploads it to the device (milliseconds for hundreds of nodes):
+        # do it now, not on a request's first token. Slot -1 and context 0 make it a no-op.
+        self.slot_mapping.fill_(-1)
+        self.context_lens.zero_()
+        for graph, _ in self.graphs.values():
+            graph.replay()
         torch.cuda.synchronize()
         logger.info("captured decode CUDA graphs for batch sizes %s, contexts up to %s",
                     self.sizes, self.buckets)

@@ -85,6 +85,8 @@ class ModelRunner:
                                     self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        if self.device.type == "cuda":
+            self._compile_step_variants()
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and not args.enforce_eager:
             self.graphs = DecodeGraphs(self.model, args.max_num_seqs,
@@ -147,6 +149,39 @@ class ModelRunner:
                              f"(weights and activations peak at {peak / 2**30:.2f} GiB of "
                              f"{total / 2**30:.2f} GiB); raise it or lower max_num_batched_tokens.")
         return num_blocks
+
+    @torch.inference_mode()
+    def _compile_step_variants(self) -> None:
+        """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
+        tiles, with or without a KV split; prefill: 16/32/64-row tiles) once now, so Triton
+        compiles them at startup and not in the middle of serving (seconds each, first time on
+        a machine). Writes only scratch KV: no block holds cached data yet."""
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        full_batch = min(-(-sms // self.num_kv_heads), self.args.max_num_seqs)
+        short, long_ = 16, min(1024, self.max_model_len)
+        # (decodes, their context length, prompt-chunk tokens alongside)
+        cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
+        cases += [(1, short, n) for n in (16, 32, 64) if n <= self.max_model_len]
+        next_block = 0
+
+        def fake(n: int) -> Sequence:
+            nonlocal next_block
+            s = Sequence("warm-up", [0] * n, n, _PROFILE_PARAMS)
+            blocks = -(-n // self.block_size)
+            s.block_table = [(next_block + i) % self.num_blocks for i in range(blocks)]
+            next_block += blocks
+            return s
+
+        for decodes, context, chunk in cases:
+            items = []
+            for _ in range(decodes):
+                s = fake(context)
+                s.num_computed_tokens = context - 1
+                items.append(ScheduledSequence(s, 1))
+            if chunk:
+                items.append(ScheduledSequence(fake(chunk), chunk))
+            self._forward_eager(prepare_batch(items, self.block_size))
+        torch.cuda.synchronize()
 
     # ---- one step -----------------------------------------------------------------------------
     def _forward_eager(self, batch, fill=None) -> torch.Tensor:

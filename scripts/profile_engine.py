@@ -85,6 +85,18 @@ def main() -> None:
     engine.add_request("warm", [rng.randrange(100, 500) for _ in range(a.input_len)], params)
     while engine.has_unfinished_requests():
         engine.step()
+    # time to first token of a lone request, a few times (a first-use cost shows as an outlier)
+    ttft_ms = []
+    for i in range(3):
+        engine.add_request(f"ttft{i}", [rng.randrange(100, 500) for _ in range(a.input_len)],
+                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        s = time.perf_counter()
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.outputs and out.outputs[0].token_ids:
+                    first = (time.perf_counter() - s) * 1000
+        ttft_ms.append(round(first, 2))
     times.clear()
     events.clear()
     for i in range(a.num_requests):
@@ -128,6 +140,7 @@ def main() -> None:
         "engine_args": values,
         **gpu,
         # the slowest steps: (index, batched tokens, decodes, ms)
+        "lone_request_ttft_ms": ttft_ms,
         "slowest_steps": sorted(([i, n, d, round(t * 1000, 2)] for i, (n, d, t) in enumerate(steps)),
                                 key=lambda r: -r[3])[:12],
     }
