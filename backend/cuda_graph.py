@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .forward_context import AttentionMetadata, set_attention_metadata
-from .input_batch import PreparedBatch
+from .input_batch import TABLE_WIDTH_MULTIPLE, PreparedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_num_seqs)
         self.max_bs = self.sizes[-1]
         self.max_model_len = max_model_len
-        n, w = self.max_bs, max_blocks_per_seq
+        n, w = self.max_bs, -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
         # input ids, positions, slot mapping, context lengths: one buffer, one copy per step
         self.vectors = torch.zeros(4, n, dtype=torch.int64, device=device)
         self.input_ids, self.positions, self.slot_mapping = self.vectors[0], self.vectors[1], self.vectors[2]

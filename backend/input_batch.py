@@ -56,8 +56,15 @@ class PreparedBatch:
             decode_max_context_len=int(self.decode_context_lens.max()) if nd else None)
 
 
+# Block-table widths are padded to a multiple of 16: the attention kernels take the row stride
+# as an argument, and Triton compiles one variant for strides divisible by 16 and another for
+# the rest, so an unpadded width would compile a new variant mid-serving (seconds).
+TABLE_WIDTH_MULTIPLE = 16
+
+
 def _block_table_matrix(items: list[ScheduledSequence]) -> np.ndarray:
     width = max(len(it.seq.block_table) for it in items)
+    width = -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
     table = np.zeros((len(items), width), dtype=np.int32)
     for i, it in enumerate(items):
         bt = it.seq.block_table
