@@ -1,12 +1,25 @@
-"""Tritium engine: paged KV cache, prefix caching, continuous batching (vLLM's design)."""
+"""Tritium engine: paged KV cache, prefix caching, continuous batching (vLLM's design).
+
+The names that need torch (LLM, LLMEngine, StreamingEngine) load on first use, so the Triton stub,
+which only talks to the engine's own process (EngineProcess), never imports torch.
+"""
+from importlib import import_module
+from typing import Any
+
 from .config import EngineArgs
 from .engine_process import EngineProcess
-from .llm import LLM
-from .llm_engine import LLMEngine
+from .errors import EngineShutdownError
 from .metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
-from .streaming_engine import EngineShutdownError, StreamingEngine
+
+_LAZY = {"LLM": "llm", "LLMEngine": "llm_engine", "StreamingEngine": "streaming_engine"}
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineProcess", "EngineArgs", "EngineStats", "SamplingParams",
            "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

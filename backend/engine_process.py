@@ -24,7 +24,7 @@ from .input_processor import InputProcessor
 from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
-from .streaming_engine import EngineShutdownError, OutputCallback
+from .errors import EngineShutdownError, OutputCallback
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from .config import EngineArgs
+from .errors import EngineShutdownError, OutputCallback
 from .llm_engine import LLMEngine
 from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
@@ -19,11 +20,6 @@ from .request import Request
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-OutputCallback = Callable[[RequestOutput], None]
-
-
-class EngineShutdownError(RuntimeError):
-    """A request arrived after `shutdown()` (a server maps it to "unavailable")."""
 
 
 class StreamingEngine:

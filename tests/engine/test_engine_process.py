@@ -86,3 +86,18 @@ def test_shutdown_and_a_dead_child_end_every_request(llama_dir):
 def test_engine_errors_at_start_reach_the_caller(llama_dir):
     with pytest.raises(ValueError, match="max_model_len=100000 is larger than the model's"):
         EngineProcess(EngineArgs(model=llama_dir, max_model_len=100000))
+
+
+def test_the_stub_side_of_the_engine_does_not_import_torch():
+    """The Triton stub imports these to talk to the engine's process; torch (seconds and
+    hundreds of MB per model load) belongs to that process only."""
+    import subprocess
+    import sys
+    code = ("import sys; import backend, backend.engine_process, backend.triton_request, "
+            "backend.triton_metrics, backend.triton_config, backend.request; "
+            "from backend import EngineProcess, EngineShutdownError, SamplingParams; "
+            "print(sorted(m for m in ('torch', 'triton', 'kernels') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -61,7 +61,7 @@ class _InFlight:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        from backend import EngineProcess, StreamingEngine, triton_metrics, triton_request
+        from backend import EngineProcess, triton_metrics, triton_request
         from backend.triton_config import engine_args_from_model_config
 
         config = json.loads(args["model_config"])
@@ -75,7 +75,11 @@ class TritonPythonModel:
         # The engine runs in a process of its own unless TRITIUM_ENGINE_PROCESS=0: this stub's
         # threads (sending responses above all) would otherwise take GIL time from its steps.
         separate = os.environ.get("TRITIUM_ENGINE_PROCESS", "1") != "0"
-        self._engine = (EngineProcess if separate else StreamingEngine)(engine_args)
+        if separate:
+            self._engine = EngineProcess(engine_args)
+        else:
+            from backend import StreamingEngine  # imports torch into this process
+            self._engine = StreamingEngine(engine_args)
         self._max_n = self._engine.engine_args.max_num_seqs
         self._ids = itertools.count()
         self._lock = threading.Lock()
