@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from multiprocessing.connection import Connection
 
 from .config import EngineArgs
@@ -41,15 +42,29 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
 
     threading.Thread(target=read_commands, name="tritium-core-rx", daemon=True).start()
 
+    # Where the loop's time goes, logged at exit: time blocked in conn.send means the parent
+    # reads outputs slower than the engine makes them (the socket buffer is full).
+    timing = {"steps": 0, "step_s": 0.0, "send_s": 0.0, "sends": 0, "outputs": 0}
+
     def send_outputs(outputs: list[RequestOutput]) -> None:
         if outputs:
+            start = time.perf_counter()
             conn.send(("out", [pack_output(o) for o in outputs]))
+            timing["send_s"] += time.perf_counter() - start
+            timing["sends"] += 1
+            timing["outputs"] += len(outputs)
 
     while True:
         if not _apply_commands(engine, inbox, conn, send_outputs, block=not engine.has_unfinished_requests()):
             break
         if engine.has_unfinished_requests():
+            start = time.perf_counter()
             send_outputs(engine.step(send_outputs))
+            timing["step_s"] += time.perf_counter() - start
+            timing["steps"] += 1
+    logger.info("engine process: %d steps in %.2f s, of which %.2f s packing and sending %d outputs "
+                "in %d messages", timing["steps"], timing["step_s"], timing["send_s"],
+                timing["outputs"], timing["sends"])
     send_outputs([o for rid in list(engine.requests)
                   if (o := engine.abort_request(rid, error="The engine is shutting down.")) is not None])
     try:
