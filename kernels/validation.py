@@ -77,15 +77,21 @@ def check_out(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: t
 
 # ---- one function per public op: returns the sizes the op needs -------------------------------
 
+def _check_cache_pair(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, ref_name: str,
+                      ref: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    """k_cache and v_cache: same [num_blocks, block_size, Hkv, D] shape, contiguous, in ref's dtype."""
+    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes)
+    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
+    check_same_dtype(op, "k_cache", k_cache, ref_name, ref)
+    check_same_dtype(op, "v_cache", v_cache, ref_name, ref)
+    check_contiguous(op, "k_cache", k_cache)
+    check_contiguous(op, "v_cache", v_cache)
+
+
 def check_kv_cache(op: str, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    dtypes: tuple[torch.dtype, ...]) -> tuple[int, int, int]:
     """Caches [num_blocks, block_size, Hkv, D] matching query [..., Hq, D]; returns (block_size, Hkv, D)."""
-    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes)
-    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
-    check_same_dtype(op, "k_cache", k_cache, "query", query)
-    check_same_dtype(op, "v_cache", v_cache, "query", query)
-    check_contiguous(op, "k_cache", k_cache)
-    check_contiguous(op, "v_cache", v_cache)
+    _check_cache_pair(op, k_cache, v_cache, "query", query, dtypes)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if block_size & (block_size - 1) or block_size == 0:
         fail(op, f"block_size (k_cache.shape[1]) must be a power of two, got {block_size}")
@@ -144,12 +150,7 @@ def check_store_kv(op: str, key, value, k_cache, v_cache, slot_mapping,
     check_same_dtype(op, "value", value, "key", key)
     check_last_dim_contiguous(op, "key", key)
     check_last_dim_contiguous(op, "value", value)
-    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes)
-    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
-    check_same_dtype(op, "k_cache", k_cache, "key", key)
-    check_same_dtype(op, "v_cache", v_cache, "key", key)
-    check_contiguous(op, "k_cache", k_cache)
-    check_contiguous(op, "v_cache", v_cache)
+    _check_cache_pair(op, k_cache, v_cache, "key", key, dtypes)
     if tuple(key.shape[1:]) != tuple(k_cache.shape[2:]):
         fail(op, f"key [T, Hkv, D] has (Hkv, D) = {tuple(key.shape[1:])} but k_cache has "
                  f"{tuple(k_cache.shape[2:])}")
