@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 
@@ -101,3 +102,16 @@ def test_the_stub_side_of_the_engine_does_not_import_torch():
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_engine_process_logs_its_step_and_send_time_at_exit(llama_dir, capfd):
+    eng = EngineProcess(EngineArgs(model=llama_dir, max_model_len=128))
+    c = Collector()
+    eng.add_request("t", [0, 1], SamplingParams(max_tokens=4, ignore_eos=True), c)
+    assert c.done.wait(60)
+    eng.shutdown()
+    err = capfd.readouterr().err
+    line = next(x for x in err.splitlines() if "engine process:" in x)
+    steps, outputs = re.search(r"engine process: (\d+) steps in [\d.]+ s, of which [\d.]+ s packing "
+                               r"and sending (\d+) outputs in \d+ messages", line).groups()
+    assert int(steps) >= 4 and int(outputs) >= 4
