@@ -10,7 +10,7 @@ from typing import Any
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
-_QUANTIZATIONS = ("fp8",)
+QUANTIZATIONS = ("fp8",)
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
@@ -74,7 +74,7 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
         if self.quantization is not None:
-            _choice("quantization", self.quantization, _QUANTIZATIONS)
+            _choice("quantization", self.quantization, QUANTIZATIONS)
         if isinstance(self.long_prefill_token_threshold, bool) or not isinstance(
                 self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "

@@ -14,11 +14,9 @@ import triton.language as tl
 
 from . import validation
 from ._launch import check_runnable, next_pow2
+from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 OP = "quantize_fp8_per_token"
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3fn value
-MIN_SCALE = 1e-12  # an all-zero row still gets a finite, nonzero scale
 
 
 @triton.jit
@@ -54,6 +52,6 @@ def quantize_fp8_per_token(x: torch.Tensor, *, block: int = 2048,
     if rows == 0:
         return q, scale
     _quantize_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0),
-                              FP8_MAX_C=FP8_MAX, MIN_SCALE_C=MIN_SCALE,
+                              FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
                               BLOCK=min(block, next_pow2(cols)), num_warps=num_warps)
     return q, scale

@@ -151,14 +151,17 @@ def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return out
 
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn value (kernels/quant.py)
+# FP8 (e4m3) activation quantization, shared with kernels/quant.py and backend/layers/quantization.py.
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn value
+FP8_MIN_SCALE = 1e-12  # an all-zero row still gets a finite, nonzero scale
 
 
 def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] -> (q float8_e4m3fn [T, K], scale float32 [T, 1]); x ~= q * scale."""
     v.check_quantize("quantize_fp8_per_token", x, v.REFERENCE_DTYPES)
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
     # Multiply by the reciprocal, as the kernel does, so both round the same values.
-    q = (xf * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q = (xf * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale

@@ -11,12 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .linear import LinearBase, LinearMethod
-from . import ops
+from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
-QUANTIZATIONS = ("fp8",)
+from ..config import QUANTIZATIONS
+from . import ops
+from .linear import LinearBase, LinearMethod
 
 
 def check_fp8_supported(device: torch.device) -> None:
@@ -35,7 +34,7 @@ class Fp8LinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
         w = layer.weight.data
-        scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)  # [N]
+        scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp(min=FP8_MIN_SCALE)  # [N]
         q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale.view(1, -1), requires_grad=False)
