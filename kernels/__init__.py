@@ -16,7 +16,7 @@ from importlib import import_module
 import torch
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
-           "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token"]
+           "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "greedy_sample"]
 
 
 def _impl(module: str, name: str):
@@ -60,3 +60,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, **options) ->
 
 def quantize_fp8_per_token(x: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor]:
     return _impl("quant", "quantize_fp8_per_token")(x, **options)
+
+
+def greedy_sample(logits: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    return _impl("sampling", "greedy_sample")(logits, **options)

@@ -165,3 +165,13 @@ def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     # Multiply by the reciprocal, as the kernel does, so both round the same values.
     q = (xf * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
+
+
+def greedy_sample_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, V] -> (first argmax per row int64 [R], its log-softmax value [R], float32;
+    float64 for float64 logits)."""
+    v.check_greedy_sample("greedy_sample", logits, v.REFERENCE_DTYPES)
+    lf = logits.to(_compute_dtype(logits.dtype))
+    token_ids = lf.argmax(dim=-1)
+    logprobs = torch.log_softmax(lf, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
+    return token_ids, logprobs

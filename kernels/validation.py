@@ -239,3 +239,10 @@ def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
 def check_quantize(op: str, x, dtypes: tuple[torch.dtype, ...]) -> None:
     check_tensor(op, "x", x, "[T, K]", dtypes)
     check_last_dim_contiguous(op, "x", x)
+
+
+def check_greedy_sample(op: str, logits, dtypes: tuple[torch.dtype, ...]) -> None:
+    check_tensor(op, "logits", logits, "[R, V]", dtypes)
+    check_last_dim_contiguous(op, "logits", logits)
+    if logits.shape[1] == 0:
+        fail(op, f"logits must have at least one column, got shape {tuple(logits.shape)}")

@@ -50,3 +50,8 @@ def silu_and_mul(x):
 def quantize_fp8_per_token(x):
     fn = kernels.quantize_fp8_per_token if _on_gpu(x) else reference.quantize_fp8_per_token_ref
     return fn(x)
+
+
+def greedy_sample(logits):
+    fn = kernels.greedy_sample if _on_gpu(logits) else reference.greedy_sample_ref
+    return fn(logits)

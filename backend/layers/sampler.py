@@ -17,6 +17,8 @@ from typing import Any, Sequence as Seq
 
 import torch
 
+from . import ops
+
 
 @dataclass
 class SamplerOutput:
@@ -94,6 +96,9 @@ class Sampler:
                  md: SamplingMetadata | None = None) -> SamplerOutput:
         if md is None:
             md = self.prepare(rows, logits.shape[1], logits.device)
+        if md.all_greedy and not md.want_logprobs and not (md.repetition or md.frequency or md.min_tokens):
+            # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py).
+            return SamplerOutput(*ops.greedy_sample(logits))
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._apply_penalties(logits, md)

@@ -154,3 +154,25 @@ def test_n_greedy_samples_are_identical_and_match_single(llama_dir):
     one = llm.generate([[0, 3, 5]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     many = llm.generate([[0, 3, 5]], SamplingParams(n=3, temperature=0, max_tokens=8, ignore_eos=True))[0]
     assert [o.token_ids for o in many.outputs] == [one.outputs[0].token_ids] * 3
+
+
+def test_greedy_fast_path_matches_the_general_path(monkeypatch):
+    """All-greedy batches take ops.greedy_sample (one pass); the same rows in a batch that also
+    asks for logprobs take the log-softmax path. Both give the same tokens and logprobs."""
+    from backend.layers import ops
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 300, generator=g) * 3
+    logits[2, [7, 250]] = 40.0  # a tie: the first index wins on both paths
+    greedy = SamplingParams(temperature=0)
+    calls = []
+    real = ops.greedy_sample
+    monkeypatch.setattr(ops, "greedy_sample", lambda x: calls.append(x.shape) or real(x))
+    fast = Sampler()(logits.clone(), [row(greedy) for _ in range(6)])
+    assert calls == [(6, 300)]
+    general = Sampler()(torch.cat([logits, logits[:1]]),
+                        [row(greedy) for _ in range(6)] + [row(SamplingParams(temperature=0, logprobs=2))])
+    assert calls == [(6, 300)]  # logprobs requested: the general path
+    assert fast.token_ids.tolist() == general.token_ids[:6].tolist() == logits.argmax(-1).tolist()
+    assert fast.token_ids[2].item() == 7
+    torch.testing.assert_close(fast.logprobs, general.logprobs[:6], rtol=0, atol=1e-6)
+    assert fast.ranks is None and fast.top_logprobs is None

@@ -75,6 +75,7 @@ def cases():
                                                      torch.zeros(16, dtype=torch.int64), e(64, 128))
     yield "silu_and_mul", lambda: kernels.silu_and_mul(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token(e(16, 14336, dtype=torch.bfloat16))
+    yield "greedy_sample", lambda: kernels.greedy_sample(e(256, 128256, dtype=torch.bfloat16))
     kv = e(16, 8, 128, dtype=torch.bfloat16)
     yield "store_kv_cache", lambda: kernels.store_kv_cache(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),
@@ -86,7 +87,7 @@ def main() -> None:
     JITFunction.run = _record
     import kernels._launch as launch
     for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store",
-                   "quant"):
+                   "quant", "sampling"):
         __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
     for label, call in cases():
         launches.clear()
