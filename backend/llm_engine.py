@@ -250,16 +250,16 @@ class LLMEngine:
             if finished:
                 self.requests.pop(req.request_id, None)
                 self._record_finished(req)
-            outputs.append(req.make_delta_output())
+            outputs.append(req.make_delta_output(finished))
         return outputs
 
     def _detokenize(self, seq: Sequence) -> None:
         p = seq.params
-        known = seq.num_output_tokens - seq.num_unresolved
+        token_ids, first = seq.token_ids, seq.num_prompt_tokens
+        known = len(token_ids) - first - seq.num_unresolved
         limit = known if seq.num_text_tokens is None else min(known, seq.num_text_tokens)
-        out_ids = seq.token_ids[seq.num_prompt_tokens:]
         while seq.num_detokenized < limit:
-            delta = seq.detokenizer.add_token(out_ids[seq.num_detokenized])
+            delta = seq.detokenizer.add_token(token_ids[first + seq.num_detokenized])
             seq.num_detokenized += 1
             if not delta:
                 continue

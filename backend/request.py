@@ -20,34 +20,46 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return bool(self.seqs) and all(s.output_finished for s in self.seqs)
+        seqs = self.seqs
+        if len(seqs) == 1:
+            return seqs[0].output_finished
+        return bool(seqs) and all(s.output_finished for s in seqs)
 
-    def make_delta_output(self) -> RequestOutput:
+    def make_delta_output(self, finished: bool | None = None) -> RequestOutput:
         """What is new since the previous call, per sample. Text that could be the start of a
-        stop string is held back until it is known not to be one."""
+        stop string is held back until it is known not to be one. `finished` saves recomputing
+        `self.finished` when the caller has it."""
+        if finished is None:
+            finished = self.finished
+        seqs = self.seqs if len(self.seqs) == 1 else sorted(self.seqs, key=_sample_index)
         completions = []
-        for seq in sorted(self.seqs, key=lambda s: s.index):
+        for seq in seqs:
             text_end = len(seq.output_text)
             done = seq.output_finished
-            if not done and seq.params.stop:
-                text_end -= partial_stop_suffix_len(seq.output_text, seq.params.stop)
-            text = seq.output_text[seq.num_text_emitted:text_end]
-            seq.num_text_emitted = max(seq.num_text_emitted, text_end)
-            known = seq.num_tokens - seq.num_unresolved
-            new_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_tokens_emitted:known]
+            params = seq.params
+            if not done and params.stop:
+                text_end -= partial_stop_suffix_len(seq.output_text, params.stop)
+            emitted = seq.num_text_emitted
+            text = seq.output_text[emitted:text_end] if text_end > emitted else ""
+            if text_end > emitted:
+                seq.num_text_emitted = text_end
+            start = seq.num_prompt_tokens + seq.num_tokens_emitted
+            known = len(seq.token_ids) - seq.num_unresolved
+            new_ids = seq.token_ids[start:known]
             seq.num_tokens_emitted += len(new_ids)
             logprobs = None
-            if seq.params.logprobs is not None:
+            if params.logprobs is not None:
                 logprobs = seq.output_logprobs[seq.num_logprobs_emitted:]
                 seq.num_logprobs_emitted = len(seq.output_logprobs)
             completions.append(CompletionOutput(
-                index=seq.index, text=text, token_ids=new_ids,
-                cumulative_logprob=seq.cumulative_logprob, logprobs=logprobs,
-                finish_reason=seq.finish_reason if done else None,
-                stop_reason=seq.stop_reason if done else None))
+                seq.index, text, new_ids, seq.cumulative_logprob, logprobs,
+                seq.finish_reason if done else None, seq.stop_reason if done else None))
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
-                             finished=self.finished, num_cached_tokens=self.seqs[0].num_cached_tokens,
-                             error=self.error, metrics=self.metrics)
+                             finished, seqs[0].num_cached_tokens, self.error, self.metrics)
+
+
+def _sample_index(seq: Sequence) -> int:
+    return seq.index
 
 
 def accumulate(total: RequestOutput | None, delta: RequestOutput) -> RequestOutput:

@@ -52,38 +52,37 @@ class IncrementalDetokenizer:
         self._rust = getattr(tokenizer, "_tokenizer", None)
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
-        context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
-        self._ids = context  # a window: [prefix_offset:] of everything seen
-        self._prefix_offset = 0  # start of the decoded window
-        self._read_offset = len(context)  # tokens before this are already emitted
-        self._prefix_text = self._decode(self._ids)  # cached decode of [prefix, read)
+        # A window of token ids: decoding it whole keeps spaces and multi-byte characters that a
+        # decode of the newest token alone would lose. Tokens before _read_offset are emitted.
+        self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        self._read_offset = len(self._ids)
+        self._prefix_text = self._decode(self._ids)  # cached decode of the emitted part
 
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
         if self._rust is not None:
-            return self._rust.decode(ids, skip_special_tokens=self.skip_special_tokens)
+            return self._rust.decode(ids, self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      spaces_between_special_tokens=self.spaces_between_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
     def add_token(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        new_text = self._decode(self._ids[self._prefix_offset:])
-        if len(new_text) <= len(self._prefix_text) or new_text.endswith("\ufffd"):
+        ids = self._ids
+        ids.append(token_id)
+        new_text = self._decode(ids)
+        prefix_len = len(self._prefix_text)
+        if len(new_text) <= prefix_len or new_text[-1] == "\ufffd":
             return ""  # nothing printable yet (special token skipped, or a partial character)
-        delta = new_text[len(self._prefix_text):]
         # Slide the window: the next decode starts at the tokens just emitted.
-        drop = self._read_offset
-        self._ids = self._ids[drop:]
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
-        return delta
+        del ids[:self._read_offset]
+        self._read_offset = len(ids)
+        self._prefix_text = self._decode(ids)
+        return new_text[prefix_len:]
 
     def flush(self) -> str:
         """Text still held back (an incomplete character at the very end), as the full decode has it."""
-        new_text = self._decode(self._ids[self._prefix_offset:])
+        new_text = self._decode(self._ids)
         delta = new_text[len(self._prefix_text):] if len(new_text) > len(self._prefix_text) else ""
         self._ids = []
         self._prefix_text = ""
