@@ -22,6 +22,50 @@ from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 from backend import model_runner  # noqa: E402
 
 
+def _lone_ttft(engine, rng, input_len: int, tag: str) -> list[float]:
+    ttft_ms = []
+    for i in range(3):
+        engine.add_request(f"ttft-{tag}{i}", [rng.randrange(100, 500) for _ in range(input_len)],
+                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        s = time.perf_counter()
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.outputs and out.outputs[0].token_ids:
+                    first = (time.perf_counter() - s) * 1000
+        ttft_ms.append(round(first, 2))
+    return ttft_ms
+
+
+def _watch_triton_compiles() -> dict:
+    """Record (step, kernel name) whenever Triton compiles a kernel (or loads it from its disk
+    cache): a compile inside the timed run is a stall that serving would see too."""
+    state = {"step": -1, "seen": []}
+    try:
+        import triton
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return state
+
+    def hook(*args, **kwargs):
+        # repr names the kernel, its launch options and each argument's specialization
+        state["seen"].append([state["step"], str(kwargs.get("repr", args[1] if len(args) > 1 else ""))[:600]])
+        return False  # go on and compile
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs.runtime, "jit_cache_hook"):
+        knobs.runtime.jit_cache_hook = hook
+    else:
+        JITFunction.cache_hook = hook
+    return state
+
+
+def _alloc_retries(torch) -> int:
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -86,19 +130,11 @@ def main() -> None:
     while engine.has_unfinished_requests():
         engine.step()
     # time to first token of a lone request, a few times (a first-use cost shows as an outlier)
-    ttft_ms = []
-    for i in range(3):
-        engine.add_request(f"ttft{i}", [rng.randrange(100, 500) for _ in range(a.input_len)],
-                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-        s = time.perf_counter()
-        first = None
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if first is None and out.outputs and out.outputs[0].token_ids:
-                    first = (time.perf_counter() - s) * 1000
-        ttft_ms.append(round(first, 2))
+    ttft_ms = _lone_ttft(engine, rng, a.input_len, "before")
     times.clear()
     events.clear()
+    compiles = _watch_triton_compiles()
+    retries_before = _alloc_retries(torch)
     for i in range(a.num_requests):
         engine.add_request(str(i), [rng.randrange(100, 500) for _ in range(a.input_len)], params)
     steps = []
@@ -107,9 +143,11 @@ def main() -> None:
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         s = time.perf_counter()
+        compiles["step"] = len(steps)
         engine.step()
         steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
     wall = time.perf_counter() - start
+    ttft_after = _lone_ttft(engine, rng, a.input_len, "after")  # the same, with a full cache
     tokens = a.num_requests * a.output_len
     dec = [t for n, d, t in steps if n == d and d >= a.num_requests * 0.9]
     big = [(n, t) for n, d, t in steps if n - d >= 1024]
@@ -123,6 +161,7 @@ def main() -> None:
             busy[phase] += before.elapsed_time(after)
             if i + 1 < len(events):  # > 0 only when the device waited for the host's next launch
                 idle[phase] += max(0.0, after.elapsed_time(events[i + 1][0]))
+        step_gpu_ms = [round(b.elapsed_time(e), 2) for b, e, _ in events]
         gpu = {"gpu_span_ms": events[0][0].elapsed_time(events[-1][1]),
                "gpu_busy_ms": busy, "gpu_idle_after_step_ms": idle,
                "steps_by_phase": {"prefill": sum(1 for e in events if e[2]),
@@ -139,11 +178,20 @@ def main() -> None:
         "phase_ms_total": {k: sum(v) * 1000 for k, v in times.items()},
         "engine_args": values,
         **gpu,
-        # the slowest steps: (index, batched tokens, decodes, ms)
         "lone_request_ttft_ms": ttft_ms,
+        "lone_request_ttft_after_run_ms": ttft_after,
+        # Triton compiles (or loads from its disk cache) during the timed run: (step, kernel)
+        "triton_compiles_in_run": compiles["seen"],
+        "allocator_retries_in_run": _alloc_retries(torch) - retries_before,
+        # the slowest steps: (index, batched tokens, decodes, host ms, GPU ms between the
+        # launch's first and last event; the eager launch of a prefill step is GPU-bound)
         "slowest_steps": sorted(([i, n, d, round(t * 1000, 2)] for i, (n, d, t) in enumerate(steps)),
                                 key=lambda r: -r[3])[:12],
     }
+    if gpu:
+        # steps that launch a forward have events; map them by order (decode-only steps too)
+        for row in summary["slowest_steps"]:
+            row.append(step_gpu_ms[row[0]] if row[0] < len(step_gpu_ms) else None)
     print(json.dumps(summary, indent=1))
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
