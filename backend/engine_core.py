@@ -2,6 +2,7 @@
 outputs per step, sent while the step's successor runs on the device."""
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -19,10 +20,13 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
     from .engine_process import pack_output
 
     try:
-        engine = LLMEngine(args)
+        engine = LLMEngine(args, detokenize=False)  # the parent detokenizes (OutputDetokenizer)
     except Exception as exc:  # the parent raises it to whoever built the engine
         conn.send(("error", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
         return 1
+    # The engine's objects live as long as the process: a full collection need not walk them.
+    gc.collect()
+    gc.freeze()
     conn.send(("ready", {"engine_args": engine.args, "vocab_size": engine.vocab_size,
                          "kv_capacity_tokens": engine.input_processor.kv_capacity_tokens,
                          "eos_token_ids": engine.eos_token_ids}))

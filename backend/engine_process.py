@@ -25,7 +25,7 @@ from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .errors import EngineShutdownError, OutputCallback
-from .tokenizer import load_tokenizer
+from .tokenizer import IncrementalDetokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,6 +46,34 @@ def pack_output(out: RequestOutput) -> tuple:
     return (out.request_id, out.finished, out.error, out.num_cached_tokens,
             [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
               c.stop_reason) for c in out.outputs])
+
+
+class OutputDetokenizer:
+    """Text for one request's outputs, made in the parent from the token ids the engine process
+    sends (it detokenizes only requests with stop strings): the step loop does not wait for it.
+    Same rules as the engine's own detokenization: a token that stops the sequence has no text,
+    and what an incomplete character held back comes out with the final output."""
+
+    def __init__(self, tokenizer, req) -> None:
+        self._tokenizer = tokenizer
+        self._req = req
+        self._samples: dict[int, IncrementalDetokenizer] = {}
+
+    def fill(self, outputs: list[CompletionOutput]) -> None:
+        for c in outputs:
+            det = self._samples.get(c.index)
+            if det is None:
+                p = self._req.params
+                det = self._samples[c.index] = IncrementalDetokenizer(
+                    self._tokenizer, self._req.prompt_token_ids, p.skip_special_tokens,
+                    p.spaces_between_special_tokens)
+            ids = c.token_ids
+            if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and ids:
+                ids = ids[:-1]  # the stop token
+            text = "".join([det.add_token(t) for t in ids])
+            if c.finish_reason is not None:
+                text += det.flush()
+            c.text = text
 
 
 class EngineProcess:
@@ -71,12 +99,16 @@ class EngineProcess:
             raise ValueError(payload)
         self.engine_args: EngineArgs = payload["engine_args"]
         self.tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
+        # The receiver thread's own copy, for output text: a Rust tokenizer borrowed by two
+        # threads at once (an encode that releases the GIL, a decode) raises "Already borrowed".
+        self._output_tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
         self._processor = InputProcessor(self.tokenizer, payload["vocab_size"],
                                          self.engine_args.max_model_len, payload["kv_capacity_tokens"],
                                          self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
                                          payload["eos_token_ids"])
         self._lock = threading.Lock()
-        self._requests: dict[str, tuple[Any, OutputCallback]] = {}  # id -> (request, callback)
+        # id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
+        self._requests: dict[str, tuple[Any, OutputCallback, OutputDetokenizer | None]] = {}
         self._stopped = False
         self._stats: EngineStats | None = None
         self._stats_ready = threading.Condition(self._lock)
@@ -92,7 +124,8 @@ class EngineProcess:
                 raise EngineShutdownError("The engine is shut down.")
             if request_id in self._requests:
                 raise ValueError(f"Request id {request_id!r} is already in use.")
-            self._requests[request_id] = (req, on_output)
+            detok = None if req.params.stop else OutputDetokenizer(self._output_tokenizer, req)
+            self._requests[request_id] = (req, on_output, detok)
         self._send(("add", req))
 
     def abort(self, request_id: str) -> None:
@@ -156,9 +189,11 @@ class EngineProcess:
             entry = self._requests.pop(request_id, None) if finished else self._requests.get(request_id)
         if entry is None:
             return
-        req, callback = entry
-        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
-                            [CompletionOutput(*c) for c in completions], finished,
+        req, callback, detok = entry
+        completions = [CompletionOutput(*c) for c in completions]
+        if detok is not None:
+            detok.fill(completions)
+        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
                             num_cached_tokens=num_cached, error=error, metrics=req.metrics)
         try:
             callback(out)
@@ -170,7 +205,7 @@ class EngineProcess:
             self._stopped = True
             entries, self._requests = list(self._requests.items()), {}
             self._stats_ready.notify_all()
-        for request_id, (req, callback) in entries:
+        for request_id, (req, callback, _) in entries:
             out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
                                 [CompletionOutput(0, "", [], None, None, "abort")], True,
                                 error=message, metrics=req.metrics)

@@ -23,9 +23,15 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 class LLMEngine:
-    """Synchronous engine. Not thread-safe: `StreamingEngine` drives it from one thread."""
+    """Synchronous engine. Not thread-safe: `StreamingEngine` drives it from one thread.
 
-    def __init__(self, args: EngineArgs) -> None:
+    With `detokenize=False` the outputs of requests without stop strings carry token ids and no
+    text: the engine process's parent turns them into text (`engine_process.OutputDetokenizer`),
+    in parallel with the step loop. Requests with stop strings are detokenized here, where
+    finding a stop string can end the sequence."""
+
+    def __init__(self, args: EngineArgs, detokenize: bool = True) -> None:
+        self.detokenize = detokenize
         self.hf_config = load_hf_config(args.model)
         self.tokenizer = load_tokenizer(args.tokenizer or args.model)
         max_pos = int(self.hf_config.get("max_position_embeddings") or 4096)
@@ -85,6 +91,8 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def _attach_detokenizer(self, seq: Sequence, req: Request) -> None:
+        if not self.detokenize and not req.params.stop:
+            return  # text is made by whoever reads the outputs
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
                                                  req.params.skip_special_tokens,
                                                  req.params.spaces_between_special_tokens)
@@ -243,7 +251,8 @@ class LLMEngine:
             if req is None:
                 continue  # aborted meanwhile
             touched[req.request_id] = req
-            self._detokenize(seq)
+            if seq.detokenizer is not None:
+                self._detokenize(seq)
         outputs = []
         for req in touched.values():
             finished = req.finished

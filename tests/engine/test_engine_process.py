@@ -115,3 +115,53 @@ def test_the_engine_process_logs_its_step_and_send_time_at_exit(llama_dir, capfd
     steps, outputs = re.search(r"engine process: (\d+) steps in [\d.]+ s, of which [\d.]+ s packing "
                                r"and sending (\d+) outputs in \d+ messages", line).groups()
     assert int(steps) >= 4 and int(outputs) >= 4
+
+
+def test_text_made_in_the_parent_equals_the_engines(engine, llama_dir):
+    """The engine process sends token ids only (except for requests with stop strings) and the
+    parent detokenizes: text, streamed piece by piece, must equal the in-process engine's, with
+    special tokens kept or skipped, a stop token's text left out, and n samples apart."""
+    llm = LLM(llama_dir, max_model_len=128)
+    prompt = [0, 7, 300, 41, 2]
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    ids = free.outputs[0].token_ids
+    stop_id = ids[6]  # a token this prompt generates: the request ends there with reason "stop"
+    words = free.outputs[0].text
+    stop_str = words[len(words) // 2:len(words) // 2 + 3]
+    cases = {
+        "plain": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+        "specials": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                   skip_special_tokens=False, spaces_between_special_tokens=False),
+        "stop_id": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]),
+        "n2": SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=16, ignore_eos=True),
+        "stop_str": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop_str]),
+    }
+    collectors = {name: Collector() for name in cases}
+    for name, params in cases.items():
+        engine.add_request(f"text-{name}", prompt, params, collectors[name])
+    for name, params in cases.items():
+        ref = llm.generate([prompt], params)[0]
+        c = collectors[name]
+        assert c.done.wait(60) and c.finals == 1, name
+        got = sorted(c.total.outputs, key=lambda o: o.index)
+        assert len(got) == params.n
+        for g, r in zip(got, sorted(ref.outputs, key=lambda o: o.index)):
+            assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == \
+                   (r.token_ids, r.text, r.finish_reason, r.stop_reason), name
+    assert collectors["stop_id"].total.outputs[0].finish_reason == "stop"
+    assert collectors["stop_id"].total.outputs[0].token_ids[-1] == stop_id
+    assert collectors["stop_str"].total.outputs[0].stop_reason == stop_str
+
+
+def test_an_engine_that_leaves_text_to_its_reader(llama_dir):
+    from backend import LLMEngine
+    eng = LLMEngine(EngineArgs(model=llama_dir, max_model_len=128), detokenize=False)
+    eng.add_request("ids", [0, 7, 300], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    eng.add_request("stop", [0, 7, 300], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                                                         stop=["never-generated"]))
+    totals = {}
+    while eng.has_unfinished_requests():
+        for d in eng.step():
+            totals[d.request_id] = accumulate(totals.get(d.request_id), d)
+    assert len(totals["ids"].outputs[0].token_ids) == 8 and totals["ids"].outputs[0].text == ""
+    assert totals["stop"].outputs[0].text != ""  # stop strings need the text in the engine
