@@ -67,8 +67,8 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
             timing["step_s"] += time.perf_counter() - start
             timing["steps"] += 1
     logger.info("engine process: %d steps in %.2f s, of which %.2f s packing and sending %d outputs "
-                "in %d messages", timing["steps"], timing["step_s"], timing["send_s"],
-                timing["outputs"], timing["sends"])
+                "in %d messages and %.2f s waiting for the device", timing["steps"], timing["step_s"],
+                timing["send_s"], timing["outputs"], timing["sends"], engine.device_wait_s)
     send_outputs([o for rid in list(engine.requests)
                   if (o := engine.abort_request(rid, error="The engine is shutting down.")) is not None])
     try:

@@ -62,6 +62,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
         self._inflight = None  # the launched step whose tokens are not yet taken
+        self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
         self.stats = EngineStats()
 
     @property
@@ -202,6 +203,7 @@ class LLMEngine:
         """Wait for a launched step and put its sampled tokens in place of the placeholders."""
         try:
             results = pending.wait()
+            self.device_wait_s += pending.waited_s
         except Exception as exc:
             logger.exception("model step failed")
             self._fail(pending.scheduled, f"internal error while running the model: {exc}", outputs)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,6 +252,7 @@ class PendingStep:
         self.positions: list[int] = []  # where each row's token goes (set by the engine)
         self.scheduled = None
         self.event = None
+        self.waited_s = 0.0  # how long wait() blocked on the device
         self.token_ids = out.token_ids if out is not None else None
         if out is None:
             self.host = None
@@ -273,7 +275,9 @@ class PendingStep:
         if self.host is None:
             return []
         if self.event is not None:
+            start = time.perf_counter()
             self.event.synchronize()
+            self.waited_s = time.perf_counter() - start
         main = self.host[0].tolist()
         token_ids, logprobs = main[0], main[1]
         ranks = main[2] if self.has_ranks else None

@@ -113,7 +113,7 @@ def test_the_engine_process_logs_its_step_and_send_time_at_exit(llama_dir, capfd
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "engine process:" in x)
     steps, outputs = re.search(r"engine process: (\d+) steps in [\d.]+ s, of which [\d.]+ s packing "
-                               r"and sending (\d+) outputs in \d+ messages", line).groups()
+                               r"and sending (\d+) outputs in \d+ messages and [\d.]+ s waiting for the device", line).groups()
     assert int(steps) >= 4 and int(outputs) >= 4
 
 
