@@ -68,12 +68,13 @@ class OutputDetokenizer:
                     self._tokenizer, self._req.prompt_token_ids, p.skip_special_tokens,
                     p.spaces_between_special_tokens)
             ids = c.token_ids
+            if c.finish_reason is None:
+                # The common case, once per token of every stream: keep it lean.
+                c.text = det.add_token(ids[0]) if len(ids) == 1 else "".join([det.add_token(t) for t in ids])
+                continue
             if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and ids:
                 ids = ids[:-1]  # the stop token
-            text = "".join([det.add_token(t) for t in ids])
-            if c.finish_reason is not None:
-                text += det.flush()
-            c.text = text
+            c.text = "".join([det.add_token(t) for t in ids]) + det.flush()
 
 
 class EngineProcess:

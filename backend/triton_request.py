@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from backend.outputs import CompletionOutput, RequestOutput
+from backend.request import accumulate
 from backend.sampling_params import SamplingParams
 
 # Optional BOOL inputs; each may also arrive as a request parameter (the HTTP generate endpoint
@@ -243,12 +244,13 @@ class ResponseBuilder:
             counts = [s.num_tokens for s in self._samples]
             logprobs = [s.logprobs for s in self._samples]
         else:
-            empty = CompletionOutput(0, "", [], None, None)
-            texts = [deltas.get(i, empty).text for i in range(len(self._samples))]
-            counts = [len(deltas.get(i, empty).token_ids) for i in range(len(self._samples))]
-            logprobs = [None if deltas.get(i, empty).logprobs is None
-                        else [_logprob_entry(d) for d in deltas[i].logprobs]
-                        for i in range(len(self._samples))]
+            got = [deltas.get(i, _NO_DELTA) for i in range(len(self._samples))]
+            texts = [c.text for c in got]
+            counts = [len(c.token_ids) for c in got]
+            logprobs = None
+            if r.return_logprobs:
+                logprobs = [None if c.logprobs is None else [_logprob_entry(d) for d in c.logprobs]
+                            for c in got]
         out = {"text_output": _strings(texts)}
         if r.return_finish_reason:
             out["finish_reason"] = _strings([str(s.finish_reason) for s in self._samples])
@@ -263,6 +265,28 @@ class ResponseBuilder:
         if r.return_num_output_tokens:
             out["num_output_tokens"] = np.array(counts, dtype=np.uint32)
         return out
+
+
+def fold_outputs(items: list[tuple[str, RequestOutput]]) -> list[tuple[str, RequestOutput]]:
+    """(request id, delta output) pairs -> one per request, in first-seen order, its deltas
+    folded together: a sender that fell behind sends one response with several tokens. A lone
+    delta passes through as is; folding works on a copy, never on the engine's objects."""
+    merged: dict[str, list] = {}
+    order: list[list] = []
+    for request_id, output in items:
+        entry = merged.get(request_id)
+        if entry is not None and not entry[1].finished:
+            if not entry[2]:
+                entry[1], entry[2] = accumulate(None, entry[1]), True
+            entry[1] = accumulate(entry[1], output)
+        else:
+            entry = [request_id, output, False]  # [id, output, whether output is our copy]
+            merged[request_id] = entry
+            order.append(entry)
+    return [(e[0], e[1]) for e in order]
+
+
+_NO_DELTA = CompletionOutput(0, "", [], None, None)  # a sample with nothing new in this output
 
 
 def _logprob_entry(d: Mapping[int, Any]) -> dict[str, Any]:

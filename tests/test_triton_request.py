@@ -197,3 +197,22 @@ def test_engine_error_is_the_final_response():
 def test_parsed_request_is_plain_data():
     r = parse_request({"text_input": s("x"), "return_logprobs": b(True)})
     assert r == ParsedRequest(prompt="x", sampling_params=SamplingParams(), return_logprobs=True)
+
+
+def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_objects():
+    from backend.outputs import CompletionOutput, RequestOutput
+    from backend.triton_request import fold_outputs
+
+    def delta(rid, text, ids, finished=False):
+        return RequestOutput(rid, None, [1, 2], [CompletionOutput(0, text, ids, -1.0, None,
+                                                                   "length" if finished else None)],
+                             finished)
+
+    a1, b1, a2, a3 = delta("a", "he", [5]), delta("b", "x", [9]), delta("a", "ll", [6]), delta("a", "o", [7], True)
+    folded = fold_outputs([("a", a1), ("b", b1), ("a", a2), ("a", a3)])
+    assert [rid for rid, _ in folded] == ["a", "b"]
+    a = folded[0][1]
+    assert (a.outputs[0].text, a.outputs[0].token_ids, a.finished, a.outputs[0].finish_reason) == \
+           ("hello", [5, 6, 7], True, "length")
+    assert folded[1][1] is b1  # a lone delta passes through
+    assert (a1.outputs[0].text, a1.outputs[0].token_ids, a1.finished) == ("he", [5], False)

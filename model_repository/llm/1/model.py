@@ -89,8 +89,6 @@ class TritonPythonModel:
         self._stopping = False
         self._cancel_cursor = 0
         from backend import EngineShutdownError
-        from backend.request import accumulate
-        self._accumulate = accumulate
         self._shutdown_error = EngineShutdownError
         # The engine thread must get the GIL back quickly from the sender and metrics threads
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
@@ -182,23 +180,15 @@ class TritonPythonModel:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        merged: dict[Any, Any] = {}
-        order: list = []
+        outputs, rejected = [], []
         for item in items:
             if item is _STOP:
                 self._stopping = True
-                continue
-            if len(item) == 3:  # a rejected request
-                order.append(item)
-                continue
-            request_id, output = item
-            if request_id in merged and not merged[request_id][1].finished:
-                merged[request_id][1] = self._accumulate(merged[request_id][1], output)
+            elif len(item) == 3:  # a rejected request: (sender, message, code)
+                rejected.append(item)
             else:
-                entry = [request_id, self._accumulate(None, output)]
-                merged[request_id] = entry
-                order.append(entry)
-        return [tuple(entry) for entry in order]
+                outputs.append(item)
+        return rejected + self._requests.fold_outputs(outputs)
 
     def _handle(self, *item: Any) -> None:
         if len(item) == 3:  # a rejected request: (sender, message, code)
