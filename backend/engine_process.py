@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -113,6 +114,9 @@ class EngineProcess:
         self._stopped = False
         self._stats: EngineStats | None = None
         self._stats_ready = threading.Condition(self._lock)
+        # Where the receiver thread's time goes (logged by servers at unload): if it cannot keep
+        # up, the engine process blocks sending and the engine slows down.
+        self.receiver_stats = {"messages": 0, "outputs": 0, "busy_s": 0.0}
         self._receiver = threading.Thread(target=self._receive_loop, name="tritium-engine-rx", daemon=True)
         self._receiver.start()
 
@@ -174,8 +178,13 @@ class EngineProcess:
                 self._fail_all("The engine process exited.")
                 return
             if kind == "out":
+                start = time.perf_counter()
                 for packed in payload:
                     self._deliver(packed)
+                stats = self.receiver_stats
+                stats["busy_s"] += time.perf_counter() - start
+                stats["messages"] += 1
+                stats["outputs"] += len(payload)
             elif kind == "stats":
                 with self._lock:
                     self._stats = payload

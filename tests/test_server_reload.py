@@ -2,6 +2,7 @@
 no threads, stub processes or memory behind; requests in flight at unload each get one FINAL
 (an error); a changed engine argument takes effect after a reload, also in poll mode."""
 import os
+import re
 
 import pytest
 
@@ -113,6 +114,11 @@ def test_changed_parameter_takes_effect_after_reload(explicit_server):
     try:
         write_config(model_dir, {"model": explicit_server.model, **TEST_ENGINE_ARGS, "max_model_len": "64"})
         _control(explicit_server, "unload")
+        # The unload logs where the stub's sender and receiver threads spent their time.
+        line = re.compile(r"tritium: sender thread: [1-9]\d* rounds, \d+ streamed responses, [\d.]+ s busy, "
+                          r"of which [\d.]+ s in send\(\); engine receiver thread: [1-9]\d* messages, "
+                          r"[1-9]\d* outputs, [\d.]+ s busy")
+        assert wait_until(lambda: line.search(explicit_server.log_tail(400)), 30)
         _control(explicit_server, "load")
         status, body = _generate(explicit_server, LONG_PROMPT)
         assert status == 400 and "but max_model_len is 64" in body

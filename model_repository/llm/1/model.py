@@ -93,6 +93,9 @@ class TritonPythonModel:
         # The engine thread must get the GIL back quickly from the sender and metrics threads
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
         sys.setswitchinterval(0.001)
+        # Where the sender thread's time goes, logged at unload (rounds of sends; time building
+        # and sending; of it, inside pb_utils' send of non-final responses).
+        self._send_stats = {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0}
         self._sender_thread = threading.Thread(target=self._send_loop, name="tritium-sender")
         self._sender_thread.start()
         # The lock is per server (its pid) and model version: instances of one server share it.
@@ -152,11 +155,14 @@ class TritonPythonModel:
             if item is _STOP:
                 return
             if item is not None:
+                start = time.perf_counter()
                 for merged in self._coalesce(item):
                     try:
                         self._handle(*merged)
                     except Exception:
                         pb_utils.Logger.log_error(f"tritium: sending failed: {traceback.format_exc()}")
+                self._send_stats["rounds"] += 1
+                self._send_stats["busy_s"] += time.perf_counter() - start
                 if self._stopping:
                     return
             now = time.monotonic()
@@ -217,7 +223,10 @@ class TritonPythonModel:
             return
         if not response.final:
             if response.outputs:
+                start = time.perf_counter()
                 state.sender.send(_response(response.outputs))
+                self._send_stats["send_s"] += time.perf_counter() - start
+                self._send_stats["responses"] += 1
             return
         self._finish(state)
         if state.cancelled:
@@ -292,6 +301,12 @@ class TritonPythonModel:
         self._engine.shutdown()
         self._queue.put(_STOP)
         self._sender_thread.join()
+        st, rx = self._send_stats, getattr(self._engine, "receiver_stats", None)
+        pb_utils.Logger.log_info(
+            f"tritium: sender thread: {st['rounds']} rounds, {st['responses']} streamed responses, "
+            f"{st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send()"
+            + (f"; engine receiver thread: {rx['messages']} messages, {rx['outputs']} outputs, "
+               f"{rx['busy_s']:.2f} s busy" if rx else ""))
         # ...and any the engine did not finish gets one here.
         with self._lock:
             leftover, self._inflight = list(self._inflight.values()), {}
