@@ -1,5 +1,6 @@
-"""The engine process's loop (see engine_process.py): commands in, outputs out, one message of
-outputs per step, sent while the step's successor runs on the device."""
+"""The engine process's loop (see engine_process.py): commands in, outputs out. A step's outputs
+go to the parent from a sender thread (the Outbox) while the next step runs; when the parent
+reads slowly, several steps' outputs travel in one message instead of the loop waiting."""
 from __future__ import annotations
 
 import gc
@@ -11,14 +12,12 @@ from multiprocessing.connection import Connection
 
 from .config import EngineArgs
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
 
 
 def run_engine_core(conn: Connection, args: EngineArgs) -> int:
-    from .engine_process import pack_output
-
     try:
         engine = LLMEngine(args, detokenize=False)  # the parent detokenizes (OutputDetokenizer)
     except Exception as exc:  # the parent raises it to whoever built the engine
@@ -46,40 +45,91 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
 
     threading.Thread(target=read_commands, name="tritium-core-rx", daemon=True).start()
 
-    # Where the loop's time goes, logged at exit: time blocked in conn.send means the parent
-    # reads outputs slower than the engine makes them (the socket buffer is full).
-    timing = {"steps": 0, "step_s": 0.0, "send_s": 0.0, "sends": 0, "outputs": 0}
-
-    def send_outputs(outputs: list[RequestOutput]) -> None:
-        if outputs:
-            start = time.perf_counter()
-            conn.send(("out", [pack_output(o) for o in outputs]))
-            timing["send_s"] += time.perf_counter() - start
-            timing["sends"] += 1
-            timing["outputs"] += len(outputs)
-
+    outbox = Outbox(conn)
+    steps, step_s = 0, 0.0
     while True:
-        if not _apply_commands(engine, inbox, conn, send_outputs, block=not engine.has_unfinished_requests()):
+        if not _apply_commands(engine, inbox, outbox, block=not engine.has_unfinished_requests()):
             break
         if engine.has_unfinished_requests():
             start = time.perf_counter()
-            send_outputs(engine.step(send_outputs))
-            timing["step_s"] += time.perf_counter() - start
-            timing["steps"] += 1
-    logger.info("engine process: %d steps in %.2f s, of which %.2f s packing and sending %d outputs "
-                "in %d messages and %.2f s waiting for the device", timing["steps"], timing["step_s"],
-                timing["send_s"], timing["outputs"], timing["sends"], engine.device_wait_s)
-    send_outputs([o for rid in list(engine.requests)
-                  if (o := engine.abort_request(rid, error="The engine is shutting down.")) is not None])
-    try:
-        conn.send(("bye", None))
-    except OSError:
-        pass
+            outbox.put_outputs(engine.step(outbox.put_outputs))
+            step_s += time.perf_counter() - start
+            steps += 1
+    outbox.put_outputs([o for rid in list(engine.requests)
+                        if (o := engine.abort_request(rid, error="The engine is shutting down.")) is not None])
+    outbox.put(("bye", None))
+    outbox.close()
+    st = outbox.stats
+    # Where the time went: a step loop that waits for the device is device-bound; time the
+    # sender thread spent blocked in send means the parent reads outputs slower than they come.
+    logger.info("engine process: %d steps in %.2f s, of which %.2f s waiting for the device; "
+                "%d outputs in %d messages, %.2f s packing and sending them", steps, step_s,
+                engine.device_wait_s, st["outputs"], st["messages"], st["send_s"])
     return 0
 
 
-def _apply_commands(engine: LLMEngine, inbox: queue.Queue, conn: Connection, send_outputs,
-                    block: bool) -> bool:
+class Outbox:
+    """Messages to the parent, sent in order by a thread of their own, so that the step loop
+    never waits for a parent that reads slowly; outputs queued meanwhile travel in one message."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False  # the parent went away: drop what is left
+        self.stats = {"messages": 0, "outputs": 0, "send_s": 0.0}
+        self._thread = threading.Thread(target=self._run, name="tritium-core-tx", daemon=True)
+        self._thread.start()
+
+    def put(self, message: tuple) -> None:
+        self._queue.put(message)
+
+    def put_outputs(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            self._queue.put(("out", outputs))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            outputs: list[RequestOutput] = []
+            for message in batch:
+                if message is not None and message[0] == "out":
+                    outputs.extend(message[1])
+                    continue
+                self._send_outputs(outputs)
+                outputs = []
+                if message is None:
+                    return
+                self._send(message)
+            self._send_outputs(outputs)
+
+    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            from .engine_process import pack_output
+            start = time.perf_counter()
+            self._send(("out", [pack_output(o) for o in outputs]))
+            self.stats["send_s"] += time.perf_counter() - start
+            self.stats["messages"] += 1
+            self.stats["outputs"] += len(outputs)
+
+    def _send(self, message: tuple) -> None:
+        if self._closed:
+            return
+        try:
+            self._conn.send(message)
+        except OSError:
+            self._closed = True
+
+
+def _apply_commands(engine: LLMEngine, inbox: queue.Queue, outbox: Outbox, block: bool) -> bool:
     """Apply queued commands; False when told to stop."""
     while True:
         try:
@@ -96,10 +146,11 @@ def _apply_commands(engine: LLMEngine, inbox: queue.Queue, conn: Connection, sen
                 engine.add_request(payload.request_id, payload)
             except Exception as exc:  # validated by the parent: should not happen
                 logger.exception("could not add request %s", payload.request_id)
-                conn.send(("out", [(payload.request_id, True, f"internal error: {exc}", 0,
-                                    [(0, "", [], None, None, "abort", None)])]))
+                outbox.put_outputs([RequestOutput(payload.request_id, None, [],
+                                                  [CompletionOutput(0, "", [], None, None, "abort")],
+                                                  True, error=f"internal error: {exc}")])
         elif kind == "abort":
             out = engine.abort_request(payload)
-            send_outputs([out] if out is not None else [])
+            outbox.put_outputs([out] if out is not None else [])
         elif kind == "stats":
-            conn.send(("stats", engine.get_stats()))
+            outbox.put(("stats", engine.get_stats()))

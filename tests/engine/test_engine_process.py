@@ -112,8 +112,9 @@ def test_the_engine_process_logs_its_step_and_send_time_at_exit(llama_dir, capfd
     eng.shutdown()
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "engine process:" in x)
-    steps, outputs = re.search(r"engine process: (\d+) steps in [\d.]+ s, of which [\d.]+ s packing "
-                               r"and sending (\d+) outputs in \d+ messages and [\d.]+ s waiting for the device", line).groups()
+    steps, outputs = re.search(r"engine process: (\d+) steps in [\d.]+ s, of which [\d.]+ s waiting for "
+                               r"the device; (\d+) outputs in \d+ messages, [\d.]+ s packing and "
+                               r"sending them", line).groups()
     assert int(steps) >= 4 and int(outputs) >= 4
 
 
@@ -165,3 +166,37 @@ def test_an_engine_that_leaves_text_to_its_reader(llama_dir):
             totals[d.request_id] = accumulate(totals.get(d.request_id), d)
     assert len(totals["ids"].outputs[0].token_ids) == 8 and totals["ids"].outputs[0].text == ""
     assert totals["stop"].outputs[0].text != ""  # stop strings need the text in the engine
+
+
+def test_outbox_sends_in_order_and_merges_queued_outputs():
+    """The engine process's sender thread: every output arrives, in order, with other messages
+    in their place; outputs queued while it was busy share a message."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from backend.engine_core import Outbox
+    from backend.outputs import CompletionOutput, RequestOutput
+
+    a, b = socket.socketpair()
+    tx, rx = Connection(a.detach()), Connection(b.detach())
+    outbox = Outbox(tx)
+
+    def out(i):
+        return RequestOutput(f"r{i}", None, [1], [CompletionOutput(0, "", [i], None, None)], False)
+
+    # Queue everything before the thread can drain: hold its queue's mutex meanwhile.
+    with outbox._queue.mutex:
+        for i in range(5):
+            outbox._queue.queue.append(("out", [out(i)]))
+        outbox._queue.queue.append(("stats", "S"))
+        outbox._queue.queue.append(("out", [out(5), out(6)]))
+        outbox._queue.queue.append(("bye", None))
+        outbox._queue.not_empty.notify()
+    received = []
+    while not received or received[-1][0] != "bye":
+        received.append(rx.recv())
+    outbox.close()
+    assert [m[0] for m in received] == ["out", "stats", "out", "bye"]
+    assert [p[0] for p in received[0][1]] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [p[0] for p in received[2][1]] == ["r5", "r6"]
+    assert outbox.stats["messages"] == 2 and outbox.stats["outputs"] == 7
