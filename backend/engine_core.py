@@ -11,6 +11,7 @@ import time
 from multiprocessing.connection import Connection
 
 from .config import EngineArgs
+from .engine_process import pack_output
 from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 
@@ -113,7 +114,6 @@ class Outbox:
 
     def _send_outputs(self, outputs: list[RequestOutput]) -> None:
         if outputs:
-            from .engine_process import pack_output
             start = time.perf_counter()
             self._send(("out", [pack_output(o) for o in outputs]))
             self.stats["send_s"] += time.perf_counter() - start

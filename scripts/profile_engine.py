@@ -18,6 +18,7 @@ from collections import defaultdict
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from engine_cli import add_engine_arguments, engine_values  # noqa: E402
 from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 from backend import model_runner  # noqa: E402
 
@@ -68,18 +69,13 @@ def _alloc_retries(torch) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tokenizer")
+    add_engine_arguments(ap)
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--engine-arg", action="append", default=[])
     ap.add_argument("--json")
     a = ap.parse_args()
-    values = {"model": a.model, "load_format": "dummy", "dtype": "bfloat16"}
-    if a.tokenizer:
-        values["tokenizer"] = a.tokenizer
-    values.update(kv.split("=", 1) for kv in a.engine_arg)
+    values = engine_values(a)
     t0 = time.perf_counter()
     engine = LLMEngine(EngineArgs.from_strings(values))
     startup = time.perf_counter() - t0

@@ -22,6 +22,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from engine_cli import add_engine_arguments, engine_values  # noqa: E402
 from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 
 
@@ -102,16 +103,11 @@ def gemm_ceiling(hidden: int, inter: int, q: int, kv: int, vocab: int) -> list[d
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tokenizer")
+    add_engine_arguments(ap)
     ap.add_argument("--gemm", action="store_true")
-    ap.add_argument("--engine-arg", action="append", default=[])
     ap.add_argument("--json")
     a = ap.parse_args()
-    values = {"model": a.model, "load_format": "dummy", "dtype": "bfloat16"}
-    if a.tokenizer:
-        values["tokenizer"] = a.tokenizer
-    values.update(kv.split("=", 1) for kv in a.engine_arg)
+    values = engine_values(a)
     engine = LLMEngine(EngineArgs.from_strings(values))
     result: dict = {"engine_args": values}
     cfg = engine.runner.model.args

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import hf_greedy_generate
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -44,13 +45,7 @@ def hf_fp8_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
             fake_quant_linear(lin)
             count += 1
     assert count == 7 * len(model.model.layers)
-    outs = []
-    for ids in prompts:
-        x = torch.tensor([ids])
-        y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
-                           min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-        outs.append(y[0, len(ids):].tolist())
-    return outs
+    return hf_greedy_generate(model, prompts, MAX_NEW)
 
 
 def test_fp8_engine_matches_hf_with_the_same_fake_quantization(model_dir):

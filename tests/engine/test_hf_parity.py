@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from backend import LLM, EngineArgs, LLMEngine, SamplingParams
@@ -30,13 +31,7 @@ def make_prompts(tokenizer) -> list[list[int]]:
 
 def hf_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    outs = []
-    for ids in prompts:
-        x = torch.tensor([ids])
-        y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
-                           min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-        outs.append(y[0, len(ids):].tolist())
-    return outs
+    return hf_greedy_generate(model, prompts, MAX_NEW)
 
 
 @pytest.fixture(scope="module")
