@@ -247,28 +247,3 @@ def check_greedy_sample(op: str, logits, dtypes: tuple[torch.dtype, ...]) -> Non
     if logits.shape[1] == 0:
         fail(op, f"logits must have at least one column, got shape {tuple(logits.shape)}")
 
-
-def _check_tma_operand(op: str, name: str, t: torch.Tensor) -> None:
-    """Tensor descriptors (TMA) need a contiguous last dim, 16-byte aligned rows and base."""
-    check_last_dim_contiguous(op, name, t)
-    if (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-        fail(op, f"{name} rows must start on 16-byte boundaries (TMA), got row stride {t.stride(0)} "
-                 f"of {t.dtype}")
-
-
-def check_matmul(op: str, x, weight, out, out_cols: int, dtypes: tuple[torch.dtype, ...]) -> None:
-    check_tensor(op, "x", x, "[M, K]", dtypes)
-    check_tensor(op, "weight", weight, "[N, K]", (x.dtype,))
-    if weight.shape[1] != x.shape[1]:
-        fail(op, f"weight must have K = {x.shape[1]} columns (x's last dimension), got shape "
-                 f"{tuple(weight.shape)}")
-    check_same_device(op, {"x": x, "weight": weight})
-    _check_tma_operand(op, "x", x)
-    _check_tma_operand(op, "weight", weight)
-    if (out_cols * x.element_size()) % 16:
-        fail(op, f"output rows must be a multiple of 16 bytes (TMA), got {out_cols} columns of {x.dtype}")
-    if out is not None:
-        check_tensor(op, "out", out, "[M, N]", (x.dtype,))
-        check_shape(op, "out", out, (x.shape[0], out_cols), "[M, N]")
-        check_same_device(op, {"x": x, "out": out})
-        _check_tma_operand(op, "out", out)
