@@ -246,4 +246,3 @@ def check_greedy_sample(op: str, logits, dtypes: tuple[torch.dtype, ...]) -> Non
     check_last_dim_contiguous(op, "logits", logits)
     if logits.shape[1] == 0:
         fail(op, f"logits must have at least one column, got shape {tuple(logits.shape)}")
-
