@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 
 from transformers import PreTrainedTokenizerBase
 
@@ -35,6 +36,18 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
         raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {exc}") from exc
 
 
+_TOKEN_CLASSES: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, tuple[int, frozenset[int]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _token_classes(tokenizer: PreTrainedTokenizerBase) -> tuple[int, frozenset[int]]:
+    """(vocabulary size with added tokens, special token ids), computed once per tokenizer."""
+    found = _TOKEN_CLASSES.get(tokenizer)
+    if found is None:
+        found = _TOKEN_CLASSES[tokenizer] = (len(tokenizer), frozenset(tokenizer.all_special_ids))
+    return found
+
+
 class IncrementalDetokenizer:
     """Turns generated token ids into text one token at a time.
 
@@ -54,6 +67,8 @@ class IncrementalDetokenizer:
         self.spaces_between_special_tokens = spaces_between_special_tokens
         # A window of token ids: decoding it whole keeps spaces and multi-byte characters that a
         # decode of the newest token alone would lose. Tokens before _read_offset are emitted.
+        self._vocab_size, special_ids = _token_classes(tokenizer)
+        self._skipped_ids = special_ids if skip_special_tokens else frozenset()
         self._ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)  # cached decode of the emitted part
@@ -68,12 +83,17 @@ class IncrementalDetokenizer:
                                      clean_up_tokenization_spaces=False)
 
     def add_token(self, token_id: int) -> str:
+        if token_id >= self._vocab_size or token_id in self._skipped_ids:
+            # Shows nothing in any context (an id beyond the tokenizer's vocabulary, as when a
+            # model's vocabulary is larger; a skipped special token). In the window it would only
+            # make every later decode longer, quadratically over a long run of such tokens.
+            return ""
         ids = self._ids
         ids.append(token_id)
         new_text = self._decode(ids)
         prefix_len = len(self._prefix_text)
         if len(new_text) <= prefix_len or new_text[-1] == "\ufffd":
-            return ""  # nothing printable yet (special token skipped, or a partial character)
+            return ""  # nothing printable yet (a partial character, or a token with no text)
         # Slide the window: the next decode starts at the tokens just emitted.
         del ids[:self._read_offset]
         self._read_offset = len(ids)

@@ -125,3 +125,24 @@ def test_tokenizer_falls_back_to_tokenizer_json_when_autotokenizer_cannot_import
     ref = AutoTokenizer.from_pretrained(llama_dir)
     assert tok(TEXT)["input_ids"] == ref(TEXT)["input_ids"]
     assert tok.eos_token_id == ref.eos_token_id and tok.bos_token_id == ref.bos_token_id
+
+
+def test_invisible_tokens_do_not_grow_the_window(tok):
+    """Skipped special tokens and ids beyond the tokenizer's vocabulary (a model whose vocabulary
+    is larger than its tokenizer's) show nothing; the window must not keep them, or each decode
+    gets longer with every such token. The text is still the full decode."""
+    rng = random.Random(5)
+    visible = tok("abc déf 日本", add_special_tokens=False)["input_ids"]
+    ids = []
+    for t in visible:
+        ids += [t] + [rng.choice([tok.eos_token_id, len(tok) + rng.randrange(1000)])
+                      for _ in range(rng.randint(0, 300))]
+    d = IncrementalDetokenizer(tok, [tok.bos_token_id])
+    pieces, longest = [], 0
+    for t in ids:
+        pieces.append(d.add_token(t))
+        longest = max(longest, len(d._ids))
+    pieces.append(d.flush())
+    known = [t for t in ids if t < len(tok)]
+    assert "".join(pieces) == tok.decode(known, skip_special_tokens=True) == "abc déf 日本"
+    assert longest <= 8, longest
