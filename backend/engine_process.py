@@ -179,8 +179,7 @@ class EngineProcess:
                 return
             if kind == "out":
                 start = time.perf_counter()
-                for packed in payload:
-                    self._deliver(packed)
+                self._deliver(payload)
                 stats = self.receiver_stats
                 stats["busy_s"] += time.perf_counter() - start
                 stats["messages"] += 1
@@ -193,22 +192,25 @@ class EngineProcess:
                 self._fail_all("The engine is shutting down.")
                 return
 
-    def _deliver(self, packed: tuple) -> None:
-        request_id, finished, error, num_cached, completions = packed
-        with self._lock:
-            entry = self._requests.pop(request_id, None) if finished else self._requests.get(request_id)
-        if entry is None:
-            return
-        req, callback, detok = entry
-        completions = [CompletionOutput(*c) for c in completions]
-        if detok is not None:
-            detok.fill(completions)
-        out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
-                            num_cached_tokens=num_cached, error=error, metrics=req.metrics)
-        try:
-            callback(out)
-        except Exception:  # a broken callback must not stop the others' outputs
-            logger.exception("output callback for request %s failed", request_id)
+    def _deliver(self, payload: list[tuple]) -> None:
+        """One message's outputs (one or more engine steps), in order, to their callbacks."""
+        with self._lock:  # once per message: finished requests leave the table
+            requests = self._requests
+            entries = [requests.pop(p[0], None) if p[1] else requests.get(p[0]) for p in payload]
+        for packed, entry in zip(payload, entries):
+            if entry is None:
+                continue
+            request_id, finished, error, num_cached, completions = packed
+            req, callback, detok = entry
+            completions = [CompletionOutput(*c) for c in completions]
+            if detok is not None:
+                detok.fill(completions)
+            out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
+                                num_cached_tokens=num_cached, error=error, metrics=req.metrics)
+            try:
+                callback(out)
+            except Exception:  # a broken callback must not stop the others' outputs
+                logger.exception("output callback for request %s failed", request_id)
 
     def _fail_all(self, message: str) -> None:
         with self._lock:

@@ -7,7 +7,7 @@
 #
 #   scripts/gpu_run.sh [--models llama-3-8b,qwen2.5-7b,qwen2.5-1.5b] [--phases triton,offline,hf]
 #                      [--workloads A,B] [--hf-requests 256] [--budget 560] [--engine-arg K=V]...
-#                      [--tokenizer models/tiny-llama] [--device cuda] [--dtype bfloat16]
+#                      [--tokenizer vocab|DIR] [--device cuda] [--dtype bfloat16]
 #                      [--num-requests N --input-len N --output-len N]   (smaller runs, all runners)
 #
 # A model is a directory name under models/configs or a path to a model directory.
@@ -31,7 +31,7 @@ IMAGE_PY="${IMAGE_PYTHON:-python3}"
 PORT="${TRITIUM_PORT_BASE:-8000}"
 
 MODELS="llama-3-8b,qwen2.5-7b,qwen2.5-1.5b" PHASES="triton,offline,hf" WORKLOADS="A,B"
-HF_REQUESTS=256 BUDGET=560 TOKENIZER="models/tiny-llama" DEVICE=cuda DTYPE=bfloat16
+HF_REQUESTS=256 BUDGET=560 TOKENIZER="vocab" DEVICE=cuda DTYPE=bfloat16
 SIZES=() ENGINE_SETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -105,9 +105,23 @@ with tarfile.open(sys.argv[1]) as t:
     touch "$V/.tritium-ready"
 }
 
-tokenizer_dir() {
+tokenizer_dir() {  # $1: the model directory. Prompts are token ids; outputs become text.
+    if [ "$TOKENIZER" = "vocab" ]; then
+        # A byte-level BPE tokenizer of the model's vocabulary size, so that every generated
+        # token has text to make, as with the model's real tokenizer (none is reachable here).
+        local n dir
+        n=$("$IMAGE_PY" -c 'import json, sys; print(json.load(open(sys.argv[1] + "/config.json"))["vocab_size"])' "$1") || return 1
+        dir="$BASE/tokenizer-$n"
+        if [ ! -f "$dir/tokenizer.json" ]; then
+            say "building a $n-token tokenizer in $dir" >&2
+            "$IMAGE_PY" scripts/build_bench_tokenizer.py --vocab-size "$n" --out "$dir" \
+                >>"$LOGS/build_tokenizer.log" 2>&1 || return 1
+        fi
+        echo "$dir"
+        return
+    fi
     if [ ! -d "$TOKENIZER" ] && [ "$TOKENIZER" = "models/tiny-llama" ] && [ -f scripts/build_default_model.py ]; then
-        say "building $TOKENIZER (the tokenizer the engine is given; prompts are token ids)" >&2
+        say "building $TOKENIZER" >&2
         "$IMAGE_PY" scripts/build_default_model.py --out "$TOKENIZER" >"$LOGS/build_tokenizer.log" 2>&1
     fi
     (cd "$TOKENIZER" 2>/dev/null && pwd)
@@ -140,8 +154,6 @@ say "setup (bundle $BUNDLE)"
 if ! setup >"$LOGS/setup.log" 2>&1; then
     cat "$LOGS/setup.log"; say "setup failed"; tar -C "$WORK" -czf "$OUT/logs.tar.gz" .; exit 1
 fi
-TOK="$(tokenizer_dir)" || true
-[ -n "$TOK" ] || { say "no tokenizer directory $TOKENIZER"; exit 1; }
 write_meta
 export TRITIUM_VENV="$V"  # scripts/tritonserver runs the server in it
 say "setup done"
@@ -150,6 +162,8 @@ for spec in ${MODELS//,/ }; do
     MDIR="$(model_dir "$spec")" || true
     m="$(basename "$spec")"
     [ -n "$MDIR" ] || { say "no model directory for $spec"; continue; }
+    TOK="$(tokenizer_dir "$MDIR")" || true
+    [ -n "$TOK" ] || { say "no tokenizer for $spec ($TOKENIZER)"; continue; }
     mkdir -p "$WORK/$m"
     REPO="$BASE/repo-$m"
     # One configuration for both: the offline bench reads this config.pbtxt back.

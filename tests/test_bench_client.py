@@ -237,3 +237,24 @@ def test_bench_client_against_the_server(llm_server, tmp_path):
     assert result["per_request"]["output_tokens"] == [5] * 6
     assert all(0 < t <= e for t, e in zip(result["per_request"]["ttft_ms"], result["per_request"]["e2e_ms"]))
     assert s["output_tok_s"] == pytest.approx(30 / s["wall_s"])
+
+
+def test_bench_tokenizer_has_text_for_every_id_of_the_vocabulary(tmp_path):
+    """scripts/build_bench_tokenizer.py: exactly the asked vocabulary size, every non-special id
+    decodes to text, and streamed detokenization gives the full decode (what the benchmark's
+    serving path does with each generated token)."""
+    import random
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import build_bench_tokenizer
+
+    from backend.tokenizer import IncrementalDetokenizer, load_tokenizer
+    build_bench_tokenizer.build(str(tmp_path), 700)
+    tok = load_tokenizer(str(tmp_path))
+    assert len(tok) == 700
+    assert all(tok.decode([i]) for i in range(256, 698))
+    assert set(tok.all_special_ids) == {698, 699}
+    rng = random.Random(1)
+    ids = [rng.randrange(700) for _ in range(300)]
+    d = IncrementalDetokenizer(tok, [300, 301])
+    text = "".join(d.add_token(t) for t in ids) + d.flush()
+    assert text == tok.decode([300, 301] + ids, skip_special_tokens=True)[len(tok.decode([300, 301])):]

@@ -6,12 +6,12 @@ from several threads lost responses in the 2.51 python backend) and, between sen
 requests whose client cancelled or went away. A metrics thread publishes EngineStats as vLLM's
 metrics. Every request gets exactly one FINAL response, also when the model is unloaded.
 """
+import collections
 import functools
 import gc
 import itertools
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -84,7 +84,11 @@ class TritonPythonModel:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inflight: dict[str, _InFlight] = {}
-        self._queue: queue.Queue = queue.Queue()
+        # Work for the sender thread: outputs, rejected requests, _STOP. A deque and an event
+        # instead of queue.Queue: an output costs an append, not a lock and a notify (the
+        # engine's receiver thread hands over one per token of every stream).
+        self._pending: collections.deque = collections.deque()
+        self._wake = threading.Event()
         self._closing = False
         self._stopping = False
         self._cancel_cursor = 0
@@ -132,26 +136,37 @@ class TritonPythonModel:
                     self._inflight.pop(state.request_id, None)
                 raise
         except ValueError as e:
-            self._queue.put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
+            self._put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
         except self._shutdown_error as e:  # a request racing the model's unload
-            self._queue.put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
+            self._put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
         except Exception as e:  # the server and the other requests carry on
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
-            self._queue.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
+            self._put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
 
     def _on_output(self, request_id: str, output: Any) -> None:
         # On the engine thread: only enqueue. The callback holds the id, not the response sender,
         # so that the engine, which may keep a finished request's callback alive for a while,
         # never keeps a Triton request alive (and with it the model, at unload).
-        self._queue.put((request_id, output))
+        self._put((request_id, output))
+
+    def _put(self, item: Any) -> None:
+        self._pending.append(item)
+        if not self._wake.is_set():  # the sender sleeps (or is about to): wake it
+            self._wake.set()
+
+    def _take(self, timeout: float) -> Any:
+        """The next item for the sender thread, or None after `timeout` with nothing queued."""
+        pending = self._pending
+        if not pending:
+            self._wake.clear()
+            if not pending:  # checked again after clearing: an append in between set no event
+                self._wake.wait(timeout)
+        return pending.popleft() if pending else None
 
     def _send_loop(self) -> None:
         next_check = next_unload_check = 0.0
         while True:
-            try:
-                item = self._queue.get(timeout=_CANCEL_CHECK_S)
-            except queue.Empty:
-                item = None
+            item = self._take(_CANCEL_CHECK_S)
             if item is _STOP:
                 return
             if item is not None:
@@ -180,12 +195,9 @@ class TritonPythonModel:
         """`first` and everything queued behind it, with each request's outputs folded into one
         (in order): a send costs far more than a token (about 0.1-0.2 ms of IPC), so when this
         thread falls behind, a response carries several tokens instead of the backlog growing."""
-        items = [first]
-        while len(items) < _MAX_DRAIN:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        items, pending = [first], self._pending
+        while pending and len(items) < _MAX_DRAIN:
+            items.append(pending.popleft())
         outputs, rejected = [], []
         for item in items:
             if item is _STOP:
@@ -299,7 +311,7 @@ class TritonPythonModel:
         self._metrics_thread.join()
         # Each in-flight request gets its final output (with an error) from the engine...
         self._engine.shutdown()
-        self._queue.put(_STOP)
+        self._put(_STOP)
         self._sender_thread.join()
         st, rx = self._send_stats, getattr(self._engine, "receiver_stats", None)
         pb_utils.Logger.log_info(
