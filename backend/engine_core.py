@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import queue
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -27,6 +28,10 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
     # The engine's objects live as long as the process: a full collection need not walk them.
     gc.collect()
     gc.freeze()
+    # The step loop shares this process's GIL with the Outbox thread (packing and pickling a
+    # step's outputs) and the command reader; when it wants the GIL back it should wait at most
+    # 1 ms for them, not the default 5 ms, which is most of a small model's step.
+    sys.setswitchinterval(0.001)
     conn.send(("ready", {"engine_args": engine.args, "vocab_size": engine.vocab_size,
                          "kv_capacity_tokens": engine.input_processor.kv_capacity_tokens,
                          "eos_token_ids": engine.eos_token_ids}))

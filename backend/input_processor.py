@@ -51,8 +51,12 @@ class InputProcessor:
             token_ids = list(self.tokenizer(prompt)["input_ids"])
         elif isinstance(prompt, (list, tuple)):
             token_ids = list(prompt)
-            bad = next((t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
-                        or not 0 <= t < self.vocab_size), None)
+            # The common case checked in C (types, then range); the slow scan only names the culprit.
+            valid = (not token_ids or (set(map(type, token_ids)) == {int}
+                                       and min(token_ids) >= 0 and max(token_ids) < self.vocab_size))
+            bad = None if valid else next(
+                (t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
+                 or not 0 <= t < self.vocab_size), None)
             if bad is not None:
                 raise ValueError(f"Token id {bad!r} is out of vocabulary "
                                  f"(valid ids are 0 to {self.vocab_size - 1}).")

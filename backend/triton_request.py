@@ -108,7 +108,7 @@ def _prompt(inputs: Mapping[str, np.ndarray]) -> str | list[int]:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise ValueError(f"input_ids must hold integers, got {ids.dtype}.")
-        token_ids = [int(t) for t in ids.reshape(-1)]
+        token_ids = ids.reshape(-1).tolist()  # Python ints, converted in C
         if not token_ids:
             raise ValueError("input_ids must not be empty.")
         if min(token_ids) < 0:

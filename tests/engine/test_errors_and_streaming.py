@@ -94,6 +94,9 @@ def test_bad_requests_fail_while_others_finish(engine):
         ([], "The prompt is empty."),
         (list(range(1, 70)), "The prompt has 69 tokens, but max_model_len is 64: prompt plus at least one generated token must fit."),
         ([0, 10**6], "Token id 1000000 is out of vocabulary"),
+        ([0, -2, 1], "Token id -2 is out of vocabulary"),
+        ([0, True], "Token id True is out of vocabulary"),
+        ([3, 1.0], "Token id 1.0 is out of vocabulary"),
     ]
     for prompt, message in cases:
         with pytest.raises(ValueError) as info:
