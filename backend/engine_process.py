@@ -43,10 +43,28 @@ def _python() -> str:
 
 
 def pack_output(out: RequestOutput) -> tuple:
-    """A RequestOutput as plain tuples: pickling them costs a fraction of the dataclasses."""
+    """A RequestOutput as plain tuples: pickling them costs a fraction of the dataclasses.
+    The common case, one new token of a single sample with nothing else to say (no text,
+    logprobs or end), is a 4-tuple (request id, token, cumulative logprob, cached tokens);
+    anything else is the full 5-tuple. `unpack_output` reverses both."""
+    completions = out.outputs
+    if len(completions) == 1 and not out.finished and out.error is None:
+        c = completions[0]
+        if (c.index == 0 and len(c.token_ids) == 1 and not c.text and c.logprobs is None
+                and c.finish_reason is None):
+            return (out.request_id, c.token_ids[0], c.cumulative_logprob, out.num_cached_tokens)
     return (out.request_id, out.finished, out.error, out.num_cached_tokens,
             [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
-              c.stop_reason) for c in out.outputs])
+              c.stop_reason) for c in completions])
+
+
+def unpack_output(packed: tuple) -> tuple[str, bool, str | None, int, list[CompletionOutput]]:
+    """(request id, finished, error, cached tokens, completions) from `pack_output`'s tuple."""
+    if len(packed) == 4:
+        request_id, token, cumulative_logprob, num_cached = packed
+        return request_id, False, None, num_cached, [CompletionOutput(0, "", [token], cumulative_logprob, None)]
+    request_id, finished, error, num_cached, completions = packed
+    return request_id, finished, error, num_cached, [CompletionOutput(*c) for c in completions]
 
 
 class OutputDetokenizer:
@@ -196,13 +214,14 @@ class EngineProcess:
         """One message's outputs (one or more engine steps), in order, to their callbacks."""
         with self._lock:  # once per message: finished requests leave the table
             requests = self._requests
-            entries = [requests.pop(p[0], None) if p[1] else requests.get(p[0]) for p in payload]
+            # a 4-tuple is never a request's last output (pack_output)
+            entries = [requests.pop(p[0], None) if len(p) == 5 and p[1] else requests.get(p[0])
+                       for p in payload]
         for packed, entry in zip(payload, entries):
             if entry is None:
                 continue
-            request_id, finished, error, num_cached, completions = packed
+            request_id, finished, error, num_cached, completions = unpack_output(packed)
             req, callback, detok = entry
-            completions = [CompletionOutput(*c) for c in completions]
             if detok is not None:
                 detok.fill(completions)
             out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,

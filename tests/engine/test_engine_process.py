@@ -200,3 +200,30 @@ def test_outbox_sends_in_order_and_merges_queued_outputs():
     assert [p[0] for p in received[0][1]] == ["r0", "r1", "r2", "r3", "r4"]
     assert [p[0] for p in received[2][1]] == ["r5", "r6"]
     assert outbox.stats["messages"] == 2 and outbox.stats["outputs"] == 7
+
+
+def test_packed_outputs_round_trip():
+    """What crosses the socket: the common one-token output as a 4-tuple, anything else in
+    full; unpacking gives back the same fields either way."""
+    from backend.engine_process import pack_output, unpack_output
+    from backend.outputs import CompletionOutput, RequestOutput
+
+    def out(completions, finished=False, error=None):
+        return RequestOutput("r", None, [1], completions, finished, num_cached_tokens=16, error=error)
+
+    cases = [
+        (out([CompletionOutput(0, "", [7], -1.5, None)]), 4),
+        (out([CompletionOutput(0, "hi", [7], -1.5, None)]), 5),  # text made in the engine
+        (out([CompletionOutput(0, "", [7, 8], -1.5, None)]), 5),  # two tokens
+        (out([CompletionOutput(0, "", [7], -1.5, [{7: -1.5}])]), 5),  # logprobs
+        (out([CompletionOutput(0, "", [7], -1.5, None, "length")], finished=True), 5),
+        (out([CompletionOutput(0, "", [], None, None, "abort")], finished=True, error="boom"), 5),
+        (out([CompletionOutput(0, "", [7], -1.0, None), CompletionOutput(1, "", [9], -2.0, None)]), 5),
+        (out([CompletionOutput(1, "", [7], -1.0, None)]), 5),  # the second sample alone
+    ]
+    for original, size in cases:
+        packed = pack_output(original)
+        assert len(packed) == size, original
+        request_id, finished, error, num_cached, completions = unpack_output(packed)
+        assert (request_id, finished, error, num_cached) == ("r", original.finished, original.error, 16)
+        assert completions == original.outputs
