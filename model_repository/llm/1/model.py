@@ -6,7 +6,6 @@ from several threads lost responses in the 2.51 python backend) and, between sen
 requests whose client cancelled or went away. A metrics thread publishes EngineStats as vLLM's
 metrics. Every request gets exactly one FINAL response, also when the model is unloaded.
 """
-import collections
 import functools
 import gc
 import itertools
@@ -62,6 +61,7 @@ class _InFlight:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         from backend import EngineProcess, triton_metrics, triton_request
+        from backend.handoff import Handoff
         from backend.triton_config import engine_args_from_model_config
 
         config = json.loads(args["model_config"])
@@ -84,11 +84,9 @@ class TritonPythonModel:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inflight: dict[str, _InFlight] = {}
-        # Work for the sender thread: outputs, rejected requests, _STOP. A deque and an event
-        # instead of queue.Queue: an output costs an append, not a lock and a notify (the
-        # engine's receiver thread hands over one per token of every stream).
-        self._pending: collections.deque = collections.deque()
-        self._wake = threading.Event()
+        # Work for the sender thread: outputs (one per token of every stream), rejected
+        # requests, _STOP; a put is a deque append, not a lock and a notify.
+        self._pending = Handoff()
         self._closing = False
         self._stopping = False
         self._cancel_cursor = 0
@@ -150,23 +148,12 @@ class TritonPythonModel:
         self._put((request_id, output))
 
     def _put(self, item: Any) -> None:
-        self._pending.append(item)
-        if not self._wake.is_set():  # the sender sleeps (or is about to): wake it
-            self._wake.set()
-
-    def _take(self, timeout: float) -> Any:
-        """The next item for the sender thread, or None after `timeout` with nothing queued."""
-        pending = self._pending
-        if not pending:
-            self._wake.clear()
-            if not pending:  # checked again after clearing: an append in between set no event
-                self._wake.wait(timeout)
-        return pending.popleft() if pending else None
+        self._pending.put(item)
 
     def _send_loop(self) -> None:
         next_check = next_unload_check = 0.0
         while True:
-            item = self._take(_CANCEL_CHECK_S)
+            item = self._pending.take(_CANCEL_CHECK_S)
             if item is _STOP:
                 return
             if item is not None:
@@ -195,9 +182,7 @@ class TritonPythonModel:
         """`first` and everything queued behind it, with each request's outputs folded into one
         (in order): a send costs far more than a token (about 0.1-0.2 ms of IPC), so when this
         thread falls behind, a response carries several tokens instead of the backlog growing."""
-        items, pending = [first], self._pending
-        while pending and len(items) < _MAX_DRAIN:
-            items.append(pending.popleft())
+        items = [first] + self._pending.drain(_MAX_DRAIN - 1)
         outputs, rejected = [], []
         for item in items:
             if item is _STOP:
