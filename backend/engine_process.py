@@ -212,15 +212,13 @@ class EngineProcess:
 
     def _deliver(self, payload: list[tuple]) -> None:
         """One message's outputs (one or more engine steps), in order, to their callbacks."""
+        outputs = [unpack_output(p) for p in payload]
         with self._lock:  # once per message: finished requests leave the table
             requests = self._requests
-            # a 4-tuple is never a request's last output (pack_output)
-            entries = [requests.pop(p[0], None) if len(p) == 5 and p[1] else requests.get(p[0])
-                       for p in payload]
-        for packed, entry in zip(payload, entries):
+            entries = [requests.pop(o[0], None) if o[1] else requests.get(o[0]) for o in outputs]
+        for (request_id, finished, error, num_cached, completions), entry in zip(outputs, entries):
             if entry is None:
                 continue
-            request_id, finished, error, num_cached, completions = unpack_output(packed)
             req, callback, detok = entry
             if detok is not None:
                 detok.fill(completions)

@@ -39,9 +39,9 @@ class Request:
             params = seq.params
             if not done and params.stop:
                 text_end -= partial_stop_suffix_len(seq.output_text, params.stop)
-            emitted = seq.num_text_emitted
-            text = seq.output_text[emitted:text_end] if text_end > emitted else ""
-            if text_end > emitted:
+            text = ""
+            if text_end > seq.num_text_emitted:
+                text = seq.output_text[seq.num_text_emitted:text_end]
                 seq.num_text_emitted = text_end
             start = seq.num_prompt_tokens + seq.num_tokens_emitted
             known = len(seq.token_ids) - seq.num_unresolved

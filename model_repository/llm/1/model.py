@@ -134,21 +134,18 @@ class TritonPythonModel:
                     self._inflight.pop(state.request_id, None)
                 raise
         except ValueError as e:
-            self._put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
+            self._pending.put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
         except self._shutdown_error as e:  # a request racing the model's unload
-            self._put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
+            self._pending.put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
         except Exception as e:  # the server and the other requests carry on
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
-            self._put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
+            self._pending.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
 
     def _on_output(self, request_id: str, output: Any) -> None:
         # On the engine thread: only enqueue. The callback holds the id, not the response sender,
         # so that the engine, which may keep a finished request's callback alive for a while,
         # never keeps a Triton request alive (and with it the model, at unload).
-        self._put((request_id, output))
-
-    def _put(self, item: Any) -> None:
-        self._pending.put(item)
+        self._pending.put((request_id, output))
 
     def _send_loop(self) -> None:
         next_check = next_unload_check = 0.0
@@ -296,7 +293,7 @@ class TritonPythonModel:
         self._metrics_thread.join()
         # Each in-flight request gets its final output (with an error) from the engine...
         self._engine.shutdown()
-        self._put(_STOP)
+        self._pending.put(_STOP)
         self._sender_thread.join()
         st, rx = self._send_stats, getattr(self._engine, "receiver_stats", None)
         pb_utils.Logger.log_info(
