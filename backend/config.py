@@ -37,6 +37,9 @@ class EngineArgs:
     long_prefill_token_threshold: int = 0
     load_format: str = "auto"  # dummy: random weights of the config's shapes
     enforce_eager: bool = False  # True: no CUDA graphs
+    # Prefill-only steps of at most this many tokens (and 8 prompts) replay a CUDA graph, so a
+    # lone request's first step costs its GPU work, not hundreds of kernel launches. 0: eager.
+    max_prefill_graph_tokens: int = 1024
     max_logprobs: int = 20
     # fp8: FP8 weights (per-channel scales) and per-token dynamic FP8 activations in the decoder's
     # linear layers, quantized at load from a 16-bit checkpoint. Needs compute capability 8.9+.
@@ -73,6 +76,10 @@ class EngineArgs:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
+        if isinstance(self.max_prefill_graph_tokens, bool) or not isinstance(
+                self.max_prefill_graph_tokens, int) or self.max_prefill_graph_tokens < 0:
+            raise ValueError("max_prefill_graph_tokens must be a non-negative integer, "
+                             f"got {self.max_prefill_graph_tokens!r}.")
         if self.quantization is not None:
             _choice("quantization", self.quantization, QUANTIZATIONS)
         if isinstance(self.long_prefill_token_threshold, bool) or not isinstance(

@@ -1,6 +1,10 @@
-"""CUDA graphs for decode-only steps: the model's forward for a batch of one-token sequences,
-captured once per padded batch size over static input buffers, then replayed. This removes the
-per-kernel launch cost (hundreds of launches per step) that dominates small decode batches."""
+"""CUDA graphs: the model's forward captured once per padded size over static input buffers,
+then replayed. This removes the per-kernel launch cost (hundreds of launches per step) that
+dominates small steps.
+
+DecodeGraphs: decode-only steps (one token per sequence), per batch size and context bucket.
+PrefillGraphs: prefill-only steps of a few short prompt chunks, per padded token count: a lone
+request's first step, whose eager launch takes longer than its GPU work."""
 from __future__ import annotations
 
 import logging
@@ -116,3 +120,123 @@ class DecodeGraphs:
         graph, out = self.graphs[(bucket, bs)]
         graph.replay()
         return out[:n]
+
+
+# A prefill graph serves steps of at most this many prompt chunks (a burst of a few requests);
+# unused sequence slots have no tokens and cost the attention kernel one early exit per program.
+PREFILL_GRAPH_MAX_SEQS = 8
+
+
+def prefill_capture_sizes(max_tokens: int) -> list[int]:
+    """Token counts to capture: powers of two up to 256, then steps of 128 up to 1024 and of 256
+    beyond, so padding adds at most a quarter of the GPU work (an eighth above 1024)."""
+    sizes = [s for s in (16, 32, 64, 128, 256) if s < max_tokens]
+    sizes += list(range(384, min(max_tokens, 1024) + 1, 128))
+    sizes += list(range(1280, max_tokens + 1, 256))
+    return sorted(set(s for s in sizes if s < max_tokens) | {max_tokens}) if max_tokens > 0 else []
+
+
+class PrefillGraphs:
+    """Graphs for steps that are only prompt chunks (no decodes): at most PREFILL_GRAPH_MAX_SEQS
+    chunks and `max_tokens` tokens, padded to the next captured size. Padding tokens store no
+    KV (slot -1) and sit past the last sequence, where attention neither reads nor writes.
+
+    With capture=False (the CPU, tests) `run` executes the model eagerly on the same padded
+    buffers, so the padding itself is testable without a GPU."""
+
+    def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
+                 device: torch.device, capture: bool = True) -> None:
+        self.model = model
+        self.sizes = prefill_capture_sizes(max_tokens)
+        self.max_tokens = self.sizes[-1]
+        self.max_seqs = PREFILL_GRAPH_MAX_SEQS
+        self.use_graphs = capture
+        t, p = self.max_tokens, self.max_seqs
+        w = -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
+        # input ids, positions, slot mapping; then cu_seqlens (p + 1) and context lengths (p)
+        self.tokens = torch.zeros(3, t, dtype=torch.int64, device=device)
+        self.seq_info = torch.zeros(2 * p + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(p, w, dtype=torch.int32, device=device)
+        pin = device.type == "cuda"
+        # Two staging sets, alternately, as in DecodeGraphs: a copy may still wait behind the
+        # previous step when the next one is prepared.
+        self.host_tokens = [_host(torch.zeros(3, t, dtype=torch.int64), pin) for _ in range(2)]
+        self.host_seq_info = [_host(torch.zeros(2 * p + 1, dtype=torch.int32), pin) for _ in range(2)]
+        self.host_tables = [_host(torch.zeros(p, w, dtype=torch.int32), pin) for _ in range(2)]
+        self.parity = 0
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _metadata(self, size: int) -> AttentionMetadata:
+        p = self.max_seqs
+        return AttentionMetadata(
+            slot_mapping=self.tokens[2, :size], num_decode_tokens=0, decode_block_tables=None,
+            decode_context_lens=None, num_prefill_tokens=size,
+            prefill_block_tables=self.block_tables, prefill_cu_seqlens_q=self.seq_info[:p + 1],
+            prefill_context_lens=self.seq_info[p + 1:], prefill_max_seqlen_q=size)
+
+    def _forward(self, size: int) -> torch.Tensor:
+        with set_attention_metadata(self._metadata(size)):
+            return self.model(self.tokens[0, :size], self.tokens[1, :size])
+
+    def _clear(self) -> None:
+        """Inputs that make any graph a no-op: no slots, no sequences."""
+        self.tokens[2].fill_(-1)
+        self.seq_info.zero_()
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        self._clear()
+        pool = None
+        for size in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
+            self._forward(size)  # compile kernels, warm up
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._forward(size)
+            pool = graph.pool()
+            self.graphs[size] = (graph, out)
+        for graph, _ in self.graphs.values():  # upload now, not on a request's first token
+            graph.replay()
+        torch.cuda.synchronize()
+        logger.info("captured prefill CUDA graphs for up to %d prompts and token counts %s",
+                    self.max_seqs, self.sizes)
+
+    def can_run(self, batch: PreparedBatch) -> bool:
+        return (batch.num_decodes == 0 and 0 < batch.num_tokens <= self.max_tokens
+                and batch.prefill_cu_seqlens_q is not None
+                and len(batch.prefill_cu_seqlens_q) - 1 <= self.max_seqs
+                and batch.prefill_block_tables.shape[1] <= self.block_tables.shape[1])
+
+    def run(self, batch: PreparedBatch) -> torch.Tensor:
+        n = batch.num_tokens
+        size = next(s for s in self.sizes if s >= n)
+        p, chunks = self.max_seqs, len(batch.prefill_cu_seqlens_q) - 1
+        width = batch.prefill_block_tables.shape[1]
+        self.parity ^= 1
+        host_tokens = self.host_tokens[self.parity]
+        host_info = self.host_seq_info[self.parity]
+        host_tables = self.host_tables[self.parity]
+        ht = host_tokens.numpy()
+        ht[0, :n] = batch.input_ids
+        ht[1, :n] = batch.positions
+        ht[2, :n] = batch.slot_mapping
+        ht[:2, n:size] = 0
+        ht[2, n:size] = -1  # padding tokens store nothing
+        hi = host_info.numpy()
+        hi[:chunks + 1] = batch.prefill_cu_seqlens_q
+        hi[chunks + 1:p + 1] = n  # unused sequences: no tokens ...
+        hi[p + 1:p + 1 + chunks] = batch.prefill_context_lens
+        hi[p + 1 + chunks:] = 0  # ... and no context
+        host_tables.numpy()[:chunks, :width] = batch.prefill_block_tables
+        self.tokens[:, :size].copy_(host_tokens[:, :size], non_blocking=True)
+        self.seq_info.copy_(host_info, non_blocking=True)
+        self.block_tables[:chunks, :width].copy_(host_tables[:chunks, :width], non_blocking=True)
+        if not self.use_graphs:
+            return self._forward(size)[:n]
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:n]
+
+
+def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    return t.pin_memory() if pin else t

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
-from .cuda_graph import DecodeGraphs
+from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_context import set_attention_metadata
 from .input_batch import prepare_batch
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
@@ -89,10 +89,15 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._compile_step_variants()
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         if self.device.type == "cuda" and not args.enforce_eager:
-            self.graphs = DecodeGraphs(self.model, args.max_num_seqs,
-                                       -(-max_model_len // self.block_size), max_model_len, self.device)
+            max_blocks = -(-max_model_len // self.block_size)
+            self.graphs = DecodeGraphs(self.model, args.max_num_seqs, max_blocks, max_model_len, self.device)
             self.graphs.capture()
+            prefill_tokens = min(args.max_prefill_graph_tokens, max_num_batched_tokens)
+            if prefill_tokens:
+                self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device)
+                self.prefill_graphs.capture()
 
     # ---- KV pool sizing -----------------------------------------------------------------------
     @property
@@ -231,6 +236,8 @@ class ModelRunner:
         sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
         if self.graphs is not None and self.graphs.can_run(batch):
             hidden = self.graphs.run(batch, fill)
+        elif self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            hidden = self.prefill_graphs.run(batch)  # prompt chunks have no placeholder tokens
         else:
             hidden = self._forward_eager(batch, fill)
         if not sample_rows:

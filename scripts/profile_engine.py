@@ -67,6 +67,37 @@ def _alloc_retries(torch) -> int:
     return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
 
+def _watch_syncs(torch) -> dict:
+    """torch's sync debug mode warns on every operation that synchronises with the device
+    (a blocking copy, .item(), nonzero, ...); the warnings are recorded, not printed."""
+    import warnings
+    catch = warnings.catch_warnings(record=True)
+    state = {"catch": catch, "caught": []}
+
+    class Recorder:
+        def __enter__(self):
+            state["caught"] = catch.__enter__()
+            warnings.simplefilter("always")
+            if torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode("warn")
+
+        def __exit__(self, *exc):
+            if torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode(0)
+            return catch.__exit__(*exc)
+
+    state["catch"] = Recorder()
+    return state
+
+
+def _sync_report(caught: list) -> list:
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for w in caught:
+        if "synchroniz" in str(w.message).lower():
+            counts[(str(w.message)[:200], f"{w.filename}:{w.lineno}")] += 1
+    return [[m, where, n] for (m, where), n in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_engine_arguments(ap)
@@ -119,6 +150,20 @@ def main() -> None:
     engine._process_text = timed("text", engine._process_text)
     engine._take_results = timed("tokens", engine._take_results)
     model_runner.PendingStep.wait = timed("wait", model_runner.PendingStep.wait)
+    # The parts of launch, to find where the host blocks in it (a hidden synchronisation)
+    runner = engine.runner
+    model_runner.prepare_batch = timed("launch.prepare_batch", model_runner.prepare_batch)
+    runner.to_device = timed("launch.to_device", runner.to_device)
+    model_runner.Sampler.prepare = staticmethod(timed("launch.sampler_prepare", model_runner.Sampler.prepare))
+    if runner.graphs is not None:
+        runner.graphs.run = timed("launch.decode_graph", runner.graphs.run)
+    if runner.prefill_graphs is not None:
+        runner.prefill_graphs.run = timed("launch.prefill_graph", runner.prefill_graphs.run)
+    runner._forward_eager = timed("launch.forward_eager", runner._forward_eager)
+    runner.model.compute_logits = timed("launch.logits", runner.model.compute_logits)
+    runner.sampler = timed("launch.sample", runner.sampler)
+    pending_init = model_runner.PendingStep.__init__
+    model_runner.PendingStep.__init__ = timed("launch.pending_step", pending_init)
     rng = random.Random(0)
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
     # warm-up (compiles kernels outside the timed region)
@@ -137,12 +182,16 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        s = time.perf_counter()
-        compiles["step"] = len(steps)
-        engine.step()
-        steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
+    syncs = _watch_syncs(torch)
+    with syncs["catch"]:
+        while engine.has_unfinished_requests():
+            s = time.perf_counter()
+            compiles["step"] = len(steps)
+            engine.step()
+            steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
     wall = time.perf_counter() - start
+    if torch.cuda.is_available():
+        torch.cuda.set_sync_debug_mode(0)
     ttft_after = _lone_ttft(engine, rng, a.input_len, "after")  # the same, with a full cache
     tokens = a.num_requests * a.output_len
     dec = [t for n, d, t in steps if n == d and d >= a.num_requests * 0.9]
@@ -179,6 +228,9 @@ def main() -> None:
         # Triton compiles (or loads from its disk cache) during the timed run: (step, kernel)
         "triton_compiles_in_run": compiles["seen"],
         "allocator_retries_in_run": _alloc_retries(torch) - retries_before,
+        # operations that synchronised with the device during the run (torch's sync debug mode;
+        # event waits are by design and not reported): message and where, with counts
+        "synchronizing_calls": _sync_report(syncs["caught"]),
         # the slowest steps: (index, batched tokens, decodes, host ms, GPU ms between the
         # launch's first and last event; the eager launch of a prefill step is GPU-bound)
         "slowest_steps": sorted(([i, n, d, round(t * 1000, 2)] for i, (n, d, t) in enumerate(steps)),

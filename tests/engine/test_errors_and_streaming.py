@@ -46,6 +46,7 @@ def test_sampling_params_from_json_values():
     ({"dtype": "int8"}, "dtype must be one of auto, float32, bfloat16, float16; got 'int8'."),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5."),
     ({"max_num_seqs": 0}, "max_num_seqs must be a positive integer, got 0."),
+    ({"max_prefill_graph_tokens": -1}, "max_prefill_graph_tokens must be a non-negative integer, got -1."),
     ({"max_model_len": 100000}, "max_model_len=100000 is larger than the model's max_position_embeddings=2048."),
     ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64},
      "max_num_batched_tokens=64 is smaller than max_model_len=2048"),

@@ -2,10 +2,11 @@
 the decode graphs' context buckets, and the start-up run of every eager kernel variant."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend import EngineArgs, LLMEngine
-from backend.cuda_graph import context_buckets
+from backend.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
 from backend.input_batch import prepare_batch
 from backend.scheduler import ScheduledSequence
 from backend.sampling_params import SamplingParams
@@ -45,3 +46,78 @@ def test_start_up_kernel_variants_run_on_any_pool(llama_dir, monkeypatch):
     assert shapes == [(1, 0), (1, 0), (4, 0), (4, 0), (1, 16), (1, 32), (1, 64)]
     assert all(int(b.decode_block_tables.max()) < 8 for b in calls)
     assert engine.block_manager.usage == 0.0
+
+
+
+def test_prefill_graph_capture_sizes():
+    assert prefill_capture_sizes(0) == []
+    assert prefill_capture_sizes(16) == [16]
+    assert prefill_capture_sizes(100) == [16, 32, 64, 100]
+    assert prefill_capture_sizes(1024) == [16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024]
+    assert prefill_capture_sizes(2000)[10:] == [1024, 1280, 1536, 1792, 2000]
+
+
+def _generate(engine: LLMEngine, prompts: dict[str, list[int]]) -> dict[str, list[tuple[int, float]]]:
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, SamplingParams(temperature=0, max_tokens=3, logprobs=0,
+                                                    ignore_eos=True))
+    done: dict[str, list[tuple[int, float]]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            c = out.outputs[0]
+            done.setdefault(out.request_id, []).extend(
+                (t, lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs))
+    return done
+
+
+def test_prefill_graph_padding_changes_nothing(llama_dir):
+    """Prefill-only steps run on PrefillGraphs' padded buffers (eagerly: no GPU here) and give the
+    eager engine's tokens, logprobs and KV cache: padding tokens store nothing and attend to
+    nothing, unused sequence slots stay empty. Covers several chunks in one step, a lone short
+    prompt, a chunk after a cached prefix, and a step too big for the graphs (eager)."""
+    args = EngineArgs(model=llama_dir, num_kv_blocks=64, max_num_seqs=8, max_model_len=256)
+    eager, padded = LLMEngine(args), LLMEngine(args)
+    graphs = PrefillGraphs(padded.runner.model, 64, 256 // 16, torch.device("cpu"), capture=False)
+    seen = []
+    run = graphs.run
+    graphs.run = lambda batch: seen.append((batch.num_tokens, len(batch.prefill_cu_seqlens_q) - 1)) or run(batch)
+    padded.runner.prefill_graphs = graphs
+    rng = torch.Generator().manual_seed(4)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 250, (n,), generator=rng).tolist()
+
+    shared = ids(32)
+    waves = [{"a": ids(5), "b": ids(17), "c": ids(30)},  # one step of 3 chunks: 52 tokens -> 64
+             {"d": ids(9)},                              # a lone prompt: 9 -> 16
+             {"e": shared + ids(3)},                     # 35 -> 64
+             {"f": shared + ids(7)},                     # 32 tokens cached: a 7-token chunk -> 16
+             {"g": ids(70)}]                             # over 64 tokens: eager
+    for wave in waves:
+        got, want = _generate(padded, wave), _generate(eager, wave)
+        assert sorted(got) == sorted(want) == sorted(wave)
+        for rid in wave:
+            assert [t for t, _ in got[rid]] == [t for t, _ in want[rid]]
+            assert [lp for _, lp in got[rid]] == pytest.approx([lp for _, lp in want[rid]], abs=1e-5)
+    assert seen == [(52, 3), (9, 1), (35, 1), (7, 1)]
+    assert torch.allclose(padded.runner.kv_cache, eager.runner.kv_cache, atol=1e-5)
+
+
+def test_prefill_graphs_serve_only_prefill_steps_that_fit(llama_dir):
+    graphs = PrefillGraphs(torch.nn.Identity(), 64, 4, torch.device("cpu"), capture=False)
+
+    def batch(*items):  # (prompt length, tokens already computed, tokens this step)
+        scheduled = []
+        for i, (n, done, new) in enumerate(items):
+            s = Sequence(str(i), list(range(n)), n, SamplingParams())
+            s.block_table = list(range(4 * i, 4 * i + -(-n // 16)))
+            s.num_computed_tokens = done
+            scheduled.append(ScheduledSequence(s, new))
+        return prepare_batch(scheduled, 16)
+
+    assert graphs.can_run(batch((40, 0, 40), (20, 0, 20)))
+    assert graphs.can_run(batch((64, 0, 64)))
+    assert not graphs.can_run(batch((65, 0, 65)))                  # more tokens than captured
+    assert not graphs.can_run(batch((40, 0, 40), (20, 19, 1)))     # a decode alongside
+    assert not graphs.can_run(batch(*[(5, 0, 5)] * 9))             # more prompts than slots
+    assert not graphs.can_run(batch((60, 0, 60), (90, 89, 1)))

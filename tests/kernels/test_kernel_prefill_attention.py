@@ -63,6 +63,41 @@ def test_prefill_matches_float64(case, dtype):
     assert_accurate(out, ref64, _oracle(kv, query, q_lens, ctx, scale, dtype))
 
 
+@pytest.mark.parametrize("fn", ["kernel", "reference"])
+def test_prefill_leaves_padding_rows_and_empty_sequences_alone(fn):
+    """A CUDA graph runs a fixed token count over a fixed number of sequences: the unused
+    sequences have no tokens (and context 0) and the rows past cu_seqlens_q[-1] are padding.
+    Real rows must match the oracle; padding rows must keep what was in `out`."""
+    q_lens, ctx = [7, 0, 12, 0], [7, 0, 30, 0]
+    padding = 5
+    kv, query, cu = _prefill_inputs([7, 12], [7, 30], 1, 4, 64, 16, torch.float32, seed=3)
+    cu = torch.tensor([0, 7, 7, 19, 19], dtype=torch.int32)
+    tables = torch.cat([kv.block_tables[:1], kv.block_tables[:1], kv.block_tables[1:], kv.block_tables[1:]])
+    query = torch.cat([query, torch.randn(padding, 4, 64)])
+    out = poisoned(query.shape, torch.float32)
+    out[19:] = 7.0
+    if fn == "kernel":
+        k_cache, v_cache, device = kv.k_cache, kv.v_cache, DEVICE
+        call = kernels.paged_prefill_attention
+    else:
+        k_cache, v_cache, device = kv.k_cache.cpu(), kv.v_cache.cpu(), "cpu"
+        out, call = out.cpu(), reference.paged_prefill_attention_ref
+    call(query.to(device), k_cache, v_cache, tables.to(device), cu.to(device),
+         torch.tensor(ctx, dtype=torch.int32, device=device), 24, 0.125, out=out)
+    ref64 = _oracle(kv, query[:19], [7, 12], [7, 30], 0.125, torch.float64)
+    assert rel_err(out[:19], ref64) < 1e-4
+    assert bool((out[19:] == 7.0).all())
+
+
+def test_prefill_reference_rejects_falling_cu_seqlens():
+    kv, query, _ = _prefill_inputs([2, 3], [4, 3], 1, 1, 16, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match=re.escape(
+            "paged_prefill_attention: cu_seqlens_q must rise from 0 to at most T = 5, got [0, 3, 2]") + "$"):
+        reference.paged_prefill_attention_ref(query, kv.k_cache.cpu(), kv.v_cache.cpu(),
+                                              kv.block_tables.cpu(), torch.tensor([0, 3, 2], dtype=torch.int32),
+                                              torch.tensor([4, 3], dtype=torch.int32), 3, 0.25)
+
+
 def test_prefill_long_chunk_uses_unmasked_tiles():
     """A chunk far past its prefix walks whole mask-free key tiles before the diagonal ones;
     peaky scores make a wrong running max visible."""
