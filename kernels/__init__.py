@@ -16,7 +16,11 @@ from importlib import import_module
 import torch
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
-           "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "greedy_sample"]
+           "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "fp8_matmul_few_rows",
+           "greedy_sample"]
+
+# fp8_matmul_few_rows serves at most this many rows (one MMA tile); more go to torch._scaled_mm.
+FP8_MATMUL_MAX_ROWS = 16
 
 
 def _impl(module: str, name: str):
@@ -60,6 +64,13 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, **options) ->
 
 def quantize_fp8_per_token(x: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor]:
     return _impl("quant", "quantize_fp8_per_token")(x, **options)
+
+
+def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                        weight_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                        **options) -> torch.Tensor:
+    return _impl("fp8_matmul", "fp8_matmul_few_rows")(x_q, x_scale, weight, weight_scale, out_dtype,
+                                                      **options)
 
 
 def greedy_sample(logits: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor]:

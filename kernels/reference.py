@@ -158,6 +158,14 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 FP8_MIN_SCALE = 1e-12  # an all-zero row still gets a finite, nonzero scale
 
 
+def fp8_matmul_few_rows_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                            weight_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """(x_q @ weight^T) * x_scale * weight_scale in float32, in the kernel's order: the FP8 values
+    multiply exactly and accumulate in float32, then both scales apply."""
+    v.check_fp8_matmul("fp8_matmul_few_rows", x_q, x_scale, weight, weight_scale, out_dtype, 16)
+    return ((x_q.float() @ weight.float().t()) * x_scale * weight_scale).to(out_dtype)
+
+
 def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] -> (q float8_e4m3fn [T, K], scale float32 [T, 1]); x ~= q * scale."""
     v.check_quantize("quantize_fp8_per_token", x, v.REFERENCE_DTYPES)

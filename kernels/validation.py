@@ -246,3 +246,27 @@ def check_greedy_sample(op: str, logits, dtypes: tuple[torch.dtype, ...]) -> Non
     check_last_dim_contiguous(op, "logits", logits)
     if logits.shape[1] == 0:
         fail(op, f"logits must have at least one column, got shape {tuple(logits.shape)}")
+
+
+def check_fp8_matmul(op: str, x_q, x_scale, weight, weight_scale, out_dtype: torch.dtype,
+                     max_rows: int) -> None:
+    fp8 = (torch.float8_e4m3fn,)
+    check_tensor(op, "x_q", x_q, "[M, K]", fp8)
+    check_last_dim_contiguous(op, "x_q", x_q)
+    if x_q.shape[0] > max_rows:
+        fail(op, f"x_q may have at most {max_rows} rows (torch._scaled_mm serves more), "
+                 f"got {x_q.shape[0]}")
+    check_tensor(op, "weight", weight, "[N, K]", fp8)
+    check_last_dim_contiguous(op, "weight", weight)
+    if weight.shape[1] != x_q.shape[1]:
+        fail(op, f"weight [N, K] has K = {weight.shape[1]} but x_q has K = {x_q.shape[1]}")
+    check_tensor(op, "x_scale", x_scale, "[M, 1]", (torch.float32,))
+    check_shape(op, "x_scale", x_scale, (x_q.shape[0], 1), "[M, 1]")
+    check_contiguous(op, "x_scale", x_scale)
+    check_tensor(op, "weight_scale", weight_scale, "[1, N]", (torch.float32,))
+    check_shape(op, "weight_scale", weight_scale, (1, weight.shape[0]), "[1, N]")
+    check_contiguous(op, "weight_scale", weight_scale)
+    if out_dtype not in HALF_AND_FLOAT:
+        fail(op, f"out_dtype must be {_dtype_names(HALF_AND_FLOAT)}, got {out_dtype}")
+    check_same_device(op, {"x_q": x_q, "x_scale": x_scale, "weight": weight,
+                           "weight_scale": weight_scale})

@@ -3,14 +3,15 @@
 Weights are quantized once, after loading a 16-bit checkpoint: float8_e4m3fn with one scale per
 output channel. Activations are quantized per token at every call (dynamic scaling, so no
 calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
-applies both scales to the output; Hopper runs FP8 at twice the bf16 rate and reads half the
-weight bytes. Embeddings, the LM head, norms and the KV cache stay in the model dtype.
+applies both scales to the output (for up to 16 rows, our kernel: kernels/fp8_matmul.py);
+Hopper runs FP8 at twice the bf16 rate and reads half the weight bytes. Embeddings, the LM head, norms and the KV cache stay in the model dtype.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+import kernels
 from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 from ..config import QUANTIZATIONS
@@ -43,7 +44,12 @@ class Fp8LinearMethod(LinearMethod):
         if layer.weight.dtype != FP8_DTYPE:
             raise RuntimeError("Fp8LinearMethod: weights were not quantized after loading")
         x_q, x_scale = ops.quantize_fp8_per_token(x)
-        if x.is_cuda:
+        if x.is_cuda and x_q.shape[0] <= kernels.FP8_MATMUL_MAX_ROWS:
+            # Decode batches of a few sequences: _scaled_mm's kernels are tiled for many rows
+            # and read the weights more slowly than a bf16 matmul would (kernels/fp8_matmul.py).
+            out = kernels.fp8_matmul_few_rows(x_q, x_scale, layer.weight.data, layer.weight_scale.data,
+                                              torch.bfloat16).to(x.dtype)
+        elif x.is_cuda:
             # weight [N, K] row-major is the column-major [K, N] operand _scaled_mm wants.
             # Row-wise scales need a bf16 output; other model dtypes are cast after.
             out = torch._scaled_mm(x_q, layer.weight.t(), scale_a=x_scale,
