@@ -76,6 +76,9 @@ def cases():
     yield "silu_and_mul", lambda: kernels.silu_and_mul(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token(e(16, 14336, dtype=torch.bfloat16))
     yield "greedy_sample", lambda: kernels.greedy_sample(e(256, 128256, dtype=torch.bfloat16))
+    fp8 = torch.float8_e4m3fn
+    yield "fp8_matmul", lambda: kernels.fp8_matmul_few_rows(e(1, 4096, dtype=fp8), e(1, 1), e(6144, 4096, dtype=fp8),
+                                                            e(1, 6144), torch.bfloat16)
     kv = e(16, 8, 128, dtype=torch.bfloat16)
     yield "store_kv_cache", lambda: kernels.store_kv_cache(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),
@@ -87,7 +90,7 @@ def main() -> None:
     JITFunction.run = _record
     import kernels._launch as launch
     for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store",
-                   "quant", "sampling"):
+                   "quant", "sampling", "fp8_matmul"):
         __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
     for label, call in cases():
         launches.clear()

@@ -27,7 +27,7 @@ def compiled():
 def test_kernels_compile_for_hopper(compiled):
     labels = {c["case"] for c in compiled}
     assert {"decode torch.bfloat16 splits=4", "prefill torch.bfloat16", "rms_norm", "rotary",
-            "silu_and_mul", "store_kv_cache", "quantize_fp8", "greedy_sample"} <= labels
+            "silu_and_mul", "store_kv_cache", "quantize_fp8", "greedy_sample", "fp8_matmul"} <= labels
     for c in compiled:
         assert c["shared"] <= H100_MAX_SHARED, c
         assert c.get("local_bytes", 0) == 0, f"spills to local memory: {c}"
@@ -35,3 +35,5 @@ def test_kernels_compile_for_hopper(compiled):
     assert by_kernel[("decode torch.bfloat16 splits=1", "_decode_kernel")]["mma"]
     assert by_kernel[("decode torch.bfloat16 splits=4", "_merge_kernel")]
     assert by_kernel[("prefill torch.bfloat16", "_prefill_kernel")]["wgmma"]
+    fp8 = by_kernel[("fp8_matmul", "_fp8_matmul_kernel")]
+    assert fp8["mma"] or fp8["wgmma"], fp8  # FP8 tensor cores, not a scalar loop
