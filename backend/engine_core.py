@@ -52,25 +52,29 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
     threading.Thread(target=read_commands, name="tritium-core-rx", daemon=True).start()
 
     outbox = Outbox(conn)
-    steps, step_s = 0, 0.0
+    steps, step_s, step_cpu_s = 0, 0.0, 0.0
     while True:
         if not _apply_commands(engine, inbox, outbox, block=not engine.has_unfinished_requests()):
             break
         if engine.has_unfinished_requests():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             outbox.put_outputs(engine.step(outbox.put_outputs))
             step_s += time.perf_counter() - start
+            step_cpu_s += time.thread_time() - start_cpu
             steps += 1
     outbox.put_outputs([o for rid in list(engine.requests)
                         if (o := engine.abort_request(rid, error="The engine is shutting down.")) is not None])
     outbox.put(("bye", None))
     outbox.close()
     st = outbox.stats
-    # Where the time went: a step loop that waits for the device is device-bound; time the
-    # sender thread spent blocked in send means the parent reads outputs slower than they come.
-    logger.info("engine process: %d steps in %.2f s, of which %.2f s waiting for the device; "
-                "%d outputs in %d messages, %.2f s packing and sending them", steps, step_s,
-                engine.device_wait_s, st["outputs"], st["messages"], st["send_s"])
+    # Where the time went: a step loop that waits for the device is device-bound; one whose
+    # steps take much longer than its thread's CPU time (and the device wait) waits for the GIL
+    # or for a core; time the sender thread spent blocked in send means the parent reads
+    # outputs slower than they come.
+    logger.info("engine process: %d steps in %.2f s (%.2f s of CPU on the step loop's thread), "
+                "of which %.2f s waiting for the device; %d outputs in %d messages, %.2f s packing "
+                "and sending them", steps, step_s, step_cpu_s, engine.device_wait_s,
+                st["outputs"], st["messages"], st["send_s"])
     return 0
 
 

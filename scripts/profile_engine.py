@@ -181,7 +181,7 @@ def main() -> None:
     steps = []
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     syncs = _watch_syncs(torch)
     with syncs["catch"]:
         while engine.has_unfinished_requests():
@@ -190,6 +190,7 @@ def main() -> None:
             engine.step()
             steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
     wall = time.perf_counter() - start
+    loop_cpu = time.thread_time() - start_cpu
     if torch.cuda.is_available():
         torch.cuda.set_sync_debug_mode(0)
     ttft_after = _lone_ttft(engine, rng, a.input_len, "after")  # the same, with a full cache
@@ -212,7 +213,7 @@ def main() -> None:
                "steps_by_phase": {"prefill": sum(1 for e in events if e[2]),
                                   "decode": sum(1 for e in events if not e[2])}}
     summary = {
-        "startup_s": startup, "wall_s": wall, "output_tok_s": tokens / wall, "steps": len(steps),
+        "startup_s": startup, "wall_s": wall, "loop_thread_cpu_s": loop_cpu, "output_tok_s": tokens / wall, "steps": len(steps),
         "num_kv_blocks": engine.runner.num_blocks,
         "decode_steps_full_batch": len(dec),
         "decode_step_ms_median": sorted(dec)[len(dec) // 2] * 1000 if dec else None,
