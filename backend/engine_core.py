@@ -53,15 +53,23 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
 
     outbox = Outbox(conn)
     steps, step_s, step_cpu_s = 0, 0.0, 0.0
+    busy_s, busy_since = 0.0, None  # time with requests in the engine, first step to last
     while True:
         if not _apply_commands(engine, inbox, outbox, block=not engine.has_unfinished_requests()):
             break
         if engine.has_unfinished_requests():
             start, start_cpu = time.perf_counter(), time.thread_time()
+            busy_since = start if busy_since is None else busy_since
             outbox.put_outputs(engine.step(outbox.put_outputs))
-            step_s += time.perf_counter() - start
+            end = time.perf_counter()
+            step_s += end - start
             step_cpu_s += time.thread_time() - start_cpu
             steps += 1
+            if not engine.has_unfinished_requests():
+                busy_s += end - busy_since
+                busy_since = None
+    if busy_since is not None:  # stopped with requests in flight
+        busy_s += time.perf_counter() - busy_since
     outbox.put_outputs([o for rid in list(engine.requests)
                         if (o := engine.abort_request(rid, error="The engine is shutting down.")) is not None])
     outbox.put(("bye", None))
@@ -69,12 +77,13 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
     st = outbox.stats
     # Where the time went: a step loop that waits for the device is device-bound; one whose
     # steps take much longer than its thread's CPU time (and the device wait) waits for the GIL
-    # or for a core; time the sender thread spent blocked in send means the parent reads
-    # outputs slower than they come.
-    logger.info("engine process: %d steps in %.2f s (%.2f s of CPU on the step loop's thread), "
-                "of which %.2f s waiting for the device; %d outputs in %d messages, %.2f s packing "
-                "and sending them", steps, step_s, step_cpu_s, engine.device_wait_s,
-                st["outputs"], st["messages"], st["send_s"])
+    # or for a core; busy time well beyond the steps' is spent between steps (taking commands);
+    # time the sender thread spent blocked in send means the parent reads outputs slower than
+    # they come.
+    logger.info("engine process: %d steps in %.2f s (%.2f s of CPU on the step loop's thread) "
+                "over %.2f s busy, of which %.2f s waiting for the device; %d outputs in %d "
+                "messages, %.2f s packing and sending them", steps, step_s, step_cpu_s, busy_s,
+                engine.device_wait_s, st["outputs"], st["messages"], st["send_s"])
     return 0
 
 
