@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 from .config import EngineArgs
 from .input_processor import InputProcessor
@@ -26,7 +26,7 @@ from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .errors import EngineShutdownError, OutputCallback
-from .tokenizer import IncrementalDetokenizer, load_tokenizer
+from .tokenizer import IncrementalDetokenizer, detokenize_many, load_tokenizer
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,14 +78,25 @@ class OutputDetokenizer:
         self._req = req
         self._samples: dict[int, IncrementalDetokenizer] = {}
 
+    def _sample(self, index: int) -> IncrementalDetokenizer:
+        det = self._samples.get(index)
+        if det is None:
+            p = self._req.params
+            det = self._samples[index] = IncrementalDetokenizer(
+                self._tokenizer, self._req.prompt_token_ids, p.skip_special_tokens,
+                p.spaces_between_special_tokens)
+        return det
+
+    def one_token(self, outputs: list[CompletionOutput]) -> IncrementalDetokenizer | None:
+        """The detokenizer of the common output (one sample, one new token, not the last),
+        whose text `detokenize_many` makes together with other streams'; else None."""
+        if len(outputs) == 1 and outputs[0].finish_reason is None and len(outputs[0].token_ids) == 1:
+            return self._sample(outputs[0].index)
+        return None
+
     def fill(self, outputs: list[CompletionOutput]) -> None:
         for c in outputs:
-            det = self._samples.get(c.index)
-            if det is None:
-                p = self._req.params
-                det = self._samples[c.index] = IncrementalDetokenizer(
-                    self._tokenizer, self._req.prompt_token_ids, p.skip_special_tokens,
-                    p.spaces_between_special_tokens)
+            det = self._sample(c.index)
             ids = c.token_ids
             if c.finish_reason is None:
                 # The common case, once per token of every stream: keep it lean.
@@ -211,23 +222,43 @@ class EngineProcess:
                 return
 
     def _deliver(self, payload: list[tuple]) -> None:
-        """One message's outputs (one or more engine steps), in order, to their callbacks."""
+        """One message's outputs (one or more engine steps), in order per request, to their
+        callbacks. The common outputs' text is made in batches (`detokenize_many`: one Rust
+        decode per batch, without the GIL); a request's next output waits for its batch."""
         outputs = [unpack_output(p) for p in payload]
         with self._lock:  # once per message: finished requests leave the table
             requests = self._requests
             entries = [requests.pop(o[0], None) if o[1] else requests.get(o[0]) for o in outputs]
+        batch: list[tuple[IncrementalDetokenizer, int]] = []
+        waiting: list[tuple[CompletionOutput, Callable[[RequestOutput], None], RequestOutput]] = []
+        in_batch: set[int] = set()  # id() of the OutputDetokenizers with a token in the batch
+
+        def flush() -> None:
+            for (c, callback, out), text in zip(waiting, detokenize_many(batch)):
+                c.text = text
+                _call(callback, out)
+            batch.clear()
+            waiting.clear()
+            in_batch.clear()
+
         for (request_id, finished, error, num_cached, completions), entry in zip(outputs, entries):
             if entry is None:
                 continue
             req, callback, detok = entry
-            if detok is not None:
-                detok.fill(completions)
             out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
                                 num_cached_tokens=num_cached, error=error, metrics=req.metrics)
-            try:
-                callback(out)
-            except Exception:  # a broken callback must not stop the others' outputs
-                logger.exception("output callback for request %s failed", request_id)
+            if detok is not None:
+                if id(detok) in in_batch:
+                    flush()  # this request's previous output first
+                det = detok.one_token(completions)
+                if det is not None:
+                    batch.append((det, completions[0].token_ids[0]))
+                    waiting.append((completions[0], callback, out))
+                    in_batch.add(id(detok))
+                    continue
+                detok.fill(completions)
+            _call(callback, out)
+        flush()
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
@@ -242,6 +273,13 @@ class EngineProcess:
                 callback(out)
             except Exception:
                 logger.exception("output callback for request %s failed", request_id)
+
+
+def _call(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None:
+    try:
+        callback(out)
+    except Exception:  # a broken callback must not stop the others' outputs
+        logger.exception("output callback for request %s failed", out.request_id)
 
 
 def _child_main(fd: int) -> int:

@@ -110,6 +110,44 @@ class IncrementalDetokenizer:
         return delta
 
 
+def detokenize_many(items: list[tuple[IncrementalDetokenizer, int]]) -> list[str]:
+    """`det.add_token(token)` for each pair, with the same results, but every window decoded in
+    one call of the Rust tokenizer per kind of detokenizer: `decode_batch` runs without the GIL,
+    so the thread making text for many streams at once (the Triton stub's receiver) leaves the
+    interpreter to the thread sending responses meanwhile. A detokenizer may appear only once."""
+    texts = [""] * len(items)
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, (det, token) in enumerate(items):
+        if token >= det._vocab_size or token in det._skipped_ids:
+            continue  # no text, and stays out of the window (as in add_token)
+        if det._rust is None:  # a slow tokenizer: one by one
+            texts[i] = det.add_token(token)
+            continue
+        groups.setdefault((id(det._rust), det.skip_special_tokens), []).append(i)
+    for indices in groups.values():
+        first = items[indices[0]][0]
+        rust, skip = first._rust, first.skip_special_tokens
+        windows = []
+        for i in indices:
+            det, token = items[i]
+            det._ids.append(token)
+            windows.append(det._ids)
+        slid = []
+        for i, new_text in zip(indices, rust.decode_batch(windows, skip)):
+            det = items[i][0]
+            prefix_len = len(det._prefix_text)
+            if len(new_text) <= prefix_len or new_text[-1] == "\ufffd":
+                continue  # nothing printable yet
+            texts[i] = new_text[prefix_len:]
+            del det._ids[:det._read_offset]
+            det._read_offset = len(det._ids)
+            slid.append(det)
+        if slid:
+            for det, prefix in zip(slid, rust.decode_batch([d._ids for d in slid], skip)):
+                det._prefix_text = prefix
+    return texts
+
+
 def find_stop_string(text: str, new_chars: int, stop: list[str]) -> tuple[int, str] | None:
     """Earliest stop string that ends within the last `new_chars` characters of `text`."""
     best: tuple[int, str] | None = None

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from backend import LLM, LLMEngine, EngineArgs, SamplingParams
-from backend.tokenizer import IncrementalDetokenizer, find_stop_string, partial_stop_suffix_len
+from backend.tokenizer import IncrementalDetokenizer, detokenize_many, find_stop_string, partial_stop_suffix_len
 
 TEXT = "Café 日本語のテキスト 🚀 naïve ∑ x² — Ελληνικά and 한국어 🧠✨ done."
 
@@ -146,3 +146,35 @@ def test_invisible_tokens_do_not_grow_the_window(tok):
     known = [t for t in ids if t < len(tok)]
     assert "".join(pieces) == tok.decode(known, skip_special_tokens=True) == "abc déf 日本"
     assert longest <= 8, longest
+
+
+def test_detokenize_many_equals_add_token_one_by_one(tok):
+    """The batched form (one Rust decode_batch per step for every stream) gives each stream the
+    same pieces as add_token: random ids, multi-byte characters split over tokens, skipped
+    special tokens and ids beyond the vocabulary, streams of different lengths and settings."""
+    rng = random.Random(11)
+    text_ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    streams = []
+    for s in range(24):
+        kind = s % 3
+        if kind == 0:
+            ids = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 50))]
+        elif kind == 1:
+            ids = list(text_ids)
+        else:
+            ids = [rng.choice([t, tok.eos_token_id, len(tok) + 7]) for t in text_ids]
+        prompt = [rng.randrange(len(tok)) for _ in range(rng.randint(1, 8))]
+        streams.append((prompt, ids, s % 4 != 0))  # some keep special tokens
+    one_by_one = []
+    for prompt, ids, skip in streams:
+        d = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+        one_by_one.append([d.add_token(t) for t in ids])
+    dets = [IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip) for prompt, _, skip in streams]
+    batched = [[] for _ in streams]
+    for step in range(max(len(ids) for _, ids, _ in streams)):
+        live = [i for i, (_, ids, _) in enumerate(streams) if step < len(ids)]
+        pieces = detokenize_many([(dets[i], streams[i][1][step]) for i in live])
+        for i, piece in zip(live, pieces):
+            batched[i].append(piece)
+    assert batched == one_by_one
+    assert any("\ufffd" in tok.decode([t]) for t in text_ids)  # the held-back case is exercised

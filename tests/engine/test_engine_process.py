@@ -230,3 +230,43 @@ def test_packed_outputs_round_trip():
         request_id, finished, error, num_cached, completions = unpack_output(packed)
         assert (request_id, finished, error, num_cached) == ("r", original.finished, original.error, 16)
         assert completions == original.outputs
+
+
+def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
+    """One message holding two engine steps (the engine process merges queued steps): the
+    receiver makes the common outputs' text in batches, yet each request sees its outputs in
+    order with the text add_token gives one by one, and a final output flushes what came
+    before it."""
+    from transformers import AutoTokenizer
+
+    from backend.engine_process import OutputDetokenizer, pack_output
+    from backend.outputs import CompletionOutput, RequestOutput
+    from backend.tokenizer import IncrementalDetokenizer
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    ids = tok("日本語 🚀 ok", add_special_tokens=False)["input_ids"][:6]
+    eng = EngineProcess.__new__(EngineProcess)
+    eng._lock = threading.Lock()
+    eng.receiver_stats = {"messages": 0, "outputs": 0, "busy_s": 0.0}
+    seen: list[tuple[str, list[int], str, bool]] = []
+    params = SamplingParams(max_tokens=8)
+    eng._requests = {}
+    for rid in ("a", "b"):
+        req = type("Req", (), {"params": params, "prompt": None, "prompt_token_ids": [1, 2],
+                               "metrics": None})()
+        eng._requests[rid] = (req, lambda out: seen.append((out.request_id, out.outputs[0].token_ids,
+                                                            out.outputs[0].text, out.finished)),
+                              OutputDetokenizer(tok, req))
+    steps = [("a", ids[0]), ("b", ids[3]), ("a", ids[1]), ("b", ids[4]), ("a", ids[2])]
+    payload = [pack_output(RequestOutput(r, None, [1, 2], [CompletionOutput(0, "", [t], -1.0, None)], False))
+               for r, t in steps]
+    payload.append(pack_output(RequestOutput("b", None, [1, 2], [CompletionOutput(0, "", [ids[5]], -1.0, None,
+                                                                                   "length")], True)))
+    eng._deliver(payload)
+    for rid, toks in (("a", ids[:3]), ("b", ids[3:6])):
+        got = [(t, text) for r, t, text, _ in seen if r == rid]
+        ref = IncrementalDetokenizer(tok, [1, 2])
+        want = [([t], ref.add_token(t)) for t in toks]
+        want[-1] = (want[-1][0], want[-1][1] + (ref.flush() if rid == "b" else ""))
+        assert got == want, rid
+    assert [f for r, _, _, f in seen if r == "b"] == [False, False, True]
+    assert "b" not in eng._requests and "a" in eng._requests
