@@ -266,13 +266,9 @@ class EngineProcess:
             entries, self._requests = list(self._requests.items()), {}
             self._stats_ready.notify_all()
         for request_id, (req, callback, _) in entries:
-            out = RequestOutput(request_id, req.prompt, req.prompt_token_ids,
-                                [CompletionOutput(0, "", [], None, None, "abort")], True,
-                                error=message, metrics=req.metrics)
-            try:
-                callback(out)
-            except Exception:
-                logger.exception("output callback for request %s failed", request_id)
+            _call(callback, RequestOutput(request_id, req.prompt, req.prompt_token_ids,
+                                          [CompletionOutput(0, "", [], None, None, "abort")], True,
+                                          error=message, metrics=req.metrics))
 
 
 def _call(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import FP8_MATMUL_MAX_ROWS
 from . import validation as v
 
 
@@ -162,7 +163,8 @@ def fp8_matmul_few_rows_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: to
                             weight_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """(x_q @ weight^T) * x_scale * weight_scale in float32, in the kernel's order: the FP8 values
     multiply exactly and accumulate in float32, then both scales apply."""
-    v.check_fp8_matmul("fp8_matmul_few_rows", x_q, x_scale, weight, weight_scale, out_dtype, 16)
+    v.check_fp8_matmul("fp8_matmul_few_rows", x_q, x_scale, weight, weight_scale, out_dtype,
+                       FP8_MATMUL_MAX_ROWS)
     return ((x_q.float() @ weight.float().t()) * x_scale * weight_scale).to(out_dtype)
 
 

@@ -4,7 +4,8 @@ Weights are quantized once, after loading a 16-bit checkpoint: float8_e4m3fn wit
 output channel. Activations are quantized per token at every call (dynamic scaling, so no
 calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
 applies both scales to the output (for up to 16 rows, our kernel: kernels/fp8_matmul.py);
-Hopper runs FP8 at twice the bf16 rate and reads half the weight bytes. Embeddings, the LM head, norms and the KV cache stay in the model dtype.
+Hopper runs FP8 at twice the bf16 rate and reads half the weight bytes. Embeddings, the LM head,
+norms and the KV cache stay in the model dtype.
 """
 from __future__ import annotations
 
