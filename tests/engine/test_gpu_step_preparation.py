@@ -2,6 +2,7 @@
 the decode graphs' context buckets, and the start-up run of every eager kernel variant."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,3 +122,6 @@ def test_prefill_graphs_serve_only_prefill_steps_that_fit(llama_dir):
     assert not graphs.can_run(batch((40, 0, 40), (20, 19, 1)))     # a decode alongside
     assert not graphs.can_run(batch(*[(5, 0, 5)] * 9))             # more prompts than slots
     assert not graphs.can_run(batch((60, 0, 60), (90, 89, 1)))
+    wide = batch((40, 0, 40))
+    wide.prefill_block_tables = np.zeros((1, 32), dtype=np.int32)  # wider than the graph's 16
+    assert not graphs.can_run(wide)
