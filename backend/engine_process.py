@@ -98,9 +98,8 @@ class OutputDetokenizer:
         for c in outputs:
             det = self._sample(c.index)
             ids = c.token_ids
-            if c.finish_reason is None:
-                # The common case, once per token of every stream: keep it lean.
-                c.text = det.add_token(ids[0]) if len(ids) == 1 else "".join([det.add_token(t) for t in ids])
+            if c.finish_reason is None:  # (one token of one sample goes through one_token instead)
+                c.text = "".join([det.add_token(t) for t in ids])
                 continue
             if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and ids:
                 ids = ids[:-1]  # the stop token

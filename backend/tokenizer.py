@@ -83,21 +83,30 @@ class IncrementalDetokenizer:
                                      clean_up_tokenization_spaces=False)
 
     def add_token(self, token_id: int) -> str:
-        if token_id >= self._vocab_size or token_id in self._skipped_ids:
-            # Shows nothing in any context (an id beyond the tokenizer's vocabulary, as when a
-            # model's vocabulary is larger; a skipped special token). In the window it would only
-            # make every later decode longer, quadratically over a long run of such tokens.
+        if self._shows_nothing(token_id):
             return ""
-        ids = self._ids
-        ids.append(token_id)
-        new_text = self._decode(ids)
+        self._ids.append(token_id)
+        text = self._emit(self._decode(self._ids))
+        if text:
+            self._prefix_text = self._decode(self._ids)
+        return text
+
+    def _shows_nothing(self, token_id: int) -> bool:
+        """An id beyond the tokenizer's vocabulary (as when a model's vocabulary is larger) or a
+        skipped special token shows nothing in any context. In the window it would only make
+        every later decode longer, quadratically over a long run of such tokens."""
+        return token_id >= self._vocab_size or token_id in self._skipped_ids
+
+    def _emit(self, new_text: str) -> str:
+        """The decode of the window (its newest token appended) -> the text beyond what was
+        emitted, or "" while nothing printable came (a partial character, a token with no
+        text). When there is text, the window slides: the next decode starts at the tokens just
+        emitted, and the caller sets `_prefix_text` to the decode of the new window."""
         prefix_len = len(self._prefix_text)
         if len(new_text) <= prefix_len or new_text[-1] == "\ufffd":
-            return ""  # nothing printable yet (a partial character, or a token with no text)
-        # Slide the window: the next decode starts at the tokens just emitted.
-        del ids[:self._read_offset]
-        self._read_offset = len(ids)
-        self._prefix_text = self._decode(ids)
+            return ""
+        del self._ids[:self._read_offset]
+        self._read_offset = len(self._ids)
         return new_text[prefix_len:]
 
     def flush(self) -> str:
@@ -118,8 +127,8 @@ def detokenize_many(items: list[tuple[IncrementalDetokenizer, int]]) -> list[str
     texts = [""] * len(items)
     groups: dict[tuple[int, bool], list[int]] = {}
     for i, (det, token) in enumerate(items):
-        if token >= det._vocab_size or token in det._skipped_ids:
-            continue  # no text, and stays out of the window (as in add_token)
+        if det._shows_nothing(token):
+            continue
         if det._rust is None:  # a slow tokenizer: one by one
             texts[i] = det.add_token(token)
             continue
@@ -135,13 +144,9 @@ def detokenize_many(items: list[tuple[IncrementalDetokenizer, int]]) -> list[str
         slid = []
         for i, new_text in zip(indices, rust.decode_batch(windows, skip)):
             det = items[i][0]
-            prefix_len = len(det._prefix_text)
-            if len(new_text) <= prefix_len or new_text[-1] == "\ufffd":
-                continue  # nothing printable yet
-            texts[i] = new_text[prefix_len:]
-            del det._ids[:det._read_offset]
-            det._read_offset = len(det._ids)
-            slid.append(det)
+            texts[i] = det._emit(new_text)
+            if texts[i]:
+                slid.append(det)
         if slid:
             for det, prefix in zip(slid, rust.decode_batch([d._ids for d in slid], skip)):
                 det._prefix_text = prefix

@@ -8,11 +8,13 @@ with dummy weights and prints a table; writes JSON with --json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import sys
 import time
+import warnings
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,27 +69,20 @@ def _alloc_retries(torch) -> int:
     return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
 
-def _watch_syncs(torch) -> dict:
+@contextlib.contextmanager
+def _recording_syncs(torch, caught: list):
     """torch's sync debug mode warns on every operation that synchronises with the device
-    (a blocking copy, .item(), nonzero, ...); the warnings are recorded, not printed."""
-    import warnings
-    catch = warnings.catch_warnings(record=True)
-    state = {"catch": catch, "caught": []}
-
-    class Recorder:
-        def __enter__(self):
-            state["caught"] = catch.__enter__()
-            warnings.simplefilter("always")
-            if torch.cuda.is_available():
-                torch.cuda.set_sync_debug_mode("warn")
-
-        def __exit__(self, *exc):
+    (a blocking copy, .item(), nonzero, ...); the warnings go into `caught`, not to stderr."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
             if torch.cuda.is_available():
                 torch.cuda.set_sync_debug_mode(0)
-            return catch.__exit__(*exc)
-
-    state["catch"] = Recorder()
-    return state
+            caught.extend(seen)
 
 
 def _sync_report(caught: list) -> list:
@@ -182,8 +177,8 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start, start_cpu = time.perf_counter(), time.thread_time()
-    syncs = _watch_syncs(torch)
-    with syncs["catch"]:
+    syncs: list = []
+    with _recording_syncs(torch, syncs):
         while engine.has_unfinished_requests():
             s = time.perf_counter()
             compiles["step"] = len(steps)
@@ -191,8 +186,6 @@ def main() -> None:
             steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
     wall = time.perf_counter() - start
     loop_cpu = time.thread_time() - start_cpu
-    if torch.cuda.is_available():
-        torch.cuda.set_sync_debug_mode(0)
     ttft_after = _lone_ttft(engine, rng, a.input_len, "after")  # the same, with a full cache
     tokens = a.num_requests * a.output_len
     dec = [t for n, d, t in steps if n == d and d >= a.num_requests * 0.9]
@@ -231,7 +224,7 @@ def main() -> None:
         "allocator_retries_in_run": _alloc_retries(torch) - retries_before,
         # operations that synchronised with the device during the run (torch's sync debug mode;
         # event waits are by design and not reported): message and where, with counts
-        "synchronizing_calls": _sync_report(syncs["caught"]),
+        "synchronizing_calls": _sync_report(syncs),
         # the slowest steps: (index, batched tokens, decodes, host ms, GPU ms between the
         # launch's first and last event; the eager launch of a prefill step is GPU-bound)
         "slowest_steps": sorted(([i, n, d, round(t * 1000, 2)] for i, (n, d, t) in enumerate(steps)),
