@@ -79,3 +79,28 @@ def test_unknown_quantization_is_a_clear_error(llama_dir):
         EngineArgs(model=llama_dir, quantization="int4")
     args = EngineArgs.from_strings({"model": llama_dir, "quantization": "none"})
     assert args.quantization is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the FP8 matmuls run on a GPU only")
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])
+def test_fp8_linear_takes_our_kernel_up_to_16_rows(rows, monkeypatch):
+    """Decode batches of at most 16 rows go to kernels.fp8_matmul_few_rows, larger ones to
+    torch._scaled_mm; both give the dequantized product within bf16 rounding."""
+    from types import SimpleNamespace
+
+    import kernels
+    from backend.layers.quantization import Fp8LinearMethod
+    w = torch.randn(256, 512, device="cuda") * 0.05
+    layer = SimpleNamespace(weight=w.to(torch.bfloat16))
+    method = Fp8LinearMethod()
+    method.process_weights_after_loading(layer)
+    calls = []
+    real = kernels.fp8_matmul_few_rows
+    monkeypatch.setattr(kernels, "fp8_matmul_few_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
+    out = method.apply(layer, x, None)
+    q, s = reference.quantize_fp8_per_token_ref(x)
+    want = (q.float() * s) @ (layer.weight.float() * layer.weight_scale.t()).t()
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 256)
+    assert ((out.float() - want).norm() / want.norm()).item() < 1e-2
+    assert len(calls) == (1 if rows <= 16 else 0)
