@@ -36,7 +36,7 @@ BAD_GRPC = [  # (inputs, the exact error message)
     (grpc_inputs("x", sampling={"logprobs": 50}), "logprobs must be in [0, 20], got 50."),
     (grpc_inputs("x", sampling={"n": 65}), "n must be at most 64 (the model's max_num_seqs), got 65."),
     (grpc_inputs(""), "text_input must not be empty."),
-    (grpc_inputs("word " * 400), "tokens, but max_model_len is 256: "
+    (grpc_inputs("word " * 1100), "tokens, but max_model_len is 1024: "
                                  "prompt plus at least one generated token must fit."),
     (grpc_inputs(b"caf\xc3"), "text_input is not valid UTF-8: unexpected end of data at byte 3."),
     (grpc_inputs(None, sampling={"max_tokens": 4}),

@@ -12,7 +12,10 @@ from transformers import AutoTokenizer
 from triton_server import ROOT, StreamCollector, grpc_inputs, http_request, wait_until
 
 LABELS = {"model": "llm", "version": "1"}
-LONG = {"max_tokens": 240, "ignore_eos": True}  # runs for a while on the CPU: long enough to cancel
+LONG = {"max_tokens": 240, "ignore_eos": True}  # about a second on the CPU: keeps the gauges up
+# Several seconds on the CPU: a cancellation must land before the request could finish by itself,
+# and the client's disconnect, Triton noticing it and our 20 ms cancel check all take some time.
+CANCEL_ME = {"max_tokens": 1000, "ignore_eos": True}
 
 
 def _idle(server) -> bool:
@@ -34,20 +37,20 @@ def test_cancelled_grpc_stream_frees_its_blocks(llm_server):
     assert wait_until(lambda: _idle(llm_server), 10)
     aborts = _aborts(llm_server)
     stream = StreamCollector(llm_server.grpc_url)
-    stream.send("long", grpc_inputs("cancel me", stream=True, sampling=LONG, return_num_output_tokens=True))
+    stream.send("long", grpc_inputs("cancel me", stream=True, sampling=CANCEL_ME, return_num_output_tokens=True))
     assert wait_until(lambda: len(stream.results["long"].texts) >= 3, 30)
     _wait_running(llm_server)
     stream.close(cancel=True)
     assert wait_until(lambda: _idle(llm_server), 5)
     assert _aborts(llm_server) == aborts + 1
-    assert sum(stream.results["long"].num_output_tokens) < LONG["max_tokens"]
+    assert sum(stream.results["long"].num_output_tokens) < CANCEL_ME["max_tokens"]
 
 
 def test_killed_client_process_frees_its_blocks(llm_server):
     assert wait_until(lambda: _idle(llm_server), 10)
     aborts = _aborts(llm_server)
     client = subprocess.Popen([sys.executable, "-m", "client", "--url", llm_server.grpc_url, "--ignore-eos",
-                               "--max-tokens", str(LONG["max_tokens"]), "a client that dies"],
+                               "--max-tokens", str(CANCEL_ME["max_tokens"]), "a client that dies"],
                               cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
@@ -63,7 +66,7 @@ def test_killed_client_process_frees_its_blocks(llm_server):
 def test_http_client_disconnect_frees_its_blocks(llm_server):
     assert wait_until(lambda: _idle(llm_server), 10)
     aborts = _aborts(llm_server)
-    body = json.dumps({"text_input": "http disconnect", "stream": True, **LONG}).encode()
+    body = json.dumps({"text_input": "http disconnect", "stream": True, **CANCEL_ME}).encode()
     sock = socket.create_connection(("127.0.0.1", llm_server.http_port))
     try:
         sock.sendall(b"POST /v2/models/llm/generate_stream HTTP/1.1\r\nHost: localhost\r\n"

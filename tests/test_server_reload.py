@@ -15,7 +15,7 @@ CYCLES = 10
 # from one load to the next either. (Measured here: +1 MB over ten cycles.)
 RSS_TOLERANCE_MB = 16
 THREAD_TOLERANCE = 2
-LONG_PROMPT = "word " * 100  # about 100 tokens: fits max_model_len 256, not 64
+LONG_PROMPT = "word " * 100  # about 100 tokens: fits max_model_len 1024, not 64
 
 
 def _stubs(pid: int) -> list[int]:

@@ -23,9 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny-llama")
 MODEL_PY = os.path.join(ROOT, "model_repository", "llm", "1", "model.py")
 CONFIG_PBTXT = os.path.join(ROOT, "model_repository", "llm", "config.pbtxt")
-# A CPU-sized engine for the tiny model: enough KV blocks for 64 concurrent short requests.
+# A CPU-sized engine for the tiny model: enough KV blocks for 64 concurrent short requests, and a
+# max_model_len long enough for requests that run for seconds (the cancellation tests need those).
 TEST_ENGINE_ARGS = {"dtype": "float32", "num_kv_blocks": "512", "block_size": "16",
-                    "max_num_seqs": "64", "max_model_len": "256"}
+                    "max_num_seqs": "64", "max_model_len": "1024"}
 
 
 def ensure_default_model() -> str:
