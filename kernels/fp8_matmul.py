@@ -8,10 +8,19 @@ every program owns BLOCK_N output columns (and one of SPLIT_K slices of K) for a
 (the rows are padded to one 16-row MMA tile), so each weight byte is read once, in long
 contiguous runs, by enough programs to cover the GPU. The K slices' partial sums go to a float32
 buffer that is reduced in a fixed order (no atomics: the result does not depend on timing).
+
+The best tile differs by shape (up to 1.5x on a small layer), so each GPU model may have a table
+of measured configs per weight shape, kernels/configs/fp8_matmul.json, written by
+`scripts/bench_fp8_matmul.py --write-configs`; other shapes and GPUs take the default config.
+A table, not an autotuner at start-up: the choice, and so the summation order, is the same in
+every run.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +41,35 @@ class Fp8MatmulConfig:
     split_k: int = 0  # 0: enough slices for about two programs per SM
     num_warps: int = 4
     num_stages: int = 4
+
+
+TUNED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "fp8_matmul.json")
+
+
+def shape_key(n: int, k: int) -> str:
+    return f"{n}x{k}"
+
+
+@functools.lru_cache(maxsize=None)
+def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, Fp8MatmulConfig]]:
+    """{GPU name: {"NxK": config}} from the table; empty when there is none."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    return {gpu: {shape: Fp8MatmulConfig(**cfg) for shape, cfg in shapes.items()}
+            for gpu, shapes in table.get("configs", {}).items()}
+
+
+def tuned_config(n: int, k: int, device_name: str, path: str | None = None) -> Fp8MatmulConfig:
+    """The config measured fastest for an [N, K] weight on this GPU model, else the default."""
+    table = load_tuned_configs(path or TUNED_CONFIGS)
+    return table.get(device_name, {}).get(shape_key(n, k), Fp8MatmulConfig())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def choose_split_k(n: int, k: int, cfg: Fp8MatmulConfig, sms: int) -> int:
@@ -82,7 +120,7 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     check_runnable(OP, x_q)
     m, k = x_q.shape
     n = weight.shape[0]
-    cfg = config or Fp8MatmulConfig()
+    cfg = config or tuned_config(n, k, _device_name(x_q.device))
     split = choose_split_k(n, k, cfg, num_sms(x_q.device))
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=out_dtype, device=x_q.device)

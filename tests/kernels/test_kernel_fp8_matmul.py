@@ -83,3 +83,41 @@ def test_rejects_bad_arguments(change, message):
     for fn in (kernels.fp8_matmul_few_rows, reference.fp8_matmul_few_rows_ref):
         with pytest.raises(ValueError, match=re.escape(message) + "$"):
             fn(**args)
+
+
+def test_tuned_table_picks_the_config_per_gpu_and_shape(tmp_path, monkeypatch):
+    import json
+
+    from kernels import fp8_matmul
+    from kernels.fp8_matmul import Fp8MatmulConfig, tuned_config
+    table = tmp_path / "fp8_matmul.json"
+    here = fp8_matmul._device_name(torch.device(DEVICE))  # "cpu" in the interpreter
+    table.write_text(json.dumps({"configs": {
+        "GPU A": {"96x256": {"block_n": 32, "block_k": 64, "split_k": 2, "num_warps": 4, "num_stages": 2}},
+        here: {"96x256": {"block_n": 32, "block_k": 64, "split_k": 3, "num_warps": 4, "num_stages": 2}}}}))
+    assert tuned_config(96, 256, "GPU A", str(table)) == Fp8MatmulConfig(32, 64, 2, 4, 2)
+    assert tuned_config(96, 255, "GPU A", str(table)) == Fp8MatmulConfig()  # another shape
+    assert tuned_config(96, 256, "GPU B", str(table)) == Fp8MatmulConfig()  # another GPU
+    assert tuned_config(96, 256, "GPU A", str(tmp_path / "none.json")) == Fp8MatmulConfig()
+
+    # The kernel call takes the table's config for its device when none is given.
+    monkeypatch.setattr(fp8_matmul, "TUNED_CONFIGS", str(table))
+    seen = []
+    real_split = fp8_matmul.choose_split_k
+    monkeypatch.setattr(fp8_matmul, "choose_split_k", lambda *a: seen.append(a[2]) or real_split(*a))
+    args = _inputs(3, 96, 256, seed=5)
+    out = kernels.fp8_matmul_few_rows(*args, torch.float32)
+    assert seen == [Fp8MatmulConfig(32, 64, 3, 4, 2)]
+    assert rel_err(out, _oracle(*args)) < 1e-5
+
+
+def test_shipped_tuned_table_is_well_formed():
+    from kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
+    table = load_tuned_configs(TUNED_CONFIGS)
+    for gpu, shapes in table.items():
+        for shape, cfg in shapes.items():
+            n, k = (int(v) for v in shape.split("x"))
+            assert n > 0 and k > 0, (gpu, shape)
+            for side in (cfg.block_n, cfg.block_k):
+                assert side >= 16 and side & (side - 1) == 0, (gpu, shape, cfg)
+            assert cfg.split_k >= 0 and cfg.num_warps in (4, 8) and cfg.num_stages >= 1, (gpu, shape, cfg)
