@@ -57,8 +57,27 @@ def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, Fp8Matm
         return {}
     with open(path, encoding="utf-8") as f:
         table = json.load(f)
-    return {gpu: {shape: Fp8MatmulConfig(**cfg) for shape, cfg in shapes.items()}
+    return {gpu: {shape: _config_from_table(path, gpu, shape, cfg) for shape, cfg in shapes.items()}
             for gpu, shapes in table.get("configs", {}).items()}
+
+
+def _config_from_table(path: str, gpu: str, shape: str, entry: dict) -> Fp8MatmulConfig:
+    where = f"{path}: {gpu} {shape}"
+    dims = shape.split("x")
+    if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"{where}: the shape must be N x K, like 4096x14336")
+    try:
+        cfg = Fp8MatmulConfig(**entry)
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
+    for name in ("block_n", "block_k"):
+        side = getattr(cfg, name)
+        if side < 16 or side & (side - 1):
+            raise ValueError(f"{where}: {name} must be a power of two of at least 16, got {side}")
+    if cfg.num_warps not in (1, 2, 4, 8) or cfg.num_stages < 1 or cfg.split_k < 0:
+        raise ValueError(f"{where}: num_warps must be 1, 2, 4 or 8, num_stages at least 1 and "
+                         f"split_k at least 0, got {cfg}")
+    return cfg
 
 
 def tuned_config(n: int, k: int, device_name: str, path: str | None = None) -> Fp8MatmulConfig:

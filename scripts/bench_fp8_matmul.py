@@ -51,10 +51,10 @@ def write_configs(path: str, gpu: str, best: dict[str, Fp8MatmulConfig]) -> None
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             table = json.load(f)
-    table["about"] = ("Fastest fp8_matmul_few_rows config per [N, K] weight (time summed over 1, 4 "
-                      "and 16 rows), measured by scripts/bench_fp8_matmul.py --write-configs.")
     table.setdefault("configs", {})[gpu] = {k: vars(c) for k, c in sorted(best.items())}
-    table.setdefault("measured", {})[gpu] = datetime.date.today().isoformat()
+    table.setdefault("provenance", {})[gpu] = (
+        f"{datetime.date.today().isoformat()} sweep by scripts/bench_fp8_matmul.py --write-configs: "
+        "the config with the least time summed over 1, 4 and 16 rows for each shape")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1, sort_keys=True)

@@ -79,6 +79,13 @@ def cases():
     fp8 = torch.float8_e4m3fn
     yield "fp8_matmul", lambda: kernels.fp8_matmul_few_rows(e(1, 4096, dtype=fp8), e(1, 1), e(6144, 4096, dtype=fp8),
                                                             e(1, 6144), torch.bfloat16)
+    from kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
+    for gpu, shapes in load_tuned_configs(TUNED_CONFIGS).items():
+        for shape, cfg in shapes.items():
+            n, k = (int(v) for v in shape.split("x"))
+            yield (f"fp8_matmul tuned {gpu} {shape}",
+                   lambda n=n, k=k, cfg=cfg: kernels.fp8_matmul_few_rows(
+                       e(16, k, dtype=fp8), e(16, 1), e(n, k, dtype=fp8), e(1, n), torch.bfloat16, config=cfg))
     kv = e(16, 8, 128, dtype=torch.bfloat16)
     yield "store_kv_cache", lambda: kernels.store_kv_cache(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),

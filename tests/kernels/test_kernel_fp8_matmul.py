@@ -111,13 +111,27 @@ def test_tuned_table_picks_the_config_per_gpu_and_shape(tmp_path, monkeypatch):
     assert rel_err(out, _oracle(*args)) < 1e-5
 
 
-def test_shipped_tuned_table_is_well_formed():
-    from kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
-    table = load_tuned_configs(TUNED_CONFIGS)
-    for gpu, shapes in table.items():
-        for shape, cfg in shapes.items():
-            n, k = (int(v) for v in shape.split("x"))
-            assert n > 0 and k > 0, (gpu, shape)
-            for side in (cfg.block_n, cfg.block_k):
-                assert side >= 16 and side & (side - 1) == 0, (gpu, shape, cfg)
-            assert cfg.split_k >= 0 and cfg.num_warps in (4, 8) and cfg.num_stages >= 1, (gpu, shape, cfg)
+def test_shipped_tuned_table_loads():
+    from kernels.fp8_matmul import TUNED_CONFIGS, Fp8MatmulConfig, load_tuned_configs
+    h200 = load_tuned_configs(TUNED_CONFIGS)["NVIDIA H200"]
+    # Llama-3-8B's qkv, o, gate_up and down were all faster with a tuned tile on the H200.
+    assert {"6144x4096", "4096x4096", "28672x4096", "4096x14336"} <= set(h200)
+    assert h200["4096x14336"] == Fp8MatmulConfig(block_n=32, block_k=256, num_stages=5)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"4096": {}}, "NVIDIA H200 4096: the shape must be N x K, like 4096x14336"),
+    ({"64x64": {"block_m": 16}}, "NVIDIA H200 64x64: Fp8MatmulConfig.__init__() got an unexpected keyword argument 'block_m'"),
+    ({"64x64": {"block_n": 48}}, "NVIDIA H200 64x64: block_n must be a power of two of at least 16, got 48"),
+    ({"64x64": {"num_stages": 0}}, "NVIDIA H200 64x64: num_warps must be 1, 2, 4 or 8, num_stages at least 1 "
+                                   "and split_k at least 0, got Fp8MatmulConfig(block_n=64, block_k=128, "
+                                   "split_k=0, num_warps=4, num_stages=0)"),
+])
+def test_malformed_tuned_table_is_refused(tmp_path, entry, message):
+    import json
+
+    from kernels.fp8_matmul import load_tuned_configs
+    table = tmp_path / "bad.json"
+    table.write_text(json.dumps({"configs": {"NVIDIA H200": entry}}))
+    with pytest.raises(ValueError, match=re.escape(f"{table}: {message}") + "$"):
+        load_tuned_configs(str(table))
