@@ -15,7 +15,9 @@ def test_perf_analyzer_streams_against_the_server(llm_server):
     out = subprocess.run([PERF_ANALYZER, "-m", "llm", "-u", llm_server.grpc_url, "-i", "grpc", "--async",
                           "--streaming", "--input-data", os.path.join(ROOT, "perf_analyzer_configs", "prompts.json"),
                           "--concurrency-range", "4", "--measurement-interval", "2000",
-                          "--stability-percentage", "100", "--max-trials", "10"],
+                          # Stability is the CI machine's, not the server's: a busy 2-core runner
+                          # once gave three windows more than 2x apart (a 100% limit) ten times over.
+                          "--stability-percentage", "500", "--max-trials", "20"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     print(out.stdout)
