@@ -2,6 +2,7 @@
 one-token chunks, shuffled physical blocks, GQA 1/4/7, block sizes 16/32, head dims 64/128, key
 tiles smaller and larger than a cache block."""
 
+import itertools
 import re
 
 import pytest
@@ -71,7 +72,7 @@ def test_prefill_leaves_padding_rows_and_empty_sequences_alone(fn):
     q_lens, ctx = [7, 0, 12, 0], [7, 0, 30, 0]
     padding = 5
     kv, query, cu = _prefill_inputs([7, 12], [7, 30], 1, 4, 64, 16, torch.float32, seed=3)
-    cu = torch.tensor([0, 7, 7, 19, 19], dtype=torch.int32)
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32)  # 0, 7, 7, 19, 19
     tables = torch.cat([kv.block_tables[:1], kv.block_tables[:1], kv.block_tables[1:], kv.block_tables[1:]])
     query = torch.cat([query, torch.randn(padding, 4, 64)])
     out = poisoned(query.shape, torch.float32)
