@@ -2,8 +2,8 @@
 # One device call for what the CPU machine could not measure at the session of 2026-12-01:
 #  1. the GPU tests of the FP8 path (the dispatch test, tests/engine/test_fp8.py, has never run);
 #  2. FP8 workload B with the tuned matmul table (kernels/configs/fp8_matmul.json);
-#  3. Qwen2.5-1.5B through Triton with one and with four stub sender threads
-#     (TRITIUM_SENDER_THREADS), with the receiver's batched text (d3d221f);
+#  3. Qwen2.5-1.5B through Triton and in-process, with the receiver's batched text (d3d221f) and
+#     the engine process's busy-time log (e77c013);
 #  4. optionally (SWEEP=1) a fresh FP8 matmul sweep that rewrites the table for this GPU.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh
@@ -44,12 +44,6 @@ if [ "${SWEEP:-0}" = 1 ]; then
 fi
 stamp "FP8 workload B with the tuned table"
 run fp8_b --models "$LLAMA,$QWEN" --phases triton,offline --workloads B --engine-arg quantization=fp8
-for threads in 1 4; do
-    stamp "Qwen2.5-1.5B bf16 through Triton, $threads sender thread(s)"
-    export TRITIUM_SENDER_THREADS=$threads
-    run "qwen15_senders$threads" --models "$QWEN" --phases triton
-done
-unset TRITIUM_SENDER_THREADS
-stamp "Qwen2.5-1.5B bf16 in-process"
-run qwen15_offline --models "$QWEN" --phases offline
+stamp "Qwen2.5-1.5B bf16 through Triton and in-process"
+run qwen15 --models "$QWEN" --phases triton,offline
 stamp done

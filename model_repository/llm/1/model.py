@@ -1,14 +1,13 @@
 """Triton python-backend adapter for the Tritium engine (decoupled).
 
 execute() parses each request and hands it to the engine, which runs on its own thread; it never
-waits for generation and returns None. Sender threads send the responses (one unless
-$TRITIUM_SENDER_THREADS says more): each request belongs to one of them, so its responses leave
-in order, while with several the sends of different requests, each a synchronous round trip to
-the server with the GIL released, overlap. Between sends each sender aborts those of its
-requests whose client cancelled or went away (asking whether a request is cancelled while
-another thread sent its FINAL response crashed the server). A metrics thread publishes
-EngineStats as vLLM's metrics. Every request gets exactly one FINAL response, also when the model
-is unloaded.
+waits for generation and returns None. One sender thread sends every response and, between
+sends, aborts requests whose client cancelled or went away. Sending from several threads, even
+with each request owned by one thread, broke the 2.51 python backend: responses went missing, a
+model sometimes could not unload (a request left unreleased), and asking is_cancelled() while
+another thread sent that request's FINAL response crashed the server (docs/performance_notes.md,
+row 32). A metrics thread publishes EngineStats as vLLM's metrics. Every request gets exactly one
+FINAL response, also when the model is unloaded.
 """
 import functools
 import gc
@@ -19,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -47,25 +46,9 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
 _UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded
 _METRICS_INTERVAL_S = 0.2
-_CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S, over all senders
+_CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
 _MAX_DRAIN = 4096  # queue items folded into one round of sends
 _STOP = object()
-# Sender threads ($TRITIUM_SENDER_THREADS). A send waits ~0.25 ms for the server with the GIL
-# released, so one thread caps the streamed responses a second; more threads send more, smaller
-# responses, which on the 2-core CPU machine cost more than they saved (3,500 -> 2,400-2,800
-# tok/s, 256 streams of the tiny model). Not yet measured on the GPU machine.
-_SENDER_THREADS = 1
-
-
-@dataclass
-class _SenderLane:
-    """One sender thread, its queue (outputs of its requests, rejected requests, _STOP) and
-    where its time went (logged at unload)."""
-    pending: Any  # backend.handoff.Handoff
-    thread: Any = None
-    stopping: bool = False
-    cancel_cursor: int = 0
-    stats: dict = field(default_factory=lambda: {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0})
 
 
 @dataclass
@@ -73,7 +56,6 @@ class _InFlight:
     request_id: str
     sender: Any  # pb_utils.InferenceResponseSender
     builder: Any  # backend.triton_request.ResponseBuilder
-    lane: Any  # the _SenderLane that sends its responses and checks its cancellation
     cancelled: bool = False
     unloading: bool = False  # aborted because the model is being unloaded
     failure: str | None = None  # set when building its responses failed
@@ -105,19 +87,22 @@ class TritonPythonModel:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._inflight: dict[str, _InFlight] = {}
-        # Work for the sender threads: outputs (one per token of every stream), rejected
+        # Work for the sender thread: outputs (one per token of every stream), rejected
         # requests, _STOP; a put is a deque append, not a lock and a notify.
-        self._lanes = [_SenderLane(Handoff()) for _ in range(_sender_threads())]
+        self._pending = Handoff()
         self._closing = False
+        self._stopping = False
+        self._cancel_cursor = 0
         from backend import EngineShutdownError
         self._shutdown_error = EngineShutdownError
         # The engine thread must get the GIL back quickly from the sender and metrics threads
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
         sys.setswitchinterval(0.001)
-        for i, lane in enumerate(self._lanes):
-            lane.thread = threading.Thread(target=self._send_loop, args=(lane,),
-                                           name=f"tritium-sender-{i}")
-            lane.thread.start()
+        # Where the sender thread's time goes, logged at unload (rounds of sends; time building
+        # and sending; of it, inside pb_utils' send of non-final responses).
+        self._send_stats = {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0}
+        self._sender_thread = threading.Thread(target=self._send_loop, name="tritium-sender")
+        self._sender_thread.start()
         # The lock is per server (its pid) and model version: instances of one server share it.
         lock = f"tritium-metrics-{os.getppid()}-{args['model_name']}-{args['model_version']}"
         self._metrics = triton_metrics.MetricsPublisher(pb_utils, self._labels, lock)
@@ -141,70 +126,74 @@ class TritonPythonModel:
                     inputs[name] = tensor.as_numpy()
             parsed = self._requests.parse_request(inputs, request.parameters(), max_n=self._max_n)
             # Clients' request ids may be empty or repeat: the engine gets its own.
-            number = next(self._ids)
-            lane = self._lanes[number % len(self._lanes)]  # all of its responses go through one
-            state = _InFlight(str(number), sender, self._requests.ResponseBuilder(parsed), lane)
+            state = _InFlight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed))
             with self._lock:
                 self._inflight[state.request_id] = state
             try:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
-                                         functools.partial(_on_output, lane.pending, state.request_id))
+                                         functools.partial(self._on_output, state.request_id))
             except BaseException:
                 with self._lock:
                     self._inflight.pop(state.request_id, None)
                 raise
         except ValueError as e:
-            self._lanes[0].pending.put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
+            self._pending.put((sender, str(e), pb_utils.TritonError.INVALID_ARG))
         except self._shutdown_error as e:  # a request racing the model's unload
-            self._lanes[0].pending.put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
+            self._pending.put((sender, str(e), pb_utils.TritonError.UNAVAILABLE))
         except Exception as e:  # the server and the other requests carry on
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
-            self._lanes[0].pending.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
+            self._pending.put((sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL))
 
-    def _send_loop(self, lane: _SenderLane) -> None:
+    def _on_output(self, request_id: str, output: Any) -> None:
+        # On the engine thread: only enqueue. The callback holds the id, not the response sender,
+        # so that the engine, which may keep a finished request's callback alive for a while,
+        # never keeps a Triton request alive (and with it the model, at unload).
+        self._pending.put((request_id, output))
+
+    def _send_loop(self) -> None:
         next_check = next_unload_check = 0.0
         while True:
-            item = lane.pending.take(_CANCEL_CHECK_S)
+            item = self._pending.take(_CANCEL_CHECK_S)
             if item is _STOP:
                 return
             if item is not None:
                 start = time.perf_counter()
-                for merged in self._coalesce(lane, item):
+                for merged in self._coalesce(item):
                     try:
-                        self._handle(lane, *merged)
+                        self._handle(*merged)
                     except Exception:
                         pb_utils.Logger.log_error(f"tritium: sending failed: {traceback.format_exc()}")
-                lane.stats["rounds"] += 1
-                lane.stats["busy_s"] += time.perf_counter() - start
-                if lane.stopping:
+                self._send_stats["rounds"] += 1
+                self._send_stats["busy_s"] += time.perf_counter() - start
+                if self._stopping:
                     return
             now = time.monotonic()
             if now >= next_check:
                 check_unload = now >= next_unload_check
                 try:
-                    self._abort_cancelled(lane, check_unload)
+                    self._abort_cancelled(check_unload)
                 except Exception:  # this thread must live on: it sends every response
                     pb_utils.Logger.log_error(f"tritium: abort check failed: {traceback.format_exc()}")
                 next_check = now + _CANCEL_CHECK_S
                 if check_unload:
                     next_unload_check = now + _UNLOAD_CHECK_S
 
-    def _coalesce(self, lane: _SenderLane, first: Any) -> list:
+    def _coalesce(self, first: Any) -> list:
         """`first` and everything queued behind it, with each request's outputs folded into one
         (in order): a send costs far more than a token (about 0.1-0.2 ms of IPC), so when this
         thread falls behind, a response carries several tokens instead of the backlog growing."""
-        items = [first] + lane.pending.drain(_MAX_DRAIN - 1)
+        items = [first] + self._pending.drain(_MAX_DRAIN - 1)
         outputs, rejected = [], []
         for item in items:
             if item is _STOP:
-                lane.stopping = True
+                self._stopping = True
             elif len(item) == 3:  # a rejected request: (sender, message, code)
                 rejected.append(item)
             else:
                 outputs.append(item)
         return rejected + self._requests.fold_outputs(outputs)
 
-    def _handle(self, lane: _SenderLane, *item: Any) -> None:
+    def _handle(self, *item: Any) -> None:
         if len(item) == 3:  # a rejected request: (sender, message, code)
             sender, message, code = item
             _send_error(sender, message, code)
@@ -233,8 +222,8 @@ class TritonPythonModel:
             if response.outputs:
                 start = time.perf_counter()
                 state.sender.send(_response(response.outputs))
-                lane.stats["send_s"] += time.perf_counter() - start
-                lane.stats["responses"] += 1
+                self._send_stats["send_s"] += time.perf_counter() - start
+                self._send_stats["responses"] += 1
             return
         self._finish(state)
         if state.cancelled:
@@ -252,23 +241,21 @@ class TritonPythonModel:
         with self._lock:
             self._inflight.pop(state.request_id, None)
 
-    def _abort_cancelled(self, lane: _SenderLane, check_unload: bool) -> None:
-        """Abort the lane's requests whose client cancelled or went away; with check_unload,
-        all of them when the model is being unloaded (Triton finalizes the model only after
-        every request has ended, so in-flight requests would otherwise delay the unload)."""
+    def _abort_cancelled(self, check_unload: bool) -> None:
+        """Abort the requests whose client cancelled or went away; with check_unload, all of
+        them when the model is being unloaded (Triton finalizes the model only after every
+        request has ended, so in-flight requests would otherwise delay the unload)."""
         with self._lock:
-            states = [s for s in self._inflight.values()
-                      if s.lane is lane and not (s.cancelled or s.unloading)]
+            states = [s for s in self._inflight.values() if not (s.cancelled or s.unloading)]
         if not states:
             return
         unloading = check_unload and self._being_unloaded()
         if not unloading:
             # is_cancelled() is an IPC round trip (about 0.07 ms): look at a few requests per
             # round, in turn, so that checking never crowds out sending.
-            per_round = max(1, _CANCEL_CHECKS_PER_ROUND // len(self._lanes))
-            start = lane.cancel_cursor % len(states)
-            states = (states[start:] + states[:start])[:per_round]
-            lane.cancel_cursor = start + len(states)
+            start = self._cancel_cursor % len(states)
+            states = (states[start:] + states[:start])[:_CANCEL_CHECKS_PER_ROUND]
+            self._cancel_cursor = start + len(states)
         for state in states:
             if unloading:
                 state.unloading = True
@@ -309,15 +296,12 @@ class TritonPythonModel:
         self._metrics_thread.join()
         # Each in-flight request gets its final output (with an error) from the engine...
         self._engine.shutdown()
-        for lane in self._lanes:
-            lane.pending.put(_STOP)
-        for lane in self._lanes:
-            lane.thread.join()
-        st = {k: sum(lane.stats[k] for lane in self._lanes) for k in self._lanes[0].stats}
-        rx = getattr(self._engine, "receiver_stats", None)
+        self._pending.put(_STOP)
+        self._sender_thread.join()
+        st, rx = self._send_stats, getattr(self._engine, "receiver_stats", None)
         pb_utils.Logger.log_info(
-            f"tritium: {len(self._lanes)} sender thread{'s' if len(self._lanes) > 1 else ''}: {st['rounds']} rounds, {st['responses']} "
-            f"streamed responses, {st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send()"
+            f"tritium: sender thread: {st['rounds']} rounds, {st['responses']} streamed responses, "
+            f"{st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send()"
             + (f"; engine receiver thread: {rx['messages']} messages, {rx['outputs']} outputs, "
                f"{rx['busy_s']:.2f} s busy" if rx else ""))
         # ...and any the engine did not finish gets one here.
@@ -332,21 +316,6 @@ class TritonPythonModel:
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
         pb_utils.Logger.log_info("tritium: unloaded")
-
-
-def _sender_threads() -> int:
-    value = os.environ.get("TRITIUM_SENDER_THREADS", str(_SENDER_THREADS)).strip()
-    if not value.isdigit() or int(value) < 1:
-        raise pb_utils.TritonModelException(
-            f"TRITIUM_SENDER_THREADS must be a whole number of at least 1, got {value!r}")
-    return int(value)
-
-
-def _on_output(pending: Any, request_id: str, output: Any) -> None:
-    # On the engine thread: only enqueue. The callback holds the id and its sender's queue, not
-    # the response sender, so that the engine, which may keep a finished request's callback alive
-    # for a while, never keeps a Triton request alive (and with it the model, at unload).
-    pending.put((request_id, output))
 
 
 def _response(outputs: dict) -> Any:
