@@ -130,10 +130,10 @@ PREFILL_GRAPH_MAX_SEQS = 8
 def prefill_capture_sizes(max_tokens: int) -> list[int]:
     """Token counts to capture: powers of two up to 256, then steps of 128 up to 1024 and of 256
     beyond, so padding adds at most a quarter of the GPU work (an eighth above 1024)."""
-    sizes = [s for s in (16, 32, 64, 128, 256) if s < max_tokens]
-    sizes += list(range(384, min(max_tokens, 1024) + 1, 128))
-    sizes += list(range(1280, max_tokens + 1, 256))
-    return sorted(set(s for s in sizes if s < max_tokens) | {max_tokens}) if max_tokens > 0 else []
+    if max_tokens <= 0:
+        return []
+    sizes = [16, 32, 64, 128, 256, *range(384, 1025, 128), *range(1280, max_tokens, 256)]
+    return [s for s in sizes if s < max_tokens] + [max_tokens]
 
 
 class PrefillGraphs:

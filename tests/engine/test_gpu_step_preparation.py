@@ -49,7 +49,6 @@ def test_start_up_kernel_variants_run_on_any_pool(llama_dir, monkeypatch):
     assert engine.block_manager.usage == 0.0
 
 
-
 def test_prefill_graph_capture_sizes():
     assert prefill_capture_sizes(0) == []
     assert prefill_capture_sizes(16) == [16]
