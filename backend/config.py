@@ -11,6 +11,8 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 QUANTIZATIONS = ("fp8",)
+# vLLM's names: auto = the model's dtype; fp8 and fp8_e4m3 = float8 e4m3 with per-tensor scales.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
@@ -44,6 +46,12 @@ class EngineArgs:
     # fp8: FP8 weights (per-channel scales) and per-token dynamic FP8 activations in the decoder's
     # linear layers, quantized at load from a 16-bit checkpoint. Needs compute capability 8.9+.
     quantization: str | None = None
+    # fp8: the KV cache holds float8 e4m3 (half the bytes of bf16: twice the tokens in the same
+    # memory, half the reads in decode attention); keys and values are stored divided by the
+    # per-tensor scales k_scale and v_scale (vLLM's defaults: 1.0) and widened back in attention.
+    kv_cache_dtype: str = "auto"
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -82,6 +90,12 @@ class EngineArgs:
                              f"got {self.max_prefill_graph_tokens!r}.")
         if self.quantization is not None:
             _choice("quantization", self.quantization, QUANTIZATIONS)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        for name in ("k_scale", "v_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0.0 < float(value) < float("inf")):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
         if isinstance(self.long_prefill_token_threshold, bool) or not isinstance(
                 self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "

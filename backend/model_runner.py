@@ -67,6 +67,9 @@ class ModelRunner:
         linear_method = get_linear_method(args.quantization)
         if linear_method is not None:
             check_fp8_supported(self.device)
+        self.cache_dtype = self.dtype if args.kv_cache_dtype == "auto" else torch.float8_e4m3fn
+        if args.kv_cache_dtype != "auto":
+            check_fp8_supported(self.device, f"kv_cache_dtype='{args.kv_cache_dtype}'")
         with torch.device(self.device):
             self.model = model_cls(hf_config, self.dtype, linear_method)
         self.model.eval()
@@ -82,10 +85,10 @@ class ModelRunner:
         self.vocab_size = a.vocab_size
         self.sampler = Sampler()
         self.num_blocks = self._decide_num_blocks()
-        self.kv_cache = torch.zeros(2, len(self.attn_layers), self.num_blocks, self.block_size,
-                                    self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = self._allocate_cache(self.num_blocks, zero=True)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+            layer.k_scale, layer.v_scale = float(args.k_scale), float(args.v_scale)
         if self.device.type == "cuda":
             self._compile_step_variants()
         self.graphs: DecodeGraphs | None = None
@@ -103,7 +106,17 @@ class ModelRunner:
     @property
     def block_bytes(self) -> int:
         return (2 * len(self.attn_layers) * self.block_size * self.num_kv_heads * self.head_dim
-                * torch.tensor([], dtype=self.dtype).element_size())
+                * self.cache_dtype.itemsize)
+
+    def _allocate_cache(self, num_blocks: int, zero: bool) -> torch.Tensor:
+        """[2, layers, num_blocks, block_size, Hkv, D] in the cache dtype. Made as bytes and
+        reinterpreted, since not every device fills or indexes float8 tensors."""
+        shape = (2, len(self.attn_layers), num_blocks, self.block_size, self.num_kv_heads,
+                 self.head_dim)
+        make = torch.zeros if zero else torch.empty
+        raw = make(*shape[:-1], self.head_dim * self.cache_dtype.itemsize, dtype=torch.uint8,
+                   device=self.device)
+        return raw.view(self.cache_dtype)
 
     def _decide_num_blocks(self) -> int:
         if self.args.num_kv_blocks is not None:
@@ -126,8 +139,7 @@ class ModelRunner:
         seq_len = min(self.max_model_len, num_tokens)
         lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // self.block_size)
-        scratch = torch.empty(2, len(self.attn_layers), blocks_per_seq * len(lens), self.block_size,
-                              self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        scratch = self._allocate_cache(blocks_per_seq * len(lens), zero=False)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache, layer.v_cache = scratch[0, i], scratch[1, i]
         seqs = []
@@ -148,8 +160,9 @@ class ModelRunner:
         torch.cuda.empty_cache()
         available = total * self.args.gpu_memory_utilization - others - peak
         num_blocks = int(available // self.block_bytes)
-        logger.info("KV cache: %d blocks (%.2f GiB); peak activation+weights %.2f GiB",
-                    num_blocks, num_blocks * self.block_bytes / 2**30, peak / 2**30)
+        logger.info("KV cache: %d blocks (%.2f GiB of %s); peak activation+weights %.2f GiB",
+                    num_blocks, num_blocks * self.block_bytes / 2**30,
+                    str(self.cache_dtype).removeprefix("torch."), peak / 2**30)
         if num_blocks < 1:
             raise ValueError("gpu_memory_utilization: no memory is left for the KV cache "
                              f"(weights and activations peak at {peak / 2**30:.2f} GiB of "
@@ -217,7 +230,8 @@ class ModelRunner:
         if block_copies:
             src = self.to_device([c[0] for c in block_copies], torch.int64)
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
+            raw[:, :, dst] = raw[:, :, src]
         batch = prepare_batch(scheduled, self.block_size)
         fill = None
         holes = np.flatnonzero(batch.input_ids == PLACEHOLDER)

@@ -28,24 +28,29 @@ def _impl(module: str, name: str):
 
 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, slot_mapping: torch.Tensor, **options) -> None:
-    _impl("kv_store", "store_kv_cache")(key, value, k_cache, v_cache, slot_mapping, **options)
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                   v_scale: float = 1.0, **options) -> None:
+    _impl("kv_store", "store_kv_cache")(key, value, k_cache, v_cache, slot_mapping, k_scale,
+                                        v_scale, **options)
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           out: torch.Tensor | None = None, **options) -> torch.Tensor:
+                           out: torch.Tensor | None = None, *, k_scale: float = 1.0,
+                           v_scale: float = 1.0, **options) -> torch.Tensor:
     return _impl("decode_attention", "paged_decode_attention")(
-        query, k_cache, v_cache, block_tables, context_lens, scale, out, **options)
+        query, k_cache, v_cache, block_tables, context_lens, scale, out, k_scale=k_scale,
+        v_scale=v_scale, **options)
 
 
 def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                             context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
-                            out: torch.Tensor | None = None, **options) -> torch.Tensor:
+                            out: torch.Tensor | None = None, *, k_scale: float = 1.0,
+                            v_scale: float = 1.0, **options) -> torch.Tensor:
     return _impl("prefill_attention", "paged_prefill_attention")(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q, scale, out,
-        **options)
+        k_scale=k_scale, v_scale=v_scale, **options)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

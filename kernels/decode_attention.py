@@ -6,7 +6,9 @@ goal is to keep HBM busy:
     not once per query head; the G rows are padded to 16 so q @ k^T and p @ v are tensor-core dots;
   * the sequence is split across programs (flash-decoding) when batch x KV heads alone would
     leave SMs idle; each split writes a partial (normalised output, log-sum-exp) and a second,
-    small kernel merges them. With one split the first kernel writes the output directly.
+    small kernel merges them. With one split the first kernel writes the output directly;
+  * an FP8 cache (half the bytes) is widened to the query's dtype after the load; k_scale is
+    folded into the softmax scale and v_scale into the output, so the loop does no extra work.
 """
 
 from __future__ import annotations
@@ -71,11 +73,11 @@ def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2e, tokens_per_split,
+    scale_log2e, v_scale, tokens_per_split,
     stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ob, stride_oh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCALE_V: tl.constexpr,
 ):
     # KV heads on the fastest axis: a token's heads are adjacent 256-byte rows in the cache, so
     # the programs that read them run together and share DRAM pages.
@@ -114,19 +116,24 @@ def _decode_kernel(
             kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e,
-                                    True, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc,
+                                    scale_log2e, True, DOT_PRECISION)
 
     num_q_heads = tl.num_programs(0) * GROUP
     if SPLIT:
         part = (seq * num_q_heads + q_heads).to(tl.int64) * tl.num_programs(2) + split
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
+        o = acc / l_i[:, None]
+        if SCALE_V:
+            o = o * v_scale
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o,
                  mask=g_mask[:, None] & d_mask[None, :])
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_i), mask=g_mask)
     else:
         # ctx == 0 (a padded batch slot) leaves l_i == 0: write zeros rather than NaN.
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_safe[:, None]
+        if SCALE_V:
+            o = o * v_scale
         tl.store(out_ptr + seq.to(tl.int64) * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
@@ -159,11 +166,16 @@ def _merge_kernel(
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, *, max_context_len: int | None = None,
-                           config: DecodeConfig | None = None) -> torch.Tensor:
+                           config: DecodeConfig | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
     """See docs/architecture.md. `max_context_len` (optional) bounds context_lens for the split
-    choice; by default the block-table width bounds it, which needs no device sync."""
+    choice; by default the block-table width bounds it, which needs no device sync. The scales
+    multiply an FP8 cache's values back (a 16-bit cache has 1.0)."""
     validation.check_decode(OP, query, k_cache, v_cache, block_tables, context_lens, out,
                             validation.HALF_AND_FLOAT)
+    validation.check_kv_scales(OP, k_scale, v_scale)
+    if k_cache.dtype != validation.FP8_KV_DTYPE:
+        k_scale = v_scale = 1.0  # only an FP8 cache is stored scaled
     check_runnable(OP, query)
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -189,12 +201,12 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         part_out = part_lse = out  # unused when SPLIT is False
     _decode_kernel[(num_kv_heads, batch, splits)](
         query, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * math.log2(math.e), per_split,
+        scale * k_scale * math.log2(math.e), float(v_scale), per_split,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=dot_block(group), HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

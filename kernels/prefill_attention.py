@@ -4,7 +4,9 @@ prefix plus the chunk itself, all read through the block table (the chunk's K/V 
 Flash-attention style: a program owns BLOCK_M queries of one head of one sequence and walks the
 keys in tiles of BLOCK_N, keeping a running max and sum (online softmax) so scores never reach
 memory. Key tiles entirely below the tile's first query position need no causal mask and run in a
-mask-free loop; tiles past the last query position are never visited.
+mask-free loop; tiles past the last query position are never visited. An FP8 cache is widened to
+the query's dtype after the load, with k_scale folded into the softmax scale and v_scale into the
+output.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> Pref
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
-    scale_log2e,
+    scale_log2e, v_scale,
     stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SCALE_V: tl.constexpr,
 ):
     head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
     m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
@@ -89,7 +92,8 @@ def _prefill_kernel(
         else:
             k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), 0, m_i, l_i, acc, scale_log2e,
+                                    False, DOT_PRECISION)
 
     # Diagonal tiles: causal mask. The first one holds position prefix + m0, which every row sees,
     # so no row is fully masked on its first tile (attend_tile relies on that).
@@ -103,9 +107,12 @@ def _prefill_kernel(
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         causal = (tok[None, :] <= q_pos[:, None]) & valid[None, :]
-        m_i, l_i, acc = attend_tile(q, k, v, causal, m_i, l_i, acc, scale_log2e, True, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), causal, m_i, l_i, acc,
+                                    scale_log2e, True, DOT_PRECISION)
 
     o = acc / l_i[:, None]
+    if SCALE_V:
+        o = o * v_scale
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -114,10 +121,15 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                             context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
                             out: torch.Tensor | None = None, *,
-                            config: PrefillConfig | None = None) -> torch.Tensor:
-    """See docs/architecture.md. max_seqlen_q must bound every chunk (it sizes the grid)."""
+                            config: PrefillConfig | None = None, k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> torch.Tensor:
+    """See docs/architecture.md. max_seqlen_q must bound every chunk (it sizes the grid). The
+    scales multiply an FP8 cache's values back (a 16-bit cache has 1.0)."""
     validation.check_prefill(OP, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                              max_seqlen_q, out, validation.HALF_AND_FLOAT)
+    validation.check_kv_scales(OP, k_scale, v_scale)
+    if k_cache.dtype != validation.FP8_KV_DTYPE:
+        k_scale = v_scale = 1.0  # only an FP8 cache is stored scaled
     check_runnable(OP, query)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -129,12 +141,12 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     cfg = config or default_config(query.dtype, head_dim, max_seqlen_q)
     _prefill_kernel[(num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)](
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        scale * math.log2(math.e),
+        scale * k_scale * math.log2(math.e), float(v_scale),
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -21,27 +21,49 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _gather_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Rows `slots` (any shape) of a [num_blocks, block_size, Hkv, D] cache -> [*slots.shape, Hkv, D]."""
+def _gather_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
+                   scale: float = 1.0) -> torch.Tensor:
+    """Rows `slots` (any shape) of a [num_blocks, block_size, Hkv, D] cache -> [*slots.shape, Hkv, D],
+    in `dtype`; an FP8 cache's rows are multiplied by their scale."""
     _, _, num_kv_heads, head_dim = cache.shape
-    return cache.view(-1, num_kv_heads, head_dim)[slots].to(dtype)
+    if cache.dtype != v.FP8_KV_DTYPE:
+        return cache.view(-1, num_kv_heads, head_dim)[slots].to(dtype)
+    # Indexing is not implemented for float8 on every device: gather the bytes, then reinterpret.
+    raw = cache.view(torch.uint8).view(-1, num_kv_heads, head_dim)[slots]
+    return raw.view(v.FP8_KV_DTYPE).to(dtype) * scale
+
+
+def quantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """What an FP8 cache stores for x: x * (1 / scale) in float32, saturated, rounded to nearest."""
+    scaled = x.to(torch.float32) * v.fp32_reciprocal(scale)
+    return scaled.clamp(-v.FP8_E4M3_MAX, v.FP8_E4M3_MAX).to(v.FP8_KV_DTYPE)
 
 
 def store_kv_cache_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    v.check_store_kv("store_kv_cache", key, value, k_cache, v_cache, slot_mapping, v.REFERENCE_DTYPES)
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                       v_scale: float = 1.0) -> None:
+    op = "store_kv_cache"
+    v.check_store_kv(op, key, value, k_cache, v_cache, slot_mapping, v.REFERENCE_DTYPES)
+    v.check_kv_scales(op, k_scale, v_scale)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     _, _, num_kv_heads, head_dim = k_cache.shape
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
+    if k_cache.dtype != v.FP8_KV_DTYPE:
+        k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
+        v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
+        return
+    for cache, x, scale in ((k_cache, key, k_scale), (v_cache, value, v_scale)):
+        rows = quantize_kv_ref(x[keep], scale).view(torch.uint8)
+        cache.view(torch.uint8).view(-1, num_kv_heads, head_dim)[slots] = rows
 
 
 def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                               out: torch.Tensor | None = None, **_options) -> torch.Tensor:
+                               out: torch.Tensor | None = None, *, k_scale: float = 1.0,
+                               v_scale: float = 1.0, **_options) -> torch.Tensor:
     op = "paged_decode_attention"
     v.check_decode(op, query, k_cache, v_cache, block_tables, context_lens, out, v.REFERENCE_DTYPES)
+    v.check_kv_scales(op, k_scale, v_scale)
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -57,10 +79,10 @@ def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cac
         valid = pos[None, :] < ctx[:, None]                                   # [B, L]
         blocks = block_tables.long()[:, pos // block_size]
         slots = torch.where(valid, blocks * block_size + pos % block_size, 0)  # padding reads slot 0
-        k = _gather_tokens(k_cache, slots, compute).permute(0, 2, 3, 1)       # [B, Hkv, D, L]
+        k = _gather_tokens(k_cache, slots, compute, k_scale).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
         # Padding positions read slot 0, which may hold anything: 0 * NaN would leak through p @ v.
         # Zero those rows in place (the gather made a fresh tensor); 2x cheaper than masked_fill.
-        vals = _gather_tokens(v_cache, slots, compute)
+        vals = _gather_tokens(v_cache, slots, compute, v_scale)
         vals[~valid] = 0.0
         vals = vals.permute(0, 2, 1, 3)                                        # [B, Hkv, L, D]
         q = query.to(compute).view(batch, num_kv_heads, group, head_dim)
@@ -78,10 +100,12 @@ def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cac
 def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
-                                out: torch.Tensor | None = None, **_options) -> torch.Tensor:
+                                out: torch.Tensor | None = None, *, k_scale: float = 1.0,
+                                v_scale: float = 1.0, **_options) -> torch.Tensor:
     op = "paged_prefill_attention"
     v.check_prefill(op, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                     max_seqlen_q, out, v.REFERENCE_DTYPES)
+    v.check_kv_scales(op, k_scale, v_scale)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -106,8 +130,8 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
                        f"{block_tables.shape[1]} blocks of {block_size}")
         pos = torch.arange(ctx, device=query.device)
         slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
-        k = _gather_tokens(k_cache, slots, compute).permute(1, 2, 0)[:, None]  # [Hkv, 1, D, L]
-        vals = _gather_tokens(v_cache, slots, compute).permute(1, 0, 2)[:, None]  # [Hkv, 1, L, D]
+        k = _gather_tokens(k_cache, slots, compute, k_scale).permute(1, 2, 0)[:, None]  # [Hkv,1,D,L]
+        vals = _gather_tokens(v_cache, slots, compute, v_scale).permute(1, 0, 2)[:, None]  # [Hkv,1,L,D]
         q = query[start:end].to(compute).view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         scores = torch.matmul(q, k) * scale                                     # [Hkv, G, q, L]
         q_pos = ctx - q_len + torch.arange(q_len, device=query.device)

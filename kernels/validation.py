@@ -13,6 +13,9 @@ HALF_AND_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 # References also take float64: the tests compute their ground truth with them.
 REFERENCE_DTYPES = HALF_AND_FLOAT + (torch.float64,)
 INDEX_DTYPES = (torch.int32, torch.int64)
+# A KV cache holds either the activations' dtype or FP8 (e4m3, per-tensor scales k_scale/v_scale).
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_E4M3_MAX = 448.0
 
 
 def fail(op: str, message: str) -> None:
@@ -79,13 +82,31 @@ def check_out(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: t
 
 def _check_cache_pair(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, ref_name: str,
                       ref: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    """k_cache and v_cache: same [num_blocks, block_size, Hkv, D] shape, contiguous, in ref's dtype."""
-    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes)
+    """k_cache and v_cache: same [num_blocks, block_size, Hkv, D] shape, contiguous, both in ref's
+    dtype or both FP8."""
+    check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes + (FP8_KV_DTYPE,))
     check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
-    check_same_dtype(op, "k_cache", k_cache, ref_name, ref)
-    check_same_dtype(op, "v_cache", v_cache, ref_name, ref)
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dtype not in (ref.dtype, FP8_KV_DTYPE):
+            fail(op, f"{name} must have the dtype of {ref_name} ({ref.dtype}) or {FP8_KV_DTYPE}, "
+                     f"got {cache.dtype}")
+    if v_cache.dtype != k_cache.dtype:
+        fail(op, f"v_cache must have the dtype of k_cache ({k_cache.dtype}), got {v_cache.dtype}")
     check_contiguous(op, "k_cache", k_cache)
     check_contiguous(op, "v_cache", v_cache)
+
+
+def fp32_reciprocal(scale: float) -> float:
+    """1 / scale as the float32 that a kernel argument and a float32 tensor op both use."""
+    return float(torch.tensor(1.0 / float(scale), dtype=torch.float32))
+
+
+def check_kv_scales(op: str, k_scale: object, v_scale: object) -> None:
+    """Per-tensor scales of an FP8 cache (stored = value / scale): positive finite numbers."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+                0.0 < float(scale) < float("inf")):
+            fail(op, f"{name} must be a positive finite number, got {scale!r}")
 
 
 def check_kv_cache(op: str, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

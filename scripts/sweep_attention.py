@@ -5,8 +5,13 @@ bench_kernels.py measures square cases (uniform contexts, one 4k prompt); a serv
 different: workload A's decode steps are 256 sequences of ~520-770 tokens, its prefill steps are
 16 prompts of 512 tokens packed in one call. This prints, per case, every config's time and
 bandwidth (decode) or TFLOP/s (prefill), best first, and writes JSON with --out.
+--kv-cache-dtype fp8 sweeps the same cases over an FP8 cache (bandwidth counts its bytes);
+--decode-cases / --prefill-cases pick cases (B:LO:HI and P:LEN, comma-separated; "" for none)
+and --small sweeps 12 decode configs instead of 36, without the unsplit variants.
 
     python3 scripts/sweep_attention.py --out $OUT/sweep.json
+    python3 scripts/sweep_attention.py --kv-cache-dtype fp8 --small --decode-cases 256:512:768 \
+        --prefill-cases 16:512 --jobs 0
 """
 from __future__ import annotations
 
@@ -33,21 +38,36 @@ PREFILL_SWEEP = bk.PREFILL_SWEEP + [PrefillConfig(*c) for c in [
     (64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 8, 3), (128, 64, 4, 2), (128, 128, 8, 4)]]
 
 
-def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float) -> dict:
+SMALL_DECODE_SWEEP = [DecodeConfig(block_n=n, num_warps=w, num_stages=st)
+                      for n in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+
+
+def _caches(shape, fp8: bool):
+    """Random K and V caches; FP8 ones hold the rounded values (scale 1.0) and go to the
+    reference widened, so both see the same numbers."""
+    k = torch.randn(*shape, device="cuda", dtype=bk.DT)
+    v = torch.randn_like(k)
+    if fp8:
+        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    return k, v
+
+
+def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8: bool = False,
+                sweep=None) -> dict:
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(lo, hi + 1, (batch,), generator=g)
     width = int(ctx.max()) // bk.BS + 1
-    k_cache = torch.randn(batch * width, bk.BS, bk.HKV, bk.D, device="cuda", dtype=bk.DT)
-    v_cache = torch.randn_like(k_cache)
+    k_cache, v_cache = _caches((batch * width, bk.BS, bk.HKV, bk.D), fp8)
     tables = torch.randperm(batch * width, device="cuda").view(batch, width).int()
     lens = ctx.to(device="cuda", dtype=torch.int32)
     q = torch.randn(batch, bk.HQ, bk.D, device="cuda", dtype=bk.DT)
     ref = reference.paged_decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables,
                                                lens, bk.SCALE)
-    kv_bytes = int(ctx.sum()) * 2 * bk.HKV * bk.D * 2
+    kv_bytes = int(ctx.sum()) * 2 * bk.HKV * bk.D * k_cache.element_size()
     rows = []
-    for cfg in [None] + [DecodeConfig(**{**c.__dict__, "num_splits": s})
-                         for c in bk.DECODE_SWEEP for s in (None, 1)]:
+    configs = sweep if sweep is not None else [DecodeConfig(**{**c.__dict__, "num_splits": s})
+                                               for c in bk.DECODE_SWEEP for s in (None, 1)]
+    for cfg in [None] + configs:
         fn = lambda cfg=cfg: kernels.paged_decode_attention(  # noqa: E731
             q, k_cache, v_cache, tables, lens, bk.SCALE, config=cfg, max_context_len=int(ctx.max()))
         r = b.checked(f"{cfg or 'default'}", fn, lambda out: bk.rel_err(out, ref))
@@ -55,14 +75,13 @@ def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float) -> 
             r["GBps"] = kv_bytes / r["ms"] / 1e6
             r["frac_copy_bw"] = r["GBps"] / copy_gbps
         rows.append(r)
-    return {"batch": batch, "context": [lo, hi], "kv_bytes": kv_bytes, "rows": rows}
+    return {"batch": batch, "context": [lo, hi], "kv_bytes": kv_bytes, "fp8": fp8, "rows": rows}
 
 
-def prefill_case(b: bk.Bench, prompts: int, length: int) -> dict:
+def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False) -> dict:
     t = prompts * length
     blocks = length // bk.BS
-    k_cache = torch.randn(prompts * blocks, bk.BS, bk.HKV, bk.D, device="cuda", dtype=bk.DT)
-    v_cache = torch.randn_like(k_cache)
+    k_cache, v_cache = _caches((prompts * blocks, bk.BS, bk.HKV, bk.D), fp8)
     tables = torch.randperm(prompts * blocks, device="cuda").view(prompts, blocks).int()
     cu = torch.arange(0, t + 1, length, device="cuda", dtype=torch.int32)
     lens = torch.full((prompts,), length, device="cuda", dtype=torch.int32)
@@ -78,7 +97,7 @@ def prefill_case(b: bk.Bench, prompts: int, length: int) -> dict:
         if "ms" in r:
             r["TFLOPs"] = flops / r["ms"] / 1e9
         rows.append(r)
-    return {"prompts": prompts, "length": length, "flops": flops, "rows": rows}
+    return {"prompts": prompts, "length": length, "flops": flops, "fp8": fp8, "rows": rows}
 
 
 def show(title: str, rows: list[dict], key: str) -> None:
@@ -98,23 +117,33 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    ap.add_argument("--decode-cases", help="B:LO:HI,... (default: the engine's five)")
+    ap.add_argument("--prefill-cases", help="PROMPTS:LEN,... (default: 16:512,2:4096)")
+    ap.add_argument("--small", action="store_true", help="12 decode configs, splits chosen")
     a = ap.parse_args()
+    fp8 = a.kv_cache_dtype == "fp8"
+    parse = lambda text, default: default if text is None else [  # noqa: E731
+        tuple(int(x) for x in item.split(":")) for item in text.split(",") if item]
+    decode_cases = parse(a.decode_cases, DECODE_CASES)
+    prefill_cases = parse(a.prefill_cases, PREFILL_CASES)
     start = time.time()
     bk.PREFILL_SWEEP = PREFILL_SWEEP
     if a.jobs:
         bk.warm_compile(a.jobs, quick=False)
     b = bk.Bench(quick=True)
     ceil = bk.measure_ceilings(b)
-    res = {"ceilings": ceil, "decode": [], "prefill": []}
-    for batch, lo, hi in DECODE_CASES:
-        d = decode_case(b, batch, lo, hi, ceil["copy_GBps"])
+    res = {"ceilings": ceil, "kv_cache_dtype": a.kv_cache_dtype, "decode": [], "prefill": []}
+    tag = " fp8 cache" if fp8 else ""
+    for batch, lo, hi in decode_cases:
+        d = decode_case(b, batch, lo, hi, ceil["copy_GBps"], fp8, SMALL_DECODE_SWEEP if a.small else None)
         res["decode"].append(d)
-        show(f"decode {batch} x [{lo}, {hi}]  (GB/s)", d["rows"], "GBps")
+        show(f"decode{tag} {batch} x [{lo}, {hi}]  (GB/s)", d["rows"], "GBps")
         torch.cuda.empty_cache()
-    for prompts, length in PREFILL_CASES:
-        p = prefill_case(b, prompts, length)
+    for prompts, length in prefill_cases:
+        p = prefill_case(b, prompts, length, fp8)
         res["prefill"].append(p)
-        show(f"prefill {prompts} x {length} packed (TFLOP/s)", p["rows"], "TFLOPs")
+        show(f"prefill{tag} {prompts} x {length} packed (TFLOP/s)", p["rows"], "TFLOPs")
         torch.cuda.empty_cache()
     res["seconds"] = time.time() - start
     print(f"\nceilings {ceil}; {res['seconds']:.0f} s")

@@ -19,6 +19,10 @@ class Attention(nn.Module):
         # Views into the model runner's pool, [num_blocks, block_size, num_kv_heads, head_dim].
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        # An FP8 cache stores k / k_scale and v / v_scale (vLLM's per-tensor scales; 1.0 unless
+        # the model runner sets them). Plain floats: CUDA graphs capture them as constants.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         md = get_attention_metadata()
@@ -28,17 +32,20 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if md is None or self.k_cache is None:
             raise RuntimeError("Attention needs a KV cache and attention metadata (ModelRunner sets both)")
-        ops.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        ops.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale,
+                           self.v_scale)
         out = torch.empty_like(q)
         nd = md.num_decode_tokens
         if nd:
             ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, md.decode_block_tables,
                                        md.decode_context_lens, self.scale, out=out[:nd],
-                                       max_context_len=md.decode_max_context_len)
+                                       max_context_len=md.decode_max_context_len,
+                                       k_scale=self.k_scale, v_scale=self.v_scale)
         if md.num_prefill_tokens:
             end = nd + md.num_prefill_tokens
             ops.paged_prefill_attention(q[nd:end], self.k_cache, self.v_cache,
                                         md.prefill_block_tables, md.prefill_cu_seqlens_q,
                                         md.prefill_context_lens, md.prefill_max_seqlen_q,
-                                        self.scale, out=out[nd:end])
+                                        self.scale, out=out[nd:end], k_scale=self.k_scale,
+                                        v_scale=self.v_scale)
         return out.view(num_tokens, self.num_heads * self.head_dim)

@@ -11,25 +11,27 @@ def _on_gpu(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-def store_kv_cache(key, value, k_cache, v_cache, slot_mapping) -> None:
+def store_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
     fn = kernels.store_kv_cache if _on_gpu(key) else reference.store_kv_cache_ref
-    fn(key, value, k_cache, v_cache, slot_mapping)
+    fn(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out=None,
-                           max_context_len=None):
+                           max_context_len=None, k_scale=1.0, v_scale=1.0):
     if _on_gpu(query):
         return kernels.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens,
-                                              scale, out=out, max_context_len=max_context_len)
+                                              scale, out=out, max_context_len=max_context_len,
+                                              k_scale=k_scale, v_scale=v_scale)
     return reference.paged_decode_attention_ref(query, k_cache, v_cache, block_tables,
-                                                context_lens, scale, out=out)
+                                                context_lens, scale, out=out, k_scale=k_scale,
+                                                v_scale=v_scale)
 
 
 def paged_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                            max_seqlen_q, scale, out=None):
+                            max_seqlen_q, scale, out=None, k_scale=1.0, v_scale=1.0):
     fn = kernels.paged_prefill_attention if _on_gpu(query) else reference.paged_prefill_attention_ref
     return fn(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q,
-              scale, out=out)
+              scale, out=out, k_scale=k_scale, v_scale=v_scale)
 
 
 def rms_norm(x, weight, eps, residual=None):

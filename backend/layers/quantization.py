@@ -20,13 +20,14 @@ from . import ops
 from .linear import LinearBase, LinearMethod
 
 
-def check_fp8_supported(device: torch.device) -> None:
-    """FP8 matmuls need compute capability 8.9 (Ada) or newer; the CPU emulates them (tests)."""
+def check_fp8_supported(device: torch.device, setting: str = "quantization='fp8'") -> None:
+    """FP8 matmuls and conversions need compute capability 8.9 (Ada) or newer; the CPU emulates
+    them (tests). `setting` names what asked for FP8 in the error."""
     if device.type != "cuda":
         return
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
-        raise ValueError(f"quantization='fp8' needs a GPU of compute capability 8.9 or newer; "
+        raise ValueError(f"{setting} needs a GPU of compute capability 8.9 or newer; "
                          f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
 
 

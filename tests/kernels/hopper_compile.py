@@ -90,6 +90,15 @@ def cases():
     yield "store_kv_cache", lambda: kernels.store_kv_cache(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            torch.zeros(16, dtype=torch.int64))
+    # kv_cache_dtype=fp8: the store rounds by hand, the attention kernels widen FP8 tiles.
+    c8 = e(64, 16, 8, 128, dtype=fp8)
+    yield "store_kv_cache fp8", lambda: kernels.store_kv_cache(kv, kv, c8, c8, torch.zeros(16, dtype=torch.int64),
+                                                               0.5, 2.0)
+    q, bt, cl = e(256, 32, 128, dtype=torch.bfloat16), torch.zeros(256, 8, dtype=torch.int32), e(256, dtype=torch.int32)
+    yield "decode fp8 cache", lambda: kernels.paged_decode_attention(q, c8, c8, bt, cl, 0.1, k_scale=0.5, v_scale=2.0)
+    qp, cu = e(512, 32, 128, dtype=torch.bfloat16), torch.tensor([0, 512], dtype=torch.int32)
+    yield "prefill fp8 cache", lambda: kernels.paged_prefill_attention(qp, c8, c8, bt[:1], cu, cl[:1], 512, 0.1,
+                                                                       k_scale=0.5, v_scale=2.0)
 
 
 def main() -> None:

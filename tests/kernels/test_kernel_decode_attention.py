@@ -127,7 +127,8 @@ def _valid_args(dtype=torch.float32):
      "paged_decode_attention: query must have dtype torch.float16, torch.bfloat16 or torch.float32, "
      "got torch.float64"),
     (lambda a: a.update(k_cache=a["k_cache"].half()),
-     "paged_decode_attention: k_cache must have the dtype of query (torch.float32), got torch.float16"),
+     "paged_decode_attention: k_cache must have the dtype of query (torch.float32) or "
+     "torch.float8_e4m3fn, got torch.float16"),
     (lambda a: a.update(query=a["query"][:, :3]),
      "paged_decode_attention: query heads (3) must be a multiple of KV heads (2)"),
     (lambda a: a.update(context_lens=a["context_lens"].long()),

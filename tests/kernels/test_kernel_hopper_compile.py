@@ -35,6 +35,9 @@ def test_kernels_compile_for_hopper(compiled):
     assert by_kernel[("decode torch.bfloat16 splits=1", "_decode_kernel")]["mma"]
     assert by_kernel[("decode torch.bfloat16 splits=4", "_merge_kernel")]
     assert by_kernel[("prefill torch.bfloat16", "_prefill_kernel")]["wgmma"]
+    assert by_kernel[("decode fp8 cache", "_decode_kernel")]["mma"]
+    assert by_kernel[("prefill fp8 cache", "_prefill_kernel")]["wgmma"]
+    assert by_kernel[("store_kv_cache fp8", "_store_kv_kernel")]
     fp8 = by_kernel[("fp8_matmul", "_fp8_matmul_kernel")]
     assert fp8["mma"] or fp8["wgmma"], fp8  # FP8 tensor cores, not a scalar loop
     # Every tuned config in kernels/configs/fp8_matmul.json compiles too (checked above: no

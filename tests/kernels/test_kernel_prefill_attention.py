@@ -136,7 +136,8 @@ def test_prefill_reference_rejects_chunk_longer_than_max_seqlen_q():
     (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][:2]),
      "paged_prefill_attention: cu_seqlens_q must have shape [B+1] = (3,), got (2,)"),
     (lambda a: a.update(query=a["query"].half()),
-     "paged_prefill_attention: k_cache must have the dtype of query (torch.float16), got torch.float32"),
+     "paged_prefill_attention: k_cache must have the dtype of query (torch.float16) or "
+     "torch.float8_e4m3fn, got torch.float32"),
     (lambda a: a.update(query=a["query"][0]),
      "paged_prefill_attention: query must be 3-D [T, Hq, D], got shape (4, 64)"),
     (lambda a: a.update(max_seqlen_q=5.0),

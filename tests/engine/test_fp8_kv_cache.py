@@ -1,0 +1,98 @@
+"""kv_cache_dtype="fp8": keys (after rotary) and values are stored as float8 e4m3 divided by their
+per-tensor scales, and attention reads them back widened. On the CPU the engine must match, token
+for token, a Hugging Face model whose keys and values go through the same quantize-dequantize by
+hand; the pool holds twice the blocks of a float16 one in the same bytes."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from hf_reference import hf_greedy_generate
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from backend import LLM, EngineArgs, SamplingParams
+from backend.config import CPU_KV_CACHE_BYTES
+from kernels import reference
+
+MAX_NEW = 12
+K_SCALE, V_SCALE = 0.05, 0.02
+PROMPTS = ["The engine streams tokens", "A paged cache holds blocks of keys and values",
+           "x", "GPU kernels read the cache in place while the scheduler batches users"]
+
+
+def fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (reference.quantize_kv_ref(x, scale).float() * scale).to(x.dtype)
+
+
+def hf_fp8_kv_greedy(model_dir: str, prompts: list[list[int]], monkeypatch) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    module = importlib.import_module(type(model.model.layers[0].self_attn).__module__)
+    rotary = module.apply_rotary_pos_emb
+
+    def rotary_then_quantize_keys(q, k, cos, sin, *args, **kwargs):
+        q, k = rotary(q, k, cos, sin, *args, **kwargs)
+        return q, fake_quant(k, K_SCALE)
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", rotary_then_quantize_keys)
+    for layer in model.model.layers:
+        v_proj = layer.self_attn.v_proj
+        v_proj.register_forward_hook(lambda _m, _i, out: fake_quant(out, V_SCALE))
+    return hf_greedy_generate(model, prompts, MAX_NEW)
+
+
+def test_fp8_kv_cache_matches_hf_with_the_same_fake_quantization(model_dir, monkeypatch):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    llm = LLM(model_dir, dtype="float32", device="cpu", kv_cache_dtype="fp8", k_scale=K_SCALE,
+              v_scale=V_SCALE)
+    assert llm.engine.runner.kv_cache.dtype == torch.float8_e4m3fn
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == hf_fp8_kv_greedy(model_dir, prompts, monkeypatch)
+    # The quantization is real: the same prompts with a float32 cache give other log-probabilities.
+    exact = LLM(model_dir, dtype="float32", device="cpu").generate(prompts, params)
+    assert [o.outputs[0].cumulative_logprob for o in outs] != [
+        o.outputs[0].cumulative_logprob for o in exact]
+
+
+def test_fp8_pool_holds_twice_the_blocks(llama_dir):
+    sizes = {}
+    for kv_dtype in ("auto", "fp8"):
+        runner = LLM(llama_dir, dtype="float16", device="cpu", kv_cache_dtype=kv_dtype,
+                     max_model_len=2048, max_num_seqs=4096).engine.runner
+        sizes[kv_dtype] = (runner.num_blocks, runner.block_bytes)
+    (blocks16, bytes16), (blocks8, bytes8) = sizes["auto"], sizes["fp8"]
+    assert bytes8 * 2 == bytes16
+    assert blocks16 == CPU_KV_CACHE_BYTES // bytes16 and blocks8 == CPU_KV_CACHE_BYTES // bytes8
+    assert blocks8 == 2 * blocks16
+
+
+def test_kv_cache_arguments_are_checked(llama_dir):
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype must be one of auto, fp8, fp8_e4m3; "
+                                         r"got 'int8'\.$"):
+        EngineArgs(model=llama_dir, kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match=r"^k_scale must be a positive finite number, got 0\.0\.$"):
+        EngineArgs(model=llama_dir, kv_cache_dtype="fp8", k_scale=0.0)
+    with pytest.raises(ValueError, match=r"^v_scale must be a positive finite number, got -1\.0\.$"):
+        EngineArgs.from_strings({"model": llama_dir, "v_scale": "-1"})
+    args = EngineArgs.from_strings({"model": llama_dir, "kv_cache_dtype": "fp8_e4m3", "k_scale": "0.5"})
+    assert (args.kv_cache_dtype, args.k_scale, args.v_scale) == ("fp8_e4m3", 0.5, 1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fp8_kv_cache_on_gpu_follows_the_cpu_reference(llama_dir):
+    """The GPU kernels store the same FP8 bits and attend in bf16: the greedy tokens of a bf16
+    model follow the same model with a bf16 cache for most of the way (FP8 is not exact)."""
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    fp8 = LLM(llama_dir, dtype="bfloat16", device="cuda", kv_cache_dtype="fp8",
+              gpu_memory_utilization=0.3)
+    assert fp8.engine.runner.kv_cache.dtype == torch.float8_e4m3fn
+    got = [o.outputs[0].token_ids for o in fp8.generate(prompts, params)]
+    del fp8
+    bf16 = LLM(llama_dir, dtype="bfloat16", device="cuda", gpu_memory_utilization=0.3)
+    want = [o.outputs[0].token_ids for o in bf16.generate(prompts, params)]
+    same_first = sum(g[0] == w[0] for g, w in zip(got, want))
+    assert same_first >= len(prompts) - 1, (got, want)
