@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
-# One device call for what the CPU machine could not measure at the session of 2026-12-01:
-#  1. the GPU tests of the FP8 path (the dispatch test, tests/engine/test_fp8.py, has never run);
-#  2. FP8 workload B with the tuned matmul table (kernels/configs/fp8_matmul.json);
-#  3. Qwen2.5-1.5B through Triton and in-process, with the receiver's batched text (d3d221f) and
-#     the engine process's busy-time log (e77c013);
-#  4. optionally (SWEEP=1) a fresh FP8 matmul sweep that rewrites the table for this GPU.
+# One device call for what the CPU machine cannot measure, in two parts (kv_cache_dtype=fp8,
+# session of 2026-12-01):
+#   part 1: the GPU tests (kernels, the FP8 engine paths); the decode attention sweep over an
+#           FP8 and a bf16 cache at workload A's shape; Llama-3-8B bf16 with an FP8 cache through
+#           Triton and in-process; the same model with a bf16 cache in-process, side by side;
+#   part 2: FP8 weights with an FP8 cache (Llama-3-8B), and Qwen2.5-7B / Qwen2.5-1.5B with an
+#           FP8 cache, through Triton and in-process.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
-#   COMMIT=<sha> bash scripts/gpu_pending_checks.sh
-# Arguments go to every gpu_run.sh call; with LLAMA/QWEN naming other models it rehearses on the
-# CPU machine, e.g. LLAMA=models/tiny-llama QWEN=models/tiny-llama IMAGE_PYTHON=.venv/bin/python
-#   TRITIUM_BUNDLE=/tmp/bundle311 OUT=/tmp/pending bash scripts/gpu_pending_checks.sh --device cpu
+#   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
+# Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
+# rehearses on the CPU machine, e.g. LLAMA=models/tiny-llama QWEN=models/tiny-llama
+#   QWEN7=models/tiny-llama IMAGE_PYTHON=.venv/bin/python TRITIUM_BUNDLE=/tmp/bundle311
+#   NO_GPU_STEPS=1 OUT=/tmp/pending bash scripts/gpu_pending_checks.sh 1 --device cpu
 #   --dtype float32 --num-requests 16 --input-len 64 --output-len 16
 # Leaves at most 8 files in $OUT: summary.txt (the lines that matter), the results.json of each
-# gpu_run.sh call, and the sweep's outputs.
+# gpu_run.sh call, and the sweep's JSON.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" EXTRA=("$@")
+PART="${1:?part 1 or 2}"; shift
+LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
 logs() {  # the engine process's and the stub's own accounts of a gpu_run.sh call
     local d; d=$(mktemp -d); tar -C "$d" -xzf "$1/logs.tar.gz" 2>/dev/null
-    grep -rh -E "engine process:|sender thread" "$d" >> "$S"; rm -rf "$d"
+    grep -rh -E "engine process:|sender thread|KV cache:" "$d" >> "$S"; rm -rf "$d"
 }
 run() {  # name, gpu_run.sh arguments...; keeps results.json and the summary lines
     local name="$1"; shift
@@ -33,17 +36,28 @@ run() {  # name, gpu_run.sh arguments...; keeps results.json and the summary lin
     rm -rf "${OUT:?}/$name" "$OUT/$name.log"
 }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tee -a "$S"
-stamp "GPU tests: kernels, then the FP8 engine path"
-timeout 240 "$PY" -m pytest tests/kernels --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
-timeout 150 "$PY" -m pytest tests/engine/test_fp8.py --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -4 >> "$S"
-if [ "${SWEEP:-0}" = 1 ]; then
-    stamp "FP8 matmul sweep, rewriting the table for this GPU"
-    timeout 330 "$PY" scripts/bench_fp8_matmul.py --json "$OUT/fp8_sweep.json" \
-        --write-configs kernels/configs/fp8_matmul.json > "$OUT/fp8_sweep.txt" 2>&1
-    grep -E "chosen|wrote" "$OUT/fp8_sweep.txt" >> "$S"; cp kernels/configs/fp8_matmul.json "$OUT/"
+KV=(--engine-arg kv_cache_dtype=fp8)
+if [ "$PART" = 1 ]; then
+    if [ -z "${NO_GPU_STEPS:-}" ]; then
+        stamp "GPU tests: kernels, then the FP8 engine paths"
+        timeout 240 "$PY" -m pytest tests/kernels --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
+        timeout 200 "$PY" -m pytest tests/engine/test_fp8_kv_cache.py tests/engine/test_fp8.py \
+            --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -6 >> "$S"
+        stamp "decode attention sweep at workload A's shape: FP8 cache, then bf16"
+        for dt in fp8 auto; do
+            timeout 150 "$PY" scripts/sweep_attention.py --kv-cache-dtype $dt --small --jobs 0 \
+                --decode-cases 256:512:768,1:32768:32768 --prefill-cases 16:512 \
+                --out "$OUT/sweep_$dt.json" 2>&1 | grep -v "^$" | head -40 >> "$S"
+        done
+    fi
+    stamp "Llama-3-8B bf16, FP8 cache: Triton and in-process"
+    run llama_kv8 --models "$LLAMA" --phases triton,offline "${KV[@]}"
+    stamp "Llama-3-8B bf16, bf16 cache: in-process A (the same machine's baseline)"
+    run llama_base --models "$LLAMA" --phases offline --workloads A
+else
+    stamp "Llama-3-8B FP8 weights, FP8 cache: Triton and in-process"
+    run llama_fp8_kv8 --models "$LLAMA" --phases triton,offline --engine-arg quantization=fp8 "${KV[@]}"
+    stamp "Qwen2.5-7B and Qwen2.5-1.5B bf16, FP8 cache: Triton and in-process"
+    run qwen_kv8 --models "$QWEN7,$QWEN" --phases triton,offline "${KV[@]}"
 fi
-stamp "FP8 workload B with the tuned table"
-run fp8_b --models "$LLAMA,$QWEN" --phases triton,offline --workloads B --engine-arg quantization=fp8
-stamp "Qwen2.5-1.5B bf16 through Triton and in-process"
-run qwen15 --models "$QWEN" --phases triton,offline
 stamp done
