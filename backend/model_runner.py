@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels.validation import v_cache_shape
+
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_context import set_attention_metadata
@@ -86,8 +88,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_cache(self.num_blocks, zero=True)
-        for i, layer in enumerate(self.attn_layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self._bind_cache(self.kv_cache)
+        for layer in self.attn_layers:
             layer.k_scale, layer.v_scale = float(args.k_scale), float(args.v_scale)
         if self.device.type == "cuda":
             self._compile_step_variants()
@@ -118,6 +120,14 @@ class ModelRunner:
                    device=self.device)
         return raw.view(self.cache_dtype)
 
+    def _bind_cache(self, pool: torch.Tensor) -> None:
+        """Give each attention layer its views of the pool; an FP8 value cache is each block
+        transposed, [num_blocks, Hkv, D, block_size] (same bytes per block)."""
+        for i, layer in enumerate(self.attn_layers):
+            k_cache = pool[0, i]
+            layer.k_cache = k_cache
+            layer.v_cache = pool[1, i].view(v_cache_shape(tuple(k_cache.shape), pool.dtype))
+
     def _decide_num_blocks(self) -> int:
         if self.args.num_kv_blocks is not None:
             return self.args.num_kv_blocks
@@ -140,8 +150,7 @@ class ModelRunner:
         lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
         blocks_per_seq = -(-seq_len // self.block_size)
         scratch = self._allocate_cache(blocks_per_seq * len(lens), zero=False)
-        for i, layer in enumerate(self.attn_layers):
-            layer.k_cache, layer.v_cache = scratch[0, i], scratch[1, i]
+        self._bind_cache(scratch)
         seqs = []
         for j, n in enumerate(lens):
             s = Sequence(f"profile-{j}", [0] * n, n, _PROFILE_PARAMS)

@@ -20,6 +20,18 @@ def kv_row_offsets(block_table_row, tok, valid, head_offset, stride_block, strid
 
 
 @triton.jit
+def transposed_v_tile(v_cache_ptr, block_table_row, tok, valid, offs_d, d_mask, head_offset,
+                      stride_block, BLOCK_SIZE: tl.constexpr):
+    """V rows [N, D] of tokens `tok` from a cache laid out [num_blocks, Hkv, D, block_size] (an
+    FP8 cache): loaded as [D, N], tokens contiguous, then transposed; invalid tokens read 0."""
+    block = tl.load(block_table_row + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    cols = block * stride_block + head_offset + tok % BLOCK_SIZE
+    vt = tl.load(v_cache_ptr + cols[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                 mask=valid[None, :] & d_mask[:, None], other=0.0)
+    return tl.trans(vt)
+
+
+@triton.jit
 def attend_tile(q, k, v, mask, m_i, l_i, acc, scale_log2e,
                 APPLY_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One online-softmax step of rows q [M, D] over keys k [N, D], values v [N, D].

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import validation
-from ._attention_tile import attend_tile, kv_row_offsets
+from ._attention_tile import attend_tile, kv_row_offsets, transposed_v_tile
 from ._launch import cdiv, check_runnable, dot_block, next_pow2, num_sms
 
 OP = "paged_decode_attention"
@@ -38,16 +38,24 @@ class DecodeConfig:
     num_stages: int = 3
     num_splits: int | None = None
     programs_per_sm: int = 2     # split until batch * Hkv * splits reaches this many per SM
+    # With an FP8 cache and bf16 queries: "float16" widens the tiles to float16 and runs both
+    # dots in float16 (every e4m3 value is exact there; one conversion instruction per pair),
+    # "query" widens them to the query's dtype.
+    fp8_compute: str = "float16"
 
 
-def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int) -> DecodeConfig:
+def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
+                   fp8_cache: bool = False) -> DecodeConfig:
     """Full batches: 64-token tiles, 4 warps, 3 stages (174 vs 180 us at 256 x ~640 tokens and
     258 vs 280 us at 256 x 1k on the H200, against 2 stages). When batch x KV heads leaves SMs
     idle, each program walks a long range alone: 128-token tiles and 8 warps keep more loads in
     flight (1 x 32k: 72 vs 84 us). scripts/sweep_attention.py measures both. float32 (tests)
-    keeps 2 stages of 64-token tiles, which fit in shared memory."""
+    keeps 2 stages of 64-token tiles, which fit in shared memory. An FP8 cache's tiles are half
+    the bytes: 128 tokens, 4 warps, 2 stages (the best of the first FP8 sweep, d390357)."""
     if dtype == torch.float32:
         return DecodeConfig(num_stages=2)
+    if fp8_cache:
+        return DecodeConfig(block_n=128, num_warps=4, num_stages=2)
     if batch * num_kv_heads < sms:
         return DecodeConfig(block_n=128, num_warps=8, num_stages=3)
     return DecodeConfig()
@@ -69,6 +77,14 @@ def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int
     return max(block_n, cdiv(cdiv(max_context_len, num_splits), block_n) * block_n)
 
 
+def fp16_dots(op: str, query_dtype: torch.dtype, cache_dtype: torch.dtype, fp8_compute: str) -> bool:
+    """Whether an FP8 cache's tiles (and the query) go to float16 for the dots."""
+    if fp8_compute not in ("float16", "query"):
+        validation.fail(op, f"fp8_compute must be 'float16' or 'query', got {fp8_compute!r}")
+    return (cache_dtype == validation.FP8_KV_DTYPE and query_dtype == torch.bfloat16
+            and fp8_compute == "float16")
+
+
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -77,7 +93,8 @@ def _decode_kernel(
     stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ob, stride_oh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SCALE_V: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr,
 ):
     # KV heads on the fastest axis: a token's heads are adjacent 256-byte rows in the cache, so
     # the programs that read them run together and share DRAM pages.
@@ -100,6 +117,8 @@ def _decode_kernel(
     q_heads = kv_head * GROUP + offs_g
     q = tl.load(q_ptr + seq.to(tl.int64) * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if FP16_DOTS:
+        q = q.to(tl.float16)  # the K/V tiles follow q's dtype below
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_G], 0.0, tl.float32)
@@ -115,7 +134,11 @@ def _decode_kernel(
         else:
             kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if V_TRANSPOSED:
+            v = transposed_v_tile(v_cache_ptr, block_table_row, tok, valid, offs_d, d_mask,
+                                  kv_head * (HEAD_DIM * BLOCK_SIZE), stride_cb, BLOCK_SIZE)
+        else:
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc,
                                     scale_log2e, True, DOT_PRECISION)
 
@@ -179,7 +202,8 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     check_runnable(OP, query)
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    cfg = config or default_config(query.dtype, batch, num_kv_heads, num_sms(query.device))
+    cfg = config or default_config(query.dtype, batch, num_kv_heads, num_sms(query.device),
+                                   k_cache.dtype == validation.FP8_KV_DTYPE)
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(query)
@@ -207,6 +231,8 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         GROUP=group, BLOCK_G=dot_block(group), HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
+        FP16_DOTS=fp16_dots(OP, query.dtype, k_cache.dtype, cfg.fp8_compute),
+        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

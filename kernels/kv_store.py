@@ -5,7 +5,8 @@ cache's contiguous [Hkv, D] slot, so the write is one contiguous run per token. 
 strided views into a fused qkv projection output.
 
 An FP8 cache stores value / scale (per-tensor k_scale, v_scale), rounded to nearest and saturated
-at +-448: the attention kernels multiply the scales back in.
+at +-448: the attention kernels multiply the scales back in. Its values are transposed within each
+block ([Hkv, D, block_size], validation.v_cache_shape), so a token's value is strided there.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _store_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, inv_k_scale, inv_v_scale,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    QUANTIZE: tl.constexpr, FP8_MAX: tl.constexpr,
+    QUANTIZE: tl.constexpr, FP8_MAX: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     tok = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
@@ -66,6 +67,11 @@ def _store_kv_kernel(
         v = _to_e4m3_bits(v, inv_v_scale, FP8_MAX)
     dst = slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k, mask=mask)
+    if QUANTIZE:
+        # An FP8 cache keeps each block's values transposed: [Hkv, D, block_size].
+        block = slot // BLOCK_SIZE
+        dst = (block * (NUM_KV_HEADS * HEAD_DIM * BLOCK_SIZE) + offs_h[:, None] * (HEAD_DIM * BLOCK_SIZE)
+               + offs_d[None, :] * BLOCK_SIZE + slot % BLOCK_SIZE)
     tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
@@ -91,5 +97,5 @@ def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
         validation.fp32_reciprocal(k_scale), validation.fp32_reciprocal(v_scale),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads),
         BLOCK_D=next_pow2(head_dim), QUANTIZE=quantize,
-        FP8_MAX=validation.FP8_E4M3_MAX, num_warps=num_warps,
+        FP8_MAX=validation.FP8_E4M3_MAX, BLOCK_SIZE=k_cache.shape[1], num_warps=num_warps,
     )

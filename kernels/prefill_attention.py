@@ -19,8 +19,9 @@ import triton
 import triton.language as tl
 
 from . import validation
-from ._attention_tile import attend_tile, kv_row_offsets
+from ._attention_tile import attend_tile, kv_row_offsets, transposed_v_tile
 from ._launch import cdiv, check_runnable, dot_block
+from .decode_attention import fp16_dots
 
 OP = "paged_prefill_attention"
 
@@ -31,6 +32,7 @@ class PrefillConfig:
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    fp8_compute: str = "float16"  # as DecodeConfig.fp8_compute
 
 
 def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> PrefillConfig:
@@ -51,7 +53,7 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SCALE_V: tl.constexpr,
+    SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
 ):
     head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
     m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
@@ -72,6 +74,8 @@ def _prefill_kernel(
     q_rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if FP16_DOTS:
+        q = q.to(tl.float16)  # the K/V tiles follow q's dtype below
     q_pos = prefix + offs_m  # absolute position of each query row
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -79,6 +83,7 @@ def _prefill_kernel(
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_btb
     head_offset = (head // GROUP) * stride_ch
+    v_head_offset = (head // GROUP) * (HEAD_DIM * BLOCK_SIZE)  # transposed (FP8) V only
 
     # Keys at positions <= prefix + m0 are visible to every row of this tile: no mask at all.
     full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
@@ -88,9 +93,14 @@ def _prefill_kernel(
                               stride_ct, BLOCK_SIZE)
         if BLOCK_D == HEAD_DIM:
             k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :])
-            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :])
         else:
             k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        if V_TRANSPOSED:
+            v = transposed_v_tile(v_cache_ptr, block_table_row, tok, tok < full_end, offs_d, d_mask,
+                                  v_head_offset, stride_cb, BLOCK_SIZE)
+        elif BLOCK_D == HEAD_DIM:
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :])
+        else:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), 0, m_i, l_i, acc, scale_log2e,
                                     False, DOT_PRECISION)
@@ -105,7 +115,11 @@ def _prefill_kernel(
                               BLOCK_SIZE)
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if V_TRANSPOSED:
+            v = transposed_v_tile(v_cache_ptr, block_table_row, tok, valid, offs_d, d_mask,
+                                  v_head_offset, stride_cb, BLOCK_SIZE)
+        else:
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         causal = (tok[None, :] <= q_pos[:, None]) & valid[None, :]
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), causal, m_i, l_i, acc,
                                     scale_log2e, True, DOT_PRECISION)
@@ -147,6 +161,7 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FP16_DOTS=fp16_dots(OP, query.dtype, k_cache.dtype, cfg.fp8_compute),
+        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

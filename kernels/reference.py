@@ -21,16 +21,24 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _gather_tokens(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
-                   scale: float = 1.0) -> torch.Tensor:
-    """Rows `slots` (any shape) of a [num_blocks, block_size, Hkv, D] cache -> [*slots.shape, Hkv, D],
-    in `dtype`; an FP8 cache's rows are multiplied by their scale."""
-    _, _, num_kv_heads, head_dim = cache.shape
+def _cache_rows(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, scale: float,
+                values: bool) -> torch.Tensor:
+    """Rows `slots` (any shape) of a cache -> [*slots.shape, Hkv, D] in `dtype`. Key caches and
+    16-bit value caches are [num_blocks, block_size, Hkv, D]; an FP8 value cache is
+    [num_blocks, Hkv, D, block_size] (validation.v_cache_shape). FP8 rows are multiplied by
+    their scale."""
     if cache.dtype != v.FP8_KV_DTYPE:
+        _, _, num_kv_heads, head_dim = cache.shape
         return cache.view(-1, num_kv_heads, head_dim)[slots].to(dtype)
     # Indexing is not implemented for float8 on every device: gather the bytes, then reinterpret.
-    raw = cache.view(torch.uint8).view(-1, num_kv_heads, head_dim)[slots]
-    return raw.view(v.FP8_KV_DTYPE).to(dtype) * scale
+    raw = cache.view(torch.uint8)
+    if values:
+        block_size = raw.shape[3]
+        rows = raw[slots // block_size, :, :, slots % block_size]
+    else:
+        _, _, num_kv_heads, head_dim = raw.shape
+        rows = raw.view(-1, num_kv_heads, head_dim)[slots]
+    return rows.view(v.FP8_KV_DTYPE).to(dtype) * scale
 
 
 def quantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -52,9 +60,11 @@ def store_kv_cache_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Te
         k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep]
         v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep]
         return
-    for cache, x, scale in ((k_cache, key, k_scale), (v_cache, value, v_scale)):
-        rows = quantize_kv_ref(x[keep], scale).view(torch.uint8)
-        cache.view(torch.uint8).view(-1, num_kv_heads, head_dim)[slots] = rows
+    k_cache.view(torch.uint8).view(-1, num_kv_heads, head_dim)[slots] = (
+        quantize_kv_ref(key[keep], k_scale).view(torch.uint8))
+    block_size = k_cache.shape[1]  # the value cache is [num_blocks, Hkv, D, block_size]
+    v_cache.view(torch.uint8)[slots // block_size, :, :, slots % block_size] = (
+        quantize_kv_ref(value[keep], v_scale).view(torch.uint8))
 
 
 def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -79,10 +89,10 @@ def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cac
         valid = pos[None, :] < ctx[:, None]                                   # [B, L]
         blocks = block_tables.long()[:, pos // block_size]
         slots = torch.where(valid, blocks * block_size + pos % block_size, 0)  # padding reads slot 0
-        k = _gather_tokens(k_cache, slots, compute, k_scale).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+        k = _cache_rows(k_cache, slots, compute, k_scale, False).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
         # Padding positions read slot 0, which may hold anything: 0 * NaN would leak through p @ v.
         # Zero those rows in place (the gather made a fresh tensor); 2x cheaper than masked_fill.
-        vals = _gather_tokens(v_cache, slots, compute, v_scale)
+        vals = _cache_rows(v_cache, slots, compute, v_scale, True)
         vals[~valid] = 0.0
         vals = vals.permute(0, 2, 1, 3)                                        # [B, Hkv, L, D]
         q = query.to(compute).view(batch, num_kv_heads, group, head_dim)
@@ -130,8 +140,8 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
                        f"{block_tables.shape[1]} blocks of {block_size}")
         pos = torch.arange(ctx, device=query.device)
         slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
-        k = _gather_tokens(k_cache, slots, compute, k_scale).permute(1, 2, 0)[:, None]  # [Hkv,1,D,L]
-        vals = _gather_tokens(v_cache, slots, compute, v_scale).permute(1, 0, 2)[:, None]  # [Hkv,1,L,D]
+        k = _cache_rows(k_cache, slots, compute, k_scale, values=False).permute(1, 2, 0)[:, None]  # [Hkv,1,D,L]
+        vals = _cache_rows(v_cache, slots, compute, v_scale, True).permute(1, 0, 2)[:, None]  # [Hkv,1,L,D]
         q = query[start:end].to(compute).view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         scores = torch.matmul(q, k) * scale                                     # [Hkv, G, q, L]
         q_pos = ctx - q_len + torch.arange(q_len, device=query.device)

@@ -82,10 +82,14 @@ def check_out(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: t
 
 def _check_cache_pair(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, ref_name: str,
                       ref: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    """k_cache and v_cache: same [num_blocks, block_size, Hkv, D] shape, contiguous, both in ref's
-    dtype or both FP8."""
+    """k_cache [num_blocks, block_size, Hkv, D] and v_cache of the same shape, contiguous, both in
+    ref's dtype; or both FP8, with v_cache [num_blocks, Hkv, D, block_size] (see v_cache_shape)."""
     check_tensor(op, "k_cache", k_cache, "[num_blocks, block_size, Hkv, D]", dtypes + (FP8_KV_DTYPE,))
-    check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
+    if k_cache.dtype == FP8_KV_DTYPE:
+        check_shape(op, "v_cache", v_cache, v_cache_shape(tuple(k_cache.shape), FP8_KV_DTYPE),
+                    "[num_blocks, Hkv, D, block_size] (FP8)")
+    else:
+        check_shape(op, "v_cache", v_cache, tuple(k_cache.shape), "k_cache.shape")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.dtype not in (ref.dtype, FP8_KV_DTYPE):
             fail(op, f"{name} must have the dtype of {ref_name} ({ref.dtype}) or {FP8_KV_DTYPE}, "
@@ -94,6 +98,16 @@ def _check_cache_pair(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, ref
         fail(op, f"v_cache must have the dtype of k_cache ({k_cache.dtype}), got {v_cache.dtype}")
     check_contiguous(op, "k_cache", k_cache)
     check_contiguous(op, "v_cache", v_cache)
+
+
+def v_cache_shape(k_shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ...]:
+    """An FP8 cache keeps each block's values transposed, [num_blocks, Hkv, D, block_size], so
+    that p @ v reads its operand along the reduction (token) axis: with V token-major, Triton
+    fetches 8-bit elements for that product one byte at a time. 16-bit caches keep K's layout."""
+    num_blocks, block_size, num_kv_heads, head_dim = k_shape
+    if dtype == FP8_KV_DTYPE:
+        return (num_blocks, num_kv_heads, head_dim, block_size)
+    return tuple(k_shape)
 
 
 def fp32_reciprocal(scale: float) -> float:

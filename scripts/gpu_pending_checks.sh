@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # One device call for what the CPU machine cannot measure, in two parts (kv_cache_dtype=fp8,
 # session of 2026-12-01):
-#   part 1: the GPU tests (kernels, the FP8 engine paths); the decode attention sweep over an
-#           FP8 and a bf16 cache at workload A's shape; Llama-3-8B bf16 with an FP8 cache through
-#           Triton and in-process; the same model with a bf16 cache in-process, side by side;
-#   part 2: FP8 weights with an FP8 cache (Llama-3-8B), and Qwen2.5-7B / Qwen2.5-1.5B with an
-#           FP8 cache, through Triton and in-process.
+#   part 1: the GPU tests (kernels, the FP8 engine paths); the attention sweep over an FP8 cache
+#           at workload A's shapes (float16 and bf16 dots); Llama-3-8B with an FP8 cache, bf16
+#           weights and FP8 weights, through Triton and in-process;
+#   part 2: Qwen2.5-7B and Qwen2.5-1.5B with an FP8 cache, through Triton and in-process.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -43,20 +42,16 @@ if [ "$PART" = 1 ]; then
         timeout 240 "$PY" -m pytest tests/kernels --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
         timeout 200 "$PY" -m pytest tests/engine/test_fp8_kv_cache.py tests/engine/test_fp8.py \
             --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -6 >> "$S"
-        stamp "decode attention sweep at workload A's shape: FP8 cache, then bf16"
-        for dt in fp8 auto; do
-            timeout 150 "$PY" scripts/sweep_attention.py --kv-cache-dtype $dt --small --jobs 0 \
-                --decode-cases 256:512:768,1:32768:32768 --prefill-cases 16:512 \
-                --out "$OUT/sweep_$dt.json" 2>&1 | grep -v "^$" | head -40 >> "$S"
-        done
+        stamp "attention sweep over an FP8 cache at workload A's shapes"
+        timeout 200 "$PY" scripts/sweep_attention.py --kv-cache-dtype fp8 --small --jobs 0 \
+            --decode-cases 256:512:768,1:32768:32768 --prefill-cases 16:512 \
+            --out "$OUT/sweep_fp8.json" 2>&1 | grep -v "^$" | head -40 >> "$S"
     fi
-    stamp "Llama-3-8B bf16, FP8 cache: Triton and in-process"
+    stamp "Llama-3-8B bf16 weights, FP8 cache: Triton and in-process"
     run llama_kv8 --models "$LLAMA" --phases triton,offline "${KV[@]}"
-    stamp "Llama-3-8B bf16, bf16 cache: in-process A (the same machine's baseline)"
-    run llama_base --models "$LLAMA" --phases offline --workloads A
-else
     stamp "Llama-3-8B FP8 weights, FP8 cache: Triton and in-process"
     run llama_fp8_kv8 --models "$LLAMA" --phases triton,offline --engine-arg quantization=fp8 "${KV[@]}"
+else
     stamp "Qwen2.5-7B and Qwen2.5-1.5B bf16, FP8 cache: Triton and in-process"
     run qwen_kv8 --models "$QWEN7,$QWEN" --phases triton,offline "${KV[@]}"
 fi

@@ -40,16 +40,30 @@ PREFILL_SWEEP = bk.PREFILL_SWEEP + [PrefillConfig(*c) for c in [
 
 SMALL_DECODE_SWEEP = [DecodeConfig(block_n=n, num_warps=w, num_stages=st)
                       for n in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+FP8_PREFILL_SWEEP = [PrefillConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3),
+                                                 (128, 64, 4, 2), (128, 64, 8, 3)]]
+
+
+def fp8_variants(configs):
+    """Each config with the FP8 tiles widened to float16 and to the query's dtype (bf16)."""
+    return [c.__class__(**{**c.__dict__, "fp8_compute": f}) for c in configs for f in ("float16", "query")]
 
 
 def _caches(shape, fp8: bool):
-    """Random K and V caches; FP8 ones hold the rounded values (scale 1.0) and go to the
-    reference widened, so both see the same numbers."""
+    """Random K and V caches; FP8 ones hold the rounded values (scale 1.0), V transposed per
+    block as the engine keeps it."""
     k = torch.randn(*shape, device="cuda", dtype=bk.DT)
     v = torch.randn_like(k)
     if fp8:
-        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        k, v = k.to(torch.float8_e4m3fn), v.permute(0, 2, 3, 1).contiguous().to(torch.float8_e4m3fn)
     return k, v
+
+
+def _ref_caches(k, v):
+    """float32 caches in the reference's 16-bit layout (V token-major again)."""
+    if k.dtype == torch.float8_e4m3fn:
+        return k.float(), v.float().permute(0, 3, 1, 2).contiguous()
+    return k.float(), v.float()
 
 
 def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8: bool = False,
@@ -61,12 +75,14 @@ def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8
     tables = torch.randperm(batch * width, device="cuda").view(batch, width).int()
     lens = ctx.to(device="cuda", dtype=torch.int32)
     q = torch.randn(batch, bk.HQ, bk.D, device="cuda", dtype=bk.DT)
-    ref = reference.paged_decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables,
+    ref = reference.paged_decode_attention_ref(q.float(), *_ref_caches(k_cache, v_cache), tables,
                                                lens, bk.SCALE)
     kv_bytes = int(ctx.sum()) * 2 * bk.HKV * bk.D * k_cache.element_size()
     rows = []
     configs = sweep if sweep is not None else [DecodeConfig(**{**c.__dict__, "num_splits": s})
                                                for c in bk.DECODE_SWEEP for s in (None, 1)]
+    if fp8:
+        configs = fp8_variants(configs)
     for cfg in [None] + configs:
         fn = lambda cfg=cfg: kernels.paged_decode_attention(  # noqa: E731
             q, k_cache, v_cache, tables, lens, bk.SCALE, config=cfg, max_context_len=int(ctx.max()))
@@ -86,11 +102,11 @@ def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False) -> d
     cu = torch.arange(0, t + 1, length, device="cuda", dtype=torch.int32)
     lens = torch.full((prompts,), length, device="cuda", dtype=torch.int32)
     q = torch.randn(t, bk.HQ, bk.D, device="cuda", dtype=bk.DT)
-    ref = reference.paged_prefill_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables,
+    ref = reference.paged_prefill_attention_ref(q.float(), *_ref_caches(k_cache, v_cache), tables,
                                                 cu, lens, length, bk.SCALE)
     flops = prompts * 4 * bk.HQ * bk.D * length * (length + 1) / 2
     rows = []
-    for cfg in [None] + PREFILL_SWEEP:
+    for cfg in [None] + (fp8_variants(FP8_PREFILL_SWEEP) if fp8 else PREFILL_SWEEP):
         fn = lambda cfg=cfg: kernels.paged_prefill_attention(  # noqa: E731
             q, k_cache, v_cache, tables, cu, lens, length, bk.SCALE, config=cfg)
         r = b.checked(f"{cfg or 'default'}", fn, lambda out: bk.rel_err(out, ref))

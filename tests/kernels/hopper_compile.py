@@ -91,13 +91,13 @@ def cases():
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            torch.zeros(16, dtype=torch.int64))
     # kv_cache_dtype=fp8: the store rounds by hand, the attention kernels widen FP8 tiles.
-    c8 = e(64, 16, 8, 128, dtype=fp8)
-    yield "store_kv_cache fp8", lambda: kernels.store_kv_cache(kv, kv, c8, c8, torch.zeros(16, dtype=torch.int64),
+    c8, v8 = e(64, 16, 8, 128, dtype=fp8), e(64, 8, 128, 16, dtype=fp8)  # values transposed per block
+    yield "store_kv_cache fp8", lambda: kernels.store_kv_cache(kv, kv, c8, v8, torch.zeros(16, dtype=torch.int64),
                                                                0.5, 2.0)
     q, bt, cl = e(256, 32, 128, dtype=torch.bfloat16), torch.zeros(256, 8, dtype=torch.int32), e(256, dtype=torch.int32)
-    yield "decode fp8 cache", lambda: kernels.paged_decode_attention(q, c8, c8, bt, cl, 0.1, k_scale=0.5, v_scale=2.0)
+    yield "decode fp8 cache", lambda: kernels.paged_decode_attention(q, c8, v8, bt, cl, 0.1, k_scale=0.5, v_scale=2.0)
     qp, cu = e(512, 32, 128, dtype=torch.bfloat16), torch.tensor([0, 512], dtype=torch.int32)
-    yield "prefill fp8 cache", lambda: kernels.paged_prefill_attention(qp, c8, c8, bt[:1], cu, cl[:1], 512, 0.1,
+    yield "prefill fp8 cache", lambda: kernels.paged_prefill_attention(qp, c8, v8, bt[:1], cu, cl[:1], 512, 0.1,
                                                                        k_scale=0.5, v_scale=2.0)
 
 

@@ -35,10 +35,16 @@ def _store_case(dtype, seed):
     value.view(-1)[-len(EDGE_VALUES):] = torch.tensor(EDGE_VALUES).to(dtype) * 2
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[4] = -1
-    # 0x7F is e4m3's NaN: slots the kernel must not write stay NaN.
-    caches = [torch.full((num_blocks, block_size, hkv, head_dim), 0x7F, dtype=torch.uint8).view(FP8)
-              for _ in range(2)]
+    # 0x7F is e4m3's NaN: slots the kernel must not write stay NaN. Values are transposed per block.
+    caches = [torch.full(shape, 0x7F, dtype=torch.uint8).view(FP8) for shape in
+              ((num_blocks, block_size, hkv, head_dim), (num_blocks, hkv, head_dim, block_size))]
     return key, value, [c.to(DEVICE) for c in caches], slots
+
+
+def _value_rows(v_cache: torch.Tensor) -> torch.Tensor:
+    """[num_blocks * block_size, Hkv, D] bytes of a transposed FP8 value cache, by slot."""
+    raw = v_cache.view(torch.uint8).cpu()
+    return raw.permute(0, 3, 1, 2).reshape(-1, raw.shape[1], raw.shape[2])
 
 
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.37, 3.0)])
@@ -50,7 +56,7 @@ def test_store_writes_torchs_fp8_bits(dtype, scales):
                            k_scale, v_scale)
     keep = slots >= 0
     flat_k = k_cache.view(torch.uint8).view(-1, *k_cache.shape[2:]).cpu()
-    flat_v = v_cache.view(torch.uint8).view(-1, *v_cache.shape[2:]).cpu()
+    flat_v = _value_rows(v_cache)
     assert torch.equal(flat_k[slots[keep]], _fp8_bits(key[keep], k_scale))
     assert torch.equal(flat_v[slots[keep]], _fp8_bits(value[keep], v_scale))
     untouched = torch.ones(flat_k.shape[0], dtype=torch.bool)
@@ -68,15 +74,18 @@ def test_store_reference_writes_the_same_bits():
 
 
 def _to_fp8(kv: PagedKV, k_scale: float, v_scale: float) -> PagedKV:
-    """The same paged cache in FP8 (NaN padding stays NaN); keys/values become the dequantized
-    values the kernels must attend to, in float64."""
-    def quantize(cache, scale):
-        return reference.quantize_kv_ref(cache.cpu(), scale).to(DEVICE)
+    """The same paged cache in FP8 (NaN padding stays NaN), values transposed per block;
+    keys/values become the dequantized values the kernels must attend to, in float64."""
+    def quantize(cache, scale, transpose=False):
+        q = reference.quantize_kv_ref(cache.cpu(), scale)
+        if transpose:
+            q = q.view(torch.uint8).permute(0, 2, 3, 1).contiguous().view(FP8)
+        return q.to(DEVICE)
 
     def dequantize(rows, scale):
         return reference.quantize_kv_ref(rows, scale).double() * scale
 
-    return PagedKV(quantize(kv.k_cache, k_scale), quantize(kv.v_cache, v_scale), kv.block_tables,
+    return PagedKV(quantize(kv.k_cache, k_scale), quantize(kv.v_cache, v_scale, True), kv.block_tables,
                    [dequantize(k, k_scale) for k in kv.keys], [dequantize(v, v_scale) for v in kv.values])
 
 
@@ -159,8 +168,11 @@ def test_scales_do_not_apply_to_a_16_bit_cache():
     (lambda a: a.update(v_scale=float("inf")),
      "store_kv_cache: v_scale must be a positive finite number, got inf"),
     (lambda a: a.update(k_scale=True), "store_kv_cache: k_scale must be a positive finite number, got True"),
-    (lambda a: a.update(v_cache=torch.zeros(a["k_cache"].shape, dtype=torch.float32, device=DEVICE)),
+    (lambda a: a.update(v_cache=torch.zeros(a["v_cache"].shape, dtype=torch.float32, device=DEVICE)),
      "store_kv_cache: v_cache must have the dtype of k_cache (torch.float8_e4m3fn), got torch.float32"),
+    (lambda a: a.update(v_cache=a["v_cache"].view(4, 16, 2, 64)),
+     "store_kv_cache: v_cache must have shape [num_blocks, Hkv, D, block_size] (FP8) = (4, 2, 64, 16), "
+     "got (4, 16, 2, 64)"),
     (lambda a: a.update(k_cache=a["k_cache"].view(torch.uint8), v_cache=a["v_cache"].view(torch.uint8)),
      "store_kv_cache: k_cache must have dtype torch.float16, torch.bfloat16, torch.float32 or "
      "torch.float8_e4m3fn, got torch.uint8"),
