@@ -20,15 +20,28 @@ def kv_row_offsets(block_table_row, tok, valid, head_offset, stride_block, strid
 
 
 @triton.jit
-def transposed_v_tile(v_cache_ptr, block_table_row, tok, valid, offs_d, d_mask, head_offset,
-                      stride_block, BLOCK_SIZE: tl.constexpr):
-    """V rows [N, D] of tokens `tok` from a cache laid out [num_blocks, Hkv, D, block_size] (an
-    FP8 cache): loaded as [D, N], tokens contiguous, then transposed; invalid tokens read 0."""
-    block = tl.load(block_table_row + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    cols = block * stride_block + head_offset + tok % BLOCK_SIZE
-    vt = tl.load(v_cache_ptr + cols[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                 mask=valid[None, :] & d_mask[:, None], other=0.0)
-    return tl.trans(vt)
+def transposed_v_tile(v_cache_ptr, block_table_row, n0, end, offs_d, d_mask, head_offset,
+                      stride_block, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, V_RUN: tl.constexpr):
+    """V rows [BLOCK_N, BLOCK_D] of tokens n0.. (< end; others read 0) from a cache laid out
+    [num_blocks, Hkv, D, block_size] (an FP8 cache). The tile is addressed as [runs, D, V_RUN]
+    with V_RUN = min(BLOCK_N, block_size) tokens contiguous in memory, so Triton sees the
+    contiguity and issues wide loads (addressed per token it cannot: a token's block id is a
+    loaded value, and it fell back to one-byte loads); then it is permuted to [BLOCK_N, D]."""
+    NUM_RUNS: tl.constexpr = BLOCK_N // V_RUN
+    first = n0 + tl.arange(0, NUM_RUNS) * V_RUN
+    block = tl.load(block_table_row + first // BLOCK_SIZE, mask=first < end, other=0).to(tl.int64)
+    base = block * stride_block + head_offset + first % BLOCK_SIZE
+    offs_t = tl.arange(0, V_RUN)
+    # Masked per run, not per token, so the mask is constant along the contiguous axis (a
+    # per-token mask makes Triton load bytes, and zeroing rows after the load makes it convert
+    # layouts through shared memory two bytes at a time). A run that starts before `end` lies in
+    # an allocated block, so reading its tail is safe; those rows get p = 0, and they are finite
+    # because the FP8 store never writes NaN (kv_store), so 0 * value stays 0.
+    x = tl.load(v_cache_ptr + base[:, None, None] + offs_d[None, :, None] * BLOCK_SIZE
+                + offs_t[None, None, :], mask=(first < end)[:, None, None] & d_mask[None, :, None],
+                other=0.0)
+    return tl.trans(tl.reshape(tl.permute(x, (1, 0, 2)), (BLOCK_D, BLOCK_N)))
 
 
 @triton.jit

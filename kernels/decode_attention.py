@@ -94,7 +94,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr,
-    V_TRANSPOSED: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr,
 ):
     # KV heads on the fastest axis: a token's heads are adjacent 256-byte rows in the cache, so
     # the programs that read them run together and share DRAM pages.
@@ -135,8 +135,9 @@ def _decode_kernel(
             kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if V_TRANSPOSED:
-            v = transposed_v_tile(v_cache_ptr, block_table_row, tok, valid, offs_d, d_mask,
-                                  kv_head * (HEAD_DIM * BLOCK_SIZE), stride_cb, BLOCK_SIZE)
+            v = transposed_v_tile(v_cache_ptr, block_table_row, n0, end, offs_d, d_mask,
+                                  kv_head * (HEAD_DIM * BLOCK_SIZE), stride_cb, BLOCK_SIZE, BLOCK_N,
+                                  BLOCK_D, V_RUN)
         else:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc,
@@ -232,7 +233,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
         FP16_DOTS=fp16_dots(OP, query.dtype, k_cache.dtype, cfg.fp8_compute),
-        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE,
+        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE, V_RUN=min(cfg.block_n, block_size),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

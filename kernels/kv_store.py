@@ -4,8 +4,8 @@ One program per token copies all KV heads of that token: a [Hkv, D] tile whose r
 cache's contiguous [Hkv, D] slot, so the write is one contiguous run per token. key/value may be
 strided views into a fused qkv projection output.
 
-An FP8 cache stores value / scale (per-tensor k_scale, v_scale), rounded to nearest and saturated
-at +-448: the attention kernels multiply the scales back in. Its values are transposed within each
+An FP8 cache stores value / scale (per-tensor k_scale, v_scale), rounded to nearest, saturated
+at +-448, NaN as 0: the attention kernels multiply the scales back in. Its values are transposed within each
 block ([Hkv, D, block_size], validation.v_cache_shape), so a token's value is strided there.
 """
 
@@ -27,7 +27,8 @@ def _to_e4m3_bits(x, inv_scale, FP8_MAX: tl.constexpr):
     even. By hand rather than `.to(tl.float8e4nv)`, whose emulation in the interpreter (the CPU
     tests) rounds some values a whole binade off (7.9 -> 4); on the GPU this costs a few integer
     ops in a kernel that is bound by memory, and both give the same bits as torch."""
-    y = tl.clamp(x.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX)
+    scaled = x.to(tl.float32) * inv_scale
+    y = tl.clamp(scaled, -FP8_MAX, FP8_MAX)  # NaN handling of clamp is unspecified: see below
     u = y.to(tl.uint32, bitcast=True)
     sign = (u >> 31) << 7
     mag = u & 0x7FFFFFFF
@@ -39,7 +40,11 @@ def _to_e4m3_bits(x, inv_scale, FP8_MAX: tl.constexpr):
     steps = (tl.abs(y) * 512.0 + 8388608.0) - 8388608.0
     sub = steps.to(tl.uint32)
     bits = tl.where(tl.abs(y) < 0.015625, sub, normal) | sign
-    bits = tl.where(y != y, 0x7F, bits)  # NaN stays NaN
+    # NaN is stored as 0: the attention kernels read the unused tail of a sequence's last run of
+    # values (with zero weight), and a NaN left there by an earlier owner of the block would
+    # turn 0 * value into NaN for another request. The request whose K/V were NaN still has NaN
+    # in its own query and scores.
+    bits = tl.where(scaled != scaled, 0, bits)
     return bits.to(tl.uint8)
 
 

@@ -54,6 +54,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
+    V_RUN: tl.constexpr,
 ):
     head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
     m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
@@ -96,8 +97,8 @@ def _prefill_kernel(
         else:
             k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
         if V_TRANSPOSED:
-            v = transposed_v_tile(v_cache_ptr, block_table_row, tok, tok < full_end, offs_d, d_mask,
-                                  v_head_offset, stride_cb, BLOCK_SIZE)
+            v = transposed_v_tile(v_cache_ptr, block_table_row, n0, full_end, offs_d, d_mask,
+                                  v_head_offset, stride_cb, BLOCK_SIZE, BLOCK_N, BLOCK_D, V_RUN)
         elif BLOCK_D == HEAD_DIM:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :])
         else:
@@ -116,8 +117,8 @@ def _prefill_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if V_TRANSPOSED:
-            v = transposed_v_tile(v_cache_ptr, block_table_row, tok, valid, offs_d, d_mask,
-                                  v_head_offset, stride_cb, BLOCK_SIZE)
+            v = transposed_v_tile(v_cache_ptr, block_table_row, n0, kv_end, offs_d, d_mask,
+                                  v_head_offset, stride_cb, BLOCK_SIZE, BLOCK_N, BLOCK_D, V_RUN)
         else:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         causal = (tok[None, :] <= q_pos[:, None]) & valid[None, :]
@@ -162,6 +163,7 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
         BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
         FP16_DOTS=fp16_dots(OP, query.dtype, k_cache.dtype, cfg.fp8_compute),
-        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE, V_RUN=min(cfg.block_n, block_size),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -42,8 +42,9 @@ def _cache_rows(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, sc
 
 
 def quantize_kv_ref(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """What an FP8 cache stores for x: x * (1 / scale) in float32, saturated, rounded to nearest."""
-    scaled = x.to(torch.float32) * v.fp32_reciprocal(scale)
+    """What an FP8 cache stores for x: x * (1 / scale) in float32, saturated, rounded to nearest;
+    NaN as 0 (see kernels/kv_store.py)."""
+    scaled = (x.to(torch.float32) * v.fp32_reciprocal(scale)).nan_to_num(nan=0.0)
     return scaled.clamp(-v.FP8_E4M3_MAX, v.FP8_E4M3_MAX).to(v.FP8_KV_DTYPE)
 
 

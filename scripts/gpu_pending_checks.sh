@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call for what the CPU machine cannot measure, in two parts (kv_cache_dtype=fp8,
 # session of 2026-12-01):
-#   part 1: the GPU tests (kernels, the FP8 engine paths); the attention sweep over an FP8 cache
-#           at workload A's shapes (float16 and bf16 dots); Llama-3-8B with an FP8 cache, bf16
-#           weights and FP8 weights, through Triton and in-process;
-#   part 2: Qwen2.5-7B and Qwen2.5-1.5B with an FP8 cache, through Triton and in-process.
+#   part 1: the GPU tests of the attention kernels and the FP8 cache; the attention sweep over an
+#           FP8 cache at workload A's shapes (float16 and bf16 dots); Llama-3-8B with an FP8
+#           cache (bf16 weights, then FP8 weights) and Qwen2.5-1.5B with an FP8 cache, through
+#           Triton and in-process;
+#   part 2: Qwen2.5-7B with an FP8 cache, through Triton and in-process.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -38,9 +39,11 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tee -a "$S"
 KV=(--engine-arg kv_cache_dtype=fp8)
 if [ "$PART" = 1 ]; then
     if [ -z "${NO_GPU_STEPS:-}" ]; then
-        stamp "GPU tests: kernels, then the FP8 engine paths"
-        timeout 240 "$PY" -m pytest tests/kernels --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
-        timeout 200 "$PY" -m pytest tests/engine/test_fp8_kv_cache.py tests/engine/test_fp8.py \
+        stamp "GPU tests: the attention kernels and the FP8 cache, then its engine path"
+        timeout 240 "$PY" -m pytest tests/kernels/test_kernel_fp8_kv_cache.py tests/kernels/test_kernel_decode_attention.py \
+            tests/kernels/test_kernel_prefill_attention.py tests/kernels/test_kernel_store_kv.py \
+            --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
+        timeout 200 "$PY" -m pytest tests/engine/test_fp8_kv_cache.py \
             --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -6 >> "$S"
         stamp "attention sweep over an FP8 cache at workload A's shapes"
         timeout 200 "$PY" scripts/sweep_attention.py --kv-cache-dtype fp8 --small --jobs 0 \
@@ -51,8 +54,10 @@ if [ "$PART" = 1 ]; then
     run llama_kv8 --models "$LLAMA" --phases triton,offline "${KV[@]}"
     stamp "Llama-3-8B FP8 weights, FP8 cache: Triton and in-process"
     run llama_fp8_kv8 --models "$LLAMA" --phases triton,offline --engine-arg quantization=fp8 "${KV[@]}"
+    stamp "Qwen2.5-1.5B bf16, FP8 cache: Triton and in-process"
+    run qwen15_kv8 --models "$QWEN" --phases triton,offline "${KV[@]}"
 else
-    stamp "Qwen2.5-7B and Qwen2.5-1.5B bf16, FP8 cache: Triton and in-process"
-    run qwen_kv8 --models "$QWEN7,$QWEN" --phases triton,offline "${KV[@]}"
+    stamp "Qwen2.5-7B bf16, FP8 cache: Triton and in-process"
+    run qwen7_kv8 --models "$QWEN7" --phases triton,offline "${KV[@]}"
 fi
 stamp done

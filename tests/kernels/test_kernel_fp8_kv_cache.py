@@ -21,9 +21,10 @@ EDGE_VALUES = [7.9, -7.979, 15.9, 1.0625, 1.1875, 0.00535, 0.00267, 0.0009, 0.00
 
 
 def _fp8_bits(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """What the cache must hold, from torch's own conversion (round to nearest even)."""
+    """What the cache must hold, from torch's own conversion (round to nearest even); NaN is
+    stored as 0 (a stale NaN would poison other requests' attention)."""
     scaled = x.float() * torch.tensor(1.0 / scale, dtype=torch.float32)
-    return scaled.clamp(-448.0, 448.0).to(FP8).view(torch.uint8)
+    return scaled.nan_to_num(nan=0.0).clamp(-448.0, 448.0).to(FP8).view(torch.uint8)
 
 
 def _store_case(dtype, seed):
@@ -32,6 +33,7 @@ def _store_case(dtype, seed):
     key = (torch.randn(num_tokens, hkv, head_dim, generator=gen) * 40).to(dtype)
     value = torch.randn(num_tokens, hkv, head_dim, generator=gen).to(dtype)
     key.view(-1)[:len(EDGE_VALUES)] = torch.tensor(EDGE_VALUES).to(dtype)
+    key.view(-1)[len(EDGE_VALUES)] = float("nan")
     value.view(-1)[-len(EDGE_VALUES):] = torch.tensor(EDGE_VALUES).to(dtype) * 2
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[4] = -1
@@ -74,13 +76,21 @@ def test_store_reference_writes_the_same_bits():
 
 
 def _to_fp8(kv: PagedKV, k_scale: float, v_scale: float) -> PagedKV:
-    """The same paged cache in FP8 (NaN padding stays NaN), values transposed per block;
-    keys/values become the dequantized values the kernels must attend to, in float64."""
+    """The same paged cache in FP8, values transposed per block; keys/values become the
+    dequantized values the kernels must attend to, in float64. The store never writes NaN, and
+    the kernels read the unused tail of a sequence's last run of values (with zero weight), so
+    unused slots of allocated blocks hold 448 (finite, and loud if attended to); the padding
+    block, which must never be read, stays NaN (0x7F)."""
+    padding_block = int(kv.block_tables[0, -1])  # make_paged_kv's all-NaN block
+
     def quantize(cache, scale, transpose=False):
-        q = reference.quantize_kv_ref(cache.cpu(), scale)
+        cache = cache.cpu()
+        q = reference.quantize_kv_ref(cache, scale).view(torch.uint8)
+        q[cache.isnan()] = 0x7E  # 448
+        q[padding_block] = 0x7F  # NaN
         if transpose:
-            q = q.view(torch.uint8).permute(0, 2, 3, 1).contiguous().view(FP8)
-        return q.to(DEVICE)
+            q = q.permute(0, 2, 3, 1).contiguous()
+        return q.view(FP8).to(DEVICE)
 
     def dequantize(rows, scale):
         return reference.quantize_kv_ref(rows, scale).double() * scale
