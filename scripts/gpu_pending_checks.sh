@@ -5,7 +5,8 @@
 #           FP8 cache at workload A's shapes (float16 and bf16 dots); Llama-3-8B with an FP8
 #           cache (bf16 weights, then FP8 weights) and Qwen2.5-1.5B with an FP8 cache, through
 #           Triton and in-process;
-#   part 2: Qwen2.5-7B with an FP8 cache, through Triton and in-process.
+#   part 2: Qwen2.5-7B with an FP8 cache, through Triton and in-process; Llama-3-8B with an FP8
+#           cache through Triton again.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -59,5 +60,7 @@ if [ "$PART" = 1 ]; then
 else
     stamp "Qwen2.5-7B bf16, FP8 cache: Triton and in-process"
     run qwen7_kv8 --models "$QWEN7" --phases triton,offline "${KV[@]}"
+    stamp "Llama-3-8B bf16 weights, FP8 cache, again: Triton (a second machine's figure)"
+    run llama_kv8_again --models "$LLAMA" --phases triton "${KV[@]}"
 fi
 stamp done
