@@ -23,8 +23,10 @@ def kv_row_offsets(block_table_row, tok, valid, head_offset, stride_block, strid
 def transposed_v_tile(v_cache_ptr, block_table_row, n0, end, offs_d, d_mask, head_offset,
                       stride_block, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, V_RUN: tl.constexpr):
-    """V rows [BLOCK_N, BLOCK_D] of tokens n0.. (< end; others read 0) from a cache laid out
-    [num_blocks, Hkv, D, block_size] (an FP8 cache). The tile is addressed as [runs, D, V_RUN]
+    """V rows [BLOCK_N, BLOCK_D] of tokens n0.. from a cache laid out [num_blocks, Hkv, D,
+    block_size] (an FP8 cache). Runs that start at or past `end` read 0; the rest of a run that
+    starts before it is read as stored (the caller gives those tokens zero weight). The tile is
+    addressed as [runs, D, V_RUN]
     with V_RUN = min(BLOCK_N, block_size) tokens contiguous in memory, so Triton sees the
     contiguity and issues wide loads (addressed per token it cannot: a token's block id is a
     loaded value, and it fell back to one-byte loads); then it is permuted to [BLOCK_N, D]."""

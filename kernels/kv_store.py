@@ -5,8 +5,9 @@ cache's contiguous [Hkv, D] slot, so the write is one contiguous run per token. 
 strided views into a fused qkv projection output.
 
 An FP8 cache stores value / scale (per-tensor k_scale, v_scale), rounded to nearest, saturated
-at +-448, NaN as 0: the attention kernels multiply the scales back in. Its values are transposed within each
-block ([Hkv, D, block_size], validation.v_cache_shape), so a token's value is strided there.
+at +-448, NaN as 0: the attention kernels multiply the scales back in. Its values are transposed
+within each block ([Hkv, D, block_size], validation.v_cache_shape), so a token's value is
+strided there.
 """
 
 from __future__ import annotations

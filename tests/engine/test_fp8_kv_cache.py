@@ -68,6 +68,23 @@ def test_fp8_pool_holds_twice_the_blocks(llama_dir):
     assert blocks8 == 2 * blocks16
 
 
+def test_fp8_cache_forks_copy_on_write_like_one_request(llama_dir, monkeypatch):
+    """n=3 greedy forks share the prompt's partial block and copy it on their first write; the
+    copy moves FP8 keys and transposed values as bytes, so each fork continues exactly as a
+    lone request does."""
+    llm = LLM(llama_dir, kv_cache_dtype="fp8", k_scale=K_SCALE, v_scale=V_SCALE)
+    runner = llm.engine.runner
+    copies = []
+    launch = runner.launch
+    monkeypatch.setattr(runner, "launch", lambda scheduled, block_copies, *a, **k: (
+        copies.extend(block_copies), launch(scheduled, block_copies, *a, **k))[1])
+    params = dict(temperature=0, max_tokens=8, ignore_eos=True)
+    one = llm.generate([[0, 3, 5]], SamplingParams(**params))[0].outputs[0].token_ids
+    many = llm.generate([[0, 3, 5]], SamplingParams(n=3, **params))[0].outputs
+    assert len(copies) == 2  # two of the three forks copied the shared block
+    assert [o.token_ids for o in many] == [one] * 3
+
+
 def test_kv_cache_arguments_are_checked(llama_dir):
     with pytest.raises(ValueError, match=r"^kv_cache_dtype must be one of auto, fp8, fp8_e4m3; "
                                          r"got 'int8'\.$"):
