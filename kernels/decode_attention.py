@@ -7,8 +7,11 @@ goal is to keep HBM busy:
   * the sequence is split across programs (flash-decoding) when batch x KV heads alone would
     leave SMs idle; each split writes a partial (normalised output, log-sum-exp) and a second,
     small kernel merges them. With one split the first kernel writes the output directly;
-  * an FP8 cache (half the bytes) is widened to the query's dtype after the load; k_scale is
-    folded into the softmax scale and v_scale into the output, so the loop does no extra work.
+  * an FP8 cache (half the bytes) is widened to float16 after the load (a bf16 query is
+    converted once; every e4m3 value is exact in float16) and both dots run in float16; k_scale
+    is folded into the softmax scale and v_scale into the output. Its values are transposed
+    within each block, so p @ v reads its operand along the token axis with wide loads
+    (_attention_tile.transposed_v_tile).
 """
 
 from __future__ import annotations

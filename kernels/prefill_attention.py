@@ -5,8 +5,8 @@ Flash-attention style: a program owns BLOCK_M queries of one head of one sequenc
 keys in tiles of BLOCK_N, keeping a running max and sum (online softmax) so scores never reach
 memory. Key tiles entirely below the tile's first query position need no causal mask and run in a
 mask-free loop; tiles past the last query position are never visited. An FP8 cache is widened to
-the query's dtype after the load, with k_scale folded into the softmax scale and v_scale into the
-output.
+float16 after the load, as in decode attention (values transposed per block, k_scale folded into
+the softmax scale, v_scale into the output).
 """
 
 from __future__ import annotations
