@@ -85,6 +85,19 @@ def test_fp8_cache_forks_copy_on_write_like_one_request(llama_dir, monkeypatch):
     assert [o.token_ids for o in many] == [one] * 3
 
 
+def test_fp8_cache_prefix_hit_reads_the_cached_blocks(llama_dir):
+    """A second request with the same 40-token prompt reuses two FP8 blocks from the prefix
+    cache and attends to them (keys and transposed values) exactly as the first computed them."""
+    llm = LLM(llama_dir, kv_cache_dtype="fp8", k_scale=K_SCALE, v_scale=V_SCALE)
+    prompt = list(range(3, 43))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    first, second = (llm.generate([prompt], params)[0] for _ in range(2))
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 32)
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids
+    assert second.outputs[0].cumulative_logprob == pytest.approx(first.outputs[0].cumulative_logprob,
+                                                                 abs=1e-5)
+
+
 def test_kv_cache_arguments_are_checked(llama_dir):
     with pytest.raises(ValueError, match=r"^kv_cache_dtype must be one of auto, fp8, fp8_e4m3; "
                                          r"got 'int8'\.$"):
