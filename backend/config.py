@@ -91,11 +91,8 @@ class EngineArgs:
         if self.quantization is not None:
             _choice("quantization", self.quantization, QUANTIZATIONS)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
-        for name in ("k_scale", "v_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0.0 < float(value) < float("inf")):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+        _positive_finite("k_scale", self.k_scale)
+        _positive_finite("v_scale", self.v_scale)
         if isinstance(self.long_prefill_token_threshold, bool) or not isinstance(
                 self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "
@@ -133,6 +130,12 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _positive_finite(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0.0 < float(value) < float("inf")):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
 
 
 def _parse_string(key: str, raw: str, type_name: str) -> Any:

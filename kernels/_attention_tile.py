@@ -1,12 +1,35 @@
-"""Device helpers shared by the decode and prefill attention kernels (inlined by Triton).
+"""Helpers shared by the decode and prefill attention kernels: device functions (inlined by
+Triton) and the host-side launch arguments that depend on the cache.
 
 Both kernels walk a sequence's keys in tiles of BLOCK_N tokens that may span several physical
 cache blocks, so each key's address comes from the block table, token by token; the cache is
 never gathered into a contiguous copy.
 """
 
+import math
+
+import torch
 import triton
 import triton.language as tl
+
+from . import validation
+
+
+def cache_launch_args(op: str, query_dtype: torch.dtype, k_cache: torch.Tensor, scale: float,
+                      k_scale: float, v_scale: float, fp8_compute: str, block_n: int):
+    """The launch arguments both attention kernels derive from the cache: (scale_log2e, v_scale,
+    constexprs). Only an FP8 cache is stored scaled (a 16-bit cache takes 1.0 whatever is
+    passed); k_scale folds into the softmax scale. An FP8 cache has its values transposed per
+    block, read in runs of min(BLOCK_N, block_size) tokens, and with bf16 queries runs its dots
+    in float16 unless fp8_compute is "query"."""
+    if fp8_compute not in ("float16", "query"):
+        validation.fail(op, f"fp8_compute must be 'float16' or 'query', got {fp8_compute!r}")
+    fp8 = k_cache.dtype == validation.FP8_KV_DTYPE
+    if not fp8:
+        k_scale = v_scale = 1.0
+    constexprs = dict(SCALE_V=v_scale != 1.0, V_TRANSPOSED=fp8, V_RUN=min(block_n, k_cache.shape[1]),
+                      FP16_DOTS=fp8 and query_dtype == torch.bfloat16 and fp8_compute == "float16")
+    return scale * k_scale * math.log2(math.e), float(v_scale), constexprs
 
 
 @triton.jit

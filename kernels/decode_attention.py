@@ -16,7 +16,6 @@ goal is to keep HBM busy:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,7 @@ import triton
 import triton.language as tl
 
 from . import validation
-from ._attention_tile import attend_tile, kv_row_offsets, transposed_v_tile
+from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile
 from ._launch import cdiv, check_runnable, dot_block, next_pow2, num_sms
 
 OP = "paged_decode_attention"
@@ -78,14 +77,6 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: 
 def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int:
     # A multiple of block_n so every split but the last walks whole tiles.
     return max(block_n, cdiv(cdiv(max_context_len, num_splits), block_n) * block_n)
-
-
-def fp16_dots(op: str, query_dtype: torch.dtype, cache_dtype: torch.dtype, fp8_compute: str) -> bool:
-    """Whether an FP8 cache's tiles (and the query) go to float16 for the dots."""
-    if fp8_compute not in ("float16", "query"):
-        validation.fail(op, f"fp8_compute must be 'float16' or 'query', got {fp8_compute!r}")
-    return (cache_dtype == validation.FP8_KV_DTYPE and query_dtype == torch.bfloat16
-            and fp8_compute == "float16")
 
 
 @triton.jit
@@ -201,8 +192,6 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     validation.check_decode(OP, query, k_cache, v_cache, block_tables, context_lens, out,
                             validation.HALF_AND_FLOAT)
     validation.check_kv_scales(OP, k_scale, v_scale)
-    if k_cache.dtype != validation.FP8_KV_DTYPE:
-        k_scale = v_scale = 1.0  # only an FP8 cache is stored scaled
     check_runnable(OP, query)
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -222,6 +211,8 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     splits = cdiv(max_context_len, per_split)
     if splits > MAX_SPLITS:
         validation.fail(OP, f"num_splits must be at most {MAX_SPLITS}, got {splits}")
+    scale_log2e, v_scale, cache_constexprs = cache_launch_args(
+        OP, query.dtype, k_cache, scale, k_scale, v_scale, cfg.fp8_compute, cfg.block_n)
     if splits > 1:
         part_out = torch.empty(batch, num_heads, splits, head_dim, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=query.device)
@@ -229,14 +220,12 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         part_out = part_lse = out  # unused when SPLIT is False
     _decode_kernel[(num_kv_heads, batch, splits)](
         query, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * k_scale * math.log2(math.e), float(v_scale), per_split,
+        scale_log2e, v_scale, per_split,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=dot_block(group), HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
-        FP16_DOTS=fp16_dots(OP, query.dtype, k_cache.dtype, cfg.fp8_compute),
-        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE, V_RUN=min(cfg.block_n, block_size),
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

@@ -11,7 +11,6 @@ the softmax scale, v_scale into the output).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -19,9 +18,8 @@ import triton
 import triton.language as tl
 
 from . import validation
-from ._attention_tile import attend_tile, kv_row_offsets, transposed_v_tile
+from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile
 from ._launch import cdiv, check_runnable, dot_block
-from .decode_attention import fp16_dots
 
 OP = "paged_prefill_attention"
 
@@ -143,8 +141,6 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     validation.check_prefill(OP, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                              max_seqlen_q, out, validation.HALF_AND_FLOAT)
     validation.check_kv_scales(OP, k_scale, v_scale)
-    if k_cache.dtype != validation.FP8_KV_DTYPE:
-        k_scale = v_scale = 1.0  # only an FP8 cache is stored scaled
     check_runnable(OP, query)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -154,16 +150,16 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if num_tokens == 0 or batch == 0 or max_seqlen_q == 0:
         return out
     cfg = config or default_config(query.dtype, head_dim, max_seqlen_q)
+    scale_log2e, v_scale, cache_constexprs = cache_launch_args(
+        OP, query.dtype, k_cache, scale, k_scale, v_scale, cfg.fp8_compute, cfg.block_n)
     _prefill_kernel[(num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)](
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        scale * k_scale * math.log2(math.e), float(v_scale),
+        scale_log2e, v_scale,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SCALE_V=v_scale != 1.0,
-        FP16_DOTS=fp16_dots(OP, query.dtype, k_cache.dtype, cfg.fp8_compute),
-        V_TRANSPOSED=k_cache.dtype == validation.FP8_KV_DTYPE, V_RUN=min(cfg.block_n, block_size),
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -90,10 +90,11 @@ def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cac
         valid = pos[None, :] < ctx[:, None]                                   # [B, L]
         blocks = block_tables.long()[:, pos // block_size]
         slots = torch.where(valid, blocks * block_size + pos % block_size, 0)  # padding reads slot 0
-        k = _cache_rows(k_cache, slots, compute, k_scale, False).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+        k = _cache_rows(k_cache, slots, compute, k_scale, values=False)
+        k = k.permute(0, 2, 3, 1)  # [B, Hkv, D, L]
         # Padding positions read slot 0, which may hold anything: 0 * NaN would leak through p @ v.
         # Zero those rows in place (the gather made a fresh tensor); 2x cheaper than masked_fill.
-        vals = _cache_rows(v_cache, slots, compute, v_scale, True)
+        vals = _cache_rows(v_cache, slots, compute, v_scale, values=True)
         vals[~valid] = 0.0
         vals = vals.permute(0, 2, 1, 3)                                        # [B, Hkv, L, D]
         q = query.to(compute).view(batch, num_kv_heads, group, head_dim)
@@ -141,8 +142,10 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
                        f"{block_tables.shape[1]} blocks of {block_size}")
         pos = torch.arange(ctx, device=query.device)
         slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
-        k = _cache_rows(k_cache, slots, compute, k_scale, values=False).permute(1, 2, 0)[:, None]  # [Hkv,1,D,L]
-        vals = _cache_rows(v_cache, slots, compute, v_scale, True).permute(1, 0, 2)[:, None]  # [Hkv,1,L,D]
+        k = _cache_rows(k_cache, slots, compute, k_scale, values=False)
+        k = k.permute(1, 2, 0)[:, None]  # [Hkv, 1, D, L]
+        vals = _cache_rows(v_cache, slots, compute, v_scale, values=True)
+        vals = vals.permute(1, 0, 2)[:, None]  # [Hkv, 1, L, D]
         q = query[start:end].to(compute).view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         scores = torch.matmul(q, k) * scale                                     # [Hkv, G, q, L]
         q_pos = ctx - q_len + torch.arange(q_len, device=query.device)

@@ -7,6 +7,8 @@ messages exactly, so change them together.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 HALF_AND_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
@@ -110,8 +112,10 @@ def v_cache_shape(k_shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, ..
     return tuple(k_shape)
 
 
+@functools.lru_cache(maxsize=64)
 def fp32_reciprocal(scale: float) -> float:
-    """1 / scale as the float32 that a kernel argument and a float32 tensor op both use."""
+    """1 / scale as the float32 that a kernel argument and a float32 tensor op both use (cached:
+    the store asks for it twice per layer in every eager step, with the same few scales)."""
     return float(torch.tensor(1.0 / float(scale), dtype=torch.float32))
 
 

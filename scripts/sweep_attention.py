@@ -129,6 +129,13 @@ def show(title: str, rows: list[dict], key: str) -> None:
             print(f"  FAILED {r['variant']}: {r['error'][:150]}")
 
 
+def _cases(text: str | None, default: list) -> list:
+    """"256:512:768,1:32768:32768" -> [(256, 512, 768), (1, 32768, 32768)]; None -> default."""
+    if text is None:
+        return default
+    return [tuple(int(x) for x in item.split(":")) for item in text.split(",") if item]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -139,10 +146,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="12 decode configs, splits chosen")
     a = ap.parse_args()
     fp8 = a.kv_cache_dtype == "fp8"
-    parse = lambda text, default: default if text is None else [  # noqa: E731
-        tuple(int(x) for x in item.split(":")) for item in text.split(",") if item]
-    decode_cases = parse(a.decode_cases, DECODE_CASES)
-    prefill_cases = parse(a.prefill_cases, PREFILL_CASES)
+    decode_cases = _cases(a.decode_cases, DECODE_CASES)
+    prefill_cases = _cases(a.prefill_cases, PREFILL_CASES)
     start = time.time()
     bk.PREFILL_SWEEP = PREFILL_SWEEP
     if a.jobs:
