@@ -199,3 +199,23 @@ def test_fp8_cache_arguments_are_checked(fn, change, message):
                               ) if fn is reference.store_kv_cache_ref else message
     with pytest.raises(ValueError, match=re.escape(message) + "$"):
         fn(**args)
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_fp8_compute_choice_is_checked(op):
+    kv = _to_fp8(make_paged_kv([20], 1, 64, 16, torch.float32, torch.Generator().manual_seed(0)), 1.0, 1.0)
+    query = torch.randn(1, 4, 64).to(DEVICE)
+    lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
+    if op == "decode":
+        from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
+        call = lambda: kernels.paged_decode_attention(  # noqa: E731
+            query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125, config=DecodeConfig(fp8_compute="bf16"))
+    else:
+        from kernels.prefill_attention import PrefillConfig
+        cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+        call = lambda: kernels.paged_prefill_attention(  # noqa: E731
+            query, kv.k_cache, kv.v_cache, kv.block_tables, cu, lens, 1, 0.125,
+            config=PrefillConfig(fp8_compute="bf16"))
+    with pytest.raises(ValueError, match=rf"^paged_{op}_attention: fp8_compute must be 'float16' or "
+                                         r"'query', got 'bf16'$"):
+        call()
