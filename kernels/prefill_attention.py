@@ -7,6 +7,12 @@ memory. Key tiles entirely below the tile's first query position need no causal 
 mask-free loop; tiles past the last query position are never visited. An FP8 cache is widened to
 float16 after the load, as in decode attention (values transposed per block, k_scale folded into
 the softmax scale, v_scale into the output).
+
+With a 16-bit cache the caller may also pass the chunk's own keys and values (`key`, `value`: the
+tensors just stored, [T, Hkv, D]). Then only the cached prefix is read through the block table;
+the chunk's keys, usually all of them, are read by row from those tensors: no block-table
+lookups and no per-token address arithmetic, and with `kv_tma` through the tensor memory
+accelerator (TMA) as [BLOCK_N, D] boxes. The values are the same, so the result is too.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import validation
 from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile
@@ -31,6 +38,7 @@ class PrefillConfig:
     num_warps: int = 8
     num_stages: int = 3
     fp8_compute: str = "float16"  # as DecodeConfig.fp8_compute
+    kv_tma: bool = False          # chunk keys/values (when passed) through TMA descriptors
 
 
 def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> PrefillConfig:
@@ -45,45 +53,13 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> Pref
 
 
 @triton.jit
-def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
-    scale_log2e, v_scale,
-    stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
-    V_RUN: tl.constexpr,
-):
-    head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
-    m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
-    seq = tl.program_id(2)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    m0 = m_block * BLOCK_M
-    if m0 >= q_len:
-        return
-    ctx = tl.load(context_lens_ptr + seq)
-    prefix = ctx - q_len
-
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_mask = offs_m < q_len
-    d_mask = offs_d < HEAD_DIM
-    q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    if FP16_DOTS:
-        q = q.to(tl.float16)  # the K/V tiles follow q's dtype below
-    q_pos = prefix + offs_m  # absolute position of each query row
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
-    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
-    block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_btb
-    head_offset = (head // GROUP) * stride_ch
-    v_head_offset = (head // GROUP) * (HEAD_DIM * BLOCK_SIZE)  # transposed (FP8) V only
-
+def _attend_through_cache(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row,
+                          head_offset, v_head_offset, q_len, prefix, m0, scale_log2e, stride_cb,
+                          stride_ct, offs_n, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                          V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr):
+    """Every key, prefix and chunk alike, read through the block table."""
     # Keys at positions <= prefix + m0 are visible to every row of this tile: no mask at all.
     full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
     for n0 in range(0, full_end, BLOCK_N):
@@ -122,6 +98,134 @@ def _prefill_kernel(
         causal = (tok[None, :] <= q_pos[:, None]) & valid[None, :]
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), causal, m_i, l_i, acc,
                                     scale_log2e, True, DOT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _chunk_kv_tile(key, value, row0, offs_n, valid, kv_head, stride_kt, stride_kh, stride_vt,
+                   stride_vh, offs_d, d_mask, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   MASKED: tl.constexpr, KV_TMA: tl.constexpr):
+    """K and V rows row0.. of the chunk's own [T, Hkv, D] tensors (descriptors when KV_TMA).
+    With MASKED, rows that are not `valid` read as 0 (past the chunk lie other sequences' rows)."""
+    if KV_TMA:
+        k = key.load([row0, kv_head * HEAD_DIM])
+        v = value.load([row0, kv_head * HEAD_DIM])
+        if MASKED:
+            v = tl.where(valid[:, None], v, 0.0)
+    else:
+        rows = (row0 + offs_n).to(tl.int64)
+        k_ptrs = key + rows[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
+        v_ptrs = value + rows[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
+        if MASKED:
+            mask = valid[:, None] & d_mask[None, :]
+            k = tl.load(k_ptrs, mask=mask, other=0.0)
+            v = tl.load(v_ptrs, mask=mask, other=0.0)
+        elif BLOCK_D == HEAD_DIM:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row,
+                              head_offset, key, value, q_start, q_len, prefix, m0, kv_head,
+                              scale_log2e, stride_cb, stride_ct, stride_kt, stride_kh, stride_vt,
+                              stride_vh, offs_m, offs_n, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+                              BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+    """The cached prefix through the block table, then the chunk's keys from `key` / `value`."""
+    # The prefix (earlier chunks, prefix-cache hits) is visible to every row. Its first tile
+    # holds token 0, so no row is fully masked on the first tile (attend_tile relies on that).
+    for n0 in range(0, prefix, BLOCK_N):
+        tok = n0 + offs_n
+        valid = tok < prefix
+        rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
+                              BLOCK_SIZE)
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e, True,
+                                    DOT_PRECISION)
+
+    # Chunk keys j <= m0 (relative to the chunk) are visible to every row of this tile.
+    full_end = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    for j0 in range(0, full_end, BLOCK_N):
+        k, v = _chunk_kv_tile(key, value, q_start + j0, offs_n, offs_n >= 0, kv_head, stride_kt,
+                              stride_kh, stride_vt, stride_vh, offs_d, d_mask, HEAD_DIM, BLOCK_D,
+                              False, KV_TMA)
+        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
+
+    # Diagonal tiles: causal within the chunk; the first holds key m0 (or key 0 when the tile
+    # is the chunk's first), which every row sees.
+    for j0 in range(full_end, tl.minimum(m0 + BLOCK_M, q_len), BLOCK_N):
+        j = j0 + offs_n
+        valid = j < q_len
+        k, v = _chunk_kv_tile(key, value, q_start + j0, offs_n, valid, kv_head, stride_kt,
+                              stride_kh, stride_vt, stride_vh, offs_d, d_mask, HEAD_DIM, BLOCK_D,
+                              True, KV_TMA)
+        causal = (j[None, :] <= offs_m[:, None]) & valid[None, :]
+        m_i, l_i, acc = attend_tile(q, k, v, causal, m_i, l_i, acc, scale_log2e, True,
+                                    DOT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
+    key, value, scale_log2e, v_scale,
+    stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
+    V_RUN: tl.constexpr, KV_DIRECT: tl.constexpr, KV_TMA: tl.constexpr,
+):
+    head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
+    m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    m0 = m_block * BLOCK_M
+    if m0 >= q_len:
+        return
+    ctx = tl.load(context_lens_ptr + seq)
+    prefix = ctx - q_len
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if FP16_DOTS:
+        q = q.to(tl.float16)  # the K/V tiles follow q's dtype below
+    q_pos = prefix + offs_m  # absolute position of each query row
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_btb
+    head_offset = (head // GROUP) * stride_ch
+    v_head_offset = (head // GROUP) * (HEAD_DIM * BLOCK_SIZE)  # transposed (FP8) V only
+
+    if KV_DIRECT:
+        m_i, l_i, acc = _attend_prefix_then_chunk(
+            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset, key, value,
+            q_start, q_len, prefix, m0, head // GROUP, scale_log2e, stride_cb, stride_ct,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
+            HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, KV_TMA)
+    else:
+        m_i, l_i, acc = _attend_through_cache(
+            q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
+            v_head_offset, q_len, prefix, m0, scale_log2e, stride_cb, stride_ct, offs_n, offs_d,
+            d_mask, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, V_TRANSPOSED,
+            V_RUN)
 
     o = acc / l_i[:, None]
     if SCALE_V:
@@ -135,12 +239,16 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
                             context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
                             out: torch.Tensor | None = None, *,
                             config: PrefillConfig | None = None, k_scale: float = 1.0,
-                            v_scale: float = 1.0) -> torch.Tensor:
+                            v_scale: float = 1.0, key: torch.Tensor | None = None,
+                            value: torch.Tensor | None = None) -> torch.Tensor:
     """See docs/architecture.md. max_seqlen_q must bound every chunk (it sizes the grid). The
-    scales multiply an FP8 cache's values back (a 16-bit cache has 1.0)."""
+    scales multiply an FP8 cache's values back (a 16-bit cache has 1.0). `key` / `value`, the
+    chunk's keys and values as stored ([T, Hkv, D], rows as query's), let a 16-bit cache's
+    chunk be read from them; an FP8 cache reads them from the cache, as decode will."""
     validation.check_prefill(OP, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                              max_seqlen_q, out, validation.HALF_AND_FLOAT)
     validation.check_kv_scales(OP, k_scale, v_scale)
+    validation.check_chunk_kv(OP, key, value, query, k_cache)
     check_runnable(OP, query)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -152,14 +260,40 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     cfg = config or default_config(query.dtype, head_dim, max_seqlen_q)
     scale_log2e, v_scale, cache_constexprs = cache_launch_args(
         OP, query.dtype, k_cache, scale, k_scale, v_scale, cfg.fp8_compute, cfg.block_n)
+    direct = key is not None and not cache_constexprs["V_TRANSPOSED"]
+    if not direct:
+        key = value = query  # unused (KV_DIRECT is off); any pointer will do
+    tma = direct and cfg.kv_tma and _tma_ready(key, value, dot_block(head_dim))
+    key_arg, value_arg = (_row_descriptor(key, cfg.block_n), _row_descriptor(value, cfg.block_n)) \
+        if tma else (key, value)
     _prefill_kernel[(num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)](
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        scale_log2e, v_scale,
+        key_arg, value_arg, scale_log2e, v_scale,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        KV_DIRECT=direct, KV_TMA=tma,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def _tma_ready(key: torch.Tensor, value: torch.Tensor, block_d: int) -> bool:
+    """TMA boxes need each head's D columns whole (no padding to BLOCK_D), the heads of a row
+    adjacent, and 16-byte aligned rows; otherwise the chunk is read with plain loads."""
+    for t in (key, value):
+        _, _, d = t.shape
+        if d != block_d or t.stride(1) != d or t.stride(2) != 1:
+            return False
+        if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    return True
+
+
+def _row_descriptor(t: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """[T, Hkv, D] as a 2-D [T, Hkv * D] descriptor with [block_n, D] boxes (one head's rows)."""
+    rows = t.flatten(1)
+    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [block_n, t.shape[2]])

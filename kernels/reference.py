@@ -113,11 +113,14 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
                                 out: torch.Tensor | None = None, *, k_scale: float = 1.0,
-                                v_scale: float = 1.0, **_options) -> torch.Tensor:
+                                v_scale: float = 1.0, key: torch.Tensor | None = None,
+                                value: torch.Tensor | None = None, **_options) -> torch.Tensor:
+    """`key` / `value` (the chunk's, as stored) are checked and not read: the cache holds them."""
     op = "paged_prefill_attention"
     v.check_prefill(op, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                     max_seqlen_q, out, v.REFERENCE_DTYPES)
     v.check_kv_scales(op, k_scale, v_scale)
+    v.check_chunk_kv(op, key, value, query, k_cache)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads

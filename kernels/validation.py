@@ -182,6 +182,21 @@ def check_prefill(op: str, query, k_cache, v_cache, block_tables, cu_seqlens_q, 
                            "context_lens": context_lens})
 
 
+def check_chunk_kv(op: str, key, value, query: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Optional chunk keys / values of prefill attention: both or neither, [T, Hkv, D] with the
+    query's token count and dtype, on its device."""
+    if key is None and value is None:
+        return
+    if key is None or value is None:
+        fail(op, "key and value must be given together")
+    expected = (query.shape[0], k_cache.shape[2], query.shape[2])
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(op, name, t, "[T, Hkv, D]", (query.dtype,))
+        check_shape(op, name, t, expected, "[T, Hkv, D]")
+        check_last_dim_contiguous(op, name, t)
+    check_same_device(op, {"query": query, "key": key, "value": value})
+
+
 def check_store_kv(op: str, key, value, k_cache, v_cache, slot_mapping,
                    dtypes: tuple[torch.dtype, ...]) -> None:
     check_tensor(op, "key", key, "[T, Hkv, D]", dtypes)

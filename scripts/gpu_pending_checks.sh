@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# One device call for what the CPU machine cannot measure, in two parts (kv_cache_dtype=fp8,
-# session of 2026-12-01):
-#   part 1: the GPU tests of the attention kernels and the FP8 cache; the attention sweep over an
-#           FP8 cache at workload A's shapes (float16 and bf16 dots); Llama-3-8B with an FP8
-#           cache (bf16 weights, then FP8 weights) and Qwen2.5-1.5B with an FP8 cache, through
-#           Triton and in-process;
-#   part 2: Qwen2.5-7B with an FP8 cache, through Triton and in-process; Llama-3-8B with an FP8
-#           cache through Triton again.
+# One device call for what the CPU machine cannot measure, in two parts (prefill attention
+# reading the chunk's keys and values directly, session of 2026-12-01, eighth):
+#   part 1: the GPU tests of the attention kernels (TMA boxes on the real hardware); the prefill
+#           sweep over the three ways of reading the chunk (cache, direct, tma) at 16 x 512,
+#           2 x 4096 and 1 x 8192; Llama-3-8B bf16 in-process (A and B);
+#   part 2: Llama-3-8B bf16 through Triton and in-process; Qwen2.5-7B and Qwen2.5-1.5B bf16
+#           through Triton and in-process.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -37,30 +36,28 @@ run() {  # name, gpu_run.sh arguments...; keeps results.json and the summary lin
     rm -rf "${OUT:?}/$name" "$OUT/$name.log"
 }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tee -a "$S"
-KV=(--engine-arg kv_cache_dtype=fp8)
+PREFILL_CONFIGS=64:64:4:2,64:64:4:3,128:64:8:2,128:64:8:3,128:128:8:2,128:128:8:3,64:128:4:2,128:64:4:2
 if [ "$PART" = 1 ]; then
     if [ -z "${NO_GPU_STEPS:-}" ]; then
-        stamp "GPU tests: the attention kernels and the FP8 cache, then its engine path"
-        timeout 240 "$PY" -m pytest tests/kernels/test_kernel_fp8_kv_cache.py tests/kernels/test_kernel_decode_attention.py \
-            tests/kernels/test_kernel_prefill_attention.py tests/kernels/test_kernel_store_kv.py \
+        stamp "GPU tests: the attention kernels"
+        timeout 240 "$PY" -m pytest tests/kernels/test_kernel_prefill_attention.py tests/kernels/test_kernel_decode_attention.py \
+            tests/kernels/test_kernel_fp8_kv_cache.py tests/kernels/test_kernel_store_kv.py \
             --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
-        timeout 200 "$PY" -m pytest tests/engine/test_fp8_kv_cache.py \
+        timeout 200 "$PY" -m pytest tests/engine/test_gpu_engine.py tests/engine/test_fp8_kv_cache.py -k gpu \
             --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -6 >> "$S"
-        stamp "attention sweep over an FP8 cache at workload A's shapes"
-        timeout 200 "$PY" scripts/sweep_attention.py --kv-cache-dtype fp8 --small --jobs 0 \
-            --decode-cases 256:512:768,1:32768:32768 --prefill-cases 16:512 \
-            --out "$OUT/sweep_fp8.json" 2>&1 | grep -v "^$" | head -40 >> "$S"
+        stamp "prefill sweep: the chunk read through the cache, directly, through TMA"
+        timeout 300 "$PY" scripts/sweep_attention.py --jobs 0 --decode-cases "" \
+            --prefill-cases 16:512,2:4096,1:8192 --prefill-configs "$PREFILL_CONFIGS" \
+            --chunk-kv cache,direct,tma --out "$OUT/sweep_prefill.json" 2>&1 | grep -v "^$" | head -60 >> "$S"
     fi
-    stamp "Llama-3-8B bf16 weights, FP8 cache: Triton and in-process"
-    run llama_kv8 --models "$LLAMA" --phases triton,offline "${KV[@]}"
-    stamp "Llama-3-8B FP8 weights, FP8 cache: Triton and in-process"
-    run llama_fp8_kv8 --models "$LLAMA" --phases triton,offline --engine-arg quantization=fp8 "${KV[@]}"
-    stamp "Qwen2.5-1.5B bf16, FP8 cache: Triton and in-process"
-    run qwen15_kv8 --models "$QWEN" --phases triton,offline "${KV[@]}"
+    stamp "Llama-3-8B bf16 in-process"
+    run llama_offline --models "$LLAMA" --phases offline
 else
-    stamp "Qwen2.5-7B bf16, FP8 cache: Triton and in-process"
-    run qwen7_kv8 --models "$QWEN7" --phases triton,offline "${KV[@]}"
-    stamp "Llama-3-8B bf16 weights, FP8 cache, again: Triton (a second machine's figure)"
-    run llama_kv8_again --models "$LLAMA" --phases triton "${KV[@]}"
+    stamp "Llama-3-8B bf16: Triton and in-process"
+    run llama --models "$LLAMA" --phases triton,offline
+    stamp "Qwen2.5-7B bf16: Triton and in-process"
+    run qwen7 --models "$QWEN7" --phases triton,offline
+    stamp "Qwen2.5-1.5B bf16: Triton and in-process"
+    run qwen15 --models "$QWEN" --phases triton,offline
 fi
 stamp done

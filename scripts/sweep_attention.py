@@ -7,7 +7,8 @@ different: workload A's decode steps are 256 sequences of ~520-770 tokens, its p
 bandwidth (decode) or TFLOP/s (prefill), best first, and writes JSON with --out.
 --kv-cache-dtype fp8 sweeps the same cases over an FP8 cache (bandwidth counts its bytes);
 --decode-cases / --prefill-cases pick cases (B:LO:HI and P:LEN, comma-separated; "" for none)
-and --small sweeps 12 decode configs instead of 36, without the unsplit variants.
+and --small sweeps 12 decode configs instead of 36, without the unsplit variants. --chunk-kv
+cache,direct,tma times prefill also with the chunk's keys and values passed (plain loads, TMA).
 
     python3 scripts/sweep_attention.py --out $OUT/sweep.json
     python3 scripts/sweep_attention.py --kv-cache-dtype fp8 --small --decode-cases 256:512:768 \
@@ -31,6 +32,7 @@ import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.decode_attention import DecodeConfig  # noqa: E402
 from kernels.prefill_attention import PrefillConfig  # noqa: E402
+from kernels.prefill_attention import default_config as default_prefill_config  # noqa: E402
 
 DECODE_CASES = [(256, 512, 768), (256, 1024, 1024), (64, 4096, 4096), (1, 640, 640), (1, 32768, 32768)]
 PREFILL_CASES = [(16, 512), (2, 4096)]  # (prompts, tokens each), packed in one call
@@ -94,7 +96,24 @@ def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8
     return {"batch": batch, "context": [lo, hi], "kv_bytes": kv_bytes, "fp8": fp8, "rows": rows}
 
 
-def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False) -> dict:
+def _chunk_kv(k_cache, v_cache, tables, length: int):
+    """The prompts' keys and values as the engine passes them with the chunk: strided views into
+    a fused [T, (Hq + 2 Hkv) * D] projection output, equal to what the cache holds."""
+    prompts = tables.shape[0]
+    pos = torch.arange(length, device="cuda")
+    slots = (tables.long()[:, pos // bk.BS] * bk.BS + pos % bk.BS).reshape(-1)
+    qkv = torch.empty(prompts * length, (bk.HQ + 2 * bk.HKV) * bk.D, device="cuda", dtype=bk.DT)
+    key = qkv[:, bk.HQ * bk.D:(bk.HQ + bk.HKV) * bk.D].view(-1, bk.HKV, bk.D)
+    value = qkv[:, (bk.HQ + bk.HKV) * bk.D:].view(-1, bk.HKV, bk.D)
+    key.copy_(k_cache.view(-1, bk.HKV, bk.D)[slots])
+    value.copy_(v_cache.view(-1, bk.HKV, bk.D)[slots])
+    return key, value
+
+
+def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False,
+                 chunk_modes: tuple[str, ...] = ("cache",)) -> dict:
+    """chunk_modes: "cache" reads every key through the block table; "direct" / "tma" pass the
+    chunk's keys and values (16-bit caches), read with plain loads / TMA descriptors."""
     t = prompts * length
     blocks = length // bk.BS
     k_cache, v_cache = _caches((prompts * blocks, bk.BS, bk.HKV, bk.D), fp8)
@@ -105,11 +124,21 @@ def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False) -> d
     ref = reference.paged_prefill_attention_ref(q.float(), *_ref_caches(k_cache, v_cache), tables,
                                                 cu, lens, length, bk.SCALE)
     flops = prompts * 4 * bk.HQ * bk.D * length * (length + 1) / 2
-    rows = []
+    key, value = (None, None) if fp8 else _chunk_kv(k_cache, v_cache, tables, length)
+    variants = []
     for cfg in [None] + (fp8_variants(FP8_PREFILL_SWEEP) if fp8 else PREFILL_SWEEP):
-        fn = lambda cfg=cfg: kernels.paged_prefill_attention(  # noqa: E731
-            q, k_cache, v_cache, tables, cu, lens, length, bk.SCALE, config=cfg)
-        r = b.checked(f"{cfg or 'default'}", fn, lambda out: bk.rel_err(out, ref))
+        for mode in ("cache",) if fp8 else chunk_modes:
+            if mode == "cache":
+                variants.append((f"{cfg or 'default'}", cfg, {}))
+            else:
+                base = cfg or default_prefill_config(bk.DT, bk.D, length)
+                chunk_cfg = PrefillConfig(**{**base.__dict__, "kv_tma": mode == "tma"})
+                variants.append((f"{mode} {chunk_cfg}", chunk_cfg, {"key": key, "value": value}))
+    rows = []
+    for label, cfg, chunk in variants:
+        fn = lambda cfg=cfg, chunk=chunk: kernels.paged_prefill_attention(  # noqa: E731
+            q, k_cache, v_cache, tables, cu, lens, length, bk.SCALE, config=cfg, **chunk)
+        r = b.checked(label, fn, lambda out: bk.rel_err(out, ref))
         if "ms" in r:
             r["TFLOPs"] = flops / r["ms"] / 1e9
         rows.append(r)
@@ -144,11 +173,18 @@ def main() -> None:
     ap.add_argument("--decode-cases", help="B:LO:HI,... (default: the engine's five)")
     ap.add_argument("--prefill-cases", help="PROMPTS:LEN,... (default: 16:512,2:4096)")
     ap.add_argument("--small", action="store_true", help="12 decode configs, splits chosen")
+    ap.add_argument("--prefill-configs",
+                    help="BM:BN:WARPS:STAGES,... instead of the prefill sweep's 17 configs")
+    ap.add_argument("--chunk-kv", default="cache",
+                    help="prefill: comma-separated modes among cache, direct, tma (16-bit caches)")
     a = ap.parse_args()
     fp8 = a.kv_cache_dtype == "fp8"
     decode_cases = _cases(a.decode_cases, DECODE_CASES)
     prefill_cases = _cases(a.prefill_cases, PREFILL_CASES)
     start = time.time()
+    global PREFILL_SWEEP
+    if a.prefill_configs:
+        PREFILL_SWEEP = [PrefillConfig(*c) for c in _cases(a.prefill_configs, [])]
     bk.PREFILL_SWEEP = PREFILL_SWEEP
     if a.jobs:
         bk.warm_compile(a.jobs, quick=False)
@@ -162,7 +198,7 @@ def main() -> None:
         show(f"decode{tag} {batch} x [{lo}, {hi}]  (GB/s)", d["rows"], "GBps")
         torch.cuda.empty_cache()
     for prompts, length in prefill_cases:
-        p = prefill_case(b, prompts, length, fp8)
+        p = prefill_case(b, prompts, length, fp8, tuple(a.chunk_kv.split(",")))
         res["prefill"].append(p)
         show(f"prefill{tag} {prompts} x {length} packed (TFLOP/s)", p["rows"], "TFLOPs")
         torch.cuda.empty_cache()

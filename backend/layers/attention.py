@@ -47,5 +47,5 @@ class Attention(nn.Module):
                                         md.prefill_block_tables, md.prefill_cu_seqlens_q,
                                         md.prefill_context_lens, md.prefill_max_seqlen_q,
                                         self.scale, out=out[nd:end], k_scale=self.k_scale,
-                                        v_scale=self.v_scale)
+                                        v_scale=self.v_scale, key=k[nd:end], value=v[nd:end])
         return out.view(num_tokens, self.num_heads * self.head_dim)

@@ -28,10 +28,11 @@ def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, 
 
 
 def paged_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
-                            max_seqlen_q, scale, out=None, k_scale=1.0, v_scale=1.0):
+                            max_seqlen_q, scale, out=None, k_scale=1.0, v_scale=1.0, key=None,
+                            value=None):
     fn = kernels.paged_prefill_attention if _on_gpu(query) else reference.paged_prefill_attention_ref
     return fn(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q,
-              scale, out=out, k_scale=k_scale, v_scale=v_scale)
+              scale, out=out, k_scale=k_scale, v_scale=v_scale, key=key, value=value)
 
 
 def rms_norm(x, weight, eps, residual=None):

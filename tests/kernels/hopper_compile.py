@@ -68,6 +68,16 @@ def cases():
         qp = e(512, 32, 128, dtype=dtype)
         yield (f"prefill {dtype}",
                lambda: kernels.paged_prefill_attention(qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1))
+        # The chunk's keys and values from the fused projection output, plain loads and TMA.
+        from kernels.prefill_attention import PrefillConfig
+        qkv = e(512, (32 + 2 * 8) * 128, dtype=dtype)
+        key, value = qkv[:, 4096:5120].view(512, 8, 128), qkv[:, 5120:].view(512, 8, 128)
+        for tma in (False, True):
+            yield (f"prefill {dtype} chunk {'tma' if tma else 'direct'}",
+                   lambda tma=tma: kernels.paged_prefill_attention(
+                       qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1, key=key, value=value,
+                       config=PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=2,
+                                            kv_tma=tma)))
     h = e(16, 4096, dtype=torch.bfloat16)
     yield "rms_norm", lambda: kernels.rms_norm(h, h[0], 1e-5, h)
     yield "rotary", lambda: kernels.apply_rotary_emb(e(16, 4096, dtype=torch.bfloat16),

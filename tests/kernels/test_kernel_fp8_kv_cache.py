@@ -151,7 +151,11 @@ def test_prefill_reads_fp8_cache(dtype):
     args = (kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
             torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), 0.125)
     out = poisoned(query.shape, dtype)
-    kernels.paged_prefill_attention(query.to(DEVICE), *args, out=out, k_scale=0.05, v_scale=0.02)
+    # The chunk's own keys and values, when passed, are not read from an FP8 cache's caller
+    # (decode will read the quantized ones): NaN here must not reach the output.
+    chunk = poisoned((sum(q_lens), 2, 64), dtype)
+    kernels.paged_prefill_attention(query.to(DEVICE), *args, out=out, k_scale=0.05, v_scale=0.02,
+                                    key=chunk, value=chunk)
     ref64 = oracle(torch.float64)
     assert_accurate(out, ref64, oracle(dtype))
     ref = reference.paged_prefill_attention_ref(query.double(), *[a.cpu() if torch.is_tensor(a) else a

@@ -99,6 +99,55 @@ def test_prefill_reference_rejects_falling_cu_seqlens():
                                               torch.tensor([4, 3], dtype=torch.int32), 3, 0.25)
 
 
+def _chunk_views(q_lens, ctx, hkv, group, head_dim, kv, dtype):
+    """The chunks' keys and values as the engine passes them: strided views into one fused
+    [T, (Hq + 2 Hkv) * D] projection output."""
+    hq, t = hkv * group, sum(q_lens)
+    qkv = poisoned((t, (hq + 2 * hkv) * head_dim), dtype)
+    key = qkv[:, hq * head_dim:(hq + hkv) * head_dim].view(t, hkv, head_dim)
+    value = qkv[:, (hq + hkv) * head_dim:].view(t, hkv, head_dim)
+    start = 0
+    for b, (n, total) in enumerate(zip(q_lens, ctx)):
+        key[start:start + n] = kv.keys[b][total - n:].to(DEVICE)
+        value[start:start + n] = kv.values[b][total - n:].to(DEVICE)
+        start += n
+    return key, value
+
+
+def _poison_chunk_slots(kv, q_lens, ctx, block_size):
+    """NaN in the cache where the chunks' keys and values were stored: only the prefix is real."""
+    for cache in (kv.k_cache, kv.v_cache):
+        flat = cache.view(-1, cache.shape[2], cache.shape[3])
+        for b, (n, total) in enumerate(zip(q_lens, ctx)):
+            pos = torch.arange(total - n, total)
+            slots = kv.block_tables[b].cpu().long()[pos // block_size] * block_size + pos % block_size
+            flat[slots.to(DEVICE)] = float("nan")
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("fields", [None, (16, 32, 4, 2), (32, 16, 4, 2)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
+    """Given the chunk's keys and values, a 16-bit cache is read only for the prefix (prefixes
+    of 30 and 49 tokens, none for the others; key tiles that cross the prefix's end), plain or
+    through TMA descriptors. Without them the same call reads the poisoned slots: NaN."""
+    q_lens, ctx, hkv, group, head_dim, block_size = [40, 5, 23, 1], [70, 5, 23, 50], 2, 4, 64, 16
+    kv, query, cu = _prefill_inputs(q_lens, ctx, hkv, group, head_dim, block_size, dtype, seed=11)
+    query = query * 3  # peaky scores: a tile read twice or skipped moves the output
+    ref64 = _oracle(kv, query, q_lens, ctx, 0.125, torch.float64)
+    key, value = _chunk_views(q_lens, ctx, hkv, group, head_dim, kv, dtype)
+    _poison_chunk_slots(kv, q_lens, ctx, block_size)
+    from kernels.prefill_attention import PrefillConfig
+    config = PrefillConfig(*(fields or (64, 32 if dtype == torch.float32 else 64, 4, 2)), kv_tma=tma)
+    out = kernels.paged_prefill_attention(
+        query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
+        torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), 0.125, config=config,
+        key=key, value=value)
+    assert_accurate(out, ref64, _oracle(kv, query, q_lens, ctx, 0.125, dtype))
+    blind = _run(kv, query, cu, q_lens, ctx, 0.125, config=config)
+    assert bool(blind.isnan().any(dim=(1, 2)).all())
+
+
 def test_prefill_long_chunk_uses_unmasked_tiles():
     """A chunk far past its prefix walks whole mask-free key tiles before the diagonal ones;
     peaky scores make a wrong running max visible."""
@@ -144,6 +193,13 @@ def test_prefill_reference_rejects_chunk_longer_than_max_seqlen_q():
      "paged_prefill_attention: max_seqlen_q must be a non-negative int, got 5.0"),
     (lambda a: a.update(block_tables=a["block_tables"].long()),
      "paged_prefill_attention: block_tables must have dtype torch.int32, got torch.int64"),
+    (lambda a: a.update(key=torch.zeros(5, 2, 64, device=DEVICE)),
+     "paged_prefill_attention: key and value must be given together"),
+    (lambda a: a.update(key=torch.zeros(4, 2, 64, device=DEVICE), value=torch.zeros(4, 2, 64, device=DEVICE)),
+     "paged_prefill_attention: key must have shape [T, Hkv, D] = (5, 2, 64), got (4, 2, 64)"),
+    (lambda a: a.update(key=torch.zeros(5, 2, 64, device=DEVICE),
+                        value=torch.zeros(5, 2, 64, device=DEVICE, dtype=torch.float16)),
+     "paged_prefill_attention: value must have dtype torch.float32, got torch.float16"),
 ])
 def test_prefill_rejects_bad_arguments(fn, change, message):
     kv, query, cu = _prefill_inputs([2, 3], [4, 3], 2, 2, 64, 16, torch.float32, seed=0)
