@@ -41,15 +41,23 @@ class PrefillConfig:
     kv_tma: bool = False          # chunk keys/values (when passed) through TMA descriptors
 
 
-def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int) -> PrefillConfig:
-    """16-bit inputs: 64x64 tiles, 4 warps, 2 stages were fastest on the H200 both for 16 packed
-    512-token prompts (161 vs 208 us for 128x64/8 warps) and for 4k prompts (723 vs 869 us);
-    scripts/sweep_attention.py measures it. float32 tiles are smaller so they fit in shared memory
-    and registers (float32 is for tests, not serving). Short chunks get short M tiles."""
+def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
+                   chunk_tma: bool = False) -> PrefillConfig:
+    """16-bit inputs: 64x64 tiles, 4 warps, 2 stages were fastest on the H200 for 16 packed
+    512-token prompts (161 vs 208 us for 128x64/8 warps); with the chunk read through TMA,
+    158 us against 164 through the cache. Longer chunks take 128-query tiles (4 warps, 2
+    stages, TMA): 2 x 4096 in 614 us against 724 through the cache, 1 x 8192 in 1172 against
+    1407 (sweep of 720135a; scripts/sweep_attention.py --chunk-kv cache,direct,tma). Plain
+    loads of the chunk (no TMA) were slower than the cache path at 512 (176 us), and 128-query
+    tiles through the cache slower than 64 (914 vs 728 us at 4096). float32 tiles
+    are smaller so they fit in shared memory and registers (float32 is for tests, not
+    serving). Short chunks get short M tiles."""
     block_m = min(64, dot_block(max_seqlen_q))
     if dtype == torch.float32 or head_dim > 128:
-        return PrefillConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=2)
-    return PrefillConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2)
+        return PrefillConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=2, kv_tma=True)
+    if chunk_tma and max_seqlen_q > 1024:
+        return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2, kv_tma=True)
+    return PrefillConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2, kv_tma=True)
 
 
 @triton.jit
@@ -257,13 +265,14 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
         out = torch.empty_like(query)
     if num_tokens == 0 or batch == 0 or max_seqlen_q == 0:
         return out
-    cfg = config or default_config(query.dtype, head_dim, max_seqlen_q)
-    scale_log2e, v_scale, cache_constexprs = cache_launch_args(
-        OP, query.dtype, k_cache, scale, k_scale, v_scale, cfg.fp8_compute, cfg.block_n)
-    direct = key is not None and not cache_constexprs["V_TRANSPOSED"]
+    direct = key is not None and k_cache.dtype != validation.FP8_KV_DTYPE
     if not direct:
         key = value = query  # unused (KV_DIRECT is off); any pointer will do
-    tma = direct and cfg.kv_tma and _tma_ready(key, value, dot_block(head_dim))
+    tma_ready = direct and _tma_ready(key, value, dot_block(head_dim))
+    cfg = config or default_config(query.dtype, head_dim, max_seqlen_q, tma_ready)
+    tma = tma_ready and cfg.kv_tma
+    scale_log2e, v_scale, cache_constexprs = cache_launch_args(
+        OP, query.dtype, k_cache, scale, k_scale, v_scale, cfg.fp8_compute, cfg.block_n)
     key_arg, value_arg = (_row_descriptor(key, cfg.block_n), _row_descriptor(value, cfg.block_n)) \
         if tma else (key, value)
     _prefill_kernel[(num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)](

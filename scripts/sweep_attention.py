@@ -131,7 +131,7 @@ def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False,
             if mode == "cache":
                 variants.append((f"{cfg or 'default'}", cfg, {}))
             else:
-                base = cfg or default_prefill_config(bk.DT, bk.D, length)
+                base = cfg or default_prefill_config(bk.DT, bk.D, length, mode == "tma")
                 chunk_cfg = PrefillConfig(**{**base.__dict__, "kv_tma": mode == "tma"})
                 variants.append((f"{mode} {chunk_cfg}", chunk_cfg, {"key": key, "value": value}))
     rows = []

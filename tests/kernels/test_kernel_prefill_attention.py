@@ -148,6 +148,28 @@ def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
     assert bool(blind.isnan().any(dim=(1, 2)).all())
 
 
+def test_chunk_tma_needs_whole_aligned_heads():
+    """TMA boxes are taken only where they fit: the engine's qkv views qualify; a head dim
+    padded to the tile (80 -> 128) or a row start off 16 bytes falls back to plain loads."""
+    from kernels.prefill_attention import _tma_ready
+    qkv = torch.empty(8, 48 * 128, dtype=torch.float16)
+    key, value = qkv[:, 4096:5120].view(8, 8, 128), qkv[:, 5120:].view(8, 8, 128)
+    assert _tma_ready(key, value, 128)
+    odd = torch.empty(8, 8 * 80 + 1, dtype=torch.float16)[:, 1:].view(8, 8, 80)
+    assert not _tma_ready(odd, odd, 128)
+    shifted = torch.empty(8 * 1024 + 1, dtype=torch.float16)[1:].view(8, 8, 128)
+    assert not _tma_ready(shifted, shifted, 128)
+
+
+def test_prefill_default_config_by_chunk_length_and_path():
+    """128-query tiles only for long chunks read through TMA (they lose through the cache)."""
+    from kernels.prefill_attention import PrefillConfig, default_config
+    assert default_config(torch.bfloat16, 128, 4096, True) == PrefillConfig(128, 64, 4, 2, kv_tma=True)
+    assert default_config(torch.bfloat16, 128, 4096, False) == PrefillConfig(64, 64, 4, 2, kv_tma=True)
+    assert default_config(torch.bfloat16, 128, 512, True) == PrefillConfig(64, 64, 4, 2, kv_tma=True)
+    assert default_config(torch.float16, 128, 20, True) == PrefillConfig(32, 64, 4, 2, kv_tma=True)
+
+
 def test_prefill_long_chunk_uses_unmasked_tiles():
     """A chunk far past its prefix walks whole mask-free key tiles before the diagonal ones;
     peaky scores make a wrong running max visible."""
