@@ -69,7 +69,7 @@ def _ref_caches(k, v):
 
 
 def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8: bool = False,
-                sweep=None) -> dict:
+                sweep=None, both_fp8_computes: bool = True) -> dict:
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(lo, hi + 1, (batch,), generator=g)
     width = int(ctx.max()) // bk.BS + 1
@@ -83,7 +83,7 @@ def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8
     rows = []
     configs = sweep if sweep is not None else [DecodeConfig(**{**c.__dict__, "num_splits": s})
                                                for c in bk.DECODE_SWEEP for s in (None, 1)]
-    if fp8:
+    if fp8 and both_fp8_computes:
         configs = fp8_variants(configs)
     for cfg in [None] + configs:
         fn = lambda cfg=cfg: kernels.paged_decode_attention(  # noqa: E731
@@ -173,6 +173,8 @@ def main() -> None:
     ap.add_argument("--decode-cases", help="B:LO:HI,... (default: the engine's five)")
     ap.add_argument("--prefill-cases", help="PROMPTS:LEN,... (default: 16:512,2:4096)")
     ap.add_argument("--small", action="store_true", help="12 decode configs, splits chosen")
+    ap.add_argument("--decode-configs",
+                    help="BN:WARPS:STAGES[:MAXNREG],... instead of the decode sweep (splits chosen)")
     ap.add_argument("--prefill-configs",
                     help="BM:BN:WARPS:STAGES,... instead of the prefill sweep's 17 configs")
     ap.add_argument("--chunk-kv", default="cache",
@@ -183,6 +185,11 @@ def main() -> None:
     prefill_cases = _cases(a.prefill_cases, PREFILL_CASES)
     start = time.time()
     global PREFILL_SWEEP
+    decode_sweep = SMALL_DECODE_SWEEP if a.small else None
+    if a.decode_configs:
+        decode_sweep = [DecodeConfig(block_n=c[0], num_warps=c[1], num_stages=c[2],
+                                     maxnreg=c[3] if len(c) > 3 else None)
+                        for c in _cases(a.decode_configs, [])]
     if a.prefill_configs:
         PREFILL_SWEEP = [PrefillConfig(*c) for c in _cases(a.prefill_configs, [])]
     bk.PREFILL_SWEEP = PREFILL_SWEEP
@@ -193,7 +200,8 @@ def main() -> None:
     res = {"ceilings": ceil, "kv_cache_dtype": a.kv_cache_dtype, "decode": [], "prefill": []}
     tag = " fp8 cache" if fp8 else ""
     for batch, lo, hi in decode_cases:
-        d = decode_case(b, batch, lo, hi, ceil["copy_GBps"], fp8, SMALL_DECODE_SWEEP if a.small else None)
+        d = decode_case(b, batch, lo, hi, ceil["copy_GBps"], fp8, decode_sweep,
+                        both_fp8_computes=not a.decode_configs)
         res["decode"].append(d)
         show(f"decode{tag} {batch} x [{lo}, {hi}]  (GB/s)", d["rows"], "GBps")
         torch.cuda.empty_cache()
