@@ -44,9 +44,6 @@ class DecodeConfig:
     # dots in float16 (every e4m3 value is exact there; one conversion instruction per pair),
     # "query" widens them to the query's dtype.
     fp8_compute: str = "float16"
-    # Registers per thread (ptxas .maxnreg): fewer let more programs share an SM, to keep more
-    # loads in flight; None leaves it to the compiler.
-    maxnreg: int | None = None
 
 
 def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
@@ -230,7 +227,6 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     if splits > 1:
         _merge_kernel[(batch, num_heads)](
