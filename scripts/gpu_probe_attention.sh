@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Attention diagnostics on the GPU: timings of variants, then Nsight Compute sections per case.
+# Run from anywhere with $OUT set: bash scripts/gpu_probe_attention.sh (about two minutes).
+# (Its first run, at 720135a, timed single launches with events, which counted the wrapper's
+# host time; the ncu durations in docs/results/h200_ncu_attention_720135a.txt are the kernels'.)
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 T=$OUT/attention_timings.txt
@@ -10,7 +13,7 @@ for args in "fp8_decode" "fp8_decode --sequential" "bf16_decode" "bf16_decode --
     "fp8_decode --config block_n=128,num_warps=2,num_stages=2" \
     "fp8_decode --config block_n=64,num_warps=2,num_stages=3" \
     "bf16_prefill" "fp8_prefill"; do
-  python3 scripts/ncu_attention.py $args --iters 30 2>&1 | tail -3 | tee -a $T
+  python3 scripts/ncu_attention.py $args --time 2>&1 | tail -3 | tee -a $T
 done
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats --section SchedulerStats --section ComputeWorkloadAnalysis"
 for c in fp8_decode bf16_decode bf16_prefill fp8_prefill; do
