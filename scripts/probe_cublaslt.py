@@ -20,8 +20,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from backend.layers.cublaslt import CublasLt  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cublaslt import CublasLt  # noqa: E402
 
 # (name, out_features, in_features) per model: qkv, o, gate_up, down, lm_head
 SHAPES = {

@@ -1,4 +1,5 @@
-"""cuBLASLt through ctypes, for one thing torch does not expose: choosing the GEMM algorithm.
+"""cuBLASLt through ctypes, for one thing torch does not expose: choosing the GEMM algorithm
+(used by scripts/probe_cublaslt.py; the engine does not use it: row 36 of the notes).
 
 torch's `F.linear` takes cuBLAS's first heuristic choice. cuBLASLt's heuristic returns a ranked
 list of algorithms for a shape, and at the engine's shapes the first is not always the fastest
