@@ -174,7 +174,8 @@ def main() -> None:
     ap.add_argument("--prefill-cases", help="PROMPTS:LEN,... (default: 16:512,2:4096)")
     ap.add_argument("--small", action="store_true", help="12 decode configs, splits chosen")
     ap.add_argument("--decode-configs",
-                    help="BN:WARPS:STAGES,... instead of the decode sweep (splits chosen)")
+                    help="BN:WARPS:STAGES[:SPLITS],... instead of the decode sweep (splits "
+                         "chosen unless given)")
     ap.add_argument("--prefill-configs",
                     help="BM:BN:WARPS:STAGES,... instead of the prefill sweep's 17 configs")
     ap.add_argument("--chunk-kv", default="cache",
@@ -187,7 +188,8 @@ def main() -> None:
     global PREFILL_SWEEP
     decode_sweep = SMALL_DECODE_SWEEP if a.small else None
     if a.decode_configs:
-        decode_sweep = [DecodeConfig(block_n=c[0], num_warps=c[1], num_stages=c[2])
+        decode_sweep = [DecodeConfig(block_n=c[0], num_warps=c[1], num_stages=c[2],
+                                     num_splits=c[3] if len(c) > 3 else None)
                         for c in _cases(a.decode_configs, [])]
     if a.prefill_configs:
         PREFILL_SWEEP = [PrefillConfig(*c) for c in _cases(a.prefill_configs, [])]
