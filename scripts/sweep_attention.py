@@ -176,6 +176,9 @@ def main() -> None:
     ap.add_argument("--decode-configs",
                     help="BN:WARPS:STAGES[:SPLITS],... instead of the decode sweep (splits "
                          "chosen unless given)")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="time with do_bench through the Python wrapper (before 2026-12-01 06:10 UTC: "
+                         "its host time inflated small cases) instead of CUDA graph replays")
     ap.add_argument("--prefill-configs",
                     help="BM:BN:WARPS:STAGES,... instead of the prefill sweep's 17 configs")
     ap.add_argument("--chunk-kv", default="cache",
@@ -196,7 +199,7 @@ def main() -> None:
     bk.PREFILL_SWEEP = PREFILL_SWEEP
     if a.jobs:
         bk.warm_compile(a.jobs, quick=False)
-    b = bk.Bench(quick=True)
+    b = bk.Bench(quick=True, graphs=not a.no_graphs)
     ceil = bk.measure_ceilings(b)
     res = {"ceilings": ceil, "kv_cache_dtype": a.kv_cache_dtype, "decode": [], "prefill": []}
     tag = " fp8 cache" if fp8 else ""
