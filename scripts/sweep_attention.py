@@ -69,10 +69,12 @@ def _ref_caches(k, v):
 
 
 def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8: bool = False,
-                sweep=None, both_fp8_computes: bool = True) -> dict:
+                sweep=None, both_fp8_computes: bool = True, max_context: int | None = None) -> dict:
+    """max_context: the bound the split choice sees (the engine's decode graphs pass their
+    context bucket, 4096 or max_model_len, not the batch's longest context)."""
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(lo, hi + 1, (batch,), generator=g)
-    width = int(ctx.max()) // bk.BS + 1
+    width = max(int(ctx.max()), max_context or 0) // bk.BS + 1
     k_cache, v_cache = _caches((batch * width, bk.BS, bk.HKV, bk.D), fp8)
     tables = torch.randperm(batch * width, device="cuda").view(batch, width).int()
     lens = ctx.to(device="cuda", dtype=torch.int32)
@@ -87,7 +89,8 @@ def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8
         configs = fp8_variants(configs)
     for cfg in [None] + configs:
         fn = lambda cfg=cfg: kernels.paged_decode_attention(  # noqa: E731
-            q, k_cache, v_cache, tables, lens, bk.SCALE, config=cfg, max_context_len=int(ctx.max()))
+            q, k_cache, v_cache, tables, lens, bk.SCALE, config=cfg,
+            max_context_len=max_context or int(ctx.max()))
         r = b.checked(f"{cfg or 'default'}", fn, lambda out: bk.rel_err(out, ref))
         if "ms" in r:
             r["GBps"] = kv_bytes / r["ms"] / 1e6
@@ -176,6 +179,8 @@ def main() -> None:
     ap.add_argument("--decode-configs",
                     help="BN:WARPS:STAGES[:SPLITS],... instead of the decode sweep (splits "
                          "chosen unless given)")
+    ap.add_argument("--decode-max-context", type=int,
+                    help="the context bound decode's split choice sees (the engine's graph bucket)")
     ap.add_argument("--no-graphs", action="store_true",
                     help="time with do_bench through the Python wrapper (before 2026-12-01 06:10 UTC: "
                          "its host time inflated small cases) instead of CUDA graph replays")
@@ -205,7 +210,7 @@ def main() -> None:
     tag = " fp8 cache" if fp8 else ""
     for batch, lo, hi in decode_cases:
         d = decode_case(b, batch, lo, hi, ceil["copy_GBps"], fp8, decode_sweep,
-                        both_fp8_computes=not a.decode_configs)
+                        both_fp8_computes=not a.decode_configs, max_context=a.decode_max_context)
         res["decode"].append(d)
         show(f"decode{tag} {batch} x [{lo}, {hi}]  (GB/s)", d["rows"], "GBps")
         torch.cuda.empty_cache()
