@@ -40,6 +40,7 @@ class DecodeConfig:
     num_stages: int = 3
     num_splits: int | None = None
     programs_per_sm: int = 2     # split until batch * Hkv * splits reaches this many per SM
+    min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT  # ...but no split shorter than this
     # With an FP8 cache and bf16 queries: "float16" widens the tiles to float16 and runs both
     # dots in float16 (every e4m3 value is exact there; one conversion instruction per pair),
     # "query" widens them to the query's dtype.
@@ -49,28 +50,37 @@ class DecodeConfig:
 def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
                    fp8_cache: bool = False) -> DecodeConfig:
     """Full batches: 64-token tiles, 4 warps, 3 stages (174 vs 180 us at 256 x ~640 tokens and
-    258 vs 280 us at 256 x 1k on the H200, against 2 stages). When batch x KV heads leaves SMs
-    idle, each program walks a long range alone: 128-token tiles and 8 warps keep more loads in
-    flight (1 x 32k: 72 vs 84 us). scripts/sweep_attention.py measures both. float32 (tests)
-    keeps 2 stages of 64-token tiles, which fit in shared memory. An FP8 cache's tiles are half
-    the bytes: 128 tokens, 4 warps, 2 stages (the best of the first FP8 sweep, d390357)."""
+    258 vs 280 us at 256 x 1k on the H200, against 2 stages); an FP8 cache's half-size tiles
+    with 2 warps (110 vs 117 us at 256 x ~640 for 128 tokens and 4 warps).
+
+    When batch x KV heads leaves SMs idle, the sequences are cut into as many splits as there
+    are tiles, up to MAX_SPLITS (the engine's decode graphs size them for their context bucket,
+    so most of a short sequence's splits return at once): bf16 1 x 640 tokens in a 2,048 bucket
+    11.0 vs 13.1 us, 16 x 600 24.8 vs 30.0, 4 x 16k in a 32k bucket 83 vs 105; FP8 4 x 16k 59
+    vs 85 (graph-timed sweeps of a970806 and 2ebcffa). scripts/sweep_attention.py measures
+    both. float32 (tests) keeps 2 stages of 64-token tiles, which fit in shared memory."""
     if dtype == torch.float32:
         return DecodeConfig(num_stages=2)
-    if fp8_cache:
-        return DecodeConfig(block_n=128, num_warps=4, num_stages=2)
     if batch * num_kv_heads < sms:
-        return DecodeConfig(block_n=128, num_warps=8, num_stages=3)
+        if fp8_cache:
+            return DecodeConfig(block_n=64, num_warps=2, num_stages=2, programs_per_sm=64,
+                                min_tokens_per_split=64)
+        return DecodeConfig(block_n=128, num_warps=4, num_stages=2, programs_per_sm=64,
+                            min_tokens_per_split=128)
+    if fp8_cache:
+        return DecodeConfig(block_n=64, num_warps=2, num_stages=2)
     return DecodeConfig()
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: int,
-                      programs_per_sm: int = 2) -> int:
+                      programs_per_sm: int = 2,
+                      min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT) -> int:
     """Splits per sequence so that batch * Hkv * splits fills the GPU, without splits so short
     that the merge dominates. Uses only host-side sizes, so choosing needs no device sync."""
     programs = max(batch * num_kv_heads, 1)
     splits = cdiv(programs_per_sm * sms, programs)
     splits = max(splits, cdiv(max_context_len, MAX_TOKENS_PER_SPLIT))
-    splits = min(splits, max(1, max_context_len // MIN_TOKENS_PER_SPLIT), MAX_SPLITS)
+    splits = min(splits, max(1, max_context_len // min_tokens_per_split), MAX_SPLITS)
     return max(splits, 1)
 
 
@@ -206,7 +216,8 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         max_context_len = block_tables.shape[1] * block_size
     max_context_len = max(int(max_context_len), 1)
     splits = cfg.num_splits or choose_num_splits(batch, num_kv_heads, max_context_len,
-                                                 num_sms(query.device), cfg.programs_per_sm)
+                                                 num_sms(query.device), cfg.programs_per_sm,
+                                                 cfg.min_tokens_per_split)
     per_split = tokens_per_split(max_context_len, splits, cfg.block_n)
     splits = cdiv(max_context_len, per_split)
     if splits > MAX_SPLITS:

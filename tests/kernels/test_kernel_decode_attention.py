@@ -114,6 +114,26 @@ def test_split_choice_fills_the_h200():
     assert choose_num_splits(4, 8, 100, 132) == 1  # too short to split
 
 
+
+def test_small_batches_split_into_single_tiles():
+    """Below one program per SM the defaults split every sequence into tiles, up to 64 splits,
+    for the engine's context buckets: one 640-token request in a 2,048 bucket walks 5 of 16
+    splits of 128 tokens (bf16) or 10 of 32 splits of 64 (FP8); full batches stay unsplit."""
+    from kernels.decode_attention import DecodeConfig, choose_num_splits, default_config, tokens_per_split
+
+    def splits(batch, bucket, fp8):
+        cfg = default_config(torch.bfloat16, batch, 8, 132, fp8)
+        n = choose_num_splits(batch, 8, bucket, 132, cfg.programs_per_sm, cfg.min_tokens_per_split)
+        return n, tokens_per_split(bucket, n, cfg.block_n)
+
+    assert splits(1, 2048, False) == (16, 128)
+    assert splits(1, 2048, True) == (32, 64)
+    assert splits(4, 32768, False) == (64, 512)
+    assert splits(16, 2048, True) == (32, 64)
+    assert splits(256, 2048, False) == (1, 2048)
+    assert default_config(torch.bfloat16, 256, 8, 132, True) == DecodeConfig(block_n=64, num_warps=2, num_stages=2)
+
+
 def _valid_args(dtype=torch.float32):
     kv, query = _decode_inputs([5, 9], 2, 2, 64, 16, dtype, seed=0)
     return dict(query=query.to(DEVICE), k_cache=kv.k_cache, v_cache=kv.v_cache,
