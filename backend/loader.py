@@ -13,6 +13,13 @@ from torch import nn
 # Checkpoint tensors that have no parameter in our models (recomputed, or unused).
 _SKIP_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
+# Per-layer FP8 KV-cache scales as FP8 checkpoints store them, as vLLM reads them: suffix after
+# the layer's attention block ("model.layers.N.self_attn") -> which scales it sets.
+# llm-compressor / compressed-tensors: k_scale and v_scale (older ones: k_proj.output_scale and
+# v_proj.output_scale); AutoFP8: one kv_scale for both.
+KV_SCALE_SUFFIXES = {"k_scale": ("k",), "v_scale": ("v",), "kv_scale": ("k", "v"),
+                     "k_proj.output_scale": ("k",), "v_proj.output_scale": ("v",)}
+
 
 def _checkpoint_files(model_dir: str) -> list[str]:
     index = os.path.join(model_dir, "model.safetensors.index.json")
@@ -27,8 +34,30 @@ def _checkpoint_files(model_dir: str) -> list[str]:
     return files
 
 
-def load_safetensors(model: nn.Module, model_dir: str) -> None:
+def _kv_scale_target(name: str) -> tuple[str, tuple[str, ...]] | None:
+    """("model.layers.N.self_attn", ("k",)) for a KV-cache scale tensor's name, else None."""
+    for suffix, kinds in KV_SCALE_SUFFIXES.items():
+        head = name[:-len(suffix) - 1]
+        if name.endswith("." + suffix) and head.endswith("self_attn"):
+            return head, kinds
+    return None
+
+
+def _scale_value(name: str, tensor: torch.Tensor) -> float:
+    if tensor.numel() != 1:
+        raise ValueError(f"model: {name} must hold one number, got shape {tuple(tensor.shape)}")
+    value = float(tensor.float().reshape(()))
+    if not 0 < value < float("inf"):
+        raise ValueError(f"model: {name} must be a positive finite scale, got {value}")
+    return value
+
+
+def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, float]]:
+    """Loads every parameter; returns the checkpoint's KV-cache scales, if any, as
+    {attention block name ("model.layers.N.self_attn"): {"k": k_scale, "v": v_scale}}: they
+    are not parameters (the model runner applies them when the cache is FP8)."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    kv_scales: dict[str, dict[str, float]] = {}
     packed = getattr(model, "packed_modules", {})
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     loaded: set[str] = set()
@@ -38,6 +67,12 @@ def load_safetensors(model: nn.Module, model_dir: str) -> None:
                 if name.endswith(_SKIP_SUFFIXES) or (tied and name == "lm_head.weight"):
                     continue
                 tensor = f.get_tensor(name)
+                scale_target = _kv_scale_target(name)
+                if scale_target is not None:
+                    block, kinds = scale_target
+                    value = _scale_value(name, tensor)
+                    kv_scales.setdefault(block, {}).update({kind: value for kind in kinds})
+                    continue
                 target, shard_id = name, None
                 for ckpt_frag, (param_frag, sid) in packed.items():
                     if f".{ckpt_frag}." in name:
@@ -62,6 +97,7 @@ def load_safetensors(model: nn.Module, model_dir: str) -> None:
     if missing:
         raise ValueError(f"model: checkpoint lacks weights for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")
+    return kv_scales
 
 
 def load_dummy(model: nn.Module, seed: int) -> None:

@@ -15,6 +15,7 @@ from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_context import set_attention_metadata
 from .input_batch import prepare_batch
+from .layers.attention import Attention
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from .layers.sampler import Sampler, SamplerOutput
 from .loader import load_dummy, load_safetensors
@@ -75,10 +76,11 @@ class ModelRunner:
         with torch.device(self.device):
             self.model = model_cls(hf_config, self.dtype, linear_method)
         self.model.eval()
+        checkpoint_kv_scales: dict[str, dict[str, float]] = {}
         if args.load_format == "dummy":
             load_dummy(self.model, args.seed)
         else:
-            load_safetensors(self.model, args.model)
+            checkpoint_kv_scales = load_safetensors(self.model, args.model)
         process_weights_after_loading(self.model)
         self.attn_layers = self.model.attention_layers()
         a = self.model.args
@@ -89,8 +91,7 @@ class ModelRunner:
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_cache(self.num_blocks, zero=True)
         self._bind_cache(self.kv_cache)
-        for layer in self.attn_layers:
-            layer.k_scale, layer.v_scale = float(args.k_scale), float(args.v_scale)
+        self._set_kv_scales(args, checkpoint_kv_scales)
         if self.device.type == "cuda":
             self._compile_step_variants()
         self.graphs: DecodeGraphs | None = None
@@ -103,6 +104,32 @@ class ModelRunner:
             if prefill_tokens:
                 self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device)
                 self.prefill_graphs.capture()
+
+    def _set_kv_scales(self, args: EngineArgs, checkpoint: dict[str, dict[str, float]]) -> None:
+        """An FP8 cache stores keys and values divided by per-layer scales: the checkpoint's
+        where it has them (FP8 checkpoints calibrated them), else k_scale / v_scale."""
+        for layer in self.attn_layers:
+            layer.k_scale, layer.v_scale = float(args.k_scale), float(args.v_scale)
+        if not checkpoint:
+            return
+        if self.cache_dtype != torch.float8_e4m3fn:
+            logger.info("The checkpoint's KV cache scales (%d layers) are not used: "
+                        "kv_cache_dtype is %s", len(checkpoint), args.kv_cache_dtype)
+            return
+        blocks = {id(module.attn): name for name, module in self.model.named_modules()
+                  if isinstance(getattr(module, "attn", None), Attention)}
+        unknown = sorted(set(checkpoint) - set(blocks.values()))
+        if unknown:
+            raise ValueError(f"model: KV cache scales for {unknown[0]!r}, which is not an "
+                             f"attention block of this model")
+        used = 0
+        for layer in self.attn_layers:
+            scales = checkpoint.get(blocks.get(id(layer), ""), {})
+            layer.k_scale = scales.get("k", layer.k_scale)
+            layer.v_scale = scales.get("v", layer.v_scale)
+            used += bool(scales)
+        logger.info("KV cache scales from the checkpoint for %d of %d layers", used,
+                    len(self.attn_layers))
 
     # ---- KV pool sizing -----------------------------------------------------------------------
     @property
