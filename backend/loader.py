@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 # Checkpoint tensors that have no parameter in our models (recomputed, or unused).
 _SKIP_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -52,21 +55,63 @@ def _scale_value(name: str, tensor: torch.Tensor) -> float:
     return value
 
 
+def _weight_scales(files: list[str]) -> dict[str, torch.Tensor]:
+    """`X.weight_scale` tensors of an FP8 checkpoint, by weight name `X.weight` (a first pass:
+    a weight may come before its scale, in the same file or another)."""
+    scales = {}
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                if name.endswith(".weight_scale"):
+                    scales[name[:-len("_scale")]] = f.get_tensor(name)
+    return scales
+
+
+def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """An FP8 checkpoint's weight times its scale (per tensor, or per output channel as [N] or
+    [N, 1]), in float32; the model's linear method takes it from there (quantization="fp8"
+    quantizes it again, per output channel)."""
+    if scale is None:
+        raise ValueError(f"model: {name} is {weight.dtype} but the checkpoint has no "
+                         f"{name}_scale to read it with")
+    rows = weight.shape[0]
+    if scale.numel() == 1:
+        scale = scale.float().reshape(())
+    elif scale.numel() == rows:
+        scale = scale.float().reshape(rows, 1)
+    else:
+        raise ValueError(f"model: {name}_scale has shape {tuple(scale.shape)}; only per-tensor "
+                         f"and per-output-channel FP8 scales are supported")
+    return weight.float() * scale
+
+
 def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, float]]:
     """Loads every parameter; returns the checkpoint's KV-cache scales, if any, as
     {attention block name ("model.layers.N.self_attn"): {"k": k_scale, "v": v_scale}}: they
-    are not parameters (the model runner applies them when the cache is FP8)."""
+    are not parameters (the model runner applies them when the cache is FP8).
+
+    FP8 checkpoints (float8_e4m3fn weights with `weight_scale`, as AutoFP8, llm-compressor and
+    vLLM's FP8 format store them) load too: each weight is widened with its scale. Their
+    `input_scale` (a static activation scale) is not used: activations are scaled per token."""
     params = dict(model.named_parameters(remove_duplicate=False))
     kv_scales: dict[str, dict[str, float]] = {}
+    files = _checkpoint_files(model_dir)
+    weight_scales = _weight_scales(files)
+    fp8_weights = 0
     packed = getattr(model, "packed_modules", {})
     tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     loaded: set[str] = set()
-    for path in _checkpoint_files(model_dir):
+    for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 if name.endswith(_SKIP_SUFFIXES) or (tied and name == "lm_head.weight"):
                     continue
+                if name.endswith((".weight_scale", ".input_scale")):
+                    continue  # read with their weights above; activations scale per token
                 tensor = f.get_tensor(name)
+                if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                    tensor = _dequantize(name, tensor, weight_scales.get(name))
+                    fp8_weights += 1
                 scale_target = _kv_scale_target(name)
                 if scale_target is not None:
                     block, kinds = scale_target
@@ -97,6 +142,9 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
     if missing:
         raise ValueError(f"model: checkpoint lacks weights for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")
+    if fp8_weights:
+        logger.info("Read %d FP8 weights with their scales; served in FP8 with quantization=fp8, "
+                    "else in the model dtype", fp8_weights)
     return kv_scales
 
 

@@ -1,0 +1,99 @@
+"""FP8 checkpoints (float8_e4m3fn linear weights with `weight_scale`, per tensor or per output
+channel, maybe an unused `input_scale`, as AutoFP8 / llm-compressor write them): the engine
+reads each weight times its scale, so it serves exactly what a checkpoint of those widened
+weights gives, with or without quantization="fp8". Before, such a checkpoint failed to load."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from backend import LLM, SamplingParams
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROMPTS = [[1, 17, 42, 99, 7, 300, 12], list(range(3, 40)), [5]]
+
+
+def _quantize(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    amax = w.float().abs().amax(dim=1, keepdim=True) if per_channel else w.float().abs().amax()
+    scale = amax / 448.0
+    return (w.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+def _fp8_and_widened(src: str, root: str, per_channel: bool, scales_apart: bool) -> tuple[str, str]:
+    """An FP8 copy of the checkpoint and a copy holding exactly its widened weights. With
+    `scales_apart` the scales sit in a file of their own, listed in the index."""
+    fp8_dir, wide_dir = os.path.join(root, "fp8"), os.path.join(root, "wide")
+    shutil.copytree(src, fp8_dir)
+    shutil.copytree(src, wide_dir)
+    scales = {}
+    for path in sorted(glob.glob(os.path.join(src, "*.safetensors"))):
+        tensors = load_file(path)
+        fp8, wide = dict(tensors), dict(tensors)
+        for name, w in tensors.items():
+            if name.endswith(".weight") and name.split(".")[-2] in LINEARS:
+                q, scale = _quantize(w, per_channel)
+                fp8[name], wide[name] = q, (q.float() * scale).to(w.dtype)
+                scales[name + "_scale"] = scale
+        if not scales_apart:
+            fp8.update({k: v for k, v in scales.items() if k[:-len("_scale")] in tensors})
+        base = os.path.basename(path)
+        save_file(fp8, os.path.join(fp8_dir, base), metadata={"format": "pt"})
+        save_file(wide, os.path.join(wide_dir, base), metadata={"format": "pt"})
+    extra = {"model.layers.0.self_attn.q_proj.input_scale": torch.tensor(0.5)}  # not used
+    if scales_apart:
+        extra.update(scales)
+    save_file(extra, os.path.join(fp8_dir, "scales.safetensors"), metadata={"format": "pt"})
+    index = os.path.join(fp8_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            meta = json.load(f)
+        meta["weight_map"].update({k: "scales.safetensors" for k in extra})
+        with open(index, "w") as f:
+            json.dump(meta, f)
+    return fp8_dir, wide_dir
+
+
+def _outputs(model_dir: str, **engine) -> list[tuple[list[int], float]]:
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
+    outs = LLM(model_dir, dtype="float32", device="cpu", **engine).generate(PROMPTS, params)
+    return [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in outs]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fp8_checkpoint_serves_its_widened_weights(model_dir, tmp_path, per_channel):
+    # Qwen2's checkpoint is sharded: its scales go to a file of their own.
+    fp8_dir, wide_dir = _fp8_and_widened(model_dir, str(tmp_path), per_channel,
+                                         scales_apart="qwen" in model_dir)
+    assert _outputs(fp8_dir) == _outputs(wide_dir)
+    assert _outputs(fp8_dir, quantization="fp8") == _outputs(wide_dir, quantization="fp8")
+
+
+def test_fp8_checkpoint_differs_from_the_original(llama_dir, tmp_path):
+    """The widened weights are the FP8 ones (not the originals read back): logprobs move."""
+    fp8_dir, _ = _fp8_and_widened(llama_dir, str(tmp_path), False, False)
+    assert [lp for _, lp in _outputs(fp8_dir)] != [lp for _, lp in _outputs(llama_dir)]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.pop("model.layers.0.self_attn.q_proj.weight_scale"),
+     "model: model.layers.0.self_attn.q_proj.weight is torch.float8_e4m3fn but the checkpoint has "
+     "no model.layers.0.self_attn.q_proj.weight_scale to read it with"),
+    (lambda t: t.update({"model.layers.1.mlp.down_proj.weight_scale": torch.ones(2, 2)}),
+     "model: model.layers.1.mlp.down_proj.weight_scale has shape (2, 2); only per-tensor and "
+     "per-output-channel FP8 scales are supported"),
+])
+def test_bad_fp8_checkpoints_are_refused(llama_dir, tmp_path, change, message):
+    fp8_dir, _ = _fp8_and_widened(llama_dir, str(tmp_path), False, False)
+    path = os.path.join(fp8_dir, "model.safetensors")
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        LLM(fp8_dir, device="cpu")
