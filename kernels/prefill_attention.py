@@ -49,9 +49,10 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
     stages, TMA): 2 x 4096 in 614 us against 724 through the cache, 1 x 8192 in 1172 against
     1407 (sweep of 720135a; scripts/sweep_attention.py --chunk-kv cache,direct,tma). Plain
     loads of the chunk (no TMA) were slower than the cache path at 512 (176 us), and 128-query
-    tiles through the cache slower than 64 (914 vs 728 us at 4096). float32 tiles
-    are smaller so they fit in shared memory and registers (float32 is for tests, not
-    serving). Short chunks get short M tiles."""
+    tiles through the cache slower than 64 (914 vs 728 us at 4096). float32 tiles are smaller
+    so they fit in shared memory and registers (float32 is for tests, not serving). Short
+    chunks get short M tiles. `kv_tma` applies only where the caller passes the chunk and the
+    boxes fit (`_tma_ready`)."""
     block_m = min(64, dot_block(max_seqlen_q))
     if dtype == torch.float32 or head_dim > 128:
         return PrefillConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=2, kv_tma=True)
