@@ -41,7 +41,8 @@ def compile_launch(fn, args, kwargs) -> dict:
     kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
                             options=options.__dict__)
     info = {"kernel": fn.__name__, "shared": kernel.metadata.shared,
-            "wgmma": "wgmma.mma_async" in kernel.asm["ptx"], "mma": "mma.sync" in kernel.asm["ptx"]}
+            "wgmma": "wgmma.mma_async" in kernel.asm["ptx"], "mma": "mma.sync" in kernel.asm["ptx"],
+            "tma": "cp.async.bulk.tensor" in kernel.asm["ptx"]}
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     usage = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout

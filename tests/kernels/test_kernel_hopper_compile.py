@@ -35,6 +35,11 @@ def test_kernels_compile_for_hopper(compiled):
     assert by_kernel[("decode torch.bfloat16 splits=1", "_decode_kernel")]["mma"]
     assert by_kernel[("decode torch.bfloat16 splits=4", "_merge_kernel")]
     assert by_kernel[("prefill torch.bfloat16", "_prefill_kernel")]["wgmma"]
+    # The chunk's keys and values through TMA boxes (cp.async.bulk.tensor), or plain loads.
+    tma = by_kernel[("prefill torch.bfloat16 chunk tma", "_prefill_kernel")]
+    direct = by_kernel[("prefill torch.bfloat16 chunk direct", "_prefill_kernel")]
+    assert tma["wgmma"] and tma["tma"] and direct["wgmma"] and not direct["tma"], (tma, direct)
+    assert not by_kernel[("prefill torch.bfloat16", "_prefill_kernel")]["tma"]
     assert by_kernel[("decode fp8 cache", "_decode_kernel")]["mma"]
     assert by_kernel[("prefill fp8 cache", "_prefill_kernel")]["wgmma"]
     assert by_kernel[("store_kv_cache fp8", "_store_kv_kernel")]
