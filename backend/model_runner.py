@@ -46,6 +46,26 @@ def resolve_dtype(args: EngineArgs, hf_config: dict, device: torch.device) -> to
     return _DTYPES.get(config_dtype, torch.bfloat16) if config_dtype != "float32" else torch.bfloat16
 
 
+def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
+    """`quantization`, or what the checkpoint's config.json declares, as vLLM reads it: an FP8
+    checkpoint (quant_method "fp8", or "compressed-tensors" with 8-bit float weights) is served
+    in FP8. Other quantized formats are refused here rather than failing in the loader."""
+    declared = hf_config.get("quantization_config")
+    if not declared or args.quantization is not None:
+        return args.quantization
+    method = str(declared.get("quant_method", "")).lower()
+    groups = declared.get("config_groups") or {}
+    fp8_groups = [g for g in groups.values() if isinstance(g, dict)
+                  and (g.get("weights") or {}).get("type") == "float"
+                  and (g.get("weights") or {}).get("num_bits") == 8]
+    if method == "fp8" or (method == "compressed-tensors" and groups and len(fp8_groups) == len(groups)):
+        logger.info("The checkpoint is FP8 (quant_method %r): serving it with quantization=fp8", method)
+        return "fp8"
+    raise ValueError(f"model: the checkpoint is quantized with {method or declared!r}, which "
+                     f"Tritium does not read; FP8 checkpoints (quant_method 'fp8' or FP8 "
+                     f"compressed-tensors) are supported")
+
+
 @dataclass
 class SampleResult:
     token_id: int
@@ -67,7 +87,8 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         torch.manual_seed(args.seed)
         model_cls = get_model_class(hf_config)
-        linear_method = get_linear_method(args.quantization)
+        self.quantization = resolve_quantization(args, hf_config)
+        linear_method = get_linear_method(self.quantization)
         if linear_method is not None:
             check_fp8_supported(self.device)
         self.cache_dtype = self.dtype if args.kv_cache_dtype == "auto" else torch.float8_e4m3fn

@@ -1,7 +1,8 @@
 """FP8 checkpoints (float8_e4m3fn linear weights with `weight_scale`, per tensor or per output
 channel, maybe an unused `input_scale`, as AutoFP8 / llm-compressor write them): the engine
 reads each weight times its scale, so it serves exactly what a checkpoint of those widened
-weights gives, with or without quantization="fp8". Before, such a checkpoint failed to load."""
+weights gives, with or without quantization="fp8"; a config.json that declares FP8 selects
+quantization="fp8" by itself. Before, such a checkpoint failed to load."""
 from __future__ import annotations
 
 import glob
@@ -97,3 +98,40 @@ def test_bad_fp8_checkpoints_are_refused(llama_dir, tmp_path, change, message):
     save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         LLM(fp8_dir, device="cpu")
+
+
+def _declare(model_dir: str, quantization_config: dict) -> None:
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["quantization_config"] = quantization_config
+    with open(path, "w") as f:
+        json.dump(config, f)
+
+
+FP8_CONFIGS = [
+    {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"type": "float", "num_bits": 8, "strategy": "channel"},
+        "input_activations": {"type": "float", "num_bits": 8, "dynamic": True}}}},
+]
+
+
+@pytest.mark.parametrize("declared", FP8_CONFIGS, ids=["fp8", "compressed-tensors"])
+def test_a_declared_fp8_checkpoint_is_served_in_fp8(llama_dir, tmp_path, declared):
+    fp8_dir, wide_dir = _fp8_and_widened(llama_dir, str(tmp_path), True, False)
+    _declare(fp8_dir, declared)
+    runner = LLM(fp8_dir, device="cpu").engine.runner
+    assert runner.quantization == "fp8"
+    assert runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    assert _outputs(fp8_dir) == _outputs(wide_dir, quantization="fp8")
+
+
+def test_other_quantized_checkpoints_are_refused(llama_dir, tmp_path):
+    model = str(tmp_path / "gptq")
+    shutil.copytree(llama_dir, model)
+    _declare(model, {"quant_method": "gptq", "bits": 4})
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "model: the checkpoint is quantized with 'gptq', which Tritium does not read; FP8 "
+            "checkpoints (quant_method 'fp8' or FP8 compressed-tensors) are supported") + "$"):
+        LLM(model, device="cpu")
