@@ -54,11 +54,10 @@ def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
     if not declared or args.quantization is not None:
         return args.quantization
     method = str(declared.get("quant_method", "")).lower()
-    groups = declared.get("config_groups") or {}
-    fp8_groups = [g for g in groups.values() if isinstance(g, dict)
-                  and (g.get("weights") or {}).get("type") == "float"
-                  and (g.get("weights") or {}).get("num_bits") == 8]
-    if method == "fp8" or (method == "compressed-tensors" and groups and len(fp8_groups) == len(groups)):
+    groups = list((declared.get("config_groups") or {}).values())
+    fp8_weights = all(isinstance(g, dict) and (g.get("weights") or {}).get("type") == "float"
+                      and (g.get("weights") or {}).get("num_bits") == 8 for g in groups)
+    if method == "fp8" or (method == "compressed-tensors" and groups and fp8_weights):
         logger.info("The checkpoint is FP8 (quant_method %r): serving it with quantization=fp8", method)
         return "fp8"
     raise ValueError(f"model: the checkpoint is quantized with {method or declared!r}, which "
@@ -137,19 +136,16 @@ class ModelRunner:
             logger.info("The checkpoint's KV cache scales (%d layers) are not used: "
                         "kv_cache_dtype is %s", len(checkpoint), args.kv_cache_dtype)
             return
-        blocks = {id(module.attn): name for name, module in self.model.named_modules()
+        blocks = {name: module.attn for name, module in self.model.named_modules()
                   if isinstance(getattr(module, "attn", None), Attention)}
-        unknown = sorted(set(checkpoint) - set(blocks.values()))
-        if unknown:
-            raise ValueError(f"model: KV cache scales for {unknown[0]!r}, which is not an "
-                             f"attention block of this model")
-        used = 0
-        for layer in self.attn_layers:
-            scales = checkpoint.get(blocks.get(id(layer), ""), {})
-            layer.k_scale = scales.get("k", layer.k_scale)
-            layer.v_scale = scales.get("v", layer.v_scale)
-            used += bool(scales)
-        logger.info("KV cache scales from the checkpoint for %d of %d layers", used,
+        for block, scales in sorted(checkpoint.items()):
+            attn = blocks.get(block)
+            if attn is None:
+                raise ValueError(f"model: KV cache scales for {block!r}, which is not an "
+                                 f"attention block of this model")
+            attn.k_scale = scales.get("k", attn.k_scale)
+            attn.v_scale = scales.get("v", attn.v_scale)
+        logger.info("KV cache scales from the checkpoint for %d of %d layers", len(checkpoint),
                     len(self.attn_layers))
 
     # ---- KV pool sizing -----------------------------------------------------------------------

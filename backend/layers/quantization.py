@@ -1,8 +1,8 @@
 """FP8 weights and activations for the linear layers (`quantization="fp8"`, as vLLM names it).
 
 Weights are quantized once, after loading (a 16-bit checkpoint, or an FP8 one, which the loader
-reads times its scales): float8_e4m3fn with one scale per output channel. Activations are quantized per token at every call (dynamic scaling, so no
-calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
+reads times its scales): float8_e4m3fn with one scale per output channel. Activations are
+quantized per token at every call (dynamic scaling, so no calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
 applies both scales to the output (for up to 16 rows, our kernel: kernels/fp8_matmul.py);
 Hopper runs FP8 at twice the bf16 rate and reads half the weight bytes. Embeddings, the LM head,
 norms and the KV cache stay in the model dtype.
