@@ -4,7 +4,8 @@ dominates small steps.
 
 DecodeGraphs: decode-only steps (one token per sequence), per batch size and context bucket.
 PrefillGraphs: prefill-only steps of a few short prompt chunks, per padded token count: a lone
-request's first step, whose eager launch takes longer than its GPU work."""
+request's first step, whose eager launch takes longer than its GPU work. They return the last
+row of each chunk only (the rows a step samples from)."""
 from __future__ import annotations
 
 import logging
@@ -153,14 +154,15 @@ class PrefillGraphs:
         self.use_graphs = capture
         t, p = self.max_tokens, self.max_seqs
         w = -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
-        # input ids, positions, slot mapping; then cu_seqlens (p + 1) and context lengths (p)
-        self.tokens = torch.zeros(3, t, dtype=torch.int64, device=device)
+        # input ids, positions, slot mapping, each chunk's last row (first p entries); then
+        # cu_seqlens (p + 1) and context lengths (p)
+        self.tokens = torch.zeros(4, max(t, p), dtype=torch.int64, device=device)
         self.seq_info = torch.zeros(2 * p + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(p, w, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
         # Two staging sets, alternately, as in DecodeGraphs: a copy may still wait behind the
         # previous step when the next one is prepared.
-        self.host_tokens = [_host(torch.zeros(3, t, dtype=torch.int64), pin) for _ in range(2)]
+        self.host_tokens = [_host(torch.zeros(4, max(t, p), dtype=torch.int64), pin) for _ in range(2)]
         self.host_seq_info = [_host(torch.zeros(2 * p + 1, dtype=torch.int32), pin) for _ in range(2)]
         self.host_tables = [_host(torch.zeros(p, w, dtype=torch.int32), pin) for _ in range(2)]
         self.parity = 0
@@ -176,11 +178,13 @@ class PrefillGraphs:
 
     def _forward(self, size: int) -> torch.Tensor:
         with set_attention_metadata(self._metadata(size)):
-            return self.model(self.tokens[0, :size], self.tokens[1, :size])
+            return self.model(self.tokens[0, :size], self.tokens[1, :size],
+                              logits_indices=self.tokens[3, :self.max_seqs])
 
     def _clear(self) -> None:
         """Inputs that make any graph a no-op: no slots, no sequences."""
         self.tokens[2].fill_(-1)
+        self.tokens[3].zero_()
         self.seq_info.zero_()
 
     @torch.inference_mode()
@@ -208,6 +212,7 @@ class PrefillGraphs:
                 and batch.prefill_block_tables.shape[1] <= self.block_tables.shape[1])
 
     def run(self, batch: PreparedBatch) -> torch.Tensor:
+        """Final hidden states of each chunk's last token, one row per chunk."""
         n = batch.num_tokens
         size = next(s for s in self.sizes if s >= n)
         p, chunks = self.max_seqs, len(batch.prefill_cu_seqlens_q) - 1
@@ -222,20 +227,23 @@ class PrefillGraphs:
         ht[2, :n] = batch.slot_mapping
         ht[:2, n:size] = 0
         ht[2, n:size] = -1  # padding tokens store nothing
+        ht[3, :chunks] = batch.prefill_cu_seqlens_q[1:] - 1
+        ht[3, chunks:p] = 0  # unused sequences: a real row, computed and dropped
         hi = host_info.numpy()
         hi[:chunks + 1] = batch.prefill_cu_seqlens_q
         hi[chunks + 1:p + 1] = n  # unused sequences: no tokens ...
         hi[p + 1:p + 1 + chunks] = batch.prefill_context_lens
         hi[p + 1 + chunks:] = 0  # ... and no context
         host_tables.numpy()[:chunks, :width] = batch.prefill_block_tables
-        self.tokens[:, :size].copy_(host_tokens[:, :size], non_blocking=True)
+        cols = max(size, p)
+        self.tokens[:, :cols].copy_(host_tokens[:, :cols], non_blocking=True)
         self.seq_info.copy_(host_info, non_blocking=True)
         self.block_tables[:chunks, :width].copy_(host_tables[:chunks, :width], non_blocking=True)
         if not self.use_graphs:
-            return self._forward(size)[:n]
+            return self._forward(size)[:chunks]
         graph, out = self.graphs[size]
         graph.replay()
-        return out[:n]
+        return out[:chunks]
 
 
 def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -256,13 +256,13 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     # ---- one step -----------------------------------------------------------------------------
-    def _forward_eager(self, batch, fill=None) -> torch.Tensor:
+    def _forward_eager(self, batch, fill=None, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         input_ids = self.to_device(batch.input_ids, torch.int64)
         if fill is not None:
             input_ids[fill[0]] = fill[2][fill[1]]
         positions = self.to_device(batch.positions, torch.int64)
         with set_attention_metadata(batch.attention_metadata(self.to_device)):
-            return self.model(input_ids, positions)
+            return self.model(input_ids, positions, logits_indices)
 
     def to_device(self, values, dtype: torch.dtype) -> torch.Tensor:
         """Host data to the device without blocking: copies from pageable memory would wait
@@ -296,17 +296,27 @@ class ModelRunner:
             ids[holes] = 0
             fill = (self.to_device(holes.astype(np.int64), torch.int64),
                     self.to_device(src_rows, torch.int64), previous.token_ids)
+        # The packed row whose hidden state each sample row reads.
         rows_index = [batch.last_index[s] for s in sample_sources]
-        gather = None
-        if sample_rows and rows_index != list(range(batch.num_tokens)):
-            gather = self.to_device(rows_index, torch.int64)
         sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
+        gather = None
         if self.graphs is not None and self.graphs.can_run(batch):
-            hidden = self.graphs.run(batch, fill)
+            if rows_index != list(range(batch.num_tokens)):
+                gather = self.to_device(rows_index, torch.int64)
+            hidden = self.graphs.run(batch, fill)  # every row
         elif self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            # The graph gives the last row of each prompt chunk, in chunk order.
+            chunk_of = {int(end) - 1: i for i, end in enumerate(batch.prefill_cu_seqlens_q[1:])}
+            chunks = [chunk_of[r] for r in rows_index]
+            if chunks != list(range(len(chunk_of))):
+                gather = self.to_device(chunks, torch.int64)
             hidden = self.prefill_graphs.run(batch)  # prompt chunks have no placeholder tokens
         else:
-            hidden = self._forward_eager(batch, fill)
+            # Only the sampled rows leave the last layer, already in sample order.
+            logits_indices = None
+            if rows_index != list(range(batch.num_tokens)):
+                logits_indices = self.to_device(rows_index, torch.int64)
+            hidden = self._forward_eager(batch, fill, logits_indices)
         if not sample_rows:
             return PendingStep(None, [], [])
         if gather is not None:

@@ -75,13 +75,20 @@ class LlamaAttention(nn.Module):
                                           a.rope_scaling)
         self.attn = Attention(self.num_heads, a.head_dim, a.head_dim ** -0.5, self.num_kv_heads)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`rows`: project only these rows' attention outputs (see LlamaModel.forward)."""
         qkv = self.qkv_proj(hidden)
         # Strided views into qkv: rotary works in place and the attention kernels take row
         # strides, so no copies (they cost ~2% of a prefill step).
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        out = self.attn(q, k, v)  # stores every row's keys and values
+        if rows is not None:
+            if rows.numel() == 0:
+                return hidden[:0]
+            out = out[rows]
+        return self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):
@@ -109,13 +116,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                residual: torch.Tensor | None,
+                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self.self_attn(positions, hidden, rows)
+        if rows is not None:
+            residual = residual[rows]
+            if rows.numel() == 0:
+                return hidden, residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -129,11 +141,21 @@ class LlamaModel(nn.Module):
                                      for _ in range(a.num_hidden_layers)])
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states of every token, or with `logits_indices` only of those rows, in
+        that order. Later steps need every token's keys and values, but only the sampled rows'
+        hidden states: the last layer stores all keys and values, then runs its output
+        projection and MLP on those rows alone (a prompt chunk of 8,192 tokens saves 1/32 of
+        Llama-3-8B's prefill GEMMs). An empty index gives an empty result."""
         hidden = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
+        *body, last = self.layers
+        for layer in body:
             hidden, residual = layer(positions, hidden, residual)
+        hidden, residual = last(positions, hidden, residual, logits_indices)
+        if hidden.shape[0] == 0:
+            return hidden
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -155,8 +177,9 @@ class LlamaForCausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, logits_indices)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
