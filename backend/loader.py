@@ -67,22 +67,41 @@ def _weight_scales(files: list[str]) -> dict[str, torch.Tensor]:
     return scales
 
 
-def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """An FP8 checkpoint's weight times its scale (per tensor, or per output channel as [N] or
-    [N, 1]), in float32; the model's linear method takes it from there (quantization="fp8"
-    quantizes it again, per output channel)."""
+    [N, 1]), in float32, and the scale of each row ([N, 1] float32). The model's linear method
+    takes the weight from there; quantization="fp8" uses the row scales to get the
+    checkpoint's own FP8 values back (`Fp8LinearMethod`)."""
     if scale is None:
         raise ValueError(f"model: {name} is {weight.dtype} but the checkpoint has no "
                          f"{name}_scale to read it with")
     rows = weight.shape[0]
     if scale.numel() == 1:
-        scale = scale.float().reshape(())
+        row_scale = scale.float().reshape(1, 1).expand(rows, 1)
     elif scale.numel() == rows:
-        scale = scale.float().reshape(rows, 1)
+        row_scale = scale.float().reshape(rows, 1)
     else:
         raise ValueError(f"model: {name}_scale has shape {tuple(scale.shape)}; only per-tensor "
                          f"and per-output-channel FP8 scales are supported")
-    return weight.float() * scale
+    return weight.float() * row_scale, row_scale
+
+
+def _record_row_scale(param: nn.Parameter, loader, row_scale: torch.Tensor, shard_id) -> None:
+    """Keeps the checkpoint's scale of each of `param`'s rows as `param.checkpoint_scale`
+    ([rows, 1], NaN where none), placed by the parameter's own weight loader, so that packed
+    projections (q/k/v, gate/up) and tensor-parallel shards line up with their rows."""
+    recorded = getattr(param, "checkpoint_scale", None)
+    if recorded is None:
+        recorded = torch.full((param.shape[0], 1), float("nan"), dtype=torch.float32,
+                              device=param.device)
+        param.checkpoint_scale = recorded
+    if loader is None:
+        recorded.copy_(row_scale)
+    elif shard_id is None:
+        loader(recorded, row_scale)
+    else:
+        loader(recorded, row_scale, shard_id)
 
 
 def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, float]]:
@@ -91,7 +110,8 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
     are not parameters (the model runner applies them when the cache is FP8).
 
     FP8 checkpoints (float8_e4m3fn weights with `weight_scale`, as AutoFP8, llm-compressor and
-    vLLM's FP8 format store them) load too: each weight is widened with its scale. Their
+    vLLM's FP8 format store them) load too: each weight is widened with its scale, and the scale
+    of each row is kept on the parameter (`checkpoint_scale`) for quantization="fp8". Their
     `input_scale` (a static activation scale) is not used: activations are scaled per token."""
     params = dict(model.named_parameters(remove_duplicate=False))
     kv_scales: dict[str, dict[str, float]] = {}
@@ -109,8 +129,9 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
                 if name.endswith((".weight_scale", ".input_scale")):
                     continue  # read with their weights above; activations scale per token
                 tensor = f.get_tensor(name)
+                row_scale = None
                 if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                    tensor = _dequantize(name, tensor, weight_scales.get(name))
+                    tensor, row_scale = _dequantize(name, tensor, weight_scales.get(name))
                     fp8_weights += 1
                 scale_target = _kv_scale_target(name)
                 if scale_target is not None:
@@ -137,6 +158,8 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
                         loader(param, tensor)
                     else:
                         loader(param, tensor, shard_id)
+                    if row_scale is not None:
+                        _record_row_scale(param, loader, row_scale, shard_id)
                 loaded.add(target)
     missing = [n for n in params if n not in loaded and not (tied and n == "lm_head.weight")]
     if missing:

@@ -39,7 +39,9 @@ class LinearBase(nn.Module):
 
     def _shard(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
         dim = self.tp_dim
-        if dim is None or dim >= loaded.dim():
+        # Nothing to cut when the tensor already has the shard's size along `dim` (one rank, or
+        # a per-row scale [N, 1] of a row-parallel layer, whose rows are not split).
+        if dim is None or dim >= loaded.dim() or loaded.shape[dim] == param.shape[dim]:
             return loaded
         size = param.shape[dim]
         return loaded.narrow(dim, self.tp_rank * size, size)

@@ -1,7 +1,8 @@
 """FP8 weights and activations for the linear layers (`quantization="fp8"`, as vLLM names it).
 
-Weights are quantized once, after loading (a 16-bit checkpoint, or an FP8 one, which the loader
-reads times its scales): float8_e4m3fn with one scale per output channel. Activations are
+Weights are quantized once, after loading: a 16-bit checkpoint's to float8_e4m3fn with one
+scale per output channel; an FP8 checkpoint's (which the loader reads times its scales) back to
+its own FP8 values, with its scales (per tensor or per channel) as the per-channel scales. Activations are
 quantized per token at every call (dynamic scaling, so no calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
 applies both scales to the output (for up to 16 rows, our kernel: kernels/fp8_matmul.py);
 Hopper runs FP8 at twice the bf16 rate and reads half the weight bytes. Embeddings, the LM head,
@@ -38,6 +39,14 @@ class Fp8LinearMethod(LinearMethod):
     def process_weights_after_loading(self, layer: LinearBase) -> None:
         w = layer.weight.data
         scale = (w.float().abs().amax(dim=1) / FP8_MAX).clamp(min=FP8_MIN_SCALE)  # [N]
+        checkpoint = getattr(layer.weight, "checkpoint_scale", None)
+        if checkpoint is not None:
+            # Rows read from an FP8 checkpoint keep its scales: the widened weight divided by
+            # its own scale is the checkpoint's FP8 value up to the model dtype's rounding
+            # (8 significant bits in bf16 against FP8's 4), which rounds back to that value.
+            # Re-scaling by the row maximum would round each weight a second time.
+            checkpoint = checkpoint.view(-1).to(scale.device)
+            scale = torch.where(checkpoint > 0, checkpoint, scale)  # NaN (no scale) and 0 fail
         q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale.view(1, -1), requires_grad=False)
