@@ -77,9 +77,13 @@ def test_fp8_checkpoint_serves_its_widened_weights(model_dir, tmp_path, per_chan
         assert _outputs(fp8_dir, quantization="fp8") == _outputs(wide_dir, quantization="fp8")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", "float32"), ("cpu", "bfloat16"),
+                                           pytest.param("cuda", "bfloat16", marks=GPU)])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_fp8_checkpoint_keeps_its_values_and_scales(model_dir, tmp_path, per_channel, dtype):
+def test_fp8_checkpoint_keeps_its_values_and_scales(model_dir, tmp_path, per_channel, device, dtype):
     """With quantization="fp8" each projection holds the checkpoint's own FP8 bytes and scales
     (q/k/v and gate/up packed in order), not the widened weights quantized again: with one
     scale per tensor most rows stay below 448, and a second rounding would change them."""
@@ -88,7 +92,7 @@ def test_fp8_checkpoint_keeps_its_values_and_scales(model_dir, tmp_path, per_cha
     checkpoint = {}
     for path in glob.glob(os.path.join(fp8_dir, "*.safetensors")):
         checkpoint.update(load_file(path))
-    model = LLM(fp8_dir, device="cpu", dtype=dtype, quantization="fp8").engine.runner.model
+    model = LLM(fp8_dir, device=device, dtype=dtype, quantization="fp8").engine.runner.model
     packs = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
     checked = 0
     for i, layer in enumerate(model.model.layers):
@@ -101,8 +105,8 @@ def test_fp8_checkpoint_keeps_its_values_and_scales(model_dir, tmp_path, per_cha
                 want = torch.cat([checkpoint[p] for p in parts])
                 scales = torch.cat([checkpoint[p + "_scale"].float().reshape(-1, 1)
                                     .expand(checkpoint[p].shape[0], 1) for p in parts])
-                assert torch.equal(linear.weight.view(torch.uint8), want.view(torch.uint8)), parts[0]
-                assert torch.equal(linear.weight_scale.view(-1), scales.view(-1)), parts[0]
+                assert torch.equal(linear.weight.view(torch.uint8).cpu(), want.view(torch.uint8)), parts[0]
+                assert torch.equal(linear.weight_scale.view(-1).cpu(), scales.view(-1)), parts[0]
                 checked += 1
     assert checked == 4 * len(model.model.layers)
 
