@@ -41,7 +41,8 @@ def test_logits_indices_give_those_rows_and_store_every_key(model_dir):
 
 
 def test_eager_steps_run_the_last_mlp_on_sampled_rows_only(llama_dir):
-    engine = LLMEngine(EngineArgs(model=llama_dir, num_kv_blocks=32, max_num_seqs=4,
+    # On the CPU every step is eager (a GPU replays CUDA graphs, which hooks do not see).
+    engine = LLMEngine(EngineArgs(model=llama_dir, device="cpu", num_kv_blocks=32, max_num_seqs=4,
                                   max_model_len=128, max_num_batched_tokens=32))
     layers = engine.runner.model.model.layers
     steps: list[list[int]] = []  # per forward: [rows through the first MLP, through the last]
