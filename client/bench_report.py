@@ -1,6 +1,6 @@
 """Collect one benchmark run (scripts/gpu_run.sh's work directory) into results.json and print
 the summary table: every engine figure next to the Hugging Face anchor of the same run, and
-against the targets.
+against the targets; then each phase's GPU clock and power (client/gpu_telemetry.py).
 
     python client/bench_report.py --work /tmp/tritium-bench/work --out $OUT/results.json
 """
@@ -16,6 +16,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from client.bench import clean_json  # noqa: E402
+from client import gpu_telemetry  # noqa: E402
 
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-1.5b")
 # The issue's targets (bf16, one H200); stated for Llama-3-8B shapes.
@@ -121,6 +122,7 @@ def collect(work: str) -> dict[str, Any]:
     if os.path.exists(ppath):
         with open(ppath, encoding="utf-8") as f:
             phases = [json.loads(line) for line in f if line.strip()]
+    gpu_telemetry.annotate_phases(phases, gpu_telemetry.parse_log(os.path.join(work, "gpu_telemetry.csv")))
     meta = _load(os.path.join(work, "meta.json")) or {}
     return {"meta": meta, "targets": TARGETS, "target_model": TARGET_MODEL, "models": models, "phases": phases}
 
@@ -160,6 +162,9 @@ def render_table(results: dict[str, Any]) -> str:
     for p in results.get("phases", []):
         if p.get("rc") not in (0, None):
             lines.append(f"phase {p.get('model')}/{p.get('phase')} exited {p.get('rc')} after {p.get('seconds')} s")
+        gpu = gpu_telemetry.describe(p)
+        if gpu:
+            lines.append(gpu)
     return "\n".join(lines)
 
 

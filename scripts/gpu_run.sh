@@ -78,7 +78,7 @@ phase() {
     local dt
     dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     say "END $model/$name: ${dt}s, exit $rc"
-    echo "{\"model\": \"$model\", \"phase\": \"$name\", \"rc\": $rc, \"seconds\": $dt}" >>"$WORK/phases.jsonl"
+    echo "{\"model\": \"$model\", \"phase\": \"$name\", \"rc\": $rc, \"seconds\": $dt, \"start\": $t0, \"end\": $(date +%s.%N)}" >>"$WORK/phases.jsonl"
     publish
     return "$rc"
 }
@@ -157,6 +157,13 @@ fi
 write_meta
 export TRITIUM_VENV="$V"  # scripts/tritonserver runs the server in it
 say "setup done"
+# Clocks and power every 200 ms, summarized per phase in results.json (client/gpu_telemetry.py).
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
+        --format=csv,noheader -lms 200 >"$WORK/gpu_telemetry.csv" 2>/dev/null &
+    TELEMETRY_PID=$!
+    trap 'kill $TELEMETRY_PID 2>/dev/null' EXIT
+fi
 
 for spec in ${MODELS//,/ }; do
     MDIR="$(model_dir "$spec")" || true

@@ -6,6 +6,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -219,6 +220,37 @@ def test_table_marks_missing_figures():
     results = {"models": {"qwen2.5-1.5b": {"derived": derive({}, {"A": {"output_tok_s": 5000.0}}, {})}}}
     row = render_table(results).splitlines()[2]
     assert row.startswith("| qwen2.5-1.5b | - | 5,000 | - | - | - |")
+
+
+def test_gpu_telemetry_per_phase(tmp_path):
+    """gpu_run.sh's nvidia-smi log, summarized over each phase's busy samples (>= 200 W)."""
+    from client.bench_report import collect
+    from client.gpu_telemetry import describe
+    start = time.mktime(time.strptime("2026/12/01 07:12:00", "%Y/%m/%d %H:%M:%S"))
+    rows = ["timestamp, clocks.current.sm [MHz], power.draw [W], clocks_event_reasons.active",
+            "2026/12/01 07:12:00.100, 345 MHz, 80.00 W, 0x0000000000000001",    # idle: left out
+            "2026/12/01 07:12:01.300, 1980 MHz, 350.50 W, 0x0000000000000000",
+            "2026/12/01 07:12:01.500, 1650 MHz, 690.00 W, 0x0000000000000004",
+            "2026/12/01 07:12:01.700, 1500 MHz, 699.00 W, 0x0000000000000004",
+            "2026/12/01 07:12:01.900, [N/A], [N/A], [N/A]",                        # unreadable
+            "2026/12/01 07:12:05.000, 1700 MHz, 680.00 W, 0x0000000000000004",    # second phase
+            "2026/12/01 07:12:05.2"]                                              # cut off by kill
+    (tmp_path / "gpu_telemetry.csv").write_text("\n".join(rows) + "\n")
+    phases = [{"model": "m", "phase": "triton", "rc": 0, "seconds": 3.0, "start": start, "end": start + 3.0},
+              {"model": "m", "phase": "offline", "rc": 0, "seconds": 2.0, "start": start + 4.0, "end": start + 6.0},
+              {"model": "m", "phase": "hf", "rc": None, "seconds": 0, "skipped": True}]
+    (tmp_path / "phases.jsonl").write_text("".join(json.dumps(p) + "\n" for p in phases))
+    got = collect(str(tmp_path))["phases"]
+    assert got[0]["gpu"] == {"busy_samples": 3, "sm_clock_mhz_median": 1650.0, "sm_clock_mhz_min": 1500.0,
+                             "sm_clock_mhz_max": 1980.0, "power_w_median": 690.0, "power_w_max": 699.0,
+                             "power_capped_fraction": pytest.approx(2 / 3)}
+    assert got[1]["gpu"]["busy_samples"] == 1 and got[1]["gpu"]["power_capped_fraction"] == 1.0
+    assert "gpu" not in got[2]
+    assert describe(got[0]) == ("GPU during m/triton: SM clock median 1,650 MHz (1,500-1,980), power median "
+                                "690 W (max 699), power cap holding the clock in 67% of 3 busy samples")
+    # no log (a CPU rehearsal): phases get no figures
+    os.remove(tmp_path / "gpu_telemetry.csv")
+    assert collect(str(tmp_path))["phases"][0]["gpu"] is None
 
 
 # --- against the real server (tiny model on the CPU) -----------------------------------------
