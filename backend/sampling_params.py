@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Added to the logits of these token ids before penalties and sampling (vLLM's logit_bias;
+    # JSON's string keys, as the OpenAI API sends them, are read as token ids).
+    logit_bias: dict[int, float] | None = None
+    # Only these token ids can be sampled (vLLM's allowed_token_ids).
+    allowed_token_ids: list[int] | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -46,6 +52,12 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}.")
+            self.logit_bias = dict(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         self._verify()
@@ -97,6 +109,25 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must contain only non-negative integers, got {t!r}.")
+        for t, bias in (self.logit_bias or {}).items():
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"logit_bias keys must be non-negative token ids, got {t!r}.")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+                raise ValueError(f"logit_bias values must be finite numbers, got {bias!r} for token {t}.")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty.")
+            for t in self.allowed_token_ids:
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                    raise ValueError(f"allowed_token_ids must contain only non-negative integers, got {t!r}.")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Token ids named by logit_bias and allowed_token_ids must be in the vocabulary."""
+        for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ())):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"{name}: token id {bad} is out of vocabulary "
+                                 f"(valid ids are 0 to {vocab_size - 1}).")
 
     @property
     def greedy(self) -> bool:
@@ -144,7 +175,7 @@ _PUBLIC_FIELDS: dict[str, str] = {
     "min_p": _FLOAT, "seed": "int?", "stop": "str_list", "stop_token_ids": "int_list",
     "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?",
     "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
-    "include_stop_str_in_output": _BOOL,
+    "include_stop_str_in_output": _BOOL, "logit_bias": "float_dict?", "allowed_token_ids": "int_list?",
 }
 
 
@@ -187,6 +218,12 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
             if isinstance(value, str):
                 return float(value.strip())
             raise ValueError
+        if kind == "float_dict":  # {token id: bias}; JSON object keys are strings
+            if isinstance(value, str):
+                value = json.loads(value)
+            if isinstance(value, dict):
+                return {_coerce(key, k, _INT): _coerce(key, v, _FLOAT) for k, v in value.items()}
+            raise ValueError
         if kind in ("str_list", "int_list"):
             if isinstance(value, str) and kind == "int_list" or (
                     isinstance(value, str) and value.strip().startswith("[")):
@@ -206,5 +243,6 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
         pass
     expected = {"int": "an integer", "float": "a number", "bool": "a boolean",
                 "str_list": "a string or a list of strings",
-                "int_list": "an integer or a list of integers"}[kind]
+                "int_list": "an integer or a list of integers",
+                "float_dict": "an object of token ids to numbers"}[kind]
     raise ValueError(f"sampling parameter '{key}' must be {expected}, got {value!r}.")

@@ -86,9 +86,6 @@ def _openai_frontend_keys(sampling: dict[str, Any]) -> dict[str, Any]:
         value = sampling.pop("max_completion_tokens")
         if value is not None:
             sampling.setdefault("max_tokens", value)
-    if sampling.get("logit_bias") is not None:
-        raise ValueError("logit_bias is not supported.")
-    sampling.pop("logit_bias", None)
     best_of = sampling.pop("best_of", None)
     if best_of is not None and str(best_of) != str(sampling.get("n", 1)):
         raise ValueError(f"best_of must equal n (sampling more candidates than returned is not "

@@ -64,9 +64,17 @@ def test_what_the_openai_frontend_sends():
     completion = {"best_of": 1, "n": 1, "logprobs": 2, "max_completion_tokens": 9}
     p = parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(completion))}).sampling_params
     assert (p.logprobs, p.max_tokens) == (2, 9)
+    # OpenAI's logit_bias: an object keyed by token ids as strings.
+    p = parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps({"logit_bias": {"5": 10, "7": -2.5}}))}
+                      ).sampling_params
+    assert p.logit_bias == {5: 10.0, 7: -2.5}
     for bad, message in [({"best_of": 3, "n": 1}, "best_of must equal n (sampling more candidates than "
                           "returned is not supported), got best_of=3."),
-                         ({"logit_bias": {"5": 10}}, "logit_bias is not supported.")]:
+                         ({"logit_bias": {"five": 10}}, "sampling parameter 'logit_bias' must be an object "
+                          "of token ids to numbers, got {'five': 10}."),
+                         ({"logit_bias": {"5": "inf"}}, "logit_bias values must be finite numbers, got inf "
+                          "for token 5."),
+                         ({"allowed_token_ids": []}, "allowed_token_ids must not be empty.")]:
         with pytest.raises(ValueError) as e:
             parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(bad))})
         assert str(e.value) == message

@@ -1,11 +1,13 @@
-"""Sampler: penalties, temperature, min-p, top-k, top-p, seeded sampling and logprobs.
+"""Sampler: allowed ids, logit bias, penalties, temperature, min-p, top-k, top-p, seeded
+sampling and logprobs.
 
 Works on a [num_rows, vocab] float32 logits tensor; each row comes with an object carrying
 `params` (SamplingParams), `token_ids`, `num_prompt_tokens`, `index` and `generator`
 (a Sequence). Rows with a seed draw from their own generator, so their tokens do not depend
-on whatever else is in the batch. Order of processing, as in vLLM: penalties, min_tokens,
-temperature, min_p, top_k, top_p, then sampling by the exponential race (argmax of p / E with
-E ~ Exp(1), which draws from p). Logprobs are of the model's raw distribution.
+on whatever else is in the batch. Order of processing, as in vLLM: allowed_token_ids,
+logit_bias, penalties, min_tokens, temperature, min_p, top_k, top_p, then sampling by the
+exponential race (argmax of p / E with E ~ Exp(1), which draws from p). Logprobs are of the
+model's raw distribution.
 
 Everything the sampler needs from the host is copied to the device by `prepare()`, before the
 model's forward is queued: a host-to-device copy after it would wait for the whole forward.
@@ -43,6 +45,9 @@ class SamplingMetadata:
     # (row, output token ids, their counts, frequency penalty, presence penalty)
     frequency: list[tuple[int, torch.Tensor, torch.Tensor, float, float]] = field(default_factory=list)
     min_tokens: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, stop ids)
+    allowed: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, allowed ids)
+    # (row, token ids, biases)
+    logit_bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     max_logprobs: int = 0
     want_logprobs: bool = False
 
@@ -74,6 +79,11 @@ class Sampler:
             md.seeded = [(i, r) for i, r in enumerate(rows) if r.params.seed is not None and not r.params.greedy]
         for i, r in enumerate(rows):
             p = r.params
+            if p.allowed_token_ids is not None:
+                md.allowed.append((i, _dev(sorted(set(p.allowed_token_ids)), torch.int64, device)))
+            if p.logit_bias:
+                md.logit_bias.append((i, _dev(list(p.logit_bias), torch.int64, device),
+                                      _dev(list(p.logit_bias.values()), torch.float32, device)))
             if p.repetition_penalty != 1.0:
                 seen = sorted({t for t in r.token_ids if t < vocab_size})
                 md.repetition.append((i, _dev(seen, torch.int64, device), p.repetition_penalty))
@@ -96,7 +106,8 @@ class Sampler:
                  md: SamplingMetadata | None = None) -> SamplerOutput:
         if md is None:
             md = self.prepare(rows, logits.shape[1], logits.device)
-        if md.all_greedy and not md.want_logprobs and not (md.repetition or md.frequency or md.min_tokens):
+        if md.all_greedy and not md.want_logprobs and not (md.repetition or md.frequency or md.min_tokens
+                                                           or md.allowed or md.logit_bias):
             # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py).
             return SamplerOutput(*ops.greedy_sample(logits))
         logits = logits.float()
@@ -112,6 +123,13 @@ class Sampler:
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        # vLLM's order: allowed ids, logit bias, then the penalties on what remains.
+        for i, ids in md.allowed:
+            kept = logits[i, ids]
+            logits[i] = float("-inf")
+            logits[i, ids] = kept
+        for i, ids, bias in md.logit_bias:
+            logits[i, ids] += bias
         for i, seen, penalty in md.repetition:
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / penalty, vals * penalty)

@@ -176,3 +176,72 @@ def test_greedy_fast_path_matches_the_general_path(monkeypatch):
     assert fast.token_ids[2].item() == 7
     torch.testing.assert_close(fast.logprobs, general.logprobs[:6], rtol=0, atol=1e-6)
     assert fast.ranks is None and fast.top_logprobs is None
+
+
+def test_allowed_ids_and_logit_bias_change_logits_as_vllm_defines():
+    """allowed_token_ids first (the rest to -inf), then logit_bias, then penalties on the result;
+    logprobs stay those of the raw distribution."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 1.0]])
+    r = row(SamplingParams(temperature=0, allowed_token_ids=[0, 2, 4, 2], logit_bias={2: 4.0, 3: 9.0},
+                           repetition_penalty=2.0), token_ids=[2], num_prompt_tokens=1)
+    out = Sampler._apply_penalties(logits.clone(), Sampler.prepare([r], 5, logits.device))
+    # token 3 is not allowed, so its bias does not bring it back; token 2: (0.5 + 4) / 2
+    inf = float("-inf")
+    assert out.tolist() == [[2.0, inf, 2.25, inf, 1.0]]
+    sampled = Sampler()(logits.clone(), [r])
+    assert sampled.token_ids.tolist() == [2]  # 2.25 beats token 0's 2.0; raw, token 3 would win
+    assert sampled.logprobs.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 2].item())
+
+
+def test_greedy_rows_with_bias_or_allowed_ids_leave_the_fast_path(monkeypatch):
+    from backend.layers import ops
+    calls = []
+    monkeypatch.setattr(ops, "greedy_sample", lambda x: calls.append(x.shape) or (_ for _ in ()).throw(AssertionError))
+    logits = torch.tensor([[5.0, 1.0, 0.0], [5.0, 1.0, 0.0]])
+    rows = [row(SamplingParams(temperature=0, logit_bias={1: 4.5})),
+            row(SamplingParams(temperature=0, allowed_token_ids=[2]))]
+    assert Sampler()(logits.clone(), rows).token_ids.tolist() == [1, 2]
+    assert calls == []
+
+
+def test_logit_bias_and_allowed_ids_through_the_engine(llama_dir):
+    """Greedy generation restricted to two ids alternates as their raw logits say; a large bias
+    forces a token; out-of-vocabulary ids are refused with a clear error."""
+    engine = LLMEngine(EngineArgs(model=llama_dir))
+    prompt = [1, 17, 42, 99]
+    base = run(engine, {"b": (prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                        logprobs=1))})["b"].outputs[0]
+    forced = run(engine, {"f": (prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                          logit_bias={123: 1000.0}))})["f"].outputs[0]
+    assert forced.token_ids == [123] * 6 != base.token_ids
+    allowed = [base.token_ids[0], 7]
+    only = run(engine, {"a": (prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                        allowed_token_ids=allowed, logprobs=0))})["a"].outputs[0]
+    assert set(only.token_ids) <= set(allowed) and only.token_ids[0] == base.token_ids[0]
+    # logprobs are the raw distribution's: the first token's equals the unrestricted run's
+    assert only.logprobs[0][only.token_ids[0]].logprob == pytest.approx(
+        base.logprobs[0][base.token_ids[0]].logprob, abs=1e-5)
+    for params, message in [
+            (SamplingParams(logit_bias={engine.vocab_size: 1.0}),
+             f"logit_bias: token id {engine.vocab_size} is out of vocabulary (valid ids are 0 to "
+             f"{engine.vocab_size - 1})."),
+            (SamplingParams(allowed_token_ids=[3, engine.vocab_size + 5]),
+             f"allowed_token_ids: token id {engine.vocab_size + 5} is out of vocabulary (valid ids are 0 "
+             f"to {engine.vocab_size - 1}).")]:
+        with pytest.raises(ValueError) as e:
+            engine.add_request("bad", prompt, params)
+        assert str(e.value) == message
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"logit_bias": {-1: 1.0}}, "logit_bias keys must be non-negative token ids, got -1."),
+    ({"logit_bias": {3: float("nan")}}, "logit_bias values must be finite numbers, got nan for token 3."),
+    ({"logit_bias": [1, 2]}, "logit_bias must map token ids to numbers, got [1, 2]."),
+    ({"allowed_token_ids": []}, "allowed_token_ids must not be empty."),
+    ({"allowed_token_ids": [1, True]}, "allowed_token_ids must contain only non-negative integers, got True."),
+])
+def test_bad_logit_bias_and_allowed_ids(kwargs, message):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(**kwargs)
+    assert str(e.value) == message
+    assert SamplingParams.from_dict({"logit_bias": '{"5": "2.5"}', "allowed_token_ids": "[4, 5]"}).logit_bias == {5: 2.5}
