@@ -22,8 +22,8 @@ BAD_GRPC = [  # (inputs, the exact error message)
      "sampling_parameters is not valid JSON: Expecting property name enclosed in double quotes: "
      "line 1 column 2 (char 1)."),
     (grpc_inputs("x", sampling={"max_new_tokens": 4}),
-     "Unknown sampling parameter 'max_new_tokens'. Valid parameters: frequency_penalty, ignore_eos, "
-     "include_stop_str_in_output, logprobs, max_tokens, min_p, min_tokens, n, presence_penalty, "
+     "Unknown sampling parameter 'max_new_tokens'. Valid parameters: allowed_token_ids, frequency_penalty, "
+     "ignore_eos, include_stop_str_in_output, logit_bias, logprobs, max_tokens, min_p, min_tokens, n, presence_penalty, "
      "repetition_penalty, seed, skip_special_tokens, spaces_between_special_tokens, stop, stop_token_ids, "
      "temperature, top_k, top_p."),
     (grpc_inputs("x", sampling={"max_tokens": "many"}),
@@ -42,6 +42,8 @@ BAD_GRPC = [  # (inputs, the exact error message)
     (grpc_inputs(None, sampling={"max_tokens": 4}),
      "text_input is required (or input_ids, for a prompt of token ids)."),
     (grpc_inputs(input_ids=[1, 999999]), "Token id 999999 is out of vocabulary"),
+    (grpc_inputs("x", sampling={"logit_bias": {"999999": 5}}),
+     "logit_bias: token id 999999 is out of vocabulary (valid ids are 0 to 511)."),
     (grpc_inputs("x", stream=True, exclude_input_in_output=False),
      "exclude_input_in_output=false is not allowed when streaming: a stream sends only the new text."),
 ]
