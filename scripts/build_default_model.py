@@ -2,7 +2,7 @@
 trained here on scripts/data/corpus.txt. Offline; used by `make serve` (the embedded default
 model) and by the tests. The output of such a model is not meaningful text.
 
-    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2]
+    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2|qwen3]
 """
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 num_attention_heads: int = 4, num_key_value_heads: int = 2,
                 tie_word_embeddings: bool = False, max_position_embeddings: int = 2048,
                 rope_scaling: dict | None = None, max_shard_size: str | None = None,
-                dtype: str = "float32", add_bos: bool = True) -> str:
+                dtype: str = "float32", add_bos: bool = True, head_dim: int | None = None) -> str:
     """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(out_dir, vocab_size, add_bos=add_bos)
@@ -61,6 +61,10 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
         config = LlamaConfig(**common, rope_scaling=rope_scaling, rms_norm_eps=1e-5)
     elif arch == "qwen2":
         config = Qwen2Config(**common, rms_norm_eps=1e-6)
+    elif arch == "qwen3":
+        # Qwen3 sets head_dim apart from hidden_size / heads (Qwen3-0.6B: 1024 wide, 16 x 128).
+        config = Qwen3Config(**common, head_dim=head_dim or hidden_size // num_attention_heads,
+                             rms_norm_eps=1e-6)
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(seed)
@@ -73,6 +77,8 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 p.normal_(0.0, 0.25 if "embed" in name else 1.0 / p.shape[1] ** 0.5)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.normal_(1.0, 0.2)  # Qwen3's per-head norms: not all ones, so that they matter
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
     return out_dir
@@ -81,7 +87,7 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "models", "tiny-llama"))
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2"])
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
     args = parser.parse_args(argv)
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:

@@ -1,5 +1,5 @@
-"""Llama-family decoder (Llama 2/3, Qwen2, Mistral without sliding window), written for serving:
-packed tokens of many sequences, paged attention, fused qkv and gate/up projections."""
+"""Llama-family decoder (Llama 2/3, Qwen2, Qwen3, Mistral without sliding window), written for
+serving: packed tokens of many sequences, paged attention, fused qkv and gate/up projections."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +32,7 @@ class LlamaArgs:
     tie_word_embeddings: bool
     attention_bias: bool
     mlp_bias: bool
+    qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before rotary
 
     @classmethod
     def from_hf_config(cls, c: dict) -> "LlamaArgs":
@@ -55,7 +56,8 @@ class LlamaArgs:
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             # Qwen2 always has a qkv bias; Llama says so in attention_bias.
             attention_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
-            mlp_bias=bool(c.get("mlp_bias", False)))
+            mlp_bias=bool(c.get("mlp_bias", False)),
+            qk_norm=c.get("model_type") == "qwen3")
 
 
 class LlamaAttention(nn.Module):
@@ -74,6 +76,19 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope_theta,
                                           a.rope_scaling)
         self.attn = Attention(self.num_heads, a.head_dim, a.head_dim ** -0.5, self.num_kv_heads)
+        self.head_dim = a.head_dim
+        if a.qk_norm:
+            self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps, dtype)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _norm_heads(self, norm: RMSNorm, x: torch.Tensor) -> None:
+        """Normalize each head of x ([T, heads * head_dim], a view into the qkv output) in place.
+        The heads are not contiguous across rows of qkv, so they are gathered, normalized and
+        written back: two extra passes over q and k, small beside the projections."""
+        normed = norm(x.reshape(-1, self.head_dim))
+        x.copy_(normed.view(x.shape))
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,6 +97,9 @@ class LlamaAttention(nn.Module):
         # Strided views into qkv: rotary works in place and the attention kernels take row
         # strides, so no copies (they cost ~2% of a prefill step).
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            self._norm_heads(self.q_norm, q)
+            self._norm_heads(self.k_norm, k)
         self.rotary_emb(positions, q, k)
         out = self.attn(q, k, v)  # stores every row's keys and values
         if rows is not None:

@@ -21,6 +21,12 @@ QWEN2 = dict(arch="qwen2", num_attention_heads=4, num_key_value_heads=1, tie_wor
              max_shard_size="200KB")
 
 
+# Qwen3: per-head q/k RMSNorm, head_dim (32) apart from hidden_size / heads (16), tied
+# embeddings, no qkv bias.
+QWEN3 = dict(arch="qwen3", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+             head_dim=32)
+
+
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory) -> str:
     return build_model(str(tmp_path_factory.mktemp("tiny-llama")), seed=1, **LLAMA)
@@ -31,6 +37,11 @@ def qwen2_dir(tmp_path_factory) -> str:
     return build_model(str(tmp_path_factory.mktemp("tiny-qwen2")), seed=2, **QWEN2)
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2"])
-def model_dir(request, llama_dir, qwen2_dir) -> str:
-    return {"llama": llama_dir, "qwen2": qwen2_dir}[request.param]
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> str:
+    return build_model(str(tmp_path_factory.mktemp("tiny-qwen3")), seed=3, **QWEN3)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
+def model_dir(request, llama_dir, qwen2_dir, qwen3_dir) -> str:
+    return {"llama": llama_dir, "qwen2": qwen2_dir, "qwen3": qwen3_dir}[request.param]
