@@ -1,0 +1,34 @@
+"""The benchmark's model shapes (models/configs) build in the engine with exactly Hugging Face's
+parameter count: a wrong head_dim, a missed q/k norm or an untied LM head would change it."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from backend.models import get_model_class
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "models", "configs")
+NAMES = sorted(d for d in os.listdir(CONFIGS) if os.path.isfile(os.path.join(CONFIGS, d, "config.json")))
+
+
+def _count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_engine_model_has_hf_parameter_count(name):
+    path = os.path.join(CONFIGS, name)
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    with torch.device("meta"):
+        ours = get_model_class(config)(config, torch.bfloat16)
+        theirs = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    assert _count(ours) == _count(theirs)
+
+
+def test_all_four_shapes_are_there():
+    assert NAMES == ["llama-3-8b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-8b"]
