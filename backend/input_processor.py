@@ -64,6 +64,12 @@ class InputProcessor:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}.")
         if not token_ids:
             raise ValueError("The prompt is empty.")
+        keep = params.truncate_prompt_tokens
+        if keep is not None:
+            # Left truncation, as vLLM: the prompt's end is what the next token depends on most.
+            keep = self.max_model_len - 1 if keep == -1 else keep
+            if len(token_ids) > keep:
+                token_ids = token_ids[-keep:]
         n = len(token_ids)
         if n >= self.max_model_len:
             raise ValueError(f"The prompt has {n} tokens, but max_model_len is {self.max_model_len}: "

@@ -41,6 +41,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # Only these token ids can be sampled (vLLM's allowed_token_ids).
     allowed_token_ids: list[int] | None = None
+    # Keep only the prompt's last k tokens (left truncation); -1: as many as max_model_len
+    # leaves room for (all but one).
+    truncate_prompt_tokens: int | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -78,6 +81,11 @@ class SamplingParams:
             _check_type("seed", self.seed, int)
         if self.logprobs is not None:
             _check_type("logprobs", self.logprobs, int)
+        if self.truncate_prompt_tokens is not None:
+            _check_type("truncate_prompt_tokens", self.truncate_prompt_tokens, int)
+            if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
+                raise ValueError(f"truncate_prompt_tokens must be -1 or at least 1, "
+                                 f"got {self.truncate_prompt_tokens}.")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
@@ -176,6 +184,7 @@ _PUBLIC_FIELDS: dict[str, str] = {
     "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?",
     "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL, "logit_bias": "float_dict?", "allowed_token_ids": "int_list?",
+    "truncate_prompt_tokens": "int?",
 }
 
 

@@ -25,7 +25,7 @@ BAD_GRPC = [  # (inputs, the exact error message)
      "Unknown sampling parameter 'max_new_tokens'. Valid parameters: allowed_token_ids, frequency_penalty, "
      "ignore_eos, include_stop_str_in_output, logit_bias, logprobs, max_tokens, min_p, min_tokens, n, presence_penalty, "
      "repetition_penalty, seed, skip_special_tokens, spaces_between_special_tokens, stop, stop_token_ids, "
-     "temperature, top_k, top_p."),
+     "temperature, top_k, top_p, truncate_prompt_tokens."),
     (grpc_inputs("x", sampling={"max_tokens": "many"}),
      "sampling parameter 'max_tokens' must be an integer, got 'many'."),
     (grpc_inputs("x", sampling={"ignore_eos": 3}), "sampling parameter 'ignore_eos' must be a boolean, got 3."),

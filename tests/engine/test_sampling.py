@@ -245,3 +245,35 @@ def test_bad_logit_bias_and_allowed_ids(kwargs, message):
         SamplingParams(**kwargs)
     assert str(e.value) == message
     assert SamplingParams.from_dict({"logit_bias": '{"5": "2.5"}', "allowed_token_ids": "[4, 5]"}).logit_bias == {5: 2.5}
+
+
+def test_truncate_prompt_tokens_keeps_the_prompt_end(llama_dir):
+    """The last k prompt tokens, as if only they had been sent; -1 fits a too-long prompt to
+    max_model_len (one token left to generate); shorter prompts are left alone."""
+    engine = LLMEngine(EngineArgs(model=llama_dir, max_model_len=64))
+    prompt = list(range(3, 103))  # 100 tokens, longer than max_model_len
+    greedy = dict(temperature=0, max_tokens=5, ignore_eos=True)
+    cut = run(engine, {"cut": (prompt, SamplingParams(truncate_prompt_tokens=20, **greedy))})["cut"]
+    tail = run(engine, {"tail": (prompt[-20:], SamplingParams(**greedy))})["tail"]
+    assert cut.prompt_token_ids == prompt[-20:]
+    assert cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    fit = run(engine, {"fit": (prompt, SamplingParams(truncate_prompt_tokens=-1, temperature=0, max_tokens=1))})["fit"]
+    assert fit.prompt_token_ids == prompt[-63:] and len(fit.outputs[0].token_ids) == 1
+    short = run(engine, {"short": (prompt[:10], SamplingParams(truncate_prompt_tokens=20, **greedy))})["short"]
+    assert short.prompt_token_ids == prompt[:10]
+    with pytest.raises(ValueError) as e:
+        engine.add_request("long", prompt, SamplingParams(**greedy))
+    assert str(e.value) == ("The prompt has 100 tokens, but max_model_len is 64: prompt plus at least one "
+                            "generated token must fit.")
+
+
+@pytest.mark.parametrize("value, message", [
+    (0, "truncate_prompt_tokens must be -1 or at least 1, got 0."),
+    (-2, "truncate_prompt_tokens must be -1 or at least 1, got -2."),
+    (2.5, "truncate_prompt_tokens must be of type int, got 2.5."),
+])
+def test_bad_truncate_prompt_tokens(value, message):
+    with pytest.raises(ValueError) as e:
+        SamplingParams(truncate_prompt_tokens=value)
+    assert str(e.value) == message
+    assert SamplingParams.from_dict({"truncate_prompt_tokens": "8"}).truncate_prompt_tokens == 8
