@@ -81,7 +81,9 @@ class InputProcessor:
             raise ValueError(f"n={params.n} is larger than max_num_seqs={self.max_num_seqs}.")
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} is larger than max_logprobs={self.max_logprobs}.")
-        params.check_token_ids(self.vocab_size)
         params = params.clone()
+        if params.bad_words:
+            params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        params.check_token_ids(self.vocab_size)
         params._eos_token_ids = self.eos_token_ids
         return Request(request_id, text, token_ids, params, arrival_time or time.time())

@@ -121,7 +121,8 @@ class LLMEngine:
         on the device (its sampled tokens feed N+1's inputs on the device), then wait for step
         N, take its tokens, and turn them into text and outputs while N+1 runs.
 
-        Requests whose sampling needs the previous token on the host (penalties) make the
+        Requests whose sampling needs the previous token on the host (penalties, bad words of
+        several tokens) make the
         engine wait for step N before scheduling N+1. With `deliver`, outputs are handed over
         as soon as they are made (the device still busy); otherwise they are returned."""
         outputs: list[RequestOutput] = []
@@ -142,8 +143,7 @@ class LLMEngine:
         return outputs
 
     def _must_sync(self) -> bool:
-        return any(s.params.repetition_penalty != 1.0 or s.params.presence_penalty
-                   or s.params.frequency_penalty for s in self.scheduler.running)
+        return any(s.params.needs_output_on_host for s in self.scheduler.running)
 
     def _launch(self, sched, outputs: list[RequestOutput]):
         """Book the step as done (computed tokens, forks, a placeholder per sample, length

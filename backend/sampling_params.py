@@ -44,8 +44,13 @@ class SamplingParams:
     # Keep only the prompt's last k tokens (left truncation); -1: as many as max_model_len
     # leaves room for (all but one).
     truncate_prompt_tokens: int | None = None
+    # Words never to generate (vLLM's bad_words): each word's last token is banned whenever the
+    # output so far ends with the word's other tokens. Tokenized by the engine, with and without
+    # a leading space, as vLLM does (`bad_words_token_ids`).
+    bad_words: list[str] | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -61,6 +66,10 @@ class SamplingParams:
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        elif self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
         if self.top_k == -1:
             self.top_k = 0
         self._verify()
@@ -129,9 +138,37 @@ class SamplingParams:
                 if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                     raise ValueError(f"allowed_token_ids must contain only non-negative integers, got {t!r}.")
 
+    def tokenize_bad_words(self, encode) -> None:
+        """Token ids of each bad word, as vLLM makes them: the word as given (without leading
+        spaces), and with one leading space when that is another tokenization of the same
+        length (the word in the middle of a text). `encode(text)` gives ids without special
+        tokens."""
+        for s in self.bad_words or ():
+            if not isinstance(s, str) or not s.strip():
+                raise ValueError(f"bad_words must contain only non-empty strings, got {s!r}.")
+        words: list[list[int]] = []
+        for word in self.bad_words or ():
+            plain = list(encode(word.lstrip()))
+            if not plain:  # nothing the tokenizer keeps: no token to ban
+                continue
+            words.append(plain)
+            spaced = list(encode(" " + word.lstrip()))
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                words.append(spaced)
+        self._bad_words_token_ids = words
+
+    @property
+    def needs_output_on_host(self) -> bool:
+        """Whether sampling reads this sequence's previous tokens on the host (penalties, and
+        bad words of several tokens), so that the engine cannot launch the next step first."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+                    or any(len(w) > 1 for w in self._bad_words_token_ids))
+
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids named by logit_bias and allowed_token_ids must be in the vocabulary."""
-        for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ())):
+        bad_words = [t for w in self._bad_words_token_ids for t in w]
+        for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ()),
+                          ("bad_words", bad_words)):
             bad = next((t for t in ids if t >= vocab_size), None)
             if bad is not None:
                 raise ValueError(f"{name}: token id {bad} is out of vocabulary "
@@ -184,7 +221,7 @@ _PUBLIC_FIELDS: dict[str, str] = {
     "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?",
     "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL, "logit_bias": "float_dict?", "allowed_token_ids": "int_list?",
-    "truncate_prompt_tokens": "int?",
+    "truncate_prompt_tokens": "int?", "bad_words": "str_list?",
 }
 
 

@@ -1,13 +1,13 @@
-"""Sampler: allowed ids, logit bias, penalties, temperature, min-p, top-k, top-p, seeded
-sampling and logprobs.
+"""Sampler: allowed ids, bad words, logit bias, penalties, temperature, min-p, top-k, top-p,
+seeded sampling and logprobs.
 
 Works on a [num_rows, vocab] float32 logits tensor; each row comes with an object carrying
 `params` (SamplingParams), `token_ids`, `num_prompt_tokens`, `index` and `generator`
 (a Sequence). Rows with a seed draw from their own generator, so their tokens do not depend
 on whatever else is in the batch. Order of processing, as in vLLM: allowed_token_ids,
-logit_bias, penalties, min_tokens, temperature, min_p, top_k, top_p, then sampling by the
-exponential race (argmax of p / E with E ~ Exp(1), which draws from p). Logprobs are of the
-model's raw distribution.
+bad_words, logit_bias, penalties, min_tokens, temperature, min_p, top_k, top_p, then sampling
+by the exponential race (argmax of p / E with E ~ Exp(1), which draws from p). Logprobs are of
+the model's raw distribution.
 
 Everything the sampler needs from the host is copied to the device by `prepare()`, before the
 model's forward is queued: a host-to-device copy after it would wait for the whole forward.
@@ -46,6 +46,7 @@ class SamplingMetadata:
     frequency: list[tuple[int, torch.Tensor, torch.Tensor, float, float]] = field(default_factory=list)
     min_tokens: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, stop ids)
     allowed: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, allowed ids)
+    banned: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, bad words' ids)
     # (row, token ids, biases)
     logit_bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     max_logprobs: int = 0
@@ -81,6 +82,10 @@ class Sampler:
             p = r.params
             if p.allowed_token_ids is not None:
                 md.allowed.append((i, _dev(sorted(set(p.allowed_token_ids)), torch.int64, device)))
+            if p._bad_words_token_ids:
+                banned = _banned_by_bad_words(p._bad_words_token_ids, r.token_ids[r.num_prompt_tokens:])
+                if banned:
+                    md.banned.append((i, _dev(banned, torch.int64, device)))
             if p.logit_bias:
                 md.logit_bias.append((i, _dev(list(p.logit_bias), torch.int64, device),
                                       _dev(list(p.logit_bias.values()), torch.float32, device)))
@@ -107,7 +112,7 @@ class Sampler:
         if md is None:
             md = self.prepare(rows, logits.shape[1], logits.device)
         if md.all_greedy and not md.want_logprobs and not (md.repetition or md.frequency or md.min_tokens
-                                                           or md.allowed or md.logit_bias):
+                                                           or md.allowed or md.banned or md.logit_bias):
             # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py).
             return SamplerOutput(*ops.greedy_sample(logits))
         logits = logits.float()
@@ -123,11 +128,13 @@ class Sampler:
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        # vLLM's order: allowed ids, logit bias, then the penalties on what remains.
+        # vLLM's order: allowed ids, bad words, logit bias, then the penalties on what remains.
         for i, ids in md.allowed:
             kept = logits[i, ids]
             logits[i] = float("-inf")
             logits[i, ids] = kept
+        for i, ids in md.banned:
+            logits[i, ids] = float("-inf")
         for i, ids, bias in md.logit_bias:
             logits[i, ids] += bias
         for i, seen, penalty in md.repetition:
@@ -156,6 +163,16 @@ class Sampler:
             q[i].exponential_(generator=r.generator)
         sampled = (probs / q).argmax(dim=-1)
         return torch.where(md.greedy, greedy_ids, sampled)
+
+
+def _banned_by_bad_words(words: list[list[int]], output: list[int]) -> list[int]:
+    """The last token of each bad word whose other tokens end the output so far."""
+    banned = set()
+    for w in words:
+        prefix = len(w) - 1
+        if prefix <= len(output) and (prefix == 0 or output[-prefix:] == w[:-1]):
+            banned.add(w[-1])
+    return sorted(banned)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

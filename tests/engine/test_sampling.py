@@ -277,3 +277,51 @@ def test_bad_truncate_prompt_tokens(value, message):
         SamplingParams(truncate_prompt_tokens=value)
     assert str(e.value) == message
     assert SamplingParams.from_dict({"truncate_prompt_tokens": "8"}).truncate_prompt_tokens == 8
+
+
+def test_bad_words_ban_a_word_s_last_token_after_its_prefix():
+    from backend.layers.sampler import _banned_by_bad_words
+    words = [[5], [7, 8], [1, 2, 3]]
+    assert _banned_by_bad_words(words, []) == [5]
+    assert _banned_by_bad_words(words, [9, 7]) == [5, 8]
+    assert _banned_by_bad_words(words, [0, 1, 2]) == [3, 5]
+    assert _banned_by_bad_words(words, [2, 1]) == [5]
+
+
+def test_bad_words_tokenized_as_vllm_does():
+    """The word without leading spaces, and with one leading space when that tokenizes to as
+    many tokens starting with another id."""
+    vocab = {"cat": [10], " cat": [11], "big cat": [20, 11], " big cat": [21, 11],
+             "engine": [30, 31], " engine": [32]}
+    p = SamplingParams(bad_words=["cat", "  big cat", "engine"])
+    p.tokenize_bad_words(lambda text: vocab[text])
+    assert p._bad_words_token_ids == [[10], [11], [20, 11], [21, 11], [30, 31]]
+    assert p.needs_output_on_host  # multi-token words read the previous tokens
+    single = SamplingParams(bad_words="cat")
+    single.tokenize_bad_words(lambda text: vocab[text])
+    assert single._bad_words_token_ids == [[10], [11]] and not single.needs_output_on_host
+    with pytest.raises(ValueError) as e:
+        SamplingParams(bad_words=["ok", "  "]).tokenize_bad_words(lambda text: [1])
+    assert str(e.value) == "bad_words must contain only non-empty strings, got '  '."
+
+
+def test_bad_words_through_the_engine(llama_dir):
+    engine = LLMEngine(EngineArgs(model=llama_dir))
+    tok = engine.tokenizer
+    prompt = [1, 17, 42, 99]
+    greedy = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    base = run(engine, {"b": (prompt, SamplingParams(**greedy))})["b"].outputs[0].token_ids
+    # a generated token whose text tokenizes back to it alone: a one-token bad word
+    k, word = next((i, tok.decode([t])) for i, t in enumerate(base)
+                   if tok.encode(tok.decode([t]).lstrip(), add_special_tokens=False) == [t])
+    banned = run(engine, {"w": (prompt, SamplingParams(bad_words=[word], **greedy))})["w"].outputs[0].token_ids
+    assert base[k] not in banned and banned[:k] == base[:k] and banned[k] != base[k]
+    # a two-token word from the output: its second token never follows its first
+    pair = tok.encode(tok.decode(base[2:4]).lstrip(), add_special_tokens=False)
+    assert pair == base[2:4]  # so the unrestricted output has it, and the ban must change it
+    params = SamplingParams(bad_words=[tok.decode(pair)], **greedy)
+    out = run(engine, {"p": (prompt, params)})["p"].outputs[0].token_ids
+    assert all(out[i:i + 2] != pair for i in range(len(out) - 1))
+    with pytest.raises(ValueError) as e:
+        engine.add_request("bad", prompt, SamplingParams(bad_words=[""]))
+    assert str(e.value) == "bad_words must contain only non-empty strings, got ''."
