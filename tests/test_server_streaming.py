@@ -125,3 +125,36 @@ def test_cli_client_streams_the_offline_text(llm_server, offline):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert http.returncode == 0, http.stderr
     assert http.stdout == offline[prompt].text + "\n"
+
+
+def test_new_sampling_parameters_through_the_server(llm_server, tiny_model):
+    """logit_bias (OpenAI's string keys), allowed_token_ids, bad_words and truncate_prompt_tokens
+    reach the engine in its own process: the server streams what the offline engine makes."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    args = dict(TEST_ENGINE_ARGS)
+    llm = LLM(tiny_model, dtype=args["dtype"], num_kv_blocks=int(args["num_kv_blocks"]),
+              block_size=int(args["block_size"]), max_model_len=int(args["max_model_len"]))
+    prompt = PROMPTS[2]
+    base = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0].outputs[0]
+    word = tok.decode(base.token_ids[:2])
+    cases = {"bias": {"logit_bias": {str(base.token_ids[0]): -50.0, "300": 7.5}},
+             "allowed": {"allowed_token_ids": [base.token_ids[1], 300, 301]},
+             "bad": {"bad_words": [word]},
+             "trunc": {"truncate_prompt_tokens": 4}}
+    stream = StreamCollector(llm_server.grpc_url)
+    try:
+        for name, extra in cases.items():
+            stream.send(name, grpc_inputs(prompt, sampling={"temperature": 0, "max_tokens": MAX_TOKENS, **extra},
+                                          stream=True))
+        for name, extra in cases.items():
+            params = dict(extra)
+            if "logit_bias" in params:
+                params["logit_bias"] = {int(k): v for k, v in params["logit_bias"].items()}
+            want = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, **params))[0]
+            assert stream.wait(name).text == want.outputs[0].text, name
+            assert want.outputs[0].token_ids != base.token_ids, name  # each parameter changed the output
+        assert stream.errors.empty()
+    finally:
+        stream.close()
