@@ -131,6 +131,9 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be non-negative token ids, got {t!r}.")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
                 raise ValueError(f"logit_bias values must be finite numbers, got {bias!r} for token {t}.")
+        for w in self.bad_words or ():
+            if not isinstance(w, str) or not w.strip():
+                raise ValueError(f"bad_words must contain only non-empty strings, got {w!r}.")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise ValueError("allowed_token_ids must not be empty.")
@@ -143,9 +146,6 @@ class SamplingParams:
         spaces), and with one leading space when that is another tokenization of the same
         length (the word in the middle of a text). `encode(text)` gives ids without special
         tokens."""
-        for s in self.bad_words or ():
-            if not isinstance(s, str) or not s.strip():
-                raise ValueError(f"bad_words must contain only non-empty strings, got {s!r}.")
         words: list[list[int]] = []
         for word in self.bad_words or ():
             plain = list(encode(word.lstrip()))
@@ -165,7 +165,8 @@ class SamplingParams:
                     or any(len(w) > 1 for w in self._bad_words_token_ids))
 
     def check_token_ids(self, vocab_size: int) -> None:
-        """Token ids named by logit_bias and allowed_token_ids must be in the vocabulary."""
+        """Token ids of logit_bias, allowed_token_ids and the bad words must be in the
+        vocabulary."""
         bad_words = [t for w in self._bad_words_token_ids for t in w]
         for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ()),
                           ("bad_words", bad_words)):

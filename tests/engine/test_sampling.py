@@ -301,7 +301,7 @@ def test_bad_words_tokenized_as_vllm_does():
     single.tokenize_bad_words(lambda text: vocab[text])
     assert single._bad_words_token_ids == [[10], [11]] and not single.needs_output_on_host
     with pytest.raises(ValueError) as e:
-        SamplingParams(bad_words=["ok", "  "]).tokenize_bad_words(lambda text: [1])
+        SamplingParams(bad_words=["ok", "  "])
     assert str(e.value) == "bad_words must contain only non-empty strings, got '  '."
 
 
