@@ -87,21 +87,31 @@ def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None
     return weight.float() * row_scale, row_scale
 
 
-def _record_row_scale(param: nn.Parameter, loader, row_scale: torch.Tensor, shard_id) -> None:
+def _place(name: str, target: torch.Tensor, loader, tensor: torch.Tensor, shard_id) -> None:
+    """`tensor` into `target` through the parameter's weight loader (which cuts its shard and
+    places packed q/k/v, gate/up parts), or copied whole where it has none."""
+    if loader is None:
+        if target.shape != tensor.shape:
+            raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(target.shape)}")
+        target.data.copy_(tensor)
+    elif shard_id is None:
+        loader(target, tensor)
+    else:
+        loader(target, tensor, shard_id)
+
+
+def _record_row_scale(name: str, param: nn.Parameter, loader, row_scale: torch.Tensor,
+                      shard_id) -> None:
     """Keeps the checkpoint's scale of each of `param`'s rows as `param.checkpoint_scale`
-    ([rows, 1], NaN where none), placed by the parameter's own weight loader, so that packed
-    projections (q/k/v, gate/up) and tensor-parallel shards line up with their rows."""
+    ([rows, 1], NaN where none), placed as the weight's rows were, so that packed projections
+    and tensor-parallel shards line up with their rows."""
     recorded = getattr(param, "checkpoint_scale", None)
     if recorded is None:
         recorded = torch.full((param.shape[0], 1), float("nan"), dtype=torch.float32,
                               device=param.device)
         param.checkpoint_scale = recorded
-    if loader is None:
-        recorded.copy_(row_scale)
-    elif shard_id is None:
-        loader(recorded, row_scale)
-    else:
-        loader(recorded, row_scale, shard_id)
+    _place(name + "_scale", recorded, loader, row_scale, shard_id)
 
 
 def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, float]]:
@@ -149,17 +159,9 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
                     raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")
                 loader = getattr(param, "weight_loader", None)
                 with torch.no_grad():
-                    if loader is None:
-                        if param.shape != tensor.shape:
-                            raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, "
-                                             f"expected {tuple(param.shape)}")
-                        param.data.copy_(tensor)
-                    elif shard_id is None:
-                        loader(param, tensor)
-                    else:
-                        loader(param, tensor, shard_id)
+                    _place(name, param, loader, tensor, shard_id)
                     if row_scale is not None:
-                        _record_row_scale(param, loader, row_scale, shard_id)
+                        _record_row_scale(name, param, loader, row_scale, shard_id)
                 loaded.add(target)
     missing = [n for n in params if n not in loaded and not (tied and n == "lm_head.weight")]
     if missing:

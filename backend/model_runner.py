@@ -298,10 +298,11 @@ class ModelRunner:
                     self.to_device(src_rows, torch.int64), previous.token_ids)
         # The packed row whose hidden state each sample row reads.
         rows_index = [batch.last_index[s] for s in sample_sources]
+        every_row = rows_index == list(range(batch.num_tokens))
         sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
         gather = None
         if self.graphs is not None and self.graphs.can_run(batch):
-            if rows_index != list(range(batch.num_tokens)):
+            if not every_row:
                 gather = self.to_device(rows_index, torch.int64)
             hidden = self.graphs.run(batch, fill)  # every row
         elif self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
@@ -314,7 +315,7 @@ class ModelRunner:
         else:
             # Only the sampled rows leave the last layer, already in sample order.
             logits_indices = None
-            if rows_index != list(range(batch.num_tokens)):
+            if not every_row:
                 logits_indices = self.to_device(rows_index, torch.int64)
             hidden = self._forward_eager(batch, fill, logits_indices)
         if not sample_rows:
