@@ -46,25 +46,28 @@ def pack_output(out: RequestOutput) -> tuple:
     """A RequestOutput as plain tuples: pickling them costs a fraction of the dataclasses.
     The common case, one new token of a single sample with nothing else to say (no text,
     logprobs or end), is a 4-tuple (request id, token, cumulative logprob, cached tokens);
-    anything else is the full 5-tuple. `unpack_output` reverses both."""
+    anything else is the full 6-tuple. `unpack_output` reverses both."""
     completions = out.outputs
-    if len(completions) == 1 and not out.finished and out.error is None:
+    if len(completions) == 1 and not out.finished and out.error is None and out.prompt_logprobs is None:
         c = completions[0]
         if (c.index == 0 and len(c.token_ids) == 1 and not c.text and c.logprobs is None
                 and c.finish_reason is None):
             return (out.request_id, c.token_ids[0], c.cumulative_logprob, out.num_cached_tokens)
     return (out.request_id, out.finished, out.error, out.num_cached_tokens,
             [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
-              c.stop_reason) for c in completions])
+              c.stop_reason) for c in completions], out.prompt_logprobs)
 
 
-def unpack_output(packed: tuple) -> tuple[str, bool, str | None, int, list[CompletionOutput]]:
-    """(request id, finished, error, cached tokens, completions) from `pack_output`'s tuple."""
+def unpack_output(packed: tuple) -> tuple[str, bool, str | None, int, list[CompletionOutput], list | None]:
+    """(request id, finished, error, cached tokens, completions, prompt logprobs) from
+    `pack_output`'s tuple."""
     if len(packed) == 4:
         request_id, token, cumulative_logprob, num_cached = packed
-        return request_id, False, None, num_cached, [CompletionOutput(0, "", [token], cumulative_logprob, None)]
-    request_id, finished, error, num_cached, completions = packed
-    return request_id, finished, error, num_cached, [CompletionOutput(*c) for c in completions]
+        return (request_id, False, None, num_cached,
+                [CompletionOutput(0, "", [token], cumulative_logprob, None)], None)
+    request_id, finished, error, num_cached, completions, prompt_logprobs = packed
+    return (request_id, finished, error, num_cached, [CompletionOutput(*c) for c in completions],
+            prompt_logprobs)
 
 
 class OutputDetokenizer:
@@ -240,12 +243,13 @@ class EngineProcess:
             waiting.clear()
             in_batch.clear()
 
-        for (request_id, finished, error, num_cached, completions), entry in zip(outputs, entries):
+        for (request_id, finished, error, num_cached, completions, prompt_logprobs), entry in zip(outputs, entries):
             if entry is None:
                 continue
             req, callback, detok = entry
             out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
-                                num_cached_tokens=num_cached, error=error, metrics=req.metrics)
+                                num_cached_tokens=num_cached, error=error, metrics=req.metrics,
+                                prompt_logprobs=prompt_logprobs)
             if detok is not None:
                 if id(detok) in in_batch:
                     flush()  # this request's previous output first

@@ -79,8 +79,10 @@ class InputProcessor:
                              f"({self.kv_capacity_tokens} tokens).")
         if params.n > self.max_num_seqs:
             raise ValueError(f"n={params.n} is larger than max_num_seqs={self.max_num_seqs}.")
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise ValueError(f"logprobs={params.logprobs} is larger than max_logprobs={self.max_logprobs}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"{name}={value} is larger than max_logprobs={self.max_logprobs}.")
         params = params.clone()
         if params.bad_words:
             params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))

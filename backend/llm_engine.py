@@ -151,8 +151,16 @@ class LLMEngine:
         rows: list[Sequence] = []
         sources: list[int] = []
         forks: list[tuple[Sequence, list[Sequence]]] = []
+        prompt_spans = []  # (item, first, end): prompt tokens first..end-1 whose logprobs are asked
         for item in sched.scheduled:
             seq = item.seq
+            if seq.needs_prompt_logprobs:
+                # The rows of positions c..c+n-1 predict tokens c+1..c+n.
+                c = seq.num_computed_tokens
+                first = max(c + 1, seq.next_prompt_logprob)
+                end = min(c + item.num_new_tokens + 1, seq.num_prompt_tokens)
+                if first < end:
+                    prompt_spans.append((item, first, end))
             if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
                 continue  # a prompt chunk that does not reach the end: nothing to sample
             group = [seq]
@@ -164,11 +172,13 @@ class LLMEngine:
             sources.extend([seq.seq_id] * len(group))
         try:
             pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources,
-                                         self._inflight)
+                                         self._inflight, prompt_spans)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(sched, f"internal error while running the model: {exc}", outputs)
             return None
+        for item, _, end in prompt_spans:
+            item.seq.next_prompt_logprob = end
         self.scheduler.update_after_step(sched)
         for parent, children in forks:
             parent.num_forks_pending = 0
@@ -208,6 +218,11 @@ class LLMEngine:
             logger.exception("model step failed")
             self._fail(pending.scheduled, f"internal error while running the model: {exc}", outputs)
             return
+        for seq, first, prompt_results in pending.prompt_results:
+            # In order: a prompt's chunks are taken in the order they were launched.
+            if seq.request_id in self.requests and first == len(seq.prompt_logprobs):
+                seq.prompt_logprobs.extend(make_logprobs_entry(r.token_id, r.logprob, r.rank, r.top)
+                                           for r in prompt_results)
         now = time.time()
         for seq, pos, res in zip(pending.rows, pending.positions, results):
             req = self.requests.get(seq.request_id)

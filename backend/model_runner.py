@@ -17,7 +17,7 @@ from .forward_context import set_attention_metadata
 from .input_batch import prepare_batch
 from .layers.attention import Attention
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
-from .layers.sampler import Sampler, SamplerOutput
+from .layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
 from .loader import load_dummy, load_safetensors
 from .models import get_model_class
 from .sampling_params import SamplingParams
@@ -108,6 +108,9 @@ class ModelRunner:
         self.head_dim = a.head_dim
         self.vocab_size = a.vocab_size
         self.sampler = Sampler()
+        # Prompt logprobs take the logits of this many rows at a time: the rows the memory
+        # profile gives the sampler (`_profile_num_blocks`), so they fit in what the cache left.
+        self.logits_rows_per_pass = max(1, min(args.max_num_seqs, max_num_batched_tokens))
         self.num_blocks = self._decide_num_blocks()
         self.kv_cache = self._allocate_cache(self.num_blocks, zero=True)
         self._bind_cache(self.kv_cache)
@@ -275,11 +278,14 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
                sample_rows: list[Sequence], sample_sources: list[int],
-               previous: "PendingStep | None" = None) -> "PendingStep":
+               previous: "PendingStep | None" = None,
+               prompt_spans: list[tuple[ScheduledSequence, int, int]] = ()) -> "PendingStep":
         """Queue the step on the device and return at once; `PendingStep.wait()` gives the
         sampled tokens. Row i of `sample_rows` samples from the logits after the last new token
         of the sequence with id `sample_sources[i]`. Input tokens still being sampled by
-        `previous` (placeholders) are read from its output on the device."""
+        `previous` (placeholders) are read from its output on the device. Each prompt span
+        (scheduled item, first, end) asks for the logprobs of the item's prompt tokens
+        first..end-1, which this step's rows predict (`PendingStep.prompt_results`)."""
         if block_copies:
             src = self.to_device([c[0] for c in block_copies], torch.int64)
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
@@ -299,13 +305,25 @@ class ModelRunner:
         # The packed row whose hidden state each sample row reads.
         rows_index = [batch.last_index[s] for s in sample_sources]
         every_row = rows_index == list(range(batch.num_tokens))
+        # The rows that predict prompt tokens whose logprobs are asked for (position j predicts
+        # token j + 1), and those tokens.
+        prompt_index: list[int] = []
+        prompt_targets: list[int] = []
+        for item, first, end in prompt_spans:
+            seq = item.seq
+            row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
+            prompt_index.extend(range(row_of_position_0 + first - 1, row_of_position_0 + end - 1))
+            prompt_targets.extend(seq.token_ids[first:end])
         sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
         gather = None
+        prompt_hidden = None
         if self.graphs is not None and self.graphs.can_run(batch):
             if not every_row:
                 gather = self.to_device(rows_index, torch.int64)
             hidden = self.graphs.run(batch, fill)  # every row
-        elif self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            if prompt_index:
+                prompt_hidden = hidden[self.to_device(prompt_index, torch.int64)]
+        elif not prompt_index and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
             # The graph gives the last row of each prompt chunk, in chunk order.
             chunk_of = {int(end) - 1: i for i, end in enumerate(batch.prefill_cu_seqlens_q[1:])}
             chunks = [chunk_of[r] for r in rows_index]
@@ -313,17 +331,26 @@ class ModelRunner:
                 gather = self.to_device(chunks, torch.int64)
             hidden = self.prefill_graphs.run(batch)  # prompt chunks have no placeholder tokens
         else:
-            # Only the sampled rows leave the last layer, already in sample order.
+            # Only the sampled rows (then the prompt-logprob rows) leave the last layer.
             logits_indices = None
-            if not every_row:
-                logits_indices = self.to_device(rows_index, torch.int64)
+            if not every_row or prompt_index:
+                logits_indices = self.to_device(rows_index + prompt_index, torch.int64)
             hidden = self._forward_eager(batch, fill, logits_indices)
-        if not sample_rows:
-            return PendingStep(None, [], [])
-        if gather is not None:
-            hidden = hidden[gather]
-        out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
-        return PendingStep(out, sample_rows, [s.seq_id for s in sample_rows])
+            if prompt_index:
+                hidden, prompt_hidden = hidden[:len(rows_index)], hidden[len(rows_index):]
+        prompt = None
+        if prompt_index:
+            num_top = max(item.seq.params.prompt_logprobs for item, _, _ in prompt_spans)
+            prompt = compute_prompt_logprobs(
+                self.model.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
+                num_top, self.logits_rows_per_pass)
+        out = None
+        if sample_rows:
+            if gather is not None:
+                hidden = hidden[gather]
+            out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
+        return PendingStep(out, sample_rows, [s.seq_id for s in sample_rows],
+                           [(item.seq, first, end) for item, first, end in prompt_spans], prompt)
 
 
 class PendingStep:
@@ -331,7 +358,9 @@ class PendingStep:
     and travel to pinned host memory without blocking; `wait()` blocks on a CUDA event, which
     releases the GIL so that other threads (the server's response sender) run meanwhile."""
 
-    def __init__(self, out: SamplerOutput | None, rows: list[Sequence], seq_ids: list[int]) -> None:
+    def __init__(self, out: SamplerOutput | None, rows: list[Sequence], seq_ids: list[int],
+                 prompt_spans: list[tuple[Sequence, int, int]] = (),
+                 prompt: PromptLogprobsOutput | None = None) -> None:
         self.rows = rows
         self.row_of = {sid: i for i, sid in enumerate(seq_ids)}
         self.positions: list[int] = []  # where each row's token goes (set by the engine)
@@ -339,30 +368,39 @@ class PendingStep:
         self.event = None
         self.waited_s = 0.0  # how long wait() blocked on the device
         self.token_ids = out.token_ids if out is not None else None
-        if out is None:
-            self.host = None
-            return
-        cuda = out.token_ids.is_cuda
-        packed = [out.token_ids.double(), out.logprobs.double()]
-        if out.ranks is not None:
-            packed.append(out.ranks.double())
-        main = torch.stack(packed)
-        extra = [t for t in (out.top_logprobs, out.top_token_ids) if t is not None]
-        if cuda:
-            self.host = [t.to("cpu", non_blocking=True) for t in [main] + extra]
+        self.prompt_spans = list(prompt_spans) if prompt is not None else []
+        # (sequence, first prompt position, a result per position from there), filled by wait()
+        self.prompt_results: list[tuple[Sequence, int, list[SampleResult]]] = []
+        self.host = None
+        self.prompt_host = None
+        on_device = []
+        if out is not None:
+            packed = [out.token_ids.double(), out.logprobs.double()]
+            if out.ranks is not None:
+                packed.append(out.ranks.double())
+            self.host = [torch.stack(packed)] + [t for t in (out.top_logprobs, out.top_token_ids) if t is not None]
+            self.has_ranks = out.ranks is not None
+            on_device.append(self.host)
+        if prompt is not None:
+            self.prompt_host = [torch.stack([prompt.token_logprobs.double(), prompt.ranks.double()])]
+            if prompt.top_logprobs is not None:
+                self.prompt_host += [prompt.top_logprobs, prompt.top_token_ids]
+            on_device.append(self.prompt_host)
+        if on_device and on_device[0][0].is_cuda:
+            for tensors in on_device:
+                tensors[:] = [t.to("cpu", non_blocking=True) for t in tensors]
             self.event = torch.cuda.Event()
             self.event.record()
-        else:
-            self.host = [main] + extra
-        self.has_ranks = out.ranks is not None
 
     def wait(self) -> list[SampleResult]:
-        if self.host is None:
-            return []
         if self.event is not None:
             start = time.perf_counter()
             self.event.synchronize()
             self.waited_s = time.perf_counter() - start
+        if self.prompt_host is not None:
+            self._take_prompt_logprobs()
+        if self.host is None:
+            return []
         main = self.host[0].tolist()
         token_ids, logprobs = main[0], main[1]
         ranks = main[2] if self.has_ranks else None
@@ -377,6 +415,20 @@ class PendingStep:
             results.append(SampleResult(int(token_ids[i]), logprobs[i], top,
                                         int(ranks[i]) if k is not None else None))
         return results
+
+    def _take_prompt_logprobs(self) -> None:
+        main = self.prompt_host[0].tolist()
+        top_vals = self.prompt_host[1].tolist() if len(self.prompt_host) > 1 else None
+        top_ids = self.prompt_host[2].tolist() if len(self.prompt_host) > 1 else None
+        row = 0
+        for seq, first, end in self.prompt_spans:
+            k = seq.params.prompt_logprobs
+            results = []
+            for position in range(first, end):
+                top = list(zip(top_ids[row][:k], top_vals[row][:k])) if k else None
+                results.append(SampleResult(seq.token_ids[position], main[0][row], top, int(main[1][row])))
+                row += 1
+            self.prompt_results.append((seq, first, results))
 
 
 _PROFILE_PARAMS = SamplingParams(max_tokens=1)

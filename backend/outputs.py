@@ -13,6 +13,8 @@ class Logprob:
 
 # One entry per generated token: token id -> Logprob (the sampled token and the top-k).
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token: None for the first (nothing comes before it).
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -55,3 +57,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set when the engine failed or dropped the request
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    # One entry per prompt token (None for the first) when prompt_logprobs was asked for; a
+    # streamed request gets them once, in the output with its first token.
+    prompt_logprobs: PromptLogprobs | None = None

@@ -17,6 +17,7 @@ class Request:
         self.seqs: list[Sequence] = []
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: str | None = None
+        self.prompt_logprobs_sent = False
 
     @property
     def finished(self) -> bool:
@@ -54,8 +55,14 @@ class Request:
             completions.append(CompletionOutput(
                 seq.index, text, new_ids, seq.cumulative_logprob, logprobs,
                 seq.finish_reason if done else None, seq.stop_reason if done else None))
+        prompt_logprobs = None
+        first = seqs[0]
+        if (first.prompt_logprobs is not None and not self.prompt_logprobs_sent
+                and len(first.prompt_logprobs) == first.num_prompt_tokens):
+            prompt_logprobs, self.prompt_logprobs_sent = first.prompt_logprobs, True
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
-                             finished, seqs[0].num_cached_tokens, self.error, self.metrics)
+                             finished, first.num_cached_tokens, self.error, self.metrics,
+                             prompt_logprobs)
 
 
 def _sample_index(seq: Sequence) -> int:
@@ -82,6 +89,8 @@ def accumulate(total: RequestOutput | None, delta: RequestOutput) -> RequestOutp
     total.outputs = [by_index[i] for i in sorted(by_index)]
     total.finished = delta.finished
     total.error = delta.error
+    if delta.prompt_logprobs is not None:
+        total.prompt_logprobs = delta.prompt_logprobs
     total.num_cached_tokens = delta.num_cached_tokens
     return total
 

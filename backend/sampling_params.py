@@ -33,6 +33,10 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: up to max_model_len
     min_tokens: int = 0
     logprobs: int | None = None
+    # Logprobs of the prompt's tokens (each given the ones before it), with this many of the
+    # most likely alternatives per position (vLLM's prompt_logprobs). Such a prompt is always
+    # computed in full: a prefix-cache hit would skip the positions whose logprobs are asked.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -88,8 +92,9 @@ class SamplingParams:
             _check_type("max_tokens", self.max_tokens, int)
         if self.seed is not None:
             _check_type("seed", self.seed, int)
-        if self.logprobs is not None:
-            _check_type("logprobs", self.logprobs, int)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_type(name, getattr(self, name), int)
         if self.truncate_prompt_tokens is not None:
             _check_type("truncate_prompt_tokens", self.truncate_prompt_tokens, int)
             if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
@@ -118,8 +123,10 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                              f"got {self.min_tokens}.")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}.")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must contain only non-empty strings, got {s!r}.")
@@ -219,7 +226,7 @@ _PUBLIC_FIELDS: dict[str, str] = {
     "n": _INT, "presence_penalty": _FLOAT, "frequency_penalty": _FLOAT,
     "repetition_penalty": _FLOAT, "temperature": _FLOAT, "top_p": _FLOAT, "top_k": _INT,
     "min_p": _FLOAT, "seed": "int?", "stop": "str_list", "stop_token_ids": "int_list",
-    "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?",
+    "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?", "prompt_logprobs": "int?",
     "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL, "logit_bias": "float_dict?", "allowed_token_ids": "int_list?",
     "truncate_prompt_tokens": "int?", "bad_words": "str_list?",

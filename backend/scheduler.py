@@ -106,7 +106,10 @@ class Scheduler:
             num_seqs_after = len(self.running) + 1 + seq.num_forks_pending
             if num_seqs_after > self.max_num_seqs:
                 break
-            computed_blocks, num_hit = self.block_manager.get_computed_blocks(seq)
+            # A prompt whose logprobs are asked for is computed in full: cached positions
+            # would have no logits (vLLM does the same).
+            looked_up = self.block_manager.enable_prefix_caching and not seq.needs_prompt_logprobs
+            computed_blocks, num_hit = self.block_manager.get_computed_blocks(seq) if looked_up else ([], 0)
             num_new = seq.num_tokens - num_hit
             if len(self.waiting) > 1 and self.enable_chunked_prefill:
                 num_new = min(num_new, self._chunk_cap())
@@ -115,9 +118,9 @@ class Scheduler:
                     break
                 num_new = budget
             if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):
-                # Undo the query count: the same lookup happens again next step.
-                self.block_manager.prefix_cache_queries -= seq.num_tokens
-                self.block_manager.prefix_cache_hits -= num_hit
+                if looked_up:  # undo the query count: the same lookup happens again next step
+                    self.block_manager.prefix_cache_queries -= seq.num_tokens
+                    self.block_manager.prefix_cache_hits -= num_hit
                 break
             self.waiting.popleft()
             if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:

@@ -49,6 +49,13 @@ class Sequence:
         self.num_forks_pending = params.n - 1 if index == 0 else 0
         self.cumulative_logprob = 0.0
         self.output_logprobs: list[dict[int, Logprob]] = []
+        # The prompt's logprobs when asked for: entry i is prompt token i's (None for the first,
+        # which has nothing before it). Entries arrive with the steps that compute them.
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if params.prompt_logprobs is not None and index == 0 else None)
+        # The next prompt position whose logprob no launched step computes yet: a prompt
+        # recomputed after preemption does not compute them again.
+        self.next_prompt_logprob = 1
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.detokenizer: "IncrementalDetokenizer | None" = None
@@ -90,6 +97,11 @@ class Sequence:
         if self.num_unresolved:
             del self.token_ids[-self.num_unresolved:]
             self.num_unresolved = 0
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt positions whose logprobs are asked for and not yet computed."""
+        return self.prompt_logprobs is not None and self.next_prompt_logprob < self.num_prompt_tokens
 
     @property
     def is_prefill(self) -> bool:

@@ -208,6 +208,7 @@ class ResponseBuilder:
         self.request = request
         self._samples = [_Sample() for _ in range(request.sampling_params.n)]
         self._num_input_tokens = 0
+        self._prompt_logprobs: str | None = None  # JSON, once the engine has sent them
         self.finished = False
 
     def add(self, output: RequestOutput) -> Response | None:
@@ -215,6 +216,10 @@ class ResponseBuilder:
         assert not self.finished, "engine output after the final one"
         self.finished = output.finished
         self._num_input_tokens = len(output.prompt_token_ids)
+        new_prompt_logprobs = output.prompt_logprobs is not None
+        if new_prompt_logprobs:
+            self._prompt_logprobs = json.dumps([None if d is None else _logprob_entry(d)
+                                                for d in output.prompt_logprobs])
         deltas: dict[int, CompletionOutput] = {c.index: c for c in output.outputs}
         for index, c in deltas.items():
             s = self._samples[index]
@@ -227,13 +232,15 @@ class ResponseBuilder:
         if output.error is not None:
             return Response({}, final=output.finished, error=output.error)
         if self.request.stream:
-            return Response(self._tensors(deltas), final=output.finished)
+            return Response(self._tensors(deltas, new_prompt_logprobs), final=output.finished)
         if not output.finished:
             return None
-        return Response(self._tensors(None), final=True)
+        return Response(self._tensors(None, True), final=True)
 
-    def _tensors(self, deltas: dict[int, CompletionOutput] | None) -> dict[str, np.ndarray]:
-        """Tensors over all samples: this output's deltas, or (deltas=None) the whole completion."""
+    def _tensors(self, deltas: dict[int, CompletionOutput] | None,
+                 with_prompt_logprobs: bool) -> dict[str, np.ndarray]:
+        """Tensors over all samples: this output's deltas, or (deltas=None) the whole completion.
+        The prompt's logprobs (when asked for) go in one response: the first that has them."""
         r = self.request
         if deltas is None:
             prefix = "" if r.exclude_input_in_output or not isinstance(r.prompt, str) else r.prompt
@@ -261,6 +268,8 @@ class ResponseBuilder:
             out["num_input_tokens"] = np.array([self._num_input_tokens], dtype=np.uint32)
         if r.return_num_output_tokens:
             out["num_output_tokens"] = np.array(counts, dtype=np.uint32)
+        if with_prompt_logprobs and self._prompt_logprobs is not None:
+            out["prompt_logprobs"] = _strings([self._prompt_logprobs])
         return out
 
 

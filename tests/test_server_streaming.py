@@ -158,3 +158,34 @@ def test_new_sampling_parameters_through_the_server(llm_server, tiny_model):
         assert stream.errors.empty()
     finally:
         stream.close()
+
+
+def test_prompt_logprobs_through_the_server(llm_server, tiny_model):
+    """prompt_logprobs reach the engine process and come back as JSON: once in a stream (with
+    the first token), in the single response otherwise, equal to the offline engine's."""
+    import json
+
+    args = dict(TEST_ENGINE_ARGS)
+    llm = LLM(tiny_model, dtype=args["dtype"], num_kv_blocks=int(args["num_kv_blocks"]),
+              block_size=int(args["block_size"]), max_model_len=int(args["max_model_len"]))
+    prompt = PROMPTS[2]
+    sampling = {"temperature": 0, "max_tokens": 8, "prompt_logprobs": 2}
+    want = llm.generate([prompt], SamplingParams(**sampling))[0]
+    stream = StreamCollector(llm_server.grpc_url)
+    try:
+        stream.send("streamed", grpc_inputs(prompt, sampling=sampling, stream=True))
+        stream.send("whole", grpc_inputs(prompt, sampling=sampling))
+        streamed, whole = stream.wait("streamed"), stream.wait("whole")
+        assert stream.errors.empty()
+    finally:
+        stream.close()
+    assert [i for i, _ in streamed.prompt_logprobs] == [0] and len(streamed.texts) > 1
+    assert len(whole.prompt_logprobs) == 1 and streamed.text == want.outputs[0].text
+    for _, text in streamed.prompt_logprobs + whole.prompt_logprobs:
+        got = json.loads(text)
+        assert len(got) == len(want.prompt_token_ids) and got[0] is None
+        for entry, expected in zip(got[1:], want.prompt_logprobs[1:]):
+            assert {int(t) for t in entry} == set(expected)
+            for t, lp in expected.items():
+                assert entry[str(t)]["rank"] == lp.rank
+                assert entry[str(t)]["logprob"] == pytest.approx(lp.logprob, abs=1e-5)

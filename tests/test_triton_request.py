@@ -193,6 +193,27 @@ def test_logprobs_null_when_not_requested_and_nan_cumulative():
     assert np.isnan(r.outputs["cumulative_logprob"][0])
 
 
+def test_prompt_logprobs_go_once_streamed_and_in_the_final_response_otherwise():
+    prompt_logprobs = [None, {2: Logprob(-1.25, 3)}, {3: Logprob(-0.5, 1), 9: Logprob(-2.0, 2)}]
+    expected = [None, {"2": {"logprob": -1.25, "rank": 3, "decoded_token": None}},
+                {"3": {"logprob": -0.5, "rank": 1, "decoded_token": None},
+                 "9": {"logprob": -2.0, "rank": 2, "decoded_token": None}}]
+    params = s('{"prompt_logprobs": 1}')
+    streamed = ResponseBuilder(parse_request({"text_input": s("Hi"), "stream": b(True),
+                                              "sampling_parameters": params}))
+    first = _out([("a", [4])], None)
+    first.prompt_logprobs = prompt_logprobs
+    responses = [streamed.add(first), streamed.add(_out([("b", [5])], None)), streamed.add(_out([("", [])], "length"))]
+    assert [json.loads(r.outputs["prompt_logprobs"][0]) if "prompt_logprobs" in r.outputs else None
+            for r in responses] == [expected, None, None]
+    whole = ResponseBuilder(parse_request({"text_input": s("Hi"), "sampling_parameters": params}))
+    assert whole.add(first) is None
+    final = whole.add(_out([("b", [5])], "length"))
+    assert json.loads(final.outputs["prompt_logprobs"][0]) == expected
+    assert "prompt_logprobs" not in ResponseBuilder(parse_request({"text_input": s("Hi")})).add(
+        _out([("a", [4])], "length")).outputs
+
+
 def test_engine_error_is_the_final_response():
     builder = ResponseBuilder(parse_request({"text_input": s("Hi"), "stream": b(True)}))
     builder.add(_out([("a", [4])], None))

@@ -165,6 +165,33 @@ class Sampler:
         return torch.where(md.greedy, greedy_ids, sampled)
 
 
+@dataclass
+class PromptLogprobsOutput:
+    token_logprobs: torch.Tensor  # [R] float32, log p(prompt token | the tokens before it)
+    ranks: torch.Tensor  # [R] int64, 1 = the most likely token
+    top_logprobs: torch.Tensor | None = None  # [R, K]
+    top_token_ids: torch.Tensor | None = None  # [R, K]
+
+
+def compute_prompt_logprobs(compute_logits, hidden: torch.Tensor, targets: torch.Tensor,
+                            num_top: int, rows_per_pass: int) -> PromptLogprobsOutput:
+    """Logprobs of `targets` under the model's raw distribution at each row of `hidden`, their
+    ranks and the `num_top` most likely tokens. Rows go `rows_per_pass` at a time: a whole
+    prompt's logits (tokens x vocabulary in float32) could outgrow the memory the KV cache
+    leaves."""
+    parts: list[tuple] = []
+    for start in range(0, hidden.shape[0], rows_per_pass):
+        logprobs = torch.log_softmax(compute_logits(hidden[start:start + rows_per_pass]).float(), dim=-1)
+        target = targets[start:start + rows_per_pass]
+        chosen = logprobs.gather(1, target[:, None]).squeeze(1)
+        ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
+        top = logprobs.topk(num_top, dim=-1) if num_top else None
+        parts.append((chosen, ranks, *(top if top is not None else ())))
+        del logprobs
+    cat = [torch.cat([p[i] for p in parts]) for i in range(len(parts[0]))]
+    return PromptLogprobsOutput(*cat)
+
+
 def _banned_by_bad_words(words: list[list[int]], output: list[int]) -> list[int]:
     """The last token of each bad word whose other tokens end the output so far."""
     banned = set()

@@ -209,27 +209,31 @@ def test_packed_outputs_round_trip():
     """What crosses the socket: the common one-token output as a 4-tuple, anything else in
     full; unpacking gives back the same fields either way."""
     from backend.engine_process import pack_output, unpack_output
-    from backend.outputs import CompletionOutput, RequestOutput
+    from backend.outputs import CompletionOutput, Logprob, RequestOutput
 
-    def out(completions, finished=False, error=None):
-        return RequestOutput("r", None, [1], completions, finished, num_cached_tokens=16, error=error)
+    def out(completions, finished=False, error=None, prompt_logprobs=None):
+        return RequestOutput("r", None, [1], completions, finished, num_cached_tokens=16, error=error,
+                             prompt_logprobs=prompt_logprobs)
 
     cases = [
         (out([CompletionOutput(0, "", [7], -1.5, None)]), 4),
-        (out([CompletionOutput(0, "hi", [7], -1.5, None)]), 5),  # text made in the engine
-        (out([CompletionOutput(0, "", [7, 8], -1.5, None)]), 5),  # two tokens
-        (out([CompletionOutput(0, "", [7], -1.5, [{7: -1.5}])]), 5),  # logprobs
-        (out([CompletionOutput(0, "", [7], -1.5, None, "length")], finished=True), 5),
-        (out([CompletionOutput(0, "", [], None, None, "abort")], finished=True, error="boom"), 5),
-        (out([CompletionOutput(0, "", [7], -1.0, None), CompletionOutput(1, "", [9], -2.0, None)]), 5),
-        (out([CompletionOutput(1, "", [7], -1.0, None)]), 5),  # the second sample alone
+        (out([CompletionOutput(0, "hi", [7], -1.5, None)]), 6),  # text made in the engine
+        (out([CompletionOutput(0, "", [7, 8], -1.5, None)]), 6),  # two tokens
+        (out([CompletionOutput(0, "", [7], -1.5, [{7: -1.5}])]), 6),  # logprobs
+        (out([CompletionOutput(0, "", [7], -1.5, None, "length")], finished=True), 6),
+        (out([CompletionOutput(0, "", [], None, None, "abort")], finished=True, error="boom"), 6),
+        (out([CompletionOutput(0, "", [7], -1.0, None), CompletionOutput(1, "", [9], -2.0, None)]), 6),
+        (out([CompletionOutput(1, "", [7], -1.0, None)]), 6),  # the second sample alone
+        (out([CompletionOutput(0, "", [7], -1.5, None)],  # the first token and the prompt's logprobs
+             prompt_logprobs=[None, {3: Logprob(-0.5, rank=2)}]), 6),
     ]
     for original, size in cases:
         packed = pack_output(original)
         assert len(packed) == size, original
-        request_id, finished, error, num_cached, completions = unpack_output(packed)
+        request_id, finished, error, num_cached, completions, prompt_logprobs = unpack_output(packed)
         assert (request_id, finished, error, num_cached) == ("r", original.finished, original.error, 16)
         assert completions == original.outputs
+        assert prompt_logprobs == original.prompt_logprobs
 
 
 def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):

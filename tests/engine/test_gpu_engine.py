@@ -25,3 +25,25 @@ def test_gpu_engine_matches_the_cpu_engine(model_dir):
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
     want = [o.outputs[0].token_ids for o in LLM(model_dir, device="cpu", **common).generate(prompts, params)]
     assert got == want
+
+
+@pytest.mark.parametrize("budget", [48, 2])
+def test_gpu_prompt_logprobs_match_the_cpu_engine(llama_dir, budget):
+    """Budget 48: prompt-only steps that would replay a prefill graph run eagerly with the
+    prompt rows. Budget 2: one prompt token next to a decode, a step the decode graph runs."""
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (40, 17, 66)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2)
+    common = dict(dtype="float32", num_kv_blocks=128, max_num_batched_tokens=budget)
+    gpu = LLM(llama_dir, device="cuda", **common)
+    assert gpu.engine.runner.graphs and gpu.engine.runner.prefill_graphs
+    got = gpu.generate(prompts, params)
+    want = LLM(llama_dir, device="cpu", **common).generate(prompts, params)
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert len(g.prompt_logprobs) == len(w.prompt_logprobs) and g.prompt_logprobs[0] is None
+        for ge, we in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:]):
+            assert set(ge) == set(we)
+            for t, lp in we.items():
+                assert ge[t].logprob == pytest.approx(lp.logprob, abs=1e-3)
+                assert ge[t].rank == lp.rank
