@@ -26,7 +26,7 @@ from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .errors import EngineShutdownError, OutputCallback
-from .tokenizer import IncrementalDetokenizer, detokenize_many, load_tokenizer
+from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, load_tokenizer
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,6 +250,8 @@ class EngineProcess:
             out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
                                 num_cached_tokens=num_cached, error=error, metrics=req.metrics,
                                 prompt_logprobs=prompt_logprobs)
+            if prompt_logprobs or any(c.logprobs for c in completions):
+                fill_decoded_tokens(self._output_tokenizer, out.logprob_entries())
             if detok is not None:
                 if id(detok) in in_batch:
                     flush()  # this request's previous output first

@@ -15,7 +15,7 @@ from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import PLACEHOLDER, Sequence
-from .tokenizer import IncrementalDetokenizer, find_stop_string, load_tokenizer
+from .tokenizer import IncrementalDetokenizer, fill_decoded_tokens, find_stop_string, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +276,10 @@ class LLMEngine:
             if finished:
                 self.requests.pop(req.request_id, None)
                 self._record_finished(req)
-            outputs.append(req.make_delta_output(finished))
+            out = req.make_delta_output(finished)
+            if self.detokenize and (req.params.logprobs is not None or out.prompt_logprobs):
+                fill_decoded_tokens(self.tokenizer, out.logprob_entries())
+            outputs.append(out)
         return outputs
 
     def _detokenize(self, seq: Sequence) -> None:

@@ -60,3 +60,7 @@ class RequestOutput:
     # One entry per prompt token (None for the first) when prompt_logprobs was asked for; a
     # streamed request gets them once, in the output with its first token.
     prompt_logprobs: PromptLogprobs | None = None
+
+    def logprob_entries(self) -> list[dict[int, Logprob] | None]:
+        """Every logprob entry of this output: the prompt's, then each sample's."""
+        return (self.prompt_logprobs or []) + [e for c in self.outputs for e in c.logprobs or ()]

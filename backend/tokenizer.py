@@ -48,6 +48,21 @@ def _token_classes(tokenizer: PreTrainedTokenizerBase) -> tuple[int, frozenset[i
     return found
 
 
+def fill_decoded_tokens(tokenizer: PreTrainedTokenizerBase, entries) -> None:
+    """Set `decoded_token` of every Logprob in `entries` (dicts of token id -> Logprob, or None)
+    to its token's own text, as vLLM does: the token string made readable
+    (`convert_tokens_to_string` of the one token). Ids the tokenizer does not know keep None."""
+    todo = [(tid, lp) for entry in entries if entry for tid, lp in entry.items() if lp.decoded_token is None]
+    if not todo:
+        return
+    size, _ = _token_classes(tokenizer)
+    known = [(tid, lp) for tid, lp in todo if 0 <= tid < size]
+    pieces = tokenizer.convert_ids_to_tokens([tid for tid, _ in known])
+    for (_, lp), piece in zip(known, pieces):
+        if piece is not None:
+            lp.decoded_token = tokenizer.convert_tokens_to_string([piece])
+
+
 class IncrementalDetokenizer:
     """Turns generated token ids into text one token at a time.
 

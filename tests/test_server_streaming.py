@@ -188,4 +188,7 @@ def test_prompt_logprobs_through_the_server(llm_server, tiny_model):
             assert {int(t) for t in entry} == set(expected)
             for t, lp in expected.items():
                 assert entry[str(t)]["rank"] == lp.rank
+                # made in the server's receiver from the tokenizer, as the offline engine makes it
+                assert lp.decoded_token is not None
+                assert entry[str(t)]["decoded_token"] == lp.decoded_token
                 assert entry[str(t)]["logprob"] == pytest.approx(lp.logprob, abs=1e-5)

@@ -142,3 +142,27 @@ def test_prompt_logprobs_above_max_logprobs(llama_dir):
     engine = LLMEngine(EngineArgs(model=llama_dir, dtype="float32", max_logprobs=2))
     with pytest.raises(ValueError, match=r"^prompt_logprobs=3 is larger than max_logprobs=2\.$"):
         engine.add_request("r", [1, 2, 3], SamplingParams(prompt_logprobs=3))
+
+
+def test_decoded_tokens_of_logprobs(llama_dir):
+    """Each Logprob carries its token's own text (vLLM's decoded_token), for the prompt's and
+    the sampled ones; an id the tokenizer does not know keeps None."""
+    from backend.outputs import Logprob
+    from backend.tokenizer import fill_decoded_tokens, load_tokenizer
+
+    tok = load_tokenizer(llama_dir)
+    ids = tok("Hello world")["input_ids"]
+    entries = [None, {ids[1]: Logprob(-1.0), 10**6: Logprob(-2.0)}, {ids[2]: Logprob(-3.0, decoded_token="kept")}]
+    fill_decoded_tokens(tok, entries)
+    assert entries[1][ids[1]].decoded_token == tok.convert_tokens_to_string([tok.convert_ids_to_tokens(ids[1])])
+    assert entries[1][10**6].decoded_token is None and entries[2][ids[2]].decoded_token == "kept"
+    assert tok.convert_tokens_to_string(["Ġw"]) == " w"  # byte-level pieces are made readable
+
+    engine = LLMEngine(EngineArgs(model=llama_dir, dtype="float32"))
+    got = run(engine, {"r": (ids, SamplingParams(temperature=0, max_tokens=4, logprobs=2, prompt_logprobs=1))})
+    out = got["outputs"]["r"]
+    entries = out.prompt_logprobs[1:] + out.outputs[0].logprobs
+    assert len(entries) == len(ids) - 1 + 4
+    for entry in entries:
+        for t, lp in entry.items():
+            assert lp.decoded_token == tok.convert_tokens_to_string([tok.convert_ids_to_tokens(t)])
