@@ -75,7 +75,8 @@ def test_prefill_graph_padding_changes_nothing(llama_dir):
     eager engine's tokens, logprobs and KV cache: padding tokens store nothing and attend to
     nothing, unused sequence slots stay empty. Covers several chunks in one step, a lone short
     prompt, a chunk after a cached prefix, and a step too big for the graphs (eager)."""
-    args = EngineArgs(model=llama_dir, num_kv_blocks=64, max_num_seqs=8, max_model_len=256)
+    # On the CPU even where a GPU is present: the graphs' buffers here are CPU tensors.
+    args = EngineArgs(model=llama_dir, num_kv_blocks=64, max_num_seqs=8, max_model_len=256, device="cpu")
     eager, padded = LLMEngine(args), LLMEngine(args)
     graphs = PrefillGraphs(padded.runner.model, 64, 256 // 16, torch.device("cpu"), capture=False)
     seen = []
