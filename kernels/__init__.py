@@ -59,8 +59,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-                     cos_sin_cache: torch.Tensor, head_size: int | None = None, **options) -> None:
-    _impl("rotary", "apply_rotary_emb")(query, key, positions, cos_sin_cache, head_size, **options)
+                     cos_sin_cache: torch.Tensor, head_size: int | None = None,
+                     q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+                     eps: float = 1e-6, **options) -> None:
+    _impl("rotary", "apply_rotary_emb")(query, key, positions, cos_sin_cache, head_size,
+                                        q_norm_weight, k_norm_weight, eps, **options)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, **options) -> torch.Tensor:

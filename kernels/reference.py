@@ -170,11 +170,18 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-                         cos_sin_cache: torch.Tensor, head_size: int | None = None) -> None:
-    """In place, neox / rotate-half style: the first rotary_dim dims of each head rotate."""
+                         cos_sin_cache: torch.Tensor, head_size: int | None = None,
+                         q_norm_weight: torch.Tensor | None = None,
+                         k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> None:
+    """In place, neox / rotate-half style: the first rotary_dim dims of each head rotate. With
+    the norm weights, each head is first RMS-normalised (rms_norm_ref over head_size)."""
     head_size, rotary_dim, num_heads, num_kv_heads = v.check_rotary(
         "apply_rotary_emb", query, key, positions, cos_sin_cache, head_size, v.REFERENCE_DTYPES)
     num_tokens = query.shape[0]
+    if v.check_head_norm("apply_rotary_emb", query, q_norm_weight, k_norm_weight, head_size, rotary_dim):
+        for x, heads, weight in ((query, num_heads, q_norm_weight), (key, num_kv_heads, k_norm_weight)):
+            view = x.view(num_tokens, heads, head_size)
+            view.copy_(rms_norm_ref(view.reshape(-1, head_size), weight, eps).view(view.shape))
     compute = _compute_dtype(query.dtype)
     cos, sin = cos_sin_cache[positions.long()].to(compute).chunk(2, dim=-1)  # [T, rotary_dim/2]
     cos, sin = cos[:, None, :], sin[:, None, :]

@@ -4,6 +4,10 @@ The caller builds cos_sin_cache [max_position, rotary_dim] = cat(cos, sin) in fl
 scaled RoPE or any other frequency scheme is just a different cache. One program per token rotates
 all query heads and then all key heads: the token's cos/sin row is loaded once for both. Only the
 first rotary_dim dims of each head rotate (partial rotary); the rest are left untouched.
+
+With q_norm_weight / k_norm_weight (Qwen3), each head is first RMS-normalised over head_size with
+its weight, rounded as kernels/norm.py rounds (normalised value to the dtype, then the weight
+product to the dtype), all in the same pass: no gather and write-back of the heads beforehand.
 """
 
 from __future__ import annotations
@@ -19,23 +23,37 @@ OP = "apply_rotary_emb"
 
 
 @triton.jit
-def _rotate_heads(x_ptr, stride_t, stride_h, tok, cos, sin, num_heads,
-                  BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _norm_half(x, inv_rms, w_ptr, offs_r, HALF: tl.constexpr, dtype: tl.constexpr):
+    """One half of each head, normalised and weighted with kernels/norm.py's roundings."""
+    w = tl.load(w_ptr + offs_r, mask=offs_r < HALF, other=0.0).to(tl.float32)
+    normed = (x * inv_rms[:, None]).to(dtype).to(tl.float32)
+    return (normed * w[None, :]).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _rotate_heads(x_ptr, stride_t, stride_h, tok, cos, sin, num_heads, w_ptr, eps,
+                  BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                  HAS_NORM: tl.constexpr):
     offs_h = tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_HALF)
     mask = (offs_h < num_heads)[:, None] & (offs_r < HALF)[None, :]
     first = x_ptr + tok * stride_t + offs_h[:, None] * stride_h + offs_r[None, :]
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:  # (only with rotary_dim == head_size: the two halves are the whole head)
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+        x1 = _norm_half(x1, inv_rms, w_ptr, offs_r, HALF, x_ptr.dtype.element_ty)
+        x2 = _norm_half(x2, inv_rms, w_ptr + HALF, offs_r, HALF, x_ptr.dtype.element_ty)
     tl.store(first, (x1 * cos[None, :] - x2 * sin[None, :]).to(x_ptr.dtype.element_ty), mask=mask)
     tl.store(first + HALF, (x2 * cos[None, :] + x1 * sin[None, :]).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, positions_ptr, cos_sin_ptr,
+    q_ptr, k_ptr, positions_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, num_heads, num_kv_heads,
     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + tok).to(tl.int64)
@@ -43,17 +61,22 @@ def _rotary_kernel(
     row = cos_sin_ptr + pos * (2 * HALF)
     cos = tl.load(row + offs_r, mask=offs_r < HALF, other=0.0)
     sin = tl.load(row + HALF + offs_r, mask=offs_r < HALF, other=0.0)
-    _rotate_heads(q_ptr, stride_qt, stride_qh, tok, cos, sin, num_heads, BLOCK_HQ, HALF, BLOCK_HALF)
-    _rotate_heads(k_ptr, stride_kt, stride_kh, tok, cos, sin, num_kv_heads, BLOCK_HK, HALF, BLOCK_HALF)
+    _rotate_heads(q_ptr, stride_qt, stride_qh, tok, cos, sin, num_heads, q_norm_ptr, eps,
+                  BLOCK_HQ, HALF, BLOCK_HALF, HAS_NORM)
+    _rotate_heads(k_ptr, stride_kt, stride_kh, tok, cos, sin, num_kv_heads, k_norm_ptr, eps,
+                  BLOCK_HK, HALF, BLOCK_HALF, HAS_NORM)
 
 
 def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-                     cos_sin_cache: torch.Tensor, head_size: int | None = None, *,
-                     num_warps: int = 4) -> None:
+                     cos_sin_cache: torch.Tensor, head_size: int | None = None,
+                     q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
+                     eps: float = 1e-6, *, num_warps: int = 4) -> None:
     """query [T, Hq*D] or [T, Hq, D], key likewise with Hkv; both rotated in place. For the 2-D
-    form, head_size defaults to rotary_dim. Positions are not range-checked on the device."""
+    form, head_size defaults to rotary_dim. Positions are not range-checked on the device. With
+    the norm weights ([D] each), every head is RMS-normalised (eps) before it rotates."""
     head_size, rotary_dim, num_heads, num_kv_heads = validation.check_rotary(
         OP, query, key, positions, cos_sin_cache, head_size, validation.HALF_AND_FLOAT)
+    has_norm = validation.check_head_norm(OP, query, q_norm_weight, k_norm_weight, head_size, rotary_dim)
     check_runnable(OP, query)
     num_tokens = query.shape[0]
     if num_tokens == 0:
@@ -64,7 +87,8 @@ def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Te
     half = rotary_dim // 2
     _rotary_kernel[(num_tokens,)](
         query, key, positions, cos_sin_cache,
-        query.stride(0), stride_qh, key.stride(0), stride_kh, num_heads, num_kv_heads,
+        q_norm_weight if has_norm else cos_sin_cache, k_norm_weight if has_norm else cos_sin_cache,
+        float(eps), query.stride(0), stride_qh, key.stride(0), stride_kh, num_heads, num_kv_heads,
         HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_HQ=next_pow2(num_heads),
-        BLOCK_HK=next_pow2(num_kv_heads), num_warps=num_warps,
+        BLOCK_HK=next_pow2(num_kv_heads), HAS_NORM=has_norm, num_warps=num_warps,
     )

@@ -276,6 +276,23 @@ def check_rotary(op: str, query, key, positions, cos_sin_cache, head_size: int |
     return head_size, rotary_dim, num_heads, num_kv_heads
 
 
+def check_head_norm(op: str, query, q_norm_weight, k_norm_weight, head_size: int, rotary_dim: int) -> bool:
+    """Per-head RMSNorm weights for apply_rotary_emb: both or neither, [head_size] each, in the
+    query's dtype and device, and only with a full rotary_dim. Returns whether they are given."""
+    if q_norm_weight is None and k_norm_weight is None:
+        return False
+    if q_norm_weight is None or k_norm_weight is None:
+        fail(op, "q_norm_weight and k_norm_weight must be given together")
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        check_tensor(op, name, w, "[head_size]", (query.dtype,))
+        check_shape(op, name, w, (head_size,), "[head_size]")
+        check_contiguous(op, name, w)
+    if rotary_dim != head_size:
+        fail(op, f"per-head norms need rotary_dim == head_size, got {rotary_dim} and {head_size}")
+    check_same_device(op, {"query": query, "q_norm_weight": q_norm_weight, "k_norm_weight": k_norm_weight})
+    return True
+
+
 def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
     check_tensor(op, "x", x, "[T, 2*I]", dtypes)
     check_last_dim_contiguous(op, "x", x)

@@ -40,9 +40,10 @@ def rms_norm(x, weight, eps, residual=None):
     return fn(x, weight, eps, residual)
 
 
-def apply_rotary_emb(query, key, positions, cos_sin_cache) -> None:
+def apply_rotary_emb(query, key, positions, cos_sin_cache, head_size=None, q_norm_weight=None,
+                     k_norm_weight=None, eps=1e-6) -> None:
     fn = kernels.apply_rotary_emb if _on_gpu(query) else reference.apply_rotary_emb_ref
-    fn(query, key, positions, cos_sin_cache)
+    fn(query, key, positions, cos_sin_cache, head_size, q_norm_weight, k_norm_weight, eps)
 
 
 def silu_and_mul(x):

@@ -49,6 +49,13 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim] float32
         self.register_buffer("cos_sin_cache", cache.to(device) if device else cache, persistent=False)
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
-        ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache)
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+        """Rotates query and key in place; with q_norm / k_norm (RMSNorm over one head, Qwen3)
+        each head is normalised first, in the same pass."""
+        if q_norm is None:
+            ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim)
+        else:
+            ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim,
+                                 q_norm.weight, k_norm.weight, q_norm.eps)
         return query, key

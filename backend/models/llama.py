@@ -83,13 +83,6 @@ class LlamaAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def _norm_heads(self, norm: RMSNorm, x: torch.Tensor) -> None:
-        """Normalize each head of x ([T, heads * head_dim], a view into the qkv output) in place.
-        The heads are not contiguous across rows of qkv, so they are gathered, normalized and
-        written back: two extra passes over q and k, small beside the projections."""
-        normed = norm(x.reshape(-1, self.head_dim))
-        x.copy_(normed.view(x.shape))
-
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         """`rows`: project only these rows' attention outputs (see LlamaModel.forward)."""
@@ -97,10 +90,7 @@ class LlamaAttention(nn.Module):
         # Strided views into qkv: rotary works in place and the attention kernels take row
         # strides, so no copies (they cost ~2% of a prefill step).
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
-            self._norm_heads(self.q_norm, q)
-            self._norm_heads(self.k_norm, k)
-        self.rotary_emb(positions, q, k)
+        self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)  # Qwen3's head norms in the same pass
         out = self.attn(q, k, v)  # stores every row's keys and values
         if rows is not None:
             if rows.numel() == 0:

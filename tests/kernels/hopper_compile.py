@@ -84,6 +84,9 @@ def cases():
     yield "rotary", lambda: kernels.apply_rotary_emb(e(16, 4096, dtype=torch.bfloat16),
                                                      e(16, 1024, dtype=torch.bfloat16),
                                                      torch.zeros(16, dtype=torch.int64), e(64, 128))
+    yield "rotary with head norms", lambda: kernels.apply_rotary_emb(
+        e(16, 4096, dtype=torch.bfloat16), e(16, 1024, dtype=torch.bfloat16), torch.zeros(16, dtype=torch.int64),
+        e(64, 128), 128, e(128, dtype=torch.bfloat16), e(128, dtype=torch.bfloat16), 1e-6)
     yield "silu_and_mul", lambda: kernels.silu_and_mul(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token(e(16, 14336, dtype=torch.bfloat16))
     yield "greedy_sample", lambda: kernels.greedy_sample(e(256, 128256, dtype=torch.bfloat16))

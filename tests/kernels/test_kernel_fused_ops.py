@@ -99,6 +99,47 @@ def test_rotary_on_strided_views_of_fused_qkv():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_with_head_norms_equals_norm_then_rotary(dtype):
+    """Qwen3: each query and key head RMS-normalised with its weight, then rotated, in one pass on
+    the strided q and k views of a fused qkv output; the same values as rms_norm over the heads
+    followed by apply_rotary_emb (within one rounding of the dtype), v untouched, and accurate
+    against float64."""
+    gen = torch.Generator().manual_seed(3)
+    _, _, positions, cache = _rotary_case(dtype, gen, head_size=64, rotary_dim=64)
+    qkv = _randn(5, (7 + 2 + 2) * 64, dtype=dtype, gen=gen) * 3
+    q_w = (1 + 0.2 * torch.randn(64, generator=gen)).to(dtype).to(DEVICE)
+    k_w = (1 + 0.2 * torch.randn(64, generator=gen)).to(dtype).to(DEVICE)
+    before = qkv.clone()
+    fused = qkv.clone()
+    kernels.apply_rotary_emb(fused[:, :448], fused[:, 448:576], positions, cache, 64, q_w, k_w, 1e-6)
+    unfused = qkv.clone()
+    q, k = unfused[:, :448], unfused[:, 448:576]
+    q.copy_(kernels.rms_norm(q.reshape(-1, 64), q_w, 1e-6).view(q.shape))
+    k.copy_(kernels.rms_norm(k.reshape(-1, 64), k_w, 1e-6).view(k.shape))
+    kernels.apply_rotary_emb(q, k, positions, cache, 64)
+    ulp = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(fused, unfused, rtol=ulp, atol=ulp)
+    assert torch.equal(fused[:, 576:], before[:, 576:])  # v untouched
+    ref = before.double().cpu()
+    reference.apply_rotary_emb_ref(ref[:, :448], ref[:, 448:576], positions.cpu(), cache.cpu(), 64,
+                                   q_w.double().cpu(), k_w.double().cpu(), 1e-6)
+    assert rel_err(fused[:, :576], ref[:, :576]) < {torch.float32: 1e-5}.get(dtype, 1e-2)
+
+
+def test_rotary_with_head_norms_reference_is_norm_then_rotary():
+    gen = torch.Generator().manual_seed(4)
+    q, k, positions, cache = _rotary_case(torch.float32, gen, head_size=64, rotary_dim=64)
+    q, k, positions, cache = q.cpu(), k.cpu(), positions.cpu(), cache.cpu()
+    q_w, k_w = torch.randn(64, generator=gen), torch.randn(64, generator=gen)
+    fused_q, fused_k = q.clone(), k.clone()
+    reference.apply_rotary_emb_ref(fused_q, fused_k, positions, cache, 64, q_w, k_w, 1e-6)
+    nq = reference.rms_norm_ref(q.view(-1, 64), q_w, 1e-6).view(q.shape)
+    nk = reference.rms_norm_ref(k.view(-1, 64), k_w, 1e-6).view(k.shape)
+    reference.apply_rotary_emb_ref(nq, nk, positions, cache, 64)
+    assert torch.equal(fused_q, nq) and torch.equal(fused_k, nk)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_float64(dtype):
     gen = torch.Generator().manual_seed(2)
     x = _randn(7, 2 * 300, dtype=dtype, gen=gen) * 3
@@ -130,6 +171,20 @@ def test_silu_and_mul_reference_is_x_sigmoid_x_times_up():
                                       torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                       torch.randn(10, 64, device=DEVICE)),
      "apply_rotary_emb: query width 100 and key width 64 must be multiples of head_size 64"),
+    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+                                      torch.zeros(2, dtype=torch.int64, device=DEVICE),
+                                      torch.randn(10, 64, device=DEVICE), 64, torch.ones(64, device=DEVICE)),
+     "apply_rotary_emb: q_norm_weight and k_norm_weight must be given together"),
+    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+                                      torch.zeros(2, dtype=torch.int64, device=DEVICE),
+                                      torch.randn(10, 64, device=DEVICE), 64, torch.ones(32, device=DEVICE),
+                                      torch.ones(64, device=DEVICE)),
+     "apply_rotary_emb: q_norm_weight must have shape [head_size] = (64,), got (32,)"),
+    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+                                      torch.zeros(2, dtype=torch.int64, device=DEVICE),
+                                      torch.randn(10, 32, device=DEVICE), 64, torch.ones(64, device=DEVICE),
+                                      torch.ones(64, device=DEVICE)),
+     "apply_rotary_emb: per-head norms need rotary_dim == head_size, got 32 and 64"),
 ])
 def test_fused_ops_reject_bad_arguments(call, message):
     with pytest.raises(ValueError, match=re.escape(message) + "$"):
