@@ -309,15 +309,30 @@ class LLMEngine:
 
     def _record_finished(self, req: Request) -> None:
         now = time.time()
-        req.metrics.finished_time = now
-        self.stats.e2e_request_latency.append(now - req.metrics.arrival_time)
-        m, n = req.metrics, req.seqs[0].num_output_tokens - req.seqs[0].num_unresolved
+        m, st = req.metrics, self.stats
+        m.finished_time = now
+        st.e2e_request_latency.append(now - m.arrival_time)
+        n = req.seqs[0].num_output_tokens - req.seqs[0].num_unresolved
         if n > 1 and m.first_token_time is not None and m.last_token_time is not None:
             # One sample per request, its mean time per output token after the first (as
             # vLLM V1 does): per-token samples would cost a metrics call for every token.
-            self.stats.time_per_output_token.append((m.last_token_time - m.first_token_time) / (n - 1))
+            st.time_per_output_token.append((m.last_token_time - m.first_token_time) / (n - 1))
         reason = next((s.finish_reason for s in req.seqs if s.finish_reason), "abort")
-        self.stats.request_success[reason] = self.stats.request_success.get(reason, 0) + 1
+        st.request_success[reason] = st.request_success.get(reason, 0) + 1
+        # vLLM V1's per-request histograms (its FinishedRequestStats).
+        p = req.params
+        st.request_prompt_tokens.append(len(req.prompt_token_ids))
+        st.request_generation_tokens.append(sum(s.num_output_tokens - s.num_unresolved for s in req.seqs))
+        st.request_params_n.append(p.n)
+        st.request_params_max_tokens.append(p.max_tokens if p.max_tokens is not None else self.args.max_model_len)
+        m.first_scheduled_time = req.seqs[0].first_scheduled_time
+        if m.first_scheduled_time is not None:
+            st.request_queue_time.append(m.first_scheduled_time - m.arrival_time)
+            if m.first_token_time is not None:
+                st.request_prefill_time.append(m.first_token_time - m.first_scheduled_time)
+                last = m.last_token_time if m.last_token_time is not None else m.first_token_time
+                st.request_decode_time.append(last - m.first_token_time)
+                st.request_inference_time.append(last - m.first_scheduled_time)
 
     # ---- stats ----------------------------------------------------------------------------------
     def get_stats(self) -> EngineStats:
@@ -330,7 +345,7 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens, request_success=dict(s.request_success),
-            time_to_first_token=s.time_to_first_token, time_per_output_token=s.time_per_output_token,
-            e2e_request_latency=s.e2e_request_latency)
-        s.time_to_first_token, s.time_per_output_token, s.e2e_request_latency = [], [], []
+            **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
+        for name in EngineStats.SAMPLE_FIELDS:
+            setattr(s, name, [])
         return snapshot

@@ -21,3 +21,18 @@ class EngineStats:
     time_to_first_token: list[float] = field(default_factory=list)
     time_per_output_token: list[float] = field(default_factory=list)  # per finished request: mean
     e2e_request_latency: list[float] = field(default_factory=list)
+    # One sample per finished request (vLLM V1's per-request histograms).
+    request_prompt_tokens: list[int] = field(default_factory=list)
+    request_generation_tokens: list[int] = field(default_factory=list)  # over its n samples
+    request_params_n: list[int] = field(default_factory=list)
+    request_params_max_tokens: list[int] = field(default_factory=list)  # max_model_len when unset
+    request_queue_time: list[float] = field(default_factory=list)  # arrival -> first scheduled
+    request_prefill_time: list[float] = field(default_factory=list)  # first scheduled -> first token
+    request_decode_time: list[float] = field(default_factory=list)  # first token -> last token
+    request_inference_time: list[float] = field(default_factory=list)  # first scheduled -> last token
+
+    # The sample lists `LLMEngine.get_stats()` hands over and starts again.
+    SAMPLE_FIELDS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency",
+                     "request_prompt_tokens", "request_generation_tokens", "request_params_n",
+                     "request_params_max_tokens", "request_queue_time", "request_prefill_time",
+                     "request_decode_time", "request_inference_time")

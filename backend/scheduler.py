@@ -8,6 +8,7 @@ goes back to the front of the waiting queue, to be recomputed later (its generat
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -100,10 +101,12 @@ class Scheduler:
                     out.scheduled.append(ScheduledSequence(seq, num_new))
                     budget -= num_new
 
-        # 2. Waiting sequences, unless this step had to preempt (memory is tight).
+        # 2. Waiting sequences, unless this step had to preempt (memory is tight). A sequence of
+        #    n > 1 samples forks when its prompt is done: its siblings count from admission.
+        forks_pending = sum(s.num_forks_pending for s in self.running) if self.waiting else 0
         while self.waiting and budget > 0 and not out.preempted:
             seq = self.waiting[0]
-            num_seqs_after = len(self.running) + 1 + seq.num_forks_pending
+            num_seqs_after = len(self.running) + forks_pending + 1 + seq.num_forks_pending
             if num_seqs_after > self.max_num_seqs:
                 break
             # A prompt whose logprobs are asked for is computed in full: cached positions
@@ -125,9 +128,12 @@ class Scheduler:
             self.waiting.popleft()
             if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:
                 seq.num_cached_tokens = num_hit
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.time()
             seq.num_computed_tokens = num_hit
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            forks_pending += seq.num_forks_pending
             out.scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
 

@@ -43,6 +43,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission
+        self.first_scheduled_time: float | None = None  # wall clock of its first admission
         self.block_table: list[int] = []
         self.num_cached_blocks = 0  # leading blocks already offered to the prefix cache
         # A parent of n > 1 samples forks into n sequences after its prompt is computed.

@@ -29,6 +29,13 @@ _TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
+# vLLM sizes its token-count buckets 1, 2, 5, 10, ... up to max_model_len; these go to 10^6.
+_TOKEN_BUCKETS = tuple(float(m * 10 ** e) for e in range(6) for m in (1, 2, 5)) + (1e6,)
+_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+# vLLM's request_latency_buckets, for the per-request phase times.
+_PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                  120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     MetricSpec("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
@@ -50,6 +57,21 @@ METRICS: tuple[MetricSpec, ...] = (
                "Histogram of time per output token in seconds.", _TPOT_BUCKETS),
     MetricSpec("vllm:e2e_request_latency_seconds", "histogram",
                "Histogram of end to end request latency in seconds.", _E2E_BUCKETS),
+    MetricSpec("vllm:request_prompt_tokens", "histogram",
+               "Number of prefill tokens processed.", _TOKEN_BUCKETS),
+    MetricSpec("vllm:request_generation_tokens", "histogram",
+               "Number of generation tokens processed.", _TOKEN_BUCKETS),
+    MetricSpec("vllm:request_params_n", "histogram", "Histogram of the n request parameter.", _N_BUCKETS),
+    MetricSpec("vllm:request_params_max_tokens", "histogram",
+               "Histogram of the max_tokens request parameter.", _TOKEN_BUCKETS),
+    MetricSpec("vllm:request_queue_time_seconds", "histogram",
+               "Histogram of time spent in WAITING phase for request.", _PHASE_BUCKETS),
+    MetricSpec("vllm:request_prefill_time_seconds", "histogram",
+               "Histogram of time spent in PREFILL phase for request.", _PHASE_BUCKETS),
+    MetricSpec("vllm:request_decode_time_seconds", "histogram",
+               "Histogram of time spent in DECODE phase for request.", _PHASE_BUCKETS),
+    MetricSpec("vllm:request_inference_time_seconds", "histogram",
+               "Histogram of time spent in RUNNING phase for request.", _PHASE_BUCKETS),
 )
 # Finish reasons that get a request_success series from the start, so that rates are defined.
 FINISH_REASONS = ("stop", "length", "abort")
@@ -66,7 +88,15 @@ _COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
              ("vllm:generation_tokens_total", "generation_tokens"))
 _HISTOGRAMS = (("vllm:time_to_first_token_seconds", "time_to_first_token"),
                ("vllm:time_per_output_token_seconds", "time_per_output_token"),
-               ("vllm:e2e_request_latency_seconds", "e2e_request_latency"))
+               ("vllm:e2e_request_latency_seconds", "e2e_request_latency"),
+               ("vllm:request_prompt_tokens", "request_prompt_tokens"),
+               ("vllm:request_generation_tokens", "request_generation_tokens"),
+               ("vllm:request_params_n", "request_params_n"),
+               ("vllm:request_params_max_tokens", "request_params_max_tokens"),
+               ("vllm:request_queue_time_seconds", "request_queue_time"),
+               ("vllm:request_prefill_time_seconds", "request_prefill_time"),
+               ("vllm:request_decode_time_seconds", "request_decode_time"),
+               ("vllm:request_inference_time_seconds", "request_inference_time"))
 
 
 class MetricsTracker:

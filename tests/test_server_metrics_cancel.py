@@ -89,7 +89,11 @@ def test_metrics_appear_and_move(llm_server, tiny_model):
              "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
              "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
              "vllm:time_to_first_token_seconds_count", "vllm:time_per_output_token_seconds_count",
-             "vllm:e2e_request_latency_seconds_count"]
+             "vllm:e2e_request_latency_seconds_count", "vllm:request_prompt_tokens_sum",
+             "vllm:request_generation_tokens_sum", "vllm:request_params_max_tokens_sum",
+             "vllm:request_params_n_count", "vllm:request_queue_time_seconds_count",
+             "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
+             "vllm:request_inference_time_seconds_count"]
     assert wait_until(lambda: _idle(llm_server), 10)
     before = {n: llm_server.metric(n, **LABELS) for n in names}
     length = llm_server.metric("vllm:request_success_total", finished_reason="length", **LABELS)
@@ -126,6 +130,13 @@ def test_metrics_appear_and_move(llm_server, tiny_model):
     assert delta("vllm:prompt_tokens_total") == 2 * prompt_len + busy_len
     assert delta("vllm:prefix_cache_queries_total") >= delta("vllm:prefix_cache_hits_total") > 0
     assert delta("vllm:num_preemptions_total") == 0
+    # One sample per request (vLLM V1's per-request histograms).
+    assert delta("vllm:request_prompt_tokens_sum") == 2 * prompt_len + busy_len
+    assert delta("vllm:request_generation_tokens_sum") == 2 * 10 + LONG["max_tokens"]
+    assert delta("vllm:request_params_max_tokens_sum") == 2 * 10 + LONG["max_tokens"]
+    for name in ("request_params_n", "request_queue_time_seconds", "request_prefill_time_seconds",
+                 "request_decode_time_seconds", "request_inference_time_seconds"):
+        assert delta(f"vllm:{name}_count") == 3, name
     assert llm_server.metric("vllm:gpu_cache_usage_perc", **LABELS) == 0
 
 

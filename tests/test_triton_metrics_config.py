@@ -25,7 +25,13 @@ def test_counters_increment_by_deltas_and_gauges_are_set():
     assert not any(op[0] == "vllm:prefix_cache_hits_total" for op in ops)  # zero delta: nothing
 
     ops = tracker.update(EngineStats(prompt_tokens=15, generation_tokens=4,
-                                     request_success={"length": 2, "stop": 1}))
+                                     request_success={"length": 2, "stop": 1},
+                                     request_prompt_tokens=[5], request_params_n=[2],
+                                     request_decode_time=[0.5, 1.5]))
+    assert [op for op in ops if op[1] == "observe"] == [
+        ("vllm:request_prompt_tokens", "observe", 5.0, {}), ("vllm:request_params_n", "observe", 2.0, {}),
+        ("vllm:request_decode_time_seconds", "observe", 0.5, {}),
+        ("vllm:request_decode_time_seconds", "observe", 1.5, {})]
     increments = [op for op in ops if op[1] == "increment"]
     assert increments == [("vllm:prompt_tokens_total", "increment", 5.0, {}),
                           ("vllm:request_success_total", "increment", 1.0, {"finished_reason": "stop"})]
@@ -38,7 +44,11 @@ def test_metric_names_are_vllms():
         "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
         "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
         "vllm:request_success_total", "vllm:time_to_first_token_seconds",
-        "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds"}
+        "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+        "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",
+        "vllm:request_params_max_tokens", "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)

@@ -69,6 +69,17 @@ def test_max_num_seqs_limits_admission_fcfs():
     assert [s.request_id for s in sched.waiting] == ["r2"]
 
 
+def test_max_num_seqs_counts_the_samples_a_request_will_fork():
+    """n=2 takes two of max_num_seqs from its admission on, before its prompt is done and it
+    forks: the request behind it waits, in the same step and while the prompt is in chunks."""
+    sched, _ = make(max_num_seqs=2, budget=4, num_blocks=32)
+    sched.add(seq(6, "pair", params=SamplingParams(n=2)))
+    sched.add(seq(2, "next", 50))
+    assert run_step(sched) == [("pair", 2)]  # (chunks of half the budget while others wait)
+    assert run_step(sched) == [("pair", 2)]
+    assert [s.request_id for s in sched.waiting] == ["next"]
+
+
 def test_preempts_most_recent_and_recomputes_it_later():
     sched, bm = make(num_blocks=4, block_size=4, budget=64)
     a, b = seq(8, "a"), seq(8, "b", 100)
