@@ -101,6 +101,15 @@ def _place(name: str, target: torch.Tensor, loader, tensor: torch.Tensor, shard_
         loader(target, tensor, shard_id)
 
 
+def _rows(name: str, tensor: torch.Tensor, start: int, rows: int, parts: list) -> torch.Tensor:
+    """Rows start..start+rows of a fused checkpoint tensor, which must hold all its parts."""
+    total = sum(r for _, r in parts)
+    if tensor.shape[0] != total:
+        raise ValueError(f"model: {name} has {tensor.shape[0]} rows, expected {total} "
+                         f"({' + '.join(str(r) for _, r in parts)})")
+    return tensor[start:start + rows]
+
+
 def _record_row_scale(name: str, param: nn.Parameter, loader, row_scale: torch.Tensor,
                       shard_id) -> None:
     """Keeps the checkpoint's scale of each of `param`'s rows as `param.checkpoint_scale`
@@ -158,10 +167,19 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
                 if param is None:
                     raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")
                 loader = getattr(param, "weight_loader", None)
+                # A tensor the checkpoint already fuses goes in part by part (each part's rows).
+                parts = [(shard_id, None)]
+                if shard_id is None and loader is not None and hasattr(model, "checkpoint_shards"):
+                    parts = model.checkpoint_shards(name) or parts
                 with torch.no_grad():
-                    _place(name, param, loader, tensor, shard_id)
-                    if row_scale is not None:
-                        _record_row_scale(name, param, loader, row_scale, shard_id)
+                    start = 0
+                    for sid, rows in parts:
+                        part = tensor if rows is None else _rows(name, tensor, start, rows, parts)
+                        _place(name, param, loader, part, sid)
+                        if row_scale is not None:  # ([N, 1]: one per row of the tensor)
+                            scale = row_scale if rows is None else _rows(name, row_scale, start, rows, parts)
+                            _record_row_scale(name, param, loader, scale, sid)
+                        start += rows or 0
                 loaded.add(target)
     missing = [n for n in params if n not in loaded and not (tied and n == "lm_head.weight")]
     if missing:

@@ -2,7 +2,7 @@
 trained here on scripts/data/corpus.txt. Offline; used by `make serve` (the embedded default
 model) and by the tests. The output of such a model is not meaningful text.
 
-    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2|qwen3]
+    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2|qwen3|phi3]
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 dtype: str = "float32", add_bos: bool = True, head_dim: int | None = None) -> str:
     """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(out_dir, vocab_size, add_bos=add_bos)
@@ -65,6 +65,11 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
         # Qwen3 sets head_dim apart from hidden_size / heads (Qwen3-0.6B: 1024 wide, 16 x 128).
         config = Qwen3Config(**common, head_dim=head_dim or hidden_size // num_attention_heads,
                              rms_norm_eps=1e-6)
+    elif arch == "phi3":
+        # Phi-3: fused qkv_proj and gate_up_proj in the checkpoint; half of each head rotates here
+        # (Phi-4-mini's 0.75, Phi-3's 1.0), so the partial rotary path is exercised.
+        config = Phi3Config(**common, rms_norm_eps=1e-5, partial_rotary_factor=0.5,
+                            pad_token_id=tok.eos_token_id)
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(seed)
@@ -87,7 +92,7 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "models", "tiny-llama"))
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "phi3"])
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
     args = parser.parse_args(argv)
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:

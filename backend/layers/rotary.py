@@ -39,14 +39,16 @@ def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None) -> torc
 
 
 class RotaryEmbedding(nn.Module):
+    """`rotary_dim` (default head_dim): only each head's first rotary_dim dims rotate."""
+
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, rotary_dim: int | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = compute_inv_freq(head_dim, base, scaling)
+        inv_freq = compute_inv_freq(rotary_dim or head_dim, base, scaling)
         t = torch.arange(max_position, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)
-        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim] float32
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim] float32
         self.register_buffer("cos_sin_cache", cache.to(device) if device else cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,

@@ -8,6 +8,8 @@ MODEL_REGISTRY = {
     "Qwen2ForCausalLM": LlamaForCausalLM,  # same blocks; Qwen2 adds the qkv bias (from its config)
     "Qwen3ForCausalLM": LlamaForCausalLM,  # and Qwen3 an RMSNorm per query and key head
     "MistralForCausalLM": LlamaForCausalLM,
+    # Phi-3: its checkpoints hold q/k/v and gate/up already fused; partial rotary
+    "Phi3ForCausalLM": LlamaForCausalLM,
 }
 
 
@@ -17,7 +19,20 @@ def get_model_class(hf_config: dict) -> type:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
     model_type = hf_config.get("model_type")
-    if model_type in ("llama", "qwen2", "qwen3", "mistral"):
+    if model_type in ("llama", "qwen2", "qwen3", "mistral", "phi3"):
         return LlamaForCausalLM
     raise ValueError(f"model: architecture {archs or model_type!r} is not supported; "
                      f"supported: {', '.join(MODEL_REGISTRY)}")
+
+
+def sliding_window(hf_config: dict) -> int | None:
+    """The attention window the architecture applies, or None. Mistral and Phi-3 apply
+    `sliding_window` whenever it is set; Qwen2 and Qwen3 only with `use_sliding_window`. The
+    kernels attend to the whole context, so the engine serves such a model up to its window,
+    where the two agree (as vLLM does with disable_sliding_window)."""
+    window = hf_config.get("sliding_window")
+    if not window:
+        return None
+    if hf_config.get("model_type") in ("qwen2", "qwen3") and not hf_config.get("use_sliding_window", False):
+        return None
+    return int(window)

@@ -33,6 +33,7 @@ class LlamaArgs:
     attention_bias: bool
     mlp_bias: bool
     qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before rotary
+    rotary_dim: int = 0  # the leading dims of each head that rotate (Phi-3's partial rotary); 0: all
 
     @classmethod
     def from_hf_config(cls, c: dict) -> "LlamaArgs":
@@ -41,15 +42,17 @@ class LlamaArgs:
         if c.get("rope_scaling"):
             rope.update(c["rope_scaling"])
         theta = rope.pop("rope_theta", c.get("rope_theta", 10000.0))
+        partial = float(rope.pop("partial_rotary_factor", c.get("partial_rotary_factor") or 1.0))
         if rope.get("rope_type", rope.get("type", "default")) == "default":
             rope = {}
-        if c.get("sliding_window") and c.get("use_sliding_window", False):
-            raise ValueError("model: sliding-window attention is not supported")
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"model: hidden_act {c['hidden_act']!r} is not supported (silu is)")
+        head_dim = c.get("head_dim") or c["hidden_size"] // heads
         return cls(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
             intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_hidden_layers"],
             num_attention_heads=heads, num_key_value_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            head_dim=head_dim,
             rms_norm_eps=c.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
             rope_scaling=rope or None,
             max_position_embeddings=c.get("max_position_embeddings", 4096),
@@ -57,7 +60,7 @@ class LlamaArgs:
             # Qwen2 always has a qkv bias; Llama says so in attention_bias.
             attention_bias=bool(c.get("attention_bias", c.get("model_type") == "qwen2")),
             mlp_bias=bool(c.get("mlp_bias", False)),
-            qk_norm=c.get("model_type") == "qwen3")
+            qk_norm=c.get("model_type") == "qwen3", rotary_dim=int(head_dim * partial))
 
 
 class LlamaAttention(nn.Module):
@@ -74,7 +77,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(a.num_attention_heads * a.head_dim, a.hidden_size,
                                         bias=False, dtype=dtype, linear_method=linear_method)
         self.rotary_emb = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope_theta,
-                                          a.rope_scaling)
+                                          a.rope_scaling, rotary_dim=a.rotary_dim or a.head_dim)
         self.attn = Attention(self.num_heads, a.head_dim, a.head_dim ** -0.5, self.num_kv_heads)
         self.head_dim = a.head_dim
         if a.qk_norm:
@@ -174,6 +177,17 @@ class LlamaForCausalLM(nn.Module):
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
+
+    def checkpoint_shards(self, param_name: str) -> list[tuple[str | int, int]] | None:
+        """For a checkpoint tensor that is already fused (Phi-3's qkv_proj and gate_up_proj):
+        the (shard id, rows) of its parts in order, for the parameter's weight loader."""
+        a = self.args
+        if ".qkv_proj." in param_name:
+            q, kv = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+            return [("q", q), ("k", kv), ("v", kv)]
+        if ".gate_up_proj." in param_name:
+            return [(0, a.intermediate_size), (1, a.intermediate_size)]
+        return None
 
     def __init__(self, hf_config: dict, dtype: torch.dtype,
                  linear_method: LinearMethod | None = None) -> None:

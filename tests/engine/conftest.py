@@ -27,6 +27,10 @@ QWEN3 = dict(arch="qwen3", num_attention_heads=4, num_key_value_heads=2, tie_wor
              head_dim=32)
 
 
+# Phi-3: the checkpoint's q/k/v and gate/up already fused, half of each head rotating, 4:1 GQA.
+PHI3 = dict(arch="phi3", num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=False)
+
+
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory) -> str:
     return build_model(str(tmp_path_factory.mktemp("tiny-llama")), seed=1, **LLAMA)
@@ -42,6 +46,11 @@ def qwen3_dir(tmp_path_factory) -> str:
     return build_model(str(tmp_path_factory.mktemp("tiny-qwen3")), seed=3, **QWEN3)
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
-def model_dir(request, llama_dir, qwen2_dir, qwen3_dir) -> str:
-    return {"llama": llama_dir, "qwen2": qwen2_dir, "qwen3": qwen3_dir}[request.param]
+@pytest.fixture(scope="session")
+def phi3_dir(tmp_path_factory) -> str:
+    return build_model(str(tmp_path_factory.mktemp("tiny-phi3")), seed=4, **PHI3)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "phi3"])
+def model_dir(request, llama_dir, qwen2_dir, qwen3_dir, phi3_dir) -> str:
+    return {"llama": llama_dir, "qwen2": qwen2_dir, "qwen3": qwen3_dir, "phi3": phi3_dir}[request.param]

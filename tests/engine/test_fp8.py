@@ -40,11 +40,12 @@ def hf_fp8_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     count = 0
     for layer in model.model.layers:
-        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                    layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-            fake_quant_linear(lin)
-            count += 1
-    assert count == 7 * len(model.model.layers)
+        # q/k/v and gate/up apart, or fused as Phi-3 has them (per-row scales are the same)
+        for lin in [*layer.self_attn.children(), *layer.mlp.children()]:
+            if isinstance(lin, nn.Linear):
+                fake_quant_linear(lin)
+                count += 1
+    assert count in (4 * len(model.model.layers), 7 * len(model.model.layers))
     return hf_greedy_generate(model, prompts, MAX_NEW)
 
 

@@ -17,7 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from backend import LLM, SamplingParams
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# (Phi-3's checkpoints hold qkv_proj and gate_up_proj already fused.)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+           "gate_up_proj")
 PROMPTS = [[1, 17, 42, 99, 7, 300, 12], list(range(3, 40)), [5]]
 
 
@@ -101,7 +103,9 @@ def test_fp8_checkpoint_keeps_its_values_and_scales(model_dir, tmp_path, per_cha
                 linear = getattr(module, name, None)
                 if linear is None:
                     continue
-                parts = [f"model.layers.{i}.{block}.{p}.weight" for p in packs.get(name, (name,))]
+                fused = f"model.layers.{i}.{block}.{name}.weight"
+                parts = [fused] if fused in checkpoint else \
+                    [f"model.layers.{i}.{block}.{p}.weight" for p in packs.get(name, (name,))]
                 want = torch.cat([checkpoint[p] for p in parts])
                 scales = torch.cat([checkpoint[p + "_scale"].float().reshape(-1, 1)
                                     .expand(checkpoint[p].shape[0], 1) for p in parts])

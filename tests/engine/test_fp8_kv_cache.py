@@ -35,9 +35,17 @@ def hf_fp8_kv_greedy(model_dir: str, prompts: list[list[int]], monkeypatch) -> l
         return q, fake_quant(k, K_SCALE)
 
     monkeypatch.setattr(module, "apply_rotary_pos_emb", rotary_then_quantize_keys)
+    kv_size = model.config.num_key_value_heads * model.model.layers[0].self_attn.head_dim
+
+    def quantize_values_of_fused_qkv(_m, _i, out):  # Phi-3: the values are the last kv_size columns
+        return torch.cat([out[..., :-kv_size], fake_quant(out[..., -kv_size:], V_SCALE)], dim=-1)
+
     for layer in model.model.layers:
-        v_proj = layer.self_attn.v_proj
-        v_proj.register_forward_hook(lambda _m, _i, out: fake_quant(out, V_SCALE))
+        attn = layer.self_attn
+        if hasattr(attn, "v_proj"):
+            attn.v_proj.register_forward_hook(lambda _m, _i, out: fake_quant(out, V_SCALE))
+        else:
+            attn.qkv_proj.register_forward_hook(quantize_values_of_fused_qkv)
     return hf_greedy_generate(model, prompts, MAX_NEW)
 
 

@@ -30,5 +30,12 @@ def test_engine_model_has_hf_parameter_count(name):
     assert _count(ours) == _count(theirs)
 
 
-def test_all_four_shapes_are_there():
-    assert NAMES == ["llama-3-8b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-8b"]
+def test_all_five_shapes_are_there():
+    assert NAMES == ["llama-3-8b", "phi-3-mini-4k", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-8b"]
+
+
+def test_phi3_mini_has_its_published_size():
+    with open(os.path.join(CONFIGS, "phi-3-mini-4k", "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    with torch.device("meta"):
+        assert _count(get_model_class(config)(config, torch.bfloat16)) == 3_821_079_552

@@ -1,0 +1,55 @@
+"""Models with a sliding attention window (Mistral, Phi-3; Qwen2/3 with use_sliding_window) are
+served up to their window, where attention over the whole context equals theirs; and a model
+the engine cannot run exactly is refused with its reason."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from hf_reference import hf_greedy_generate
+from transformers import AutoModelForCausalLM
+
+from backend import EngineArgs, LLMEngine, SamplingParams
+
+
+def _with_config(src: str, dst, **changes) -> str:
+    shutil.copytree(src, dst)
+    path = dst / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(changes)
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return str(dst)
+
+
+def test_phi3_window_caps_max_model_len_and_matches_hf_within_it(phi3_dir, tmp_path):
+    d = _with_config(phi3_dir, tmp_path / "phi3-window", sliding_window=40)
+    engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
+    assert engine.args.max_model_len == 40
+    with pytest.raises(ValueError, match=r"^max_model_len=41 is larger than the model's sliding_window=40 "
+                                         r"\(attention over the whole context matches the model's only up "
+                                         r"to its window\)\.$"):
+        LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=41))
+    # 20 prompt tokens and 19 generated: the last query sees 38 earlier tokens, inside the window.
+    prompt = list(range(5, 25))
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=19, ignore_eos=True))
+    got = []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            got += o.outputs[0].token_ids
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert got == hf_greedy_generate(hf, [prompt], 19)[0]
+
+
+def test_qwen2_window_counts_only_with_use_sliding_window(qwen2_dir, tmp_path):
+    off = _with_config(qwen2_dir, tmp_path / "off", sliding_window=40, use_sliding_window=False)
+    on = _with_config(qwen2_dir, tmp_path / "on", sliding_window=40, use_sliding_window=True)
+    assert LLMEngine(EngineArgs(model=off, dtype="float32")).args.max_model_len == 2048
+    assert LLMEngine(EngineArgs(model=on, dtype="float32")).args.max_model_len == 40
+
+
+def test_other_activations_are_refused(llama_dir, tmp_path):
+    d = _with_config(llama_dir, tmp_path / "gelu", hidden_act="gelu")
+    with pytest.raises(ValueError, match=r"^model: hidden_act 'gelu' is not supported \(silu is\)$"):
+        LLMEngine(EngineArgs(model=d, dtype="float32"))
