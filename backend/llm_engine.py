@@ -10,7 +10,7 @@ from .config import EngineArgs, load_hf_config
 from .input_processor import InputProcessor, load_eos_token_ids
 from .metrics import EngineStats
 from .model_runner import ModelRunner
-from .models import sliding_window
+from .models import context_limit
 from .outputs import RequestOutput
 from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
@@ -37,12 +37,10 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(args.tokenizer or args.model)
         max_pos = int(self.hf_config.get("max_position_embeddings") or 4096)
         limit = f"the model's max_position_embeddings={max_pos}"
-        window = sliding_window(self.hf_config)
-        if window is not None and window < max_pos:
-            max_pos, limit = window, (f"the model's sliding_window={window} (attention over the "
-                                      f"whole context matches the model's only up to its window)")
-            logger.warning("The model attends within a sliding window of %d tokens: serving "
-                           "sequences of at most %d tokens", window, window)
+        exact = context_limit(self.hf_config)
+        if exact is not None and exact[0] < max_pos:
+            max_pos, limit = exact
+            logger.warning("Serving sequences of at most %d tokens: %s", max_pos, limit)
         if args.max_model_len is not None and args.max_model_len > max_pos:
             raise ValueError(f"max_model_len={args.max_model_len} is larger than {limit}.")
         max_model_len = args.max_model_len or max_pos

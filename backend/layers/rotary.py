@@ -26,16 +26,41 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, inv_freq_llama)
 
 
+def rope_type(scaling: dict | None) -> str:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
 def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type == "default":
+    shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    kind = rope_type(scaling)
+    if kind == "longrope":
+        # Phi-3's LongRoPE with its short factors: the engine serves such a model up to its
+        # original_max_position_embeddings, where transformers uses those (same arithmetic).
+        short = torch.tensor(scaling["short_factor"], dtype=torch.float32)
+        if short.numel() != rotary_dim // 2:
+            raise ValueError(f"model: longrope short_factor has {short.numel()} values, expected "
+                             f"{rotary_dim // 2} (half the rotary dims)")
+        return 1.0 / (short * base ** shape)
+    inv_freq = 1.0 / (base ** shape)
+    if kind == "default":
         return inv_freq
-    if rope_type == "llama3":
+    if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
-    if rope_type == "linear":
+    if kind == "linear":
         return inv_freq / scaling["factor"]
-    raise ValueError(f"rope scaling type {rope_type!r} is not supported (default, linear, llama3 are)")
+    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3, longrope are)")
+
+
+def attention_factor(scaling: dict | None) -> float:
+    """LongRoPE scales cos and sin by sqrt(1 + ln(factor) / ln(original length)), factor being
+    the context's extension (max over original positions), unless the config gives it."""
+    if rope_type(scaling) != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or scaling["max_position_embeddings"] / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 class RotaryEmbedding(nn.Module):
@@ -48,7 +73,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq = compute_inv_freq(rotary_dim or head_dim, base, scaling)
         t = torch.arange(max_position, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)
-        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, rotary_dim] float32
+        cos, sin = freqs.cos(), freqs.sin()
+        scale = attention_factor(scaling)
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        cache = torch.cat([cos, sin], dim=-1)  # [max_position, rotary_dim] float32
         self.register_buffer("cos_sin_cache", cache.to(device) if device else cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,

@@ -25,6 +25,26 @@ def get_model_class(hf_config: dict) -> type:
                      f"supported: {', '.join(MODEL_REGISTRY)}")
 
 
+def context_limit(hf_config: dict) -> tuple[int, str] | None:
+    """The longest sequence served exactly when it is shorter than max_position_embeddings, and
+    why: a sliding attention window (below), or LongRoPE, whose long factors apply past
+    original_max_position_embeddings (only its short factors are implemented)."""
+    limits = []
+    window = sliding_window(hf_config)
+    if window is not None:
+        limits.append((window, f"the model's sliding_window={window} (attention over the whole "
+                               f"context matches the model's only up to its window)"))
+    rope = {**(hf_config.get("rope_parameters") or {}), **(hf_config.get("rope_scaling") or {})}
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        original = int(rope.get("original_max_position_embeddings")
+                       or hf_config.get("original_max_position_embeddings")
+                       or hf_config.get("max_position_embeddings", 4096))
+        limits.append((original, f"the model's original_max_position_embeddings={original} "
+                                 f"(past it LongRoPE switches to its long factors, which Tritium does "
+                                 f"not implement)"))
+    return min(limits) if limits else None
+
+
 def sliding_window(hf_config: dict) -> int | None:
     """The attention window the architecture applies, or None. Mistral and Phi-3 apply
     `sliding_window` whenever it is set; Qwen2 and Qwen3 only with `use_sliding_window`. The

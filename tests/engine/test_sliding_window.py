@@ -53,3 +53,27 @@ def test_other_activations_are_refused(llama_dir, tmp_path):
     d = _with_config(llama_dir, tmp_path / "gelu", hidden_act="gelu")
     with pytest.raises(ValueError, match=r"^model: hidden_act 'gelu' is not supported \(silu is\)$"):
         LLMEngine(EngineArgs(model=d, dtype="float32"))
+
+
+def test_longrope_with_its_short_factors_up_to_the_original_length(phi3_dir, tmp_path):
+    """Phi-3.5 / Phi-4-mini's LongRoPE: short factors and the attention factor (sqrt(1 + ln 32 /
+    ln 64) here) equal transformers' up to original_max_position_embeddings, where the engine
+    stops: past it the model would switch to its long factors."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.3, 2.1, 3.5], "long_factor": [1.5, 2.5, 4.0, 8.0]}
+    d = _with_config(phi3_dir, tmp_path / "longrope", rope_parameters=rope, rope_scaling=None,
+                     original_max_position_embeddings=64, max_position_embeddings=2048)
+    engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
+    assert engine.args.max_model_len == 64
+    with pytest.raises(ValueError, match=r"^max_model_len=65 is larger than the model's "
+                                         r"original_max_position_embeddings=64 \(past it LongRoPE"):
+        LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=65))
+    prompts = [list(range(5, 35)), list(range(100, 112))]
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    got = {str(i): [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            got[o.request_id] += o.outputs[0].token_ids
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert [got[str(i)] for i in range(len(prompts))] == hf_greedy_generate(hf, prompts, 30)
