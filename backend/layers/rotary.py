@@ -27,7 +27,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 def rope_type(scaling: dict | None) -> str:
-    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    return "longrope" if kind == "su" else kind  # (LongRoPE's first name, in early Phi-3 configs)
 
 
 def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None) -> torch.Tensor:

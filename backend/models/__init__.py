@@ -35,7 +35,7 @@ def context_limit(hf_config: dict) -> tuple[int, str] | None:
         limits.append((window, f"the model's sliding_window={window} (attention over the whole "
                                f"context matches the model's only up to its window)"))
     rope = {**(hf_config.get("rope_parameters") or {}), **(hf_config.get("rope_scaling") or {})}
-    if rope.get("rope_type", rope.get("type")) == "longrope":
+    if rope.get("rope_type", rope.get("type")) in ("longrope", "su"):  # ("su": its first name)
         original = int(rope.get("original_max_position_embeddings")
                        or hf_config.get("original_max_position_embeddings")
                        or hf_config.get("max_position_embeddings", 4096))

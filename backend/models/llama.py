@@ -45,7 +45,7 @@ class LlamaArgs:
         partial = float(rope.pop("partial_rotary_factor", c.get("partial_rotary_factor") or 1.0))
         if rope.get("rope_type", rope.get("type", "default")) == "default":
             rope = {}
-        elif rope.get("rope_type", rope.get("type")) == "longrope":  # its lengths live in the config
+        elif rope.get("rope_type", rope.get("type")) in ("longrope", "su"):  # its lengths live in the config
             rope.setdefault("original_max_position_embeddings",
                             c.get("original_max_position_embeddings") or c.get("max_position_embeddings", 4096))
             rope.setdefault("max_position_embeddings", c.get("max_position_embeddings", 4096))

@@ -77,3 +77,23 @@ def test_longrope_with_its_short_factors_up_to_the_original_length(phi3_dir, tmp
             got[o.request_id] += o.outputs[0].token_ids
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     assert [got[str(i)] for i in range(len(prompts))] == hf_greedy_generate(hf, prompts, 30)
+
+
+def test_su_is_longrope_under_its_first_name():
+    from backend.layers.rotary import RotaryEmbedding
+    from backend.models import context_limit
+    from backend.models.llama import LlamaArgs
+
+    base = dict(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=4, max_position_embeddings=2048, original_max_position_embeddings=64,
+                model_type="phi3")
+    factors = dict(short_factor=[1.0, 1.3, 2.1, 3.5, 1.1, 1.2, 1.4, 1.5],
+                   long_factor=[1.5, 2.5, 4.0, 8.0, 2.0, 2.0, 2.0, 2.0])
+    caches = []
+    for kind in ("longrope", "su"):
+        config = {**base, "rope_scaling": {"type": kind, **factors}}
+        assert context_limit(config)[0] == 64
+        a = LlamaArgs.from_hf_config(config)
+        caches.append(RotaryEmbedding(a.head_dim, 128, a.rope_theta, a.rope_scaling).cos_sin_cache)
+    assert torch.equal(caches[0], caches[1])
+    assert not torch.equal(caches[0], RotaryEmbedding(16, 128, 10000.0, None).cos_sin_cache)
