@@ -7,6 +7,7 @@ suffix its Prometheus client gives counters, so existing dashboards work.
 """
 from __future__ import annotations
 
+import collections
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,10 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 # (metric name, operation "set" | "increment" | "observe", value, extra labels)
 MetricOp = tuple[str, str, float, dict[str, str]]
+# Histogram samples applied per publish (each is an IPC round trip of the Triton stub, ~24 us,
+# holding its GIL from the response sender): the rest wait for the next publish. When 256
+# requests finish together their 2,816 samples take eleven publishes instead of ~70 ms at once.
+MAX_OBSERVES_PER_PUBLISH = 256
 
 _GAUGES = (("vllm:num_requests_running", "num_running"), ("vllm:num_requests_waiting", "num_waiting"),
            ("vllm:kv_cache_usage_perc", "kv_cache_usage"), ("vllm:gpu_cache_usage_perc", "kv_cache_usage"))
@@ -140,6 +145,7 @@ class MetricsPublisher:
         self._labels = labels
         self._lock = _AbstractSocketLock(lock_name)
         self._tracker = MetricsTracker()
+        self._pending: collections.deque[MetricOp] = collections.deque()  # samples not yet observed
         self._families: dict[str, Any] = {}
         self._metrics: dict[tuple, Any] = {}
         self._specs = {spec.name: spec for spec in METRICS}
@@ -165,8 +171,17 @@ class MetricsPublisher:
     def publish(self, stats: EngineStats) -> None:
         """Apply a snapshot (after `open()`: the new series count from the engine's start)."""
         assert self.is_open, "publish before open"
-        for name, op, value, extra in self._tracker.update(stats):
-            getattr(self._metric(name, extra), op)(value)
+        for item in self._tracker.update(stats):
+            if item[1] == "observe":
+                self._pending.append(item)
+            else:
+                self._apply(item)
+        for _ in range(min(len(self._pending), MAX_OBSERVES_PER_PUBLISH)):
+            self._apply(self._pending.popleft())
+
+    def _apply(self, item: MetricOp) -> None:
+        name, op, value, extra = item
+        getattr(self._metric(name, extra), op)(value)
 
     def _metric(self, name: str, extra: dict[str, str]) -> Any:
         key = (name, tuple(sorted(extra.items())))
@@ -177,6 +192,7 @@ class MetricsPublisher:
         return self._metrics[key]
 
     def close(self) -> None:
+        self._pending.clear()  # (samples of an unloading model's last moments)
         self._metrics.clear()
         self._families.clear()
         self.is_open = False

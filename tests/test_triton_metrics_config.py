@@ -5,7 +5,7 @@ import pytest
 
 from backend.metrics import EngineStats
 from backend.triton_config import engine_args_from_model_config
-from backend.triton_metrics import METRICS, MetricsTracker
+from backend.triton_metrics import MAX_OBSERVES_PER_PUBLISH, METRICS, MetricsTracker
 
 
 def test_counters_increment_by_deltas_and_gauges_are_set():
@@ -138,4 +138,11 @@ def test_publisher_waits_for_the_previous_instance_and_applies_deltas():
     assert success == {"stop": 1.0, "length": 0.0, "abort": 0.0}
     new.publish(EngineStats(generation_tokens=10))
     assert families["vllm:generation_tokens_total"].metrics[0].value == 10.0  # by deltas
+    # Histogram samples go at most MAX_OBSERVES_PER_PUBLISH a publish, in order; counters at once.
+    new.publish(EngineStats(generation_tokens=11, e2e_request_latency=[float(i) for i in range(600)]))
+    assert families["vllm:generation_tokens_total"].metrics[0].value == 11.0
+    assert e2e.observed == [0.5] + [float(i) for i in range(MAX_OBSERVES_PER_PUBLISH)]
+    new.publish(EngineStats(generation_tokens=11, e2e_request_latency=[1000.0]))
+    new.publish(EngineStats(generation_tokens=11))
+    assert e2e.observed == [0.5] + [float(i) for i in range(600)] + [1000.0]
     new.close()
