@@ -1,7 +1,8 @@
 """Model registry: Hugging Face `architectures` name -> model class."""
 from __future__ import annotations
 
-from .llama import LlamaForCausalLM
+from ..layers.rotary import rope_type
+from .llama import LlamaArgs, LlamaForCausalLM
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -34,11 +35,10 @@ def context_limit(hf_config: dict) -> tuple[int, str] | None:
     if window is not None:
         limits.append((window, f"the model's sliding_window={window} (attention over the whole "
                                f"context matches the model's only up to its window)"))
-    rope = {**(hf_config.get("rope_parameters") or {}), **(hf_config.get("rope_scaling") or {})}
-    if rope.get("rope_type", rope.get("type")) in ("longrope", "su"):  # ("su": its first name)
-        original = int(rope.get("original_max_position_embeddings")
-                       or hf_config.get("original_max_position_embeddings")
-                       or hf_config.get("max_position_embeddings", 4096))
+    get_model_class(hf_config)  # an unsupported architecture says so first
+    rope = LlamaArgs.from_hf_config(hf_config).rope_scaling  # (longrope: with its lengths filled in)
+    if rope_type(rope) == "longrope":
+        original = int(rope["original_max_position_embeddings"])
         limits.append((original, f"the model's original_max_position_embeddings={original} "
                                  f"(past it LongRoPE switches to its long factors, which Tritium does "
                                  f"not implement)"))

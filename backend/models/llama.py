@@ -13,7 +13,7 @@ from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.layernorm import RMSNorm
 from ..layers.linear import (LinearMethod, MergedColumnParallelLinear, QKVParallelLinear,
                              RowParallelLinear)
-from ..layers.rotary import RotaryEmbedding
+from ..layers.rotary import RotaryEmbedding, rope_type
 
 
 @dataclass
@@ -43,9 +43,9 @@ class LlamaArgs:
             rope.update(c["rope_scaling"])
         theta = rope.pop("rope_theta", c.get("rope_theta", 10000.0))
         partial = float(rope.pop("partial_rotary_factor", c.get("partial_rotary_factor") or 1.0))
-        if rope.get("rope_type", rope.get("type", "default")) == "default":
+        if rope_type(rope) == "default":
             rope = {}
-        elif rope.get("rope_type", rope.get("type")) in ("longrope", "su"):  # its lengths live in the config
+        elif rope_type(rope) == "longrope":  # its lengths live in the config
             rope.setdefault("original_max_position_embeddings",
                             c.get("original_max_position_embeddings") or c.get("max_position_embeddings", 4096))
             rope.setdefault("max_position_embeddings", c.get("max_position_embeddings", 4096))
