@@ -61,9 +61,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
                      cos_sin_cache: torch.Tensor, head_size: int | None = None,
                      q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
-                     eps: float = 1e-6, **options) -> None:
+                     eps: float = 1e-6, *, value: torch.Tensor | None = None,
+                     k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                     slot_mapping: torch.Tensor | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0, **options) -> None:
     _impl("rotary", "apply_rotary_emb")(query, key, positions, cos_sin_cache, head_size,
-                                        q_norm_weight, k_norm_weight, eps, **options)
+                                        q_norm_weight, k_norm_weight, eps, value=value,
+                                        k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping,
+                                        k_scale=k_scale, v_scale=v_scale, **options)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, **options) -> torch.Tensor:

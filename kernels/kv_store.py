@@ -50,6 +50,26 @@ def _to_e4m3_bits(x, inv_scale, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
+def store_token_rows(cache_ptr, x, slot, offs_h, offs_d, mask, inv_scale,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                     QUANTIZE: tl.constexpr, TRANSPOSED: tl.constexpr, FP8_MAX: tl.constexpr):
+    """Writes one token's [heads, dims] tile x (rows offs_h, columns offs_d of its [Hkv, D] slot)
+    into a cache. QUANTIZE: the cache is a uint8 view of FP8 and x is stored as x * inv_scale.
+    TRANSPOSED: the cache keeps each block as [Hkv, D, block_size] (an FP8 value cache)."""
+    if QUANTIZE:
+        # Multiply by the host-computed reciprocal (not divide): the reference does the same
+        # float32 product, so both round the same value.
+        x = _to_e4m3_bits(x, inv_scale, FP8_MAX)
+    if TRANSPOSED:
+        block = slot // BLOCK_SIZE
+        dst = (block * (NUM_KV_HEADS * HEAD_DIM * BLOCK_SIZE) + offs_h[:, None] * (HEAD_DIM * BLOCK_SIZE)
+               + offs_d[None, :] * BLOCK_SIZE + slot % BLOCK_SIZE)
+    else:
+        dst = slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(cache_ptr + dst, x, mask=mask)
+
+
+@triton.jit
 def _store_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, inv_k_scale, inv_v_scale,
@@ -66,19 +86,11 @@ def _store_kv_kernel(
     src = tok.to(tl.int64)
     k = tl.load(key_ptr + src * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(value_ptr + src * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
-    if QUANTIZE:
-        # The caches arrive as uint8 views. Multiply by the host-computed reciprocal (not
-        # divide): the reference does the same float32 product, so both round the same value.
-        k = _to_e4m3_bits(k, inv_k_scale, FP8_MAX)
-        v = _to_e4m3_bits(v, inv_v_scale, FP8_MAX)
-    dst = slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(k_cache_ptr + dst, k, mask=mask)
-    if QUANTIZE:
-        # An FP8 cache keeps each block's values transposed: [Hkv, D, block_size].
-        block = slot // BLOCK_SIZE
-        dst = (block * (NUM_KV_HEADS * HEAD_DIM * BLOCK_SIZE) + offs_h[:, None] * (HEAD_DIM * BLOCK_SIZE)
-               + offs_d[None, :] * BLOCK_SIZE + slot % BLOCK_SIZE)
-    tl.store(v_cache_ptr + dst, v, mask=mask)
+    # (The caches arrive as uint8 views when QUANTIZE.) Only an FP8 value cache is transposed.
+    store_token_rows(k_cache_ptr, k, slot, offs_h, offs_d, mask, inv_k_scale, NUM_KV_HEADS,
+                     HEAD_DIM, BLOCK_SIZE, QUANTIZE, False, FP8_MAX)
+    store_token_rows(v_cache_ptr, v, slot, offs_h, offs_d, mask, inv_v_scale, NUM_KV_HEADS,
+                     HEAD_DIM, BLOCK_SIZE, QUANTIZE, QUANTIZE, FP8_MAX)
 
 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,

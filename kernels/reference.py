@@ -172,11 +172,18 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
                          cos_sin_cache: torch.Tensor, head_size: int | None = None,
                          q_norm_weight: torch.Tensor | None = None,
-                         k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> None:
+                         k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+                         value: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
+                         v_cache: torch.Tensor | None = None,
+                         slot_mapping: torch.Tensor | None = None, k_scale: float = 1.0,
+                         v_scale: float = 1.0) -> None:
     """In place, neox / rotate-half style: the first rotary_dim dims of each head rotate. With
-    the norm weights, each head is first RMS-normalised (rms_norm_ref over head_size)."""
+    the norm weights, each head is first RMS-normalised (rms_norm_ref over head_size). With the
+    cache arguments, the rotated keys and the values are then stored (store_kv_cache_ref)."""
     head_size, rotary_dim, num_heads, num_kv_heads = v.check_rotary(
         "apply_rotary_emb", query, key, positions, cos_sin_cache, head_size, v.REFERENCE_DTYPES)
+    store = v.check_rotary_store("apply_rotary_emb", key, value, k_cache, v_cache, slot_mapping,
+                                 k_scale, v_scale, head_size, v.REFERENCE_DTYPES)
     num_tokens = query.shape[0]
     if v.check_head_norm("apply_rotary_emb", query, q_norm_weight, k_norm_weight, head_size, rotary_dim):
         for x, heads, weight in ((query, num_heads, q_norm_weight), (key, num_kv_heads, k_norm_weight)):
@@ -190,6 +197,10 @@ def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torc
         rot = x.view(num_tokens, heads, head_size)[..., :rotary_dim]
         x1, x2 = rot[..., :half].to(compute), rot[..., half:].to(compute)
         rot.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+    if store:
+        shape = (num_tokens, num_kv_heads, head_size)
+        store_kv_cache_ref(key.view(shape), value.view(shape), k_cache, v_cache, slot_mapping,
+                           k_scale, v_scale)
 
 
 def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -293,6 +293,30 @@ def check_head_norm(op: str, query, q_norm_weight, k_norm_weight, head_size: int
     return True
 
 
+def check_rotary_store(op: str, key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                       head_size: int, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """The KV cache that apply_rotary_emb may also store into: value (key's layout), k_cache,
+    v_cache and slot_mapping all or none, then store_kv_cache's checks on [T, Hkv, D] views.
+    Returns whether they are given."""
+    given = {"value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping}
+    if all(t is None for t in given.values()):
+        return False
+    missing = [name for name, t in given.items() if t is None]
+    if missing:
+        fail(op, f"value, k_cache, v_cache and slot_mapping must be given together (missing: "
+                 f"{', '.join(missing)})")
+    layout = "[T, Hkv, D]" if key.dim() == 3 else "[T, Hkv*D]"
+    check_tensor(op, "value", value, layout, dtypes)
+    check_shape(op, "value", value, tuple(key.shape), "key.shape")
+    check_last_dim_contiguous(op, "value", value)
+    num_tokens = key.shape[0]
+    heads = key.shape[1] if key.dim() == 3 else key.shape[1] // head_size
+    check_store_kv(op, key.view(num_tokens, heads, head_size), value.view(num_tokens, heads, head_size),
+                   k_cache, v_cache, slot_mapping, dtypes)
+    check_kv_scales(op, k_scale, v_scale)
+    return True
+
+
 def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
     check_tensor(op, "x", x, "[T, 2*I]", dtypes)
     check_last_dim_contiguous(op, "x", x)

@@ -24,7 +24,12 @@ class Attention(nn.Module):
         self.k_scale = 1.0
         self.v_scale = 1.0
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                positions: torch.Tensor | None = None, rotary_emb: nn.Module | None = None,
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None) -> torch.Tensor:
+        """With rotary_emb (and positions), q and k arrive unrotated: one kernel rotates them in
+        place (after Qwen3's q_norm / k_norm) and stores the rotated keys and the values, which
+        saves a kernel per layer. Without it, q and k are taken as rotated and only stored."""
         md = get_attention_metadata()
         num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -32,8 +37,13 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if md is None or self.k_cache is None:
             raise RuntimeError("Attention needs a KV cache and attention metadata (ModelRunner sets both)")
-        ops.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale,
-                           self.v_scale)
+        if rotary_emb is not None:
+            rotary_emb(positions, q, k, q_norm, k_norm, value=v, k_cache=self.k_cache,
+                       v_cache=self.v_cache, slot_mapping=md.slot_mapping, k_scale=self.k_scale,
+                       v_scale=self.v_scale)
+        else:
+            ops.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale,
+                               self.v_scale)
         out = torch.empty_like(q)
         nd = md.num_decode_tokens
         if nd:

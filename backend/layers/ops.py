@@ -41,9 +41,11 @@ def rms_norm(x, weight, eps, residual=None):
 
 
 def apply_rotary_emb(query, key, positions, cos_sin_cache, head_size=None, q_norm_weight=None,
-                     k_norm_weight=None, eps=1e-6) -> None:
+                     k_norm_weight=None, eps=1e-6, **kv_store) -> None:
+    """kv_store: value, k_cache, v_cache, slot_mapping, k_scale, v_scale (rotate and store in one
+    pass), or nothing."""
     fn = kernels.apply_rotary_emb if _on_gpu(query) else reference.apply_rotary_emb_ref
-    fn(query, key, positions, cos_sin_cache, head_size, q_norm_weight, k_norm_weight, eps)
+    fn(query, key, positions, cos_sin_cache, head_size, q_norm_weight, k_norm_weight, eps, **kv_store)
 
 
 def silu_and_mul(x):

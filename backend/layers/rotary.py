@@ -82,12 +82,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache.to(device) if device else cache, persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None):
+                q_norm: nn.Module | None = None, k_norm: nn.Module | None = None, **kv_store):
         """Rotates query and key in place; with q_norm / k_norm (RMSNorm over one head, Qwen3)
-        each head is normalised first, in the same pass."""
+        each head is normalised first, in the same pass. kv_store (value, k_cache, v_cache,
+        slot_mapping, k_scale, v_scale; see Attention) also stores the rotated keys and the
+        values in that pass."""
         if q_norm is None:
-            ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim)
+            ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim, **kv_store)
         else:
             ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim,
-                                 q_norm.weight, k_norm.weight, q_norm.eps)
+                                 q_norm.weight, k_norm.weight, q_norm.eps, **kv_store)
         return query, key

@@ -97,8 +97,9 @@ class LlamaAttention(nn.Module):
         # Strided views into qkv: rotary works in place and the attention kernels take row
         # strides, so no copies (they cost ~2% of a prefill step).
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)  # Qwen3's head norms in the same pass
-        out = self.attn(q, k, v)  # stores every row's keys and values
+        # One kernel applies rotary (after Qwen3's head norms) and stores every row's keys and
+        # values; then attention.
+        out = self.attn(q, k, v, positions, self.rotary_emb, self.q_norm, self.k_norm)
         if rows is not None:
             if rows.numel() == 0:
                 return hidden[:0]

@@ -87,6 +87,15 @@ def cases():
     yield "rotary with head norms", lambda: kernels.apply_rotary_emb(
         e(16, 4096, dtype=torch.bfloat16), e(16, 1024, dtype=torch.bfloat16), torch.zeros(16, dtype=torch.int64),
         e(64, 128), 128, e(128, dtype=torch.bfloat16), e(128, dtype=torch.bfloat16), 1e-6)
+    # Rotary that also stores the keys and values, into a 16-bit and into an FP8 cache.
+    qkv = e(16, 6144, dtype=torch.bfloat16)
+    for cache_dtype, v_shape in ((torch.bfloat16, (4, 16, 8, 128)), (torch.float8_e4m3fn, (4, 8, 128, 16))):
+        yield (f"rotary and kv store {cache_dtype}", lambda cache_dtype=cache_dtype, v_shape=v_shape:
+               kernels.apply_rotary_emb(qkv[:, :4096], qkv[:, 4096:5120], torch.zeros(16, dtype=torch.int64),
+                                        e(64, 128), 128, value=qkv[:, 5120:],
+                                        k_cache=e(4, 16, 8, 128, dtype=cache_dtype),
+                                        v_cache=e(*v_shape, dtype=cache_dtype),
+                                        slot_mapping=torch.zeros(16, dtype=torch.int64), k_scale=0.5, v_scale=2.0))
     yield "silu_and_mul", lambda: kernels.silu_and_mul(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token(e(16, 14336, dtype=torch.bfloat16))
     yield "greedy_sample", lambda: kernels.greedy_sample(e(256, 128256, dtype=torch.bfloat16))
