@@ -14,7 +14,7 @@ from kernels.validation import v_cache_shape
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_context import set_attention_metadata
-from .input_batch import prepare_batch
+from .input_batch import DecodeBlockRows, prepare_batch
 from .layers.attention import Attention
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from .layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
@@ -108,6 +108,7 @@ class ModelRunner:
         self.head_dim = a.head_dim
         self.vocab_size = a.vocab_size
         self.sampler = Sampler()
+        self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`_profile_num_blocks`), so they fit in what the cache left.
         self.logits_rows_per_pass = max(1, min(args.max_num_seqs, max_num_batched_tokens))
@@ -291,7 +292,7 @@ class ModelRunner:
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
-        batch = prepare_batch(scheduled, self.block_size)
+        batch = prepare_batch(scheduled, self.block_size, self.decode_rows)
         fill = None
         holes = np.flatnonzero(batch.input_ids == PLACEHOLDER)
         if len(holes):

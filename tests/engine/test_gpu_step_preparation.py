@@ -1,5 +1,6 @@
 """The parts of the GPU step path that are plain Python, checked on the CPU: block-table padding,
-the decode graphs' context buckets, and the start-up run of every eager kernel variant."""
+the decode rows' block tables kept across steps, the decode graphs' context buckets, and the
+start-up run of every eager kernel variant."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,8 @@ import torch
 
 from backend import EngineArgs, LLMEngine
 from backend.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
-from backend.input_batch import prepare_batch
+from backend.block_manager import BlockManager
+from backend.input_batch import DecodeBlockRows, prepare_batch
 from backend.scheduler import ScheduledSequence
 from backend.sampling_params import SamplingParams
 from backend.sequence import Sequence
@@ -26,6 +28,57 @@ def test_block_tables_are_padded_to_a_multiple_of_16():
     assert batch.decode_block_tables[1, :18].tolist() == list(range(100, 118))
     assert batch.decode_block_tables[1, 18:].tolist() == [0] * 14
     assert batch.prefill_block_tables.shape == (1, 16)  # 4 blocks, padded
+
+
+def test_kept_decode_rows_follow_every_block_table_change():
+    """DecodeBlockRows against a fresh build after each kind of change the block manager makes
+    between decode steps: appends, copy-on-write of the last block after a fork, a sequence
+    freed and given new blocks of the same count, one that skips steps, one that finishes."""
+    bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    seqs = []
+    for i in range(3):
+        s = Sequence(str(i), list(range(10 + i)), 10 + i, SamplingParams())
+        assert bm.allocate_slots(s, len(s.token_ids))
+        s.num_computed_tokens = len(s.token_ids)
+        seqs.append(s)
+    rows = DecodeBlockRows()
+
+    def step(active):
+        for s in active:  # room for this step's token, then the token is computed
+            s.token_ids.append(7)
+            assert bm.allocate_slots(s, 1)
+        got = prepare_batch([ScheduledSequence(s, 1) for s in active], 4, rows).decode_block_tables
+        want = prepare_batch([ScheduledSequence(s, 1) for s in active], 4).decode_block_tables
+        assert got.tolist() == want.tolist()
+        for s in active:
+            s.num_computed_tokens += 1
+        return got
+
+    for _ in range(3):  # seq 0 crosses into a new block (an append)
+        step(seqs)
+    # A fork shares the partial last block; the parent's next token copies it (copy-on-write).
+    child = Sequence("1", list(seqs[1].token_ids), 11, SamplingParams(), index=1)
+    child.num_computed_tokens = seqs[1].num_computed_tokens
+    bm.fork(seqs[1], child)
+    before = list(seqs[1].block_table)
+    step(seqs + [child])
+    assert seqs[1].block_table[:-1] == before[:-1] and seqs[1].block_table[-1] != before[-1]
+    # Freed (preempted) and given new blocks, as many as before, while it skipped a step.
+    old = list(seqs[2].block_table)
+    bm.free(seqs[2])
+    step(seqs[:2] + [child])
+    computed, seqs[2].num_computed_tokens = seqs[2].num_computed_tokens, 0  # recomputed
+    assert bm.allocate_slots(seqs[2], computed)
+    seqs[2].num_computed_tokens = computed
+    assert len(seqs[2].block_table) == len(old) and seqs[2].block_table != old
+    step(seqs + [child])
+    bm.free(seqs[0])  # finished: its row is dropped
+    step(seqs[1:] + [child])
+    assert len(rows) == 3
+    # Any new list is read afresh, even with the same length and last block.
+    items = [ScheduledSequence(s, 1) for s in seqs[1:] + [child]]
+    child.block_table = [63] + child.block_table[1:]
+    assert rows.matrix(items)[2, 0] == 63
 
 
 def test_decode_graph_context_buckets():
