@@ -10,7 +10,7 @@ from .config import EngineArgs, load_hf_config
 from .input_processor import InputProcessor, load_eos_token_ids
 from .metrics import EngineStats
 from .model_runner import ModelRunner
-from .models import context_limit
+from .models import context_limit, longrope_original_length
 from .outputs import RequestOutput
 from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
@@ -44,6 +44,16 @@ class LLMEngine:
         if args.max_model_len is not None and args.max_model_len > max_pos:
             raise ValueError(f"max_model_len={args.max_model_len} is larger than {limit}.")
         max_model_len = args.max_model_len or max_pos
+        original = longrope_original_length(self.hf_config)
+        if original is not None and args.max_model_len is None and max_model_len > original:
+            max_model_len = original
+            logger.warning("LongRoPE: max_model_len defaults to original_max_position_embeddings=%d "
+                           "(its short factors, as transformers uses them up to there); a larger "
+                           "max_model_len uses the long factors at every position", original)
+        elif original is not None and max_model_len > original:
+            logger.warning("LongRoPE: max_model_len=%d passes original_max_position_embeddings=%d, so "
+                           "the long factors apply at every position (vLLM's rule; transformers uses "
+                           "the short ones while a sequence is shorter)", max_model_len, original)
         budget = args.max_num_batched_tokens or (
             DEFAULT_MAX_NUM_BATCHED_TOKENS if args.enable_chunked_prefill
             else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS))

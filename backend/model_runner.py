@@ -94,7 +94,7 @@ class ModelRunner:
         if args.kv_cache_dtype != "auto":
             check_fp8_supported(self.device, f"kv_cache_dtype='{args.kv_cache_dtype}'")
         with torch.device(self.device):
-            self.model = model_cls(hf_config, self.dtype, linear_method)
+            self.model = model_cls(hf_config, self.dtype, linear_method, max_model_len=max_model_len)
         self.model.eval()
         checkpoint_kv_scales: dict[str, dict[str, float]] = {}
         if args.load_format == "dummy":

@@ -31,17 +31,20 @@ def rope_type(scaling: dict | None) -> str:
     return "longrope" if kind == "su" else kind  # (LongRoPE's first name, in early Phi-3 configs)
 
 
-def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
+def compute_inv_freq(rotary_dim: int, base: float, scaling: dict | None,
+                     long_factors: bool = False) -> torch.Tensor:
+    """long_factors: LongRoPE's long factors instead of its short ones (ignored otherwise)."""
     shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     kind = rope_type(scaling)
     if kind == "longrope":
-        # Phi-3's LongRoPE with its short factors: the engine serves such a model up to its
-        # original_max_position_embeddings, where transformers uses those (same arithmetic).
-        short = torch.tensor(scaling["short_factor"], dtype=torch.float32)
-        if short.numel() != rotary_dim // 2:
-            raise ValueError(f"model: longrope short_factor has {short.numel()} values, expected "
+        # Phi-3's LongRoPE (same arithmetic as transformers): the short factors serve up to
+        # original_max_position_embeddings, the long ones a longer max_model_len.
+        name = "long_factor" if long_factors else "short_factor"
+        factors = torch.tensor(scaling[name], dtype=torch.float32)
+        if factors.numel() != rotary_dim // 2:
+            raise ValueError(f"model: longrope {name} has {factors.numel()} values, expected "
                              f"{rotary_dim // 2} (half the rotary dims)")
-        return 1.0 / (short * base ** shape)
+        return 1.0 / (factors * base ** shape)
     inv_freq = 1.0 / (base ** shape)
     if kind == "default":
         return inv_freq
@@ -65,13 +68,15 @@ def attention_factor(scaling: dict | None) -> float:
 
 
 class RotaryEmbedding(nn.Module):
-    """`rotary_dim` (default head_dim): only each head's first rotary_dim dims rotate."""
+    """`rotary_dim` (default head_dim): only each head's first rotary_dim dims rotate.
+    `long_factors`: LongRoPE's long factors at every position."""
 
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None,
-                 device: torch.device | None = None, rotary_dim: int | None = None) -> None:
+                 device: torch.device | None = None, rotary_dim: int | None = None,
+                 long_factors: bool = False) -> None:
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = compute_inv_freq(rotary_dim or head_dim, base, scaling)
+        inv_freq = compute_inv_freq(rotary_dim or head_dim, base, scaling, long_factors)
         t = torch.arange(max_position, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)
         cos, sin = freqs.cos(), freqs.sin()

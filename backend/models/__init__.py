@@ -28,21 +28,25 @@ def get_model_class(hf_config: dict) -> type:
 
 def context_limit(hf_config: dict) -> tuple[int, str] | None:
     """The longest sequence served exactly when it is shorter than max_position_embeddings, and
-    why: a sliding attention window (below), or LongRoPE, whose long factors apply past
-    original_max_position_embeddings (only its short factors are implemented)."""
-    limits = []
+    why: a sliding attention window (see sliding_window)."""
     window = sliding_window(hf_config)
-    if window is not None:
-        limits.append((window, f"the model's sliding_window={window} (attention over the whole "
-                               f"context matches the model's only up to its window)"))
+    if window is None:
+        return None
+    return window, (f"the model's sliding_window={window} (attention over the whole context "
+                    f"matches the model's only up to its window)")
+
+
+def longrope_original_length(hf_config: dict) -> int | None:
+    """A LongRoPE model's original_max_position_embeddings (Phi-3.5-mini, Phi-4-mini, Phi-3-128k),
+    else None. Up to it transformers rotates with the short factors; past it with the long ones.
+    The engine picks one set for its whole life, as vLLM does (switching mid-sequence would leave
+    the cached keys rotated the other way): the long factors when max_model_len passes this
+    length, so max_model_len defaults to it."""
     get_model_class(hf_config)  # an unsupported architecture says so first
     rope = LlamaArgs.from_hf_config(hf_config).rope_scaling  # (longrope: with its lengths filled in)
-    if rope_type(rope) == "longrope":
-        original = int(rope["original_max_position_embeddings"])
-        limits.append((original, f"the model's original_max_position_embeddings={original} "
-                                 f"(past it LongRoPE switches to its long factors, which Tritium does "
-                                 f"not implement)"))
-    return min(limits) if limits else None
+    if rope_type(rope) != "longrope":
+        return None
+    return int(rope["original_max_position_embeddings"])
 
 
 def sliding_window(hf_config: dict) -> int | None:

@@ -2,7 +2,7 @@
 serving: packed tokens of many sequences, paged attention, fused qkv and gate/up projections."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ class LlamaArgs:
     mlp_bias: bool
     qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before rotary
     rotary_dim: int = 0  # the leading dims of each head that rotate (Phi-3's partial rotary); 0: all
+    long_rope: bool = False  # LongRoPE: the long factors at every position (see models.longrope_original_length)
 
     @classmethod
     def from_hf_config(cls, c: dict) -> "LlamaArgs":
@@ -81,7 +82,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(a.num_attention_heads * a.head_dim, a.hidden_size,
                                         bias=False, dtype=dtype, linear_method=linear_method)
         self.rotary_emb = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope_theta,
-                                          a.rope_scaling, rotary_dim=a.rotary_dim or a.head_dim)
+                                          a.rope_scaling, rotary_dim=a.rotary_dim or a.head_dim,
+                                          long_factors=a.long_rope)
         self.attn = Attention(self.num_heads, a.head_dim, a.head_dim ** -0.5, self.num_kv_heads)
         self.head_dim = a.head_dim
         if a.qk_norm:
@@ -195,9 +197,15 @@ class LlamaForCausalLM(nn.Module):
         return None
 
     def __init__(self, hf_config: dict, dtype: torch.dtype,
-                 linear_method: LinearMethod | None = None) -> None:
+                 linear_method: LinearMethod | None = None, max_model_len: int | None = None) -> None:
+        """max_model_len: the engine's; with LongRoPE, past original_max_position_embeddings the
+        long factors apply at every position."""
         super().__init__()
         self.args = LlamaArgs.from_hf_config(hf_config)
+        rope = self.args.rope_scaling
+        if (max_model_len is not None and rope_type(rope) == "longrope"
+                and max_model_len > rope["original_max_position_embeddings"]):
+            self.args = replace(self.args, long_rope=True)
         # The decoder's projections use `linear_method` (e.g. FP8); the LM head stays 16-bit.
         self.model = LlamaModel(self.args, dtype, linear_method)
         self.lm_head = ParallelLMHead(self.args.vocab_size, self.args.hidden_size, dtype)

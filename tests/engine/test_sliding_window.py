@@ -55,33 +55,57 @@ def test_other_activations_are_refused(llama_dir, tmp_path):
         LLMEngine(EngineArgs(model=d, dtype="float32"))
 
 
-def test_longrope_with_its_short_factors_up_to_the_original_length(phi3_dir, tmp_path):
-    """Phi-3.5 / Phi-4-mini's LongRoPE: short factors and the attention factor (sqrt(1 + ln 32 /
-    ln 64) here) equal transformers' up to original_max_position_embeddings, where the engine
-    stops: past it the model would switch to its long factors."""
-    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
             "short_factor": [1.0, 1.3, 2.1, 3.5], "long_factor": [1.5, 2.5, 4.0, 8.0]}
-    d = _with_config(phi3_dir, tmp_path / "longrope", rope_parameters=rope, rope_scaling=None,
-                     original_max_position_embeddings=64, max_position_embeddings=2048)
-    engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
-    assert engine.args.max_model_len == 64
-    with pytest.raises(ValueError, match=r"^max_model_len=65 is larger than the model's "
-                                         r"original_max_position_embeddings=64 \(past it LongRoPE"):
-        LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=65))
-    prompts = [list(range(5, 35)), list(range(100, 112))]
+
+
+def _generate(engine, prompts, max_tokens):
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     got = {str(i): [] for i in range(len(prompts))}
     while engine.has_unfinished_requests():
         for o in engine.step():
             got[o.request_id] += o.outputs[0].token_ids
+    return [got[str(i)] for i in range(len(prompts))]
+
+
+def test_longrope_short_factors_by_default_up_to_the_original_length(phi3_dir, tmp_path):
+    """Phi-3.5 / Phi-4-mini's LongRoPE: by default max_model_len is original_max_position_embeddings,
+    where the short factors and the attention factor (sqrt(1 + ln 32 / ln 64) here) equal
+    transformers'."""
+    d = _with_config(phi3_dir, tmp_path / "longrope", rope_parameters=LONGROPE, rope_scaling=None,
+                     original_max_position_embeddings=64, max_position_embeddings=2048)
+    engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
+    assert engine.args.max_model_len == 64
+    assert not engine.runner.model.args.long_rope
+    prompts = [list(range(5, 35)), list(range(100, 112))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
-    assert [got[str(i)] for i in range(len(prompts))] == hf_greedy_generate(hf, prompts, 30)
+    assert _generate(engine, prompts, 30) == hf_greedy_generate(hf, prompts, 30)
+
+
+def test_longrope_long_factors_past_the_original_length(phi3_dir, tmp_path):
+    """A max_model_len past original_max_position_embeddings rotates every position with the long
+    factors (vLLM's rule: one set for the cache's whole life). Transformers switches to them once a
+    sequence passes the original length, so prompts longer than it match exactly, chunked too."""
+    d = _with_config(phi3_dir, tmp_path / "longrope", rope_parameters=LONGROPE, rope_scaling=None,
+                     original_max_position_embeddings=64, max_position_embeddings=2048)
+    engine = LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=256, max_num_batched_tokens=48,
+                                  enable_prefix_caching=False))
+    assert engine.args.max_model_len == 256 and engine.runner.model.args.long_rope
+    prompts = [list(range(5, 75)), list(range(100, 190))]
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    want = hf_greedy_generate(hf, prompts, 20)
+    assert _generate(engine, prompts, 20) == want
+    # The short factors (the default engine, max_model_len 64) would give other tokens for the
+    # same prompts, had they fit: the two sets differ where it matters.
+    short = LLMEngine(EngineArgs(model=d, dtype="float32")).runner.model.model.layers[0].self_attn.rotary_emb
+    long = engine.runner.model.model.layers[0].self_attn.rotary_emb
+    assert not torch.allclose(short.cos_sin_cache[:64], long.cos_sin_cache[:64])
 
 
 def test_su_is_longrope_under_its_first_name():
     from backend.layers.rotary import RotaryEmbedding
-    from backend.models import context_limit
+    from backend.models import longrope_original_length
     from backend.models.llama import LlamaArgs
 
     base = dict(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -92,7 +116,7 @@ def test_su_is_longrope_under_its_first_name():
     caches = []
     for kind in ("longrope", "su"):
         config = {**base, "rope_scaling": {"type": kind, **factors}}
-        assert context_limit(config)[0] == 64
+        assert longrope_original_length(config) == 64
         a = LlamaArgs.from_hf_config(config)
         caches.append(RotaryEmbedding(a.head_dim, 128, a.rope_theta, a.rope_scaling).cos_sin_cache)
     assert torch.equal(caches[0], caches[1])
