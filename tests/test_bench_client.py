@@ -216,6 +216,32 @@ def test_ratios_and_targets():
     assert check_targets(derive({}, {}, {}))["A_out_tok_s"] is None
 
 
+def test_targets_are_checked_only_for_the_bf16_configuration(tmp_path):
+    """A run with an FP8 KV cache, FP8 weights, another dtype or other sizes is not the targets'
+    configuration: no pass/fail, and the table says why."""
+    from client.bench_report import collect, off_target_reason
+    assert off_target_reason({"dtype": "bfloat16", "device": "cuda", "engine_args": "", "sizes": ""}) is None
+    assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set max_model_len=2047 --set kv_cache_dtype=auto"}) is None
+    assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set kv_cache_dtype=fp8"}) == "kv_cache_dtype=fp8"
+    assert off_target_reason({"dtype": "float16", "engine_args": "--set quantization=fp8",
+                              "sizes": "--num-requests 8"}) == (
+        "dtype=float16, quantization=fp8, workload sizes --num-requests 8")
+    model = tmp_path / "llama-3-8b"
+    model.mkdir()
+    (model / "triton_A.json").write_text(json.dumps({"summary": {"output_tok_s": 11500.0}}))
+    for engine_args, checked in (("", True), ("--set kv_cache_dtype=fp8", False)):
+        (tmp_path / "meta.json").write_text(json.dumps({"dtype": "bfloat16", "engine_args": engine_args}))
+        results = collect(str(tmp_path))
+        table = render_table(results)
+        if checked:
+            assert results["models"]["llama-3-8b"]["targets_met"]["A_out_tok_s"] is True
+            assert "A >= 11,000 tok/s met" in table
+        else:
+            assert results["models"]["llama-3-8b"]["targets_met"] is None
+            assert table.endswith("Targets (llama-3-8b): not checked, they are for bf16 weights and a bf16 KV "
+                                  "cache at the issue's sizes; this run: kv_cache_dtype=fp8")
+
+
 def test_table_marks_missing_figures():
     results = {"models": {"qwen2.5-1.5b": {"derived": derive({}, {"A": {"output_tok_s": 5000.0}}, {})}}}
     row = render_table(results).splitlines()[2]
