@@ -52,6 +52,10 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     k_scale: float = 1.0
     v_scale: float = 1.0
+    # Streamed outputs carry at least this many new tokens (vLLM's name): a request's first token
+    # and its last output go out at once, the rest in groups. Larger values mean fewer, larger
+    # responses: less work per token for the server when many streams are open.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -84,6 +88,7 @@ class EngineArgs:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
+        _positive_int("stream_interval", self.stream_interval)
         if isinstance(self.max_prefill_graph_tokens, bool) or not isinstance(
                 self.max_prefill_graph_tokens, int) or self.max_prefill_graph_tokens < 0:
             raise ValueError("max_prefill_graph_tokens must be a non-negative integer, "

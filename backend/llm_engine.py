@@ -286,11 +286,14 @@ class LLMEngine:
             if seq.detokenizer is not None:
                 self._detokenize(seq)
         outputs = []
+        interval = self.args.stream_interval
         for req in touched.values():
             finished = req.finished
             if finished:
                 self.requests.pop(req.request_id, None)
                 self._record_finished(req)
+            elif interval > 1 and req.holds_back(interval):
+                continue  # its tokens go out with a later output
             out = req.make_delta_output(finished)
             if self.detokenize and (req.params.logprobs is not None or out.prompt_logprobs):
                 fill_decoded_tokens(self.tokenizer, out.logprob_entries())

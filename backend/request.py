@@ -26,6 +26,15 @@ class Request:
             return seqs[0].output_finished
         return bool(seqs) and all(s.output_finished for s in seqs)
 
+    def holds_back(self, stream_interval: int) -> bool:
+        """Whether an unfinished request waits for more tokens before its next output: each of
+        its samples has sent its first token and has fewer than stream_interval new ones."""
+        for seq in self.seqs:
+            new = len(seq.token_ids) - seq.num_unresolved - seq.num_prompt_tokens - seq.num_tokens_emitted
+            if seq.num_tokens_emitted == 0 or new >= stream_interval:
+                return False
+        return True
+
     def make_delta_output(self, finished: bool | None = None) -> RequestOutput:
         """What is new since the previous call, per sample. Text that could be the start of a
         stop string is held back until it is known not to be one. `finished` saves recomputing

@@ -47,6 +47,7 @@ def test_sampling_params_from_json_values():
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1], got 1.5."),
     ({"max_num_seqs": 0}, "max_num_seqs must be a positive integer, got 0."),
     ({"max_prefill_graph_tokens": -1}, "max_prefill_graph_tokens must be a non-negative integer, got -1."),
+    ({"stream_interval": 0}, "stream_interval must be a positive integer, got 0."),
     ({"max_model_len": 100000}, "max_model_len=100000 is larger than the model's max_position_embeddings=2048."),
     ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64},
      "max_num_batched_tokens=64 is smaller than max_model_len=2048"),
@@ -190,3 +191,35 @@ def test_idle_engine_keeps_no_reference_to_a_finished_request(engine):
         gc.collect()
         time.sleep(0.05)
     assert ref() is None
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+def test_stream_interval_groups_the_streamed_tokens(llama_dir, interval):
+    """vLLM's stream_interval: the first token at once, then outputs of `interval` new tokens,
+    and the rest with the finish; text and tokens add up to the output of an ungrouped stream.
+    Every sample of n=2 counts on its own."""
+    from backend import EngineArgs, LLMEngine, SamplingParams
+    from backend.request import accumulate
+    engine = LLMEngine(EngineArgs(model=llama_dir, stream_interval=interval))
+    engine.add_request("one", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=11, ignore_eos=True))
+    engine.add_request("two", list(range(30, 40)), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6,
+                                                                  ignore_eos=True))
+    deltas = {"one": [], "two": []}
+    totals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            deltas[out.request_id].append([len(c.token_ids) for c in out.outputs])
+            totals[out.request_id] = accumulate(totals.get(out.request_id), out)
+    one = [d[0] for d in deltas["one"] if d[0]]
+    assert one == ([1] * 11 if interval == 1 else [1, 4, 4, 2])
+    assert deltas["two"][-1] and all(len(c.token_ids) == 6 for c in totals["two"].outputs)
+    if interval == 4:  # both samples' first tokens at once, then 4, then the last one with the finish
+        assert [d for d in deltas["two"] if any(d)] == [[1, 1], [4, 4], [1, 1]]
+    reference = LLMEngine(EngineArgs(model=llama_dir))
+    reference.add_request("one", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=11, ignore_eos=True))
+    want = None
+    while reference.has_unfinished_requests():
+        for out in reference.step():
+            want = accumulate(want, out)
+    assert totals["one"].outputs[0].token_ids == want.outputs[0].token_ids
+    assert totals["one"].outputs[0].text == want.outputs[0].text
