@@ -11,6 +11,7 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 QUANTIZATIONS = ("fp8",)
+SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's names: auto = the model's dtype; fp8 and fp8_e4m3 = float8 e4m3 with per-tensor scales.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
@@ -56,6 +57,10 @@ class EngineArgs:
     # and its last output go out at once, the rest in groups. Larger values mean fewer, larger
     # responses: less work per token for the server when many streams are open.
     stream_interval: int = 1
+    # fcfs: first come, first served. priority (vLLM's): waiting requests are admitted by (priority,
+    # arrival), a lower value first, and when the KV cache runs out the running request with the
+    # highest (priority, arrival) is preempted.
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -89,6 +94,7 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
         _positive_int("stream_interval", self.stream_interval)
+        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if isinstance(self.max_prefill_graph_tokens, bool) or not isinstance(
                 self.max_prefill_graph_tokens, int) or self.max_prefill_graph_tokens < 0:
             raise ValueError("max_prefill_graph_tokens must be a non-negative integer, "

@@ -138,7 +138,7 @@ class EngineProcess:
         self._processor = InputProcessor(self.tokenizer, payload["vocab_size"],
                                          self.engine_args.max_model_len, payload["kv_capacity_tokens"],
                                          self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
-                                         payload["eos_token_ids"])
+                                         payload["eos_token_ids"], self.engine_args.scheduling_policy)
         self._lock = threading.Lock()
         # id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
         self._requests: dict[str, tuple[Any, OutputCallback, OutputDetokenizer | None]] = {}
@@ -153,8 +153,8 @@ class EngineProcess:
 
     # ---- called from any thread -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: OutputCallback) -> None:
-        req = self._processor.process(request_id, prompt, params)
+                    on_output: OutputCallback, priority: int = 0) -> None:
+        req = self._processor.process(request_id, prompt, params, priority=priority)
         with self._lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")

@@ -30,8 +30,10 @@ class InputProcessor:
     client can act on. Reads only the tokenizer and fixed limits, so any thread may call it."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
-                 max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...]) -> None:
+                 max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...],
+                 scheduling_policy: str = "fcfs") -> None:
         self.tokenizer = tokenizer
+        self.scheduling_policy = scheduling_policy
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -40,9 +42,14 @@ class InputProcessor:
         self.eos_token_ids = eos_token_ids
 
     def process(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                arrival_time: float | None = None) -> Request:
+                arrival_time: float | None = None, priority: int = 0) -> Request:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams.")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}.")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority}, but the engine's scheduling_policy is "
+                             f"{self.scheduling_policy!r}; priorities need scheduling_policy='priority'.")
         text: str | None = None
         if isinstance(prompt, str):
             if not prompt:
@@ -88,4 +95,4 @@ class InputProcessor:
             params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         params.check_token_ids(self.vocab_size)
         params._eos_token_ids = self.eos_token_ids
-        return Request(request_id, text, token_ids, params, arrival_time or time.time())
+        return Request(request_id, text, token_ids, params, arrival_time or time.time(), priority)

@@ -25,7 +25,9 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Seq[Prompt],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 priority: Seq[int] | None = None) -> list[RequestOutput]:
+        """priority: one per prompt, with scheduling_policy="priority" (lower values first)."""
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                          and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
@@ -36,8 +38,12 @@ class LLM:
                   else list(sampling_params))
         if len(params) != len(prompts):
             raise ValueError(f"Got {len(params)} sampling params for {len(prompts)} prompts.")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts.")
         # Validate everything before queueing anything, so a bad prompt leaves no half-done batch.
-        requests = [self.engine.make_request(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        requests = [self.engine.make_request(str(next(self._ids)), p, sp, priority=pr)
+                    for p, sp, pr in zip(prompts, params, priority)]
         for req in requests:
             self.engine.add_request(req.request_id, req)
         results: dict[str, RequestOutput] = {}

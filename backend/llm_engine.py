@@ -67,13 +67,14 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size,
                                           args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, budget,
-                                   args.enable_chunked_prefill, args.long_prefill_token_threshold)
+                                   args.enable_chunked_prefill, args.long_prefill_token_threshold,
+                                   args.scheduling_policy)
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(max_model_len, self.runner.num_blocks * args.block_size)
         self.input_processor = InputProcessor(
             self.tokenizer, self.vocab_size, max_model_len, self.runner.num_blocks * args.block_size,
             args.max_num_seqs, args.max_logprobs,
-            load_eos_token_ids(args.model, self.hf_config, self.tokenizer))
+            load_eos_token_ids(args.model, self.hf_config, self.tokenizer), args.scheduling_policy)
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
         self._inflight = None  # the launched step whose tokens are not yet taken
@@ -90,17 +91,20 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                     arrival_time: float | None = None) -> Request:
+                     arrival_time: float | None = None, priority: int = 0) -> Request:
         """Validate and tokenize (ValueError with a clear message); touches no engine state."""
-        return self.input_processor.process(request_id, prompt, params, arrival_time)
+        return self.input_processor.process(request_id, prompt, params, arrival_time, priority)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Request,
-                    params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
-        req = prompt if isinstance(prompt, Request) else self.make_request(request_id, prompt, params, arrival_time)
+                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    priority: int = 0) -> None:
+        """priority: with scheduling_policy="priority", lower values are served first."""
+        req = prompt if isinstance(prompt, Request) else self.make_request(
+            request_id, prompt, params, arrival_time, priority)
         if req.request_id in self.requests:
             raise ValueError(f"Request id {req.request_id!r} is already in use.")
         seq = Sequence(req.request_id, req.prompt_token_ids, len(req.prompt_token_ids), req.params,
-                       0, req.metrics.arrival_time)
+                       0, req.metrics.arrival_time, req.priority)
         self._attach_detokenizer(seq, req)
         req.seqs.append(seq)
         self.requests[req.request_id] = req

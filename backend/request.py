@@ -9,8 +9,9 @@ from .tokenizer import partial_stop_suffix_len
 
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, arrival_time: float) -> None:
+                 params: SamplingParams, arrival_time: float, priority: int = 0) -> None:
         self.request_id = request_id
+        self.priority = priority  # with scheduling_policy="priority": lower values go first
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params

@@ -5,6 +5,10 @@ Iteration-level (continuous batching): each step mixes the running sequences' ne
 `max_num_batched_tokens` tokens and `max_num_seqs` sequences. First come, first served. When the
 KV cache runs out, the most recently admitted sequence is preempted: its blocks are freed and it
 goes back to the front of the waiting queue, to be recomputed later (its generated tokens are kept).
+
+With policy "priority" (vLLM's), the waiting queue is ordered by (priority, arrival time), lower
+first, a preempted sequence included; and the running sequence preempted is the one with the
+highest (priority, arrival time).
 """
 from __future__ import annotations
 
@@ -36,8 +40,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0) -> None:
+                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
+                 policy: str = "fcfs") -> None:
         self.block_manager = block_manager
+        self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -51,7 +57,19 @@ class Scheduler:
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        if self.policy == "priority":
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _insert_by_priority(self, seq: Sequence) -> None:
+        """After every waiting sequence that goes before or with it (searched from the back,
+        where new arrivals usually land)."""
+        key = (seq.priority, seq.arrival_time)
+        i = len(self.waiting)
+        while i > 0 and (self.waiting[i - 1].priority, self.waiting[i - 1].arrival_time) > key:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running parent (n > 1) joins right after it."""
@@ -93,7 +111,7 @@ class Scheduler:
                 if num_new > 1 and self.waiting:
                     num_new = min(num_new, self._chunk_cap())
                 while not self.block_manager.allocate_slots(seq, num_new):
-                    victim = self.running[-1]
+                    victim = self._victim()
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         break
@@ -141,6 +159,11 @@ class Scheduler:
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
+    def _victim(self) -> Sequence:
+        if self.policy == "priority":  # the last of the latest among the lowest priority
+            return max(reversed(self.running), key=lambda s: (s.priority, s.arrival_time))
+        return self.running[-1]
+
     def _chunk_cap(self) -> int:
         if not self.enable_chunked_prefill:
             return self.max_num_batched_tokens
@@ -163,7 +186,10 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        if self.policy == "priority":
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
         return returned

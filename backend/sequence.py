@@ -32,7 +32,8 @@ class Sequence:
     """
 
     def __init__(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
-                 params: "SamplingParams", index: int = 0, arrival_time: float = 0.0) -> None:
+                 params: "SamplingParams", index: int = 0, arrival_time: float = 0.0,
+                 priority: int = 0) -> None:
         self.seq_id = next(_seq_counter)
         self.request_id = request_id
         self.index = index  # which of the request's n samples
@@ -40,6 +41,7 @@ class Sequence:
         self.num_prompt_tokens = num_prompt_tokens
         self.params = params
         self.arrival_time = arrival_time
+        self.priority = priority  # (scheduling_policy="priority": lower is served first)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit at first admission
@@ -115,7 +117,7 @@ class Sequence:
     def fork(self, index: int) -> "Sequence":
         """A sibling sample sharing everything computed so far (the block manager shares blocks)."""
         child = Sequence(self.request_id, self.token_ids, self.num_prompt_tokens, self.params,
-                         index, self.arrival_time)
+                         index, self.arrival_time, self.priority)
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens

@@ -42,9 +42,9 @@ class StreamingEngine:
 
     # ---- called from any thread -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: OutputCallback) -> None:
+                    on_output: OutputCallback, priority: int = 0) -> None:
         """Validate now (ValueError with a clear message), then queue for the engine thread."""
-        req = self.engine.make_request(request_id, prompt, params)
+        req = self.engine.make_request(request_id, prompt, params, priority=priority)
         with self._ids_lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")

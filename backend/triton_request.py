@@ -39,6 +39,10 @@ class ParsedRequest:
     return_logprobs: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    # The engine's scheduling priority (vLLM's add_request argument; lower first). Triton keeps
+    # its own `priority` request parameter, which a Python-backend model cannot read, so this one
+    # arrives in sampling_parameters.
+    priority: int = 0
 
 
 def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[str, Any] | None = None,
@@ -69,12 +73,17 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     sampling = dict(request_params)
     if inputs.get("sampling_parameters") is not None:
         sampling.update(_json_object_input("sampling_parameters", inputs["sampling_parameters"]))
+    priority = sampling.pop("priority", 0)
+    if isinstance(priority, str) and priority.lstrip("-").isdigit():
+        priority = int(priority)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {priority!r}.")
     params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
     if max_n is not None and params.n > max_n:
         raise ValueError(f"n must be at most {max_n} (the model's max_num_seqs), got {params.n}.")
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
-                         exclude_input_in_output=exclude,
+                         exclude_input_in_output=exclude, priority=priority,
                          **{k: v for k, v in flags.items() if k.startswith("return_")})
 
 

@@ -47,6 +47,10 @@ BAD_GRPC = [  # (inputs, the exact error message)
      "logit_bias: token id 999999 is out of vocabulary (valid ids are 0 to 511)."),
     (grpc_inputs("x", stream=True, exclude_input_in_output=False),
      "exclude_input_in_output=false is not allowed when streaming: a stream sends only the new text."),
+    (grpc_inputs("x", sampling={"priority": "high"}), "priority must be an integer, got 'high'."),
+    # (the priority reaches the engine, whose scheduling_policy is the default)
+    (grpc_inputs("x", sampling={"priority": 1}),
+     "Got priority 1, but the engine's scheduling_policy is 'fcfs'; priorities need scheduling_policy='priority'."),
 ]
 
 

@@ -44,6 +44,7 @@ def test_request_parameters_and_tensor_precedence():
                       '"priority": 3}')
     assert (r.sampling_params.max_tokens, r.sampling_params.temperature) == (5, 0.5)
     assert (r.stream, r.exclude_input_in_output) == (False, True)
+    assert r.priority == 0  # Triton's own priority parameter is Triton's
     r = parse_request({"text_input": s("x"), "sampling_parameters": s('{"max_tokens": 7}'),
                        "return_finish_reason": b(False)},
                       {"max_tokens": 5, "top_k": 3, "return_finish_reason": True})
@@ -245,3 +246,13 @@ def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_obje
            ("hello", [5, 6, 7], True, "length")
     assert folded[1][1] is b1  # a lone delta passes through
     assert (a1.outputs[0].text, a1.outputs[0].token_ids, a1.finished) == ("he", [5], False)
+
+
+def test_priority_arrives_in_sampling_parameters():
+    assert parse_request({"text_input": s("x"), "sampling_parameters": s('{"priority": -2}')}).priority == -2
+    assert parse_request({"text_input": s("x"), "sampling_parameters": s('{"priority": "3"}')}).priority == 3
+    assert parse_request({"text_input": s("x")}).priority == 0
+    for bad in ('"high"', "1.5", "true"):
+        with pytest.raises(ValueError) as info:
+            parse_request({"text_input": s("x"), "sampling_parameters": s('{"priority": %s}' % bad)})
+        assert str(info.value).startswith("priority must be an integer, got ")

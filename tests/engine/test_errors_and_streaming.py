@@ -48,6 +48,7 @@ def test_sampling_params_from_json_values():
     ({"max_num_seqs": 0}, "max_num_seqs must be a positive integer, got 0."),
     ({"max_prefill_graph_tokens": -1}, "max_prefill_graph_tokens must be a non-negative integer, got -1."),
     ({"stream_interval": 0}, "stream_interval must be a positive integer, got 0."),
+    ({"scheduling_policy": "sjf"}, "scheduling_policy must be one of fcfs, priority; got 'sjf'."),
     ({"max_model_len": 100000}, "max_model_len=100000 is larger than the model's max_position_embeddings=2048."),
     ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64},
      "max_num_batched_tokens=64 is smaller than max_model_len=2048"),
@@ -223,3 +224,23 @@ def test_stream_interval_groups_the_streamed_tokens(llama_dir, interval):
             want = accumulate(want, out)
     assert totals["one"].outputs[0].token_ids == want.outputs[0].token_ids
     assert totals["one"].outputs[0].text == want.outputs[0].text
+
+
+def test_priority_scheduling_through_the_llm_api(llama_dir):
+    """scheduling_policy="priority": with one sequence at a time, requests run in priority order
+    (lower first), not in submission order; an fcfs engine refuses a priority."""
+    from backend import LLM, SamplingParams
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompts = [list(range(5, 15)), list(range(20, 30)), list(range(40, 50))]
+    with pytest.raises(ValueError) as info:
+        LLM(llama_dir).generate(prompts[:1], params, priority=[1])
+    assert str(info.value) == ("Got priority 1, but the engine's scheduling_policy is 'fcfs'; "
+                               "priorities need scheduling_policy='priority'.")
+    llm = LLM(llama_dir, scheduling_policy="priority", max_num_seqs=1)
+    with pytest.raises(ValueError, match=r"^priority must be an integer, got 'high'\.$"):
+        llm.generate(prompts[:1], params, priority=["high"])
+    outs = llm.generate(prompts, params, priority=[2, 0, 1])
+    first = [o.metrics.first_token_time for o in outs]
+    assert first[1] < first[2] < first[0]
+    plain = LLM(llama_dir).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]

@@ -147,3 +147,57 @@ def test_random_workload_keeps_integrity():
         assert bm.num_free_blocks + sum(1 for b in bm.blocks if b.ref_cnt) == bm.num_blocks
         assert sched.num_wasted_slots() < bm.block_size * max(1, len(sched.running))
     assert finished > 50 and sched.num_preemptions > 0 and bm.prefix_cache_hits > 0
+
+
+def pseq(n: int, rid: str, start: int, priority: int, arrival: float) -> Sequence:
+    return Sequence(rid, list(range(start, start + n)), n, SamplingParams(), 0, arrival, priority)
+
+
+def test_priority_policy_admits_by_priority_then_arrival():
+    bm = BlockManager(32, 4, False)
+    sched = Scheduler(bm, 2, 64, True, 0, "priority")
+    for rid, priority, arrival in (("late-low", 5, 3.0), ("early-low", 5, 1.0), ("high", 0, 2.0),
+                                   ("mid", 1, 0.5)):
+        sched.add(pseq(4, rid, 10 * len(sched.waiting), priority, arrival))
+    assert [s.request_id for s in sched.waiting] == ["high", "mid", "early-low", "late-low"]
+    assert run_step(sched) == [("high", 4), ("mid", 4)]  # max_num_seqs=2: the two first
+    # A newcomer of higher priority waits for a free slot (no preemption for admission) and is
+    # then first in line.
+    sched.add(pseq(4, "urgent", 90, -1, 9.0))
+    assert run_step(sched) == [("high", 1), ("mid", 1)]
+    sched.finish(sched.running[0])
+    assert run_step(sched) == [("mid", 1), ("urgent", 4)]
+
+
+def test_priority_policy_preempts_the_lowest_priority_and_requeues_it_by_priority():
+    bm = BlockManager(4, 4, False)
+    sched = Scheduler(bm, 8, 64, True, 0, "priority")
+    low, high = pseq(8, "low", 0, 3, 1.0), pseq(8, "high", 100, 0, 2.0)
+    sched.add(low)
+    sched.add(high)
+    # high is admitted first although it arrived later; the cache is then full.
+    assert run_step(sched) == [("high", 8), ("low", 8)]
+    # Both need a third block: low (lowest priority, though admitted last here too) goes.
+    waiting = pseq(4, "other", 200, 1, 0.5)
+    sched.add(waiting)
+    assert run_step(sched) == [("high", 1)]
+    assert low.status == SequenceStatus.WAITING and low.num_computed_tokens == 0
+    # Requeued by priority: behind "other" (priority 1), not at the front as under fcfs.
+    assert [s.request_id for s in sched.waiting] == ["other", "low"]
+
+
+def test_priority_policy_victim_is_not_simply_the_newest():
+    """Under fcfs the most recently admitted sequence is preempted; under priority the one with
+    the highest (priority, arrival), here the one admitted first."""
+    for policy, plan, victim in (("fcfs", [("a", 1)], "b"), ("priority", [("b", 1)], "a")):
+        bm = BlockManager(4, 4, False)
+        sched = Scheduler(bm, 8, 64, True, 0, policy)
+        a = pseq(7, "a", 0, 2 if policy == "priority" else 0, 1.0)
+        b = pseq(8, "b", 100, 0, 2.0)
+        sched.add(a)
+        assert run_step(sched) == [("a", 7)]
+        sched.add(b)
+        assert run_step(sched) == [("a", 1), ("b", 8)]  # the cache is full
+        assert run_step(sched) == plan  # a's next token needs a block
+        assert [s.request_id for s in sched.waiting] == [victim]
+        bm.check_integrity(sched.all_sequences())

@@ -131,7 +131,8 @@ class TritonPythonModel:
                 self._inflight[state.request_id] = state
             try:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
-                                         functools.partial(self._on_output, state.request_id))
+                                         functools.partial(self._on_output, state.request_id),
+                                         priority=parsed.priority)
             except BaseException:
                 with self._lock:
                     self._inflight.pop(state.request_id, None)
