@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from backend.block_manager import BlockManager
 from backend.sampling_params import SamplingParams
 from backend.scheduler import Scheduler
@@ -102,9 +104,12 @@ def test_preempts_most_recent_and_recomputes_it_later():
     bm.check_integrity(sched.all_sequences())
 
 
-def test_random_workload_keeps_integrity():
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_random_workload_keeps_integrity(policy):
+    """Random arrivals (random priorities under "priority"), forks, aborts and preemptions."""
     rng = random.Random(1234)
-    sched, bm = make(num_blocks=24, block_size=4, max_num_seqs=6, budget=12)
+    bm = BlockManager(24, 4, True)
+    sched = Scheduler(bm, 6, 12, True, 0, policy)
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
     live: dict[str, list[Sequence]] = {}
     counter = 0
@@ -114,7 +119,8 @@ def test_random_workload_keeps_integrity():
             counter += 1
             tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
             n = rng.choice([1, 1, 1, 2, 3])
-            s = Sequence(f"q{counter}", tokens, len(tokens), SamplingParams(n=n))
+            s = Sequence(f"q{counter}", tokens, len(tokens), SamplingParams(n=n), 0, float(step),
+                         rng.randrange(3) if policy == "priority" else 0)
             live[s.request_id] = [s]
             sched.add(s)
         if live and rng.random() < 0.03:  # abort
