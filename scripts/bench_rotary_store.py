@@ -1,8 +1,8 @@
 """Rotary then store_kv_cache (two kernels) against apply_rotary_emb storing the keys and values
 itself (one kernel), at Llama-3-8B's shapes: 32 query and 8 KV heads of 128, a fused qkv row,
 for a decode batch and a prefill step's token counts, a 16-bit and an FP8 cache, and a few warp
-counts for the fused kernel. Each variant is captured 20 times in a CUDA graph and replayed;
-the time per call is the replay's over 20, after the L2 is flushed.
+counts for the fused kernel. Each variant is captured 20 times in a CUDA graph and replayed
+after an L2 flush (bench_kernels.Bench's graph timing); the time per call is the replay's / 20.
 
     python3 scripts/bench_rotary_store.py [--out results.json]
 """
@@ -16,29 +16,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_kernels as bk  # noqa: E402
 import kernels  # noqa: E402
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CALLS = 20
 
 
-def graph_time_us(fn, flush: torch.Tensor) -> float:
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(10):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    return sorted(times)[len(times) // 2]
+def time_us(bench: bk.Bench, fn) -> float:
+    """Per call: a CUDA graph of CALLS calls, replayed after an L2 flush (bench_kernels.Bench)."""
+    return bench.time_ms(lambda: [fn() for _ in range(CALLS)]) * 1000 / CALLS
 
 
 def main() -> None:
@@ -46,7 +34,7 @@ def main() -> None:
     ap.add_argument("--out")
     a = ap.parse_args()
     dev = "cuda"
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    bench = bk.Bench(quick=False, graphs=True)
     cos_sin = torch.randn(8192, D, device=dev)
     rows = []
     for tokens in (1, 256, 8192):
@@ -66,16 +54,16 @@ def main() -> None:
                 kernels.apply_rotary_emb(q, k, positions, cos_sin, D)
                 kernels.store_kv_cache(k3, v3, k_cache, v_cache, slots, 0.5, 2.0)
 
-            row = {"tokens": tokens, "cache": cache, "two_kernels_us": graph_time_us(apart, flush)}
+            row = {"tokens": tokens, "cache": cache, "two_kernels_us": time_us(bench, apart)}
             for warps in (1, 2, 4, 8):
-                row[f"fused_w{warps}_us"] = graph_time_us(
-                    lambda warps=warps: kernels.apply_rotary_emb(
+                row[f"fused_w{warps}_us"] = time_us(
+                    bench, lambda warps=warps: kernels.apply_rotary_emb(
                         q, k, positions, cos_sin, D, value=v, k_cache=k_cache, v_cache=v_cache,
-                        slot_mapping=slots, k_scale=0.5, v_scale=2.0, num_warps=warps), flush)
+                        slot_mapping=slots, k_scale=0.5, v_scale=2.0, num_warps=warps))
             for warps in (1, 2, 8):
-                row[f"rotary_only_w{warps}_us"] = graph_time_us(
-                    lambda warps=warps: kernels.apply_rotary_emb(q, k, positions, cos_sin, D,
-                                                                 num_warps=warps), flush)
+                row[f"rotary_only_w{warps}_us"] = time_us(
+                    bench, lambda warps=warps: kernels.apply_rotary_emb(q, k, positions, cos_sin, D,
+                                                                        num_warps=warps))
             rows.append(row)
             print(" ".join(f"{n}={v:.2f}" if isinstance(v, float) else f"{n}={v}" for n, v in row.items()),
                   flush=True)
