@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from triton_server import ROOT, StreamCollector, grpc_inputs, http_request, wait_until
 
 LABELS = {"model": "llm", "version": "1"}
-LONG = {"max_tokens": 240, "ignore_eos": True}  # about a second on the CPU: keeps the gauges up
+LONG = {"max_tokens": 1000, "ignore_eos": True}  # ~2 s on a CPU: the gauges (every 0.2 s) see it run
 # Several seconds on the CPU: a cancellation must land before the request could finish by itself,
 # and the client's disconnect, Triton noticing it and our 20 ms cancel check all take some time.
 CANCEL_ME = {"max_tokens": 1000, "ignore_eos": True}

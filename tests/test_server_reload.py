@@ -15,7 +15,12 @@ CYCLES = 10
 # from one load to the next either. (Measured here: +1 MB over ten cycles.)
 RSS_TOLERANCE_MB = 16
 THREAD_TOLERANCE = 2
-LONG_PROMPT = "word " * 100  # about 100 tokens: fits max_model_len 1024, not 64
+LONG_PROMPT = "word " * 100  # about 100 tokens: fits the served max_model_len, not 64
+# The streams in flight at unload must still be running when the unload is noticed (the stub
+# looks every 0.25 s): 240 tokens took 0.5 s on a CPU and finished first in CI. 2000 tokens take
+# ~4.5 s, and cost nothing when the unload comes in time, as it aborts them.
+IN_FLIGHT_TOKENS = 2000
+ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_model_len": "2048"}  # the tiny model's longest
 
 
 def _stubs(pid: int) -> list[int]:
@@ -51,7 +56,7 @@ def _rss_mb(pid: int) -> float:
 @pytest.fixture(scope="module")
 def explicit_server(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("explicit")
-    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS})
+    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **ENGINE_ARGS})
     server = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
                           "--load-model=llm")
     server.repo, server.model = repo, tiny_model
@@ -77,9 +82,10 @@ def _cycle(server, in_flight: int) -> float:
     try:
         for i in range(in_flight):
             stream.send(f"f{i}", grpc_inputs("in flight at unload", stream=True,
-                                             sampling={"max_tokens": 240, "ignore_eos": True}))
+                                             sampling={"max_tokens": IN_FLIGHT_TOKENS, "ignore_eos": True}))
         assert wait_until(lambda: all(stream.results[f"f{i}"].texts for i in range(in_flight)), 30)
         _control(server, "unload")
+        assert all(r.finals == 0 for r in stream.results.values()), "a stream ended before the unload"
         errors = [stream.next_error(timeout=30) for _ in range(in_flight)]
         assert errors == ["The model is being unloaded."] * in_flight
         assert all(r.finals == 0 for r in stream.results.values())  # the error was their FINAL
@@ -110,9 +116,10 @@ def test_unload_load_cycles_leave_nothing_behind(explicit_server):
 
 def test_changed_parameter_takes_effect_after_reload(explicit_server):
     model_dir = os.path.join(explicit_server.repo, "llm")
+    _control(explicit_server, "load")  # loaded, whatever the test before left behind
     assert _generate(explicit_server, LONG_PROMPT)[0] == 200
     try:
-        write_config(model_dir, {"model": explicit_server.model, **TEST_ENGINE_ARGS, "max_model_len": "64"})
+        write_config(model_dir, {"model": explicit_server.model, **ENGINE_ARGS, "max_model_len": "64"})
         _control(explicit_server, "unload")
         # The unload logs where the stub's sender and receiver threads spent their time.
         line = re.compile(r"tritium: sender thread: [1-9]\d* rounds, \d+ streamed responses, [\d.]+ s busy, "
@@ -123,7 +130,7 @@ def test_changed_parameter_takes_effect_after_reload(explicit_server):
         status, body = _generate(explicit_server, LONG_PROMPT)
         assert status == 400 and "but max_model_len is 64" in body
     finally:
-        write_config(model_dir, {"model": explicit_server.model, **TEST_ENGINE_ARGS})
+        write_config(model_dir, {"model": explicit_server.model, **ENGINE_ARGS})
         _control(explicit_server, "load")  # a loaded model reloads when its config changed
     assert _generate(explicit_server, LONG_PROMPT)[0] == 200
 
