@@ -29,10 +29,12 @@ class Request:
 
     def holds_back(self, stream_interval: int) -> bool:
         """Whether an unfinished request waits for more tokens before its next output: each of
-        its samples has sent its first token and has fewer than stream_interval new ones."""
+        its samples has sent its first token, has fewer than stream_interval new ones, and has
+        not just finished (a sample's finish goes out at once, as in vLLM, where each sample
+        streams on its own)."""
         for seq in self.seqs:
             new = len(seq.token_ids) - seq.num_unresolved - seq.num_prompt_tokens - seq.num_tokens_emitted
-            if seq.num_tokens_emitted == 0 or new >= stream_interval:
+            if seq.num_tokens_emitted == 0 or new >= stream_interval or (new and seq.output_finished):
                 return False
         return True
 

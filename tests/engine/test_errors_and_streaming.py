@@ -226,6 +226,38 @@ def test_stream_interval_groups_the_streamed_tokens(llama_dir, interval):
     assert totals["one"].outputs[0].text == want.outputs[0].text
 
 
+def test_stream_interval_sends_a_finished_sample_at_once(llama_dir):
+    """With n=2, a sample that stops early goes out (with its finish) in the step it finishes,
+    not when its sibling reaches the interval."""
+    from backend import EngineArgs, LLMEngine, SamplingParams
+    prompt = list(range(30, 40))
+
+    def run(interval: int, **extra) -> list[tuple[int, list[int], list]]:
+        engine = LLMEngine(EngineArgs(model=llama_dir, stream_interval=interval))
+        engine.add_request("r", prompt, SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=12,
+                                                       ignore_eos=True, **extra))
+        steps, step = [], 0
+        while engine.has_unfinished_requests():
+            step += 1
+            for out in engine.step():
+                steps.append((step, [c.token_ids for c in out.outputs], [c.finish_reason for c in out.outputs]))
+        return steps
+
+    free = run(1)
+    sample0 = [t for _, ids, _ in free for t in ids[0]]
+    sample1 = {t for _, ids, _ in free for t in ids[1]}
+    # A token of sample 0 that sample 1 never draws, at a count that is not an interval boundary.
+    count = next(c for c in range(2, 9) if (c - 1) % 4 and sample0[c - 1] not in sample1
+                 and sample0[c - 1] not in sample0[:c - 1])
+    stop = {"stop_token_ids": [sample0[count - 1]]}
+    finish_step = {interval: next(step for step, _, reasons in run(interval, **stop) if reasons[0] == "stop")
+                   for interval in (1, 4)}
+    assert finish_step[4] == finish_step[1]
+    grouped = run(4, **stop)
+    assert sum(len(ids[0]) for _, ids, _ in grouped) == count
+    assert sum(len(ids[1]) for _, ids, _ in grouped) == 12
+
+
 def test_priority_scheduling_through_the_llm_api(llama_dir):
     """scheduling_policy="priority": with one sequence at a time, requests run in priority order
     (lower first), not in submission order; an fcfs engine refuses a priority."""
