@@ -227,6 +227,7 @@ class StreamCollector:
 
         self.client = grpcclient.InferenceServerClient(url)
         self.results: dict[str, StreamResult] = {}
+        self.finish_order: list[str] = []  # request ids, in the order their FINAL came
         self.errors: queue.Queue = queue.Queue()
         self._finished: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
@@ -259,6 +260,7 @@ class StreamCollector:
                 r.prompt_logprobs.append((len(r.texts) - 1, result.as_numpy("prompt_logprobs")[0].decode()))
             if final:
                 r.finals += 1
+                self.finish_order.append(response.id)
                 self._finished[response.id].set()
 
     def wait(self, request_id: str, timeout: float = 120.0) -> StreamResult:

@@ -1,0 +1,54 @@
+"""Engine arguments that shape serving, through the real server: scheduling_policy="priority"
+runs waiting requests in priority order (the `priority` of sampling_parameters, lower first),
+and stream_interval groups the streamed tokens."""
+import pytest
+
+from triton_server import TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, start_server, wait_until, write_model_repository
+
+INTERVAL = 4
+BLOCKER_TOKENS = 1000  # ~2 s on a CPU: the others queue up behind it meanwhile
+
+
+@pytest.fixture(scope="module")
+def priority_server(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("priority")
+    # One sequence at a time, so that the order requests run in is the order they finish in.
+    args = {"model": tiny_model, **TEST_ENGINE_ARGS, "max_num_seqs": "1",
+            "scheduling_policy": "priority", "stream_interval": str(INTERVAL)}
+    server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
+    yield server
+    server.stop()
+
+
+def test_waiting_requests_run_in_priority_order(priority_server):
+    stream = StreamCollector(priority_server.grpc_url)
+    try:
+        stream.send("blocker", grpc_inputs("hold the only slot", stream=True,
+                                           sampling={"max_tokens": BLOCKER_TOKENS, "ignore_eos": True}))
+        assert wait_until(lambda: stream.results["blocker"].texts, 30)
+        for name, priority in (("p2", 2), ("p0", 0), ("p1", 1), ("p0-later", 0)):
+            stream.send(name, grpc_inputs(f"request {name}", stream=True,
+                                          sampling={"max_tokens": 8, "ignore_eos": True, "priority": priority}))
+        for name in ("blocker", "p0", "p0-later", "p1", "p2"):
+            stream.wait(name)
+        assert stream.results["blocker"].finals == 1, "the blocker ended before the others queued"
+        # Lower priority first; equal priorities in arrival order; the running one is not preempted.
+        assert stream.finish_order == ["blocker", "p0", "p0-later", "p1", "p2"]
+        assert stream.errors.empty()
+    finally:
+        stream.close()
+
+
+def test_stream_interval_groups_streamed_tokens(priority_server):
+    stream = StreamCollector(priority_server.grpc_url)
+    try:
+        stream.send("s", grpc_inputs("group these", stream=True, return_num_output_tokens=True,
+                                     sampling={"max_tokens": 30, "ignore_eos": True}))
+        counts = stream.wait("s").num_output_tokens
+    finally:
+        stream.close()
+    assert sum(counts) == 30
+    # The first token goes at once; then at least INTERVAL per response (more when the sender
+    # fell behind and folded two), the rest with the finish.
+    assert (counts[0] == 1 or counts[0] >= 1 + INTERVAL) and all(n >= INTERVAL for n in counts[1:-1])
+    assert 1 < len(counts) <= 1 + -(-(30 - 1) // INTERVAL)
