@@ -36,6 +36,7 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
                          "kv_capacity_tokens": engine.input_processor.kv_capacity_tokens,
                          "eos_token_ids": engine.eos_token_ids}))
     inbox: queue.Queue = queue.Queue()
+    outbox = Outbox(conn)
 
     def read_commands() -> None:
         # A blocking recv releases the GIL: commands wait here, not in the step loop.
@@ -45,13 +46,14 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
             except (EOFError, OSError):  # the parent is gone
                 inbox.put(("stop", None))
                 return
+            if message[0] == "check_grammar":  # compiled here, off the step loop (then cached)
+                outbox.put(("grammar_checked", _check_grammar(engine, *message[1])))
+                continue
             inbox.put(message)
             if message[0] == "stop":
                 return
 
     threading.Thread(target=read_commands, name="tritium-core-rx", daemon=True).start()
-
-    outbox = Outbox(conn)
     steps, step_s, step_cpu_s = 0, 0.0, 0.0
     busy_s, busy_since = 0.0, None  # time with requests in the engine, first step to last
     while True:
@@ -145,6 +147,17 @@ class Outbox:
             self._conn.send(message)
         except OSError:
             self._closed = True
+
+
+def _check_grammar(engine: LLMEngine, token: int, spec: dict) -> tuple[int, str | None]:
+    try:
+        engine.input_processor.structured.compile(spec)
+        return token, None
+    except ValueError as e:
+        return token, str(e)
+    except Exception as e:  # the request is refused with it; the engine carries on
+        logger.exception("structured outputs: compiling %r failed", spec)
+        return token, f"structured_outputs: could not compile the spec: {e}"
 
 
 def _apply_commands(engine: LLMEngine, inbox: queue.Queue, outbox: Outbox, block: bool) -> bool:

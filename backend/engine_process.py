@@ -9,6 +9,7 @@ The child exits when told to, and on its own when the parent goes away (the sock
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -31,6 +32,8 @@ from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tok
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STATS_TIMEOUT_S = 30.0
+# A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
+_GRAMMAR_CHECK_TIMEOUT_S = 60.0
 
 
 def _python() -> str:
@@ -138,8 +141,13 @@ class EngineProcess:
         self._processor = InputProcessor(self.tokenizer, payload["vocab_size"],
                                          self.engine_args.max_model_len, payload["kv_capacity_tokens"],
                                          self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
-                                         payload["eos_token_ids"], self.engine_args.scheduling_policy)
+                                         payload["eos_token_ids"], self.engine_args.scheduling_policy,
+                                         check_structured_outputs=self._check_structured_outputs)
         self._lock = threading.Lock()
+        # Structured-output specs checked by the engine's process: id -> error (None: it compiles)
+        self._grammar_checks: dict[int, str | None] = {}
+        self._grammar_check_ids = itertools.count()
+        self._grammar_checked = threading.Condition(self._lock)
         # id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
         self._requests: dict[str, tuple[Any, OutputCallback, OutputDetokenizer | None]] = {}
         self._stopped = False
@@ -167,6 +175,25 @@ class EngineProcess:
     def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
 
+    def _check_structured_outputs(self, spec: dict) -> None:
+        """Has the engine's process compile the spec (xgrammar needs torch, which this side
+        never imports) and raises ValueError with the reason when it does not compile, so that
+        the request is refused before it is accepted. The compiled spec stays in that
+        process's cache for the request itself."""
+        token = next(self._grammar_check_ids)
+        self._send(("check_grammar", (token, spec)))
+        with self._lock:
+            self._grammar_checked.wait_for(
+                lambda: token in self._grammar_checks or self._stopped, _GRAMMAR_CHECK_TIMEOUT_S)
+            if token not in self._grammar_checks:
+                if self._stopped:
+                    raise EngineShutdownError("The engine is shut down.")
+                raise ValueError(f"structured_outputs: the engine did not check the spec within "
+                                 f"{_GRAMMAR_CHECK_TIMEOUT_S:.0f} s.")
+            error = self._grammar_checks.pop(token)
+        if error is not None:
+            raise ValueError(error)
+
     def get_stats(self) -> EngineStats:
         with self._lock:
             self._stats = None
@@ -184,6 +211,7 @@ class EngineProcess:
                 return
             self._stopped = True
             self._stats_ready.notify_all()
+            self._grammar_checked.notify_all()
         self._send(("stop", None))
         self._receiver.join()
         try:
@@ -219,6 +247,11 @@ class EngineProcess:
                 with self._lock:
                     self._stats = payload
                     self._stats_ready.notify_all()
+            elif kind == "grammar_checked":
+                with self._lock:
+                    token, error = payload
+                    self._grammar_checks[token] = error
+                    self._grammar_checked.notify_all()
             elif kind == "bye":
                 self._fail_all("The engine is shutting down.")
                 return
@@ -270,6 +303,7 @@ class EngineProcess:
             self._stopped = True
             entries, self._requests = list(self._requests.items()), {}
             self._stats_ready.notify_all()
+            self._grammar_checked.notify_all()
         for request_id, (req, callback, _) in entries:
             _call(callback, RequestOutput(request_id, req.prompt, req.prompt_token_ids,
                                           [CompletionOutput(0, "", [], None, None, "abort")], True,

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Callable
 
 from .request import Request
 from .sampling_params import SamplingParams
+from .structured_output import StructuredOutputManager
 
 
 def load_eos_token_ids(model_dir: str, hf_config: dict, tokenizer) -> tuple[int, ...]:
@@ -31,8 +33,14 @@ class InputProcessor:
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
                  max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...],
-                 scheduling_policy: str = "fcfs") -> None:
+                 scheduling_policy: str = "fcfs", tokenizer_path: str | None = None,
+                 check_structured_outputs: Callable[[dict], None] | None = None) -> None:
+        """tokenizer_path: where `tokenizer` came from, for structured outputs' warm-up.
+        check_structured_outputs: raises ValueError when a spec does not compile; by default
+        it is compiled here (EngineProcess has the engine's process do it)."""
         self.tokenizer = tokenizer
+        self.tokenizer_path = tokenizer_path
+        self._check_structured_outputs = check_structured_outputs
         self.scheduling_policy = scheduling_policy
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -40,6 +48,17 @@ class InputProcessor:
         self.max_num_seqs = max_num_seqs
         self.max_logprobs = max_logprobs
         self.eos_token_ids = eos_token_ids
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: tuple[int, ...]) -> None:
+        self._eos_token_ids = tuple(ids)
+        # Grammars end with EOS: they are compiled for these ids.
+        self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self._eos_token_ids,
+                                                  self.tokenizer_path)
 
     def process(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                 arrival_time: float | None = None, priority: int = 0) -> Request:
@@ -94,5 +113,7 @@ class InputProcessor:
         if params.bad_words:
             params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         params.check_token_ids(self.vocab_size)
+        if params.structured_outputs is not None:  # a bad regex, schema or grammar fails here
+            (self._check_structured_outputs or self.structured.compile)(params.structured_outputs)
         params._eos_token_ids = self.eos_token_ids
         return Request(request_id, text, token_ids, params, arrival_time or time.time(), priority)

@@ -16,6 +16,7 @@ from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import PLACEHOLDER, Sequence
+from .structured_output import Grammar
 from .tokenizer import IncrementalDetokenizer, fill_decoded_tokens, find_stop_string, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, self.vocab_size, max_model_len, self.runner.num_blocks * args.block_size,
             args.max_num_seqs, args.max_logprobs,
-            load_eos_token_ids(args.model, self.hf_config, self.tokenizer), args.scheduling_policy)
+            load_eos_token_ids(args.model, self.hf_config, self.tokenizer), args.scheduling_policy,
+            args.tokenizer or args.model)
+        self.input_processor.structured.warm_up_in_background()
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
         self._inflight = None  # the launched step whose tokens are not yet taken
@@ -105,6 +108,8 @@ class LLMEngine:
             raise ValueError(f"Request id {req.request_id!r} is already in use.")
         seq = Sequence(req.request_id, req.prompt_token_ids, len(req.prompt_token_ids), req.params,
                        0, req.metrics.arrival_time, req.priority)
+        if req.params.structured_outputs is not None:  # compiled when the request was checked
+            seq.grammar = Grammar(self.input_processor.structured.compile(req.params.structured_outputs))
         self._attach_detokenizer(seq, req)
         req.seqs.append(seq)
         self.requests[req.request_id] = req

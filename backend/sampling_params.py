@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .structured_output import check_spec
+
 # Larger requests for top logprobs are rejected: every one costs a sort over the vocabulary.
 MAX_LOGPROBS = 20
 
@@ -52,6 +54,11 @@ class SamplingParams:
     # output so far ends with the word's other tokens. Tokenized by the engine, with and without
     # a leading space, as vLLM does (`bad_words_token_ids`).
     bad_words: list[str] | None = None
+    # The output follows a JSON schema, any JSON object, a regex, one of some strings or an EBNF
+    # grammar: exactly one of {"json", "json_object", "regex", "choice", "grammar"}, plus
+    # "disable_any_whitespace" (vLLM's StructuredOutputsParams as a dict; `from_dict` also
+    # takes it under its older name, guided_decoding). See backend/structured_output.py.
+    structured_outputs: dict[str, Any] | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
@@ -76,6 +83,8 @@ class SamplingParams:
             self.bad_words = list(self.bad_words)
         if self.top_k == -1:
             self.top_k = 0
+        if self.structured_outputs is not None:
+            self.structured_outputs = check_spec(self.structured_outputs)
         self._verify()
 
     def _verify(self) -> None:
@@ -147,6 +156,14 @@ class SamplingParams:
             for t in self.allowed_token_ids:
                 if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                     raise ValueError(f"allowed_token_ids must contain only non-negative integers, got {t!r}.")
+        if self.structured_outputs is not None:
+            # The output ends where the grammar does, with EOS: both would keep it going.
+            if self.ignore_eos:
+                raise ValueError("structured_outputs cannot be combined with ignore_eos: the output "
+                                 "ends with EOS where the grammar is complete.")
+            if self.min_tokens:
+                raise ValueError("structured_outputs cannot be combined with min_tokens: the output "
+                                 "ends with EOS where the grammar is complete.")
 
     def tokenize_bad_words(self, encode) -> None:
         """Token ids of each bad word, as vLLM makes them: the word as given (without leading
@@ -166,10 +183,11 @@ class SamplingParams:
 
     @property
     def needs_output_on_host(self) -> bool:
-        """Whether sampling reads this sequence's previous tokens on the host (penalties, and
-        bad words of several tokens), so that the engine cannot launch the next step first."""
+        """Whether sampling reads this sequence's previous tokens on the host (penalties, bad
+        words of several tokens, a grammar), so that the engine cannot launch the next step first."""
         return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
-                    or any(len(w) > 1 for w in self._bad_words_token_ids))
+                    or any(len(w) > 1 for w in self._bad_words_token_ids)
+                    or self.structured_outputs is not None)
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids of logit_bias, allowed_token_ids and the bad words must be in the
@@ -208,6 +226,10 @@ class SamplingParams:
         if not isinstance(values, dict):
             raise ValueError(f"sampling parameters must be a JSON object, got {type(values).__name__}.")
         kwargs: dict[str, Any] = {}
+        if "guided_decoding" in values:  # vLLM's older name (Triton's vLLM backend takes both)
+            if "structured_outputs" in values:
+                raise ValueError("Give structured_outputs or guided_decoding (its older name), not both.")
+            values = {("structured_outputs" if k == "guided_decoding" else k): v for k, v in values.items()}
         for key, value in values.items():
             if key not in _PUBLIC_FIELDS:
                 raise ValueError(f"Unknown sampling parameter '{key}'. "
@@ -229,7 +251,7 @@ _PUBLIC_FIELDS: dict[str, str] = {
     "ignore_eos": _BOOL, "max_tokens": "int?", "min_tokens": _INT, "logprobs": "int?", "prompt_logprobs": "int?",
     "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL, "logit_bias": "float_dict?", "allowed_token_ids": "int_list?",
-    "truncate_prompt_tokens": "int?", "bad_words": "str_list?",
+    "truncate_prompt_tokens": "int?", "bad_words": "str_list?", "structured_outputs": "object?",
 }
 
 
@@ -272,6 +294,12 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
             if isinstance(value, str):
                 return float(value.strip())
             raise ValueError
+        if kind == "object":  # a JSON object, or a string holding one
+            if isinstance(value, str):
+                value = json.loads(value)
+            if isinstance(value, dict):
+                return value
+            raise ValueError
         if kind == "float_dict":  # {token id: bias}; JSON object keys are strings
             if isinstance(value, str):
                 value = json.loads(value)
@@ -298,5 +326,5 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
     expected = {"int": "an integer", "float": "a number", "bool": "a boolean",
                 "str_list": "a string or a list of strings",
                 "int_list": "an integer or a list of integers",
-                "float_dict": "an object of token ids to numbers"}[kind]
+                "float_dict": "an object of token ids to numbers", "object": "a JSON object"}[kind]
     raise ValueError(f"sampling parameter '{key}' must be {expected}, got {value!r}.")

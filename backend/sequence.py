@@ -9,6 +9,7 @@ from .outputs import Logprob
 
 if TYPE_CHECKING:
     from .sampling_params import SamplingParams
+    from .structured_output import Grammar
     from .tokenizer import IncrementalDetokenizer
 
 
@@ -62,6 +63,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.detokenizer: "IncrementalDetokenizer | None" = None
+        self.grammar: "Grammar | None" = None  # with structured_outputs: where its output is in it
         self.output_text = ""  # text after stop-string truncation
         self.num_detokenized = 0  # output tokens fed to the detokenizer
         self.num_text_tokens: int | None = None  # output tokens that have text (None: all)
@@ -121,6 +123,8 @@ class Sequence:
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
+        if self.grammar is not None:
+            child.grammar = self.grammar.fresh()
         return child
 
     def __repr__(self) -> str:

@@ -26,7 +26,7 @@ BAD_GRPC = [  # (inputs, the exact error message)
      "ignore_eos, include_stop_str_in_output, logit_bias, logprobs, max_tokens, min_p, min_tokens, n, presence_penalty, "
      "prompt_logprobs, "
      "repetition_penalty, seed, skip_special_tokens, spaces_between_special_tokens, stop, stop_token_ids, "
-     "temperature, top_k, top_p, truncate_prompt_tokens."),
+     "structured_outputs, temperature, top_k, top_p, truncate_prompt_tokens."),
     (grpc_inputs("x", sampling={"max_tokens": "many"}),
      "sampling parameter 'max_tokens' must be an integer, got 'many'."),
     (grpc_inputs("x", sampling={"ignore_eos": 3}), "sampling parameter 'ignore_eos' must be a boolean, got 3."),
@@ -48,6 +48,10 @@ BAD_GRPC = [  # (inputs, the exact error message)
     (grpc_inputs("x", stream=True, exclude_input_in_output=False),
      "exclude_input_in_output=false is not allowed when streaming: a stream sends only the new text."),
     (grpc_inputs("x", sampling={"priority": "high"}), "priority must be an integer, got 'high'."),
+    (grpc_inputs("x", sampling={"guided_decoding": {"regex": "[0-9"}}),
+     "structured_outputs: invalid regex: Regex parsing error at position 5: Unclosed '['"),
+    (grpc_inputs("x", sampling={"structured_outputs": '{"choice": "yes"}'}),
+     "structured_outputs: choice must be a non-empty list of non-empty strings, got 'yes'."),
     # (the priority reaches the engine, whose scheduling_policy is the default)
     (grpc_inputs("x", sampling={"priority": 1}),
      "Got priority 1, but the engine's scheduling_policy is 'fcfs'; priorities need scheduling_policy='priority'."),

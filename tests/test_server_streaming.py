@@ -1,6 +1,8 @@
 """Must-show 1 and 2: the real tritonserver streams what the offline engine generates, over gRPC
 and HTTP, and 64 concurrent streams each end with exactly one FINAL and all their tokens."""
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -128,8 +130,9 @@ def test_cli_client_streams_the_offline_text(llm_server, offline):
 
 
 def test_new_sampling_parameters_through_the_server(llm_server, tiny_model):
-    """logit_bias (OpenAI's string keys), allowed_token_ids, bad_words and truncate_prompt_tokens
-    reach the engine in its own process: the server streams what the offline engine makes."""
+    """logit_bias (OpenAI's string keys), allowed_token_ids, bad_words, truncate_prompt_tokens
+    and structured outputs reach the engine in its own process: the server streams what the
+    offline engine makes."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -142,19 +145,22 @@ def test_new_sampling_parameters_through_the_server(llm_server, tiny_model):
     cases = {"bias": {"logit_bias": {str(base.token_ids[0]): -50.0, "300": 7.5}},
              "allowed": {"allowed_token_ids": [base.token_ids[1], 300, 301]},
              "bad": {"bad_words": [word]},
-             "trunc": {"truncate_prompt_tokens": 4}}
+             "trunc": {"truncate_prompt_tokens": 4},
+             # Structured outputs under both names, as an object and as a JSON string.
+             "choice": {"guided_decoding": {"choice": ["red", "green", "blue"]}},
+             "regex": {"structured_outputs": json.dumps({"regex": "[a-z]{2,6}-[0-9]{2}"})}}
     stream = StreamCollector(llm_server.grpc_url)
     try:
         for name, extra in cases.items():
             stream.send(name, grpc_inputs(prompt, sampling={"temperature": 0, "max_tokens": MAX_TOKENS, **extra},
                                           stream=True))
         for name, extra in cases.items():
-            params = dict(extra)
-            if "logit_bias" in params:
-                params["logit_bias"] = {int(k): v for k, v in params["logit_bias"].items()}
-            want = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, **params))[0]
+            params = SamplingParams.from_dict({"temperature": 0, "max_tokens": MAX_TOKENS, **extra})
+            want = llm.generate([prompt], params)[0]
             assert stream.wait(name).text == want.outputs[0].text, name
             assert want.outputs[0].token_ids != base.token_ids, name  # each parameter changed the output
+        assert stream.results["choice"].text in ("red", "green", "blue")
+        assert re.fullmatch("[a-z]{2,6}-[0-9]{2}", stream.results["regex"].text)
         assert stream.errors.empty()
     finally:
         stream.close()

@@ -49,6 +49,9 @@ class SamplingMetadata:
     banned: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, bad words' ids)
     # (row, token ids, biases)
     logit_bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Rows with a grammar (structured_outputs) and their allowed tokens, as a bitmask
+    grammar_rows: torch.Tensor | None = None  # [G] int64
+    grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
     max_logprobs: int = 0
     want_logprobs: bool = False
 
@@ -78,6 +81,14 @@ class Sampler:
             if any(p.top_p < 1.0 for p in params):
                 md.top_p = _dev([p.top_p for p in params], torch.float32, device)
             md.seeded = [(i, r) for i, r in enumerate(rows) if r.params.seed is not None and not r.params.greedy]
+        guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
+        if guided:
+            bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
+            for j, (_, r) in enumerate(guided):
+                r.grammar.advance(r.token_ids[r.num_prompt_tokens:len(r.token_ids) - r.num_unresolved])
+                r.grammar.fill_bitmask(bitmask, j)
+            md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
+            md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
         for i, r in enumerate(rows):
             p = r.params
             if p.allowed_token_ids is not None:
@@ -111,13 +122,26 @@ class Sampler:
                  md: SamplingMetadata | None = None) -> SamplerOutput:
         if md is None:
             md = self.prepare(rows, logits.shape[1], logits.device)
-        if md.all_greedy and not md.want_logprobs and not (md.repetition or md.frequency or md.min_tokens
-                                                           or md.allowed or md.banned or md.logit_bias):
+        if md.all_greedy and not md.want_logprobs and md.grammar_rows is None and not (
+                md.repetition or md.frequency or md.min_tokens or md.allowed or md.banned or md.logit_bias):
             # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py).
             return SamplerOutput(*ops.greedy_sample(logits))
         logits = logits.float()
+        if md.grammar_rows is not None:
+            # Before everything else, as vLLM applies the grammar's bitmask to the model's logits:
+            # logprobs are those of the distribution the grammar leaves.
+            allowed = unpack_bitmask(md.grammar_bitmask, logits.shape[1])
+            logits[md.grammar_rows] = logits[md.grammar_rows].masked_fill(~allowed, float("-inf"))
         raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if md.grammar_rows is not None:
+            grammar_only = logits[md.grammar_rows]  # (a copy)
         logits = self._apply_penalties(logits, md)
+        if md.grammar_rows is not None:
+            # Where allowed_token_ids or bad words leave nothing the grammar allows, the grammar
+            # alone decides (an all -inf row has no distribution to sample).
+            rows = logits[md.grammar_rows]
+            dead = torch.isneginf(rows).all(dim=1, keepdim=True)
+            logits[md.grammar_rows] = torch.where(dead, grammar_only, rows)
         token_ids = self._sample(logits, rows, md)
         out = SamplerOutput(token_ids, raw_logprobs.gather(1, token_ids[:, None]).squeeze(1))
         if md.want_logprobs:
@@ -226,3 +250,15 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """Words of a grammar bitmask row (backend/structured_output.py)."""
+    return (vocab_size + 31) // 32
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, vocab_size] bool: which tokens each row allows."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()

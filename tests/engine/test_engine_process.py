@@ -274,3 +274,21 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
         assert got == want, rid
     assert [f for r, _, _, f in seen if r == "b"] == [False, False, True]
     assert "b" not in eng._requests and "a" in eng._requests
+
+
+def test_structured_outputs_are_checked_and_served_by_the_engine_process(engine, llama_dir):
+    """The spec is compiled in the engine's process (this side never imports xgrammar, which
+    needs torch): a bad one is refused at add_request with the reason, a good one is served
+    as the in-process engine serves it."""
+    pytest.importorskip("xgrammar")
+    with pytest.raises(ValueError) as info:
+        engine.add_request("bad", [0, 5], SamplingParams(structured_outputs={"regex": "a{2"}), Collector())
+    assert str(info.value) == ("structured_outputs: invalid regex: Regex parsing error at position 4: "
+                               "Invalid repetition count.")
+    params = SamplingParams(temperature=0, max_tokens=20, structured_outputs={"choice": ["alpha", "beta"]})
+    c = Collector()
+    engine.add_request("good", [0, 5, 9], params, c)
+    assert c.done.wait(60)
+    want = LLM(llama_dir, max_model_len=128).generate([[0, 5, 9]], params)[0].outputs[0]
+    assert c.total.outputs[0].text == want.text and want.text in ("alpha", "beta")
+    assert c.total.outputs[0].finish_reason == "stop"

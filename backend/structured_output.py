@@ -1,0 +1,192 @@
+"""Structured outputs (vLLM's `structured_outputs`, formerly `guided_decoding`): the output
+follows a JSON schema, any JSON object, a regular expression, one of given strings, or an EBNF
+grammar.
+
+xgrammar (vLLM's default back end) compiles the spec against the vocabulary once per distinct
+spec. Each sequence keeps a matcher; before a step samples it, the matcher takes the tokens
+sampled since, and fills the bitmask of the tokens that keep the output valid; the sampler masks
+the others. Once the grammar is complete only EOS is allowed, so the output ends there."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # this module is imported where torch is not (the Triton stub's side)
+    import torch
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_OPTIONS = ("disable_any_whitespace", "backend")
+_BACKENDS = (None, "auto", "xgrammar")
+_CACHE_SIZE = 256  # compiled specs kept per process
+
+logger = logging.getLogger(__name__)
+
+
+def check_spec(spec: Any) -> dict[str, Any]:
+    """The spec's shape (not yet its content: that is `compile`'s), normalized: exactly one
+    kind, with its value, plus the options. Raises ValueError with the problem."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"structured_outputs must be an object with one of {', '.join(KINDS)}, "
+                         f"got {spec!r}.")
+    unknown = sorted(k for k in spec if k not in KINDS and k not in _OPTIONS)
+    if unknown:
+        raise ValueError(f"structured_outputs: unknown field '{unknown[0]}'. Valid fields: "
+                         f"{', '.join(KINDS + _OPTIONS)}.")
+    given = [k for k in KINDS if spec.get(k) is not None and spec.get(k) is not False]
+    if len(given) != 1:
+        raise ValueError(f"structured_outputs must set exactly one of {', '.join(KINDS)}; "
+                         f"got {', '.join(given) if given else 'none'}.")
+    kind = given[0]
+    value = spec[kind]
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs: json is not a valid JSON schema: {e}.") from None
+        if not isinstance(value, (dict, bool)):
+            raise ValueError(f"structured_outputs: json must be a JSON schema (an object), got {value!r}.")
+    elif kind in ("regex", "grammar"):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"structured_outputs: {kind} must be a non-empty string, got {value!r}.")
+    elif kind == "choice":
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(c, str) and c for c in value)):
+            raise ValueError(f"structured_outputs: choice must be a non-empty list of non-empty "
+                             f"strings, got {value!r}.")
+    elif value is not True:
+        raise ValueError(f"structured_outputs: json_object must be true, got {value!r}.")
+    whitespace = spec.get("disable_any_whitespace", False)
+    if not isinstance(whitespace, bool):
+        raise ValueError(f"structured_outputs: disable_any_whitespace must be a boolean, got {whitespace!r}.")
+    if spec.get("backend") not in _BACKENDS:
+        raise ValueError(f"structured_outputs: backend {spec['backend']!r} is not available; "
+                         f"the engine uses xgrammar ('auto' or 'xgrammar').")
+    return {kind: value, "disable_any_whitespace": whitespace}
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured_outputs needs the xgrammar package, which is not installed.") from None
+    return xgrammar
+
+
+_XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\] \S+?:\d+: ")  # "[12:52:16] /project/cpp/x.cc:94: "
+
+
+class StructuredOutputManager:
+    """Compiles specs against one tokenizer's vocabulary (thread-safe; compiled specs are
+    cached, so a spec sent again, or checked in one process and used in another, costs once)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 tokenizer_path: str | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._tokenizer_path = tokenizer_path
+        self._vocab_size = vocab_size
+        self._eos_token_ids = tuple(eos_token_ids)
+        self._compiler = None  # built by warm_up_in_background, or on first use
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def warm_up_in_background(self) -> None:
+        """Import xgrammar and read the vocabulary on a thread of its own, now: with a large
+        vocabulary that takes seconds (2-3 s on a small CPU), which the first structured request
+        would otherwise spend inside the engine's step loop, stalling every stream. The thread
+        reads its own copy of the tokenizer: one tokenizer used by two threads at once can fail.
+        Without xgrammar installed it does nothing (a structured request then gets an error)."""
+        if self._tokenizer_path is None:
+            return
+        threading.Thread(target=self._warm_up, name="tritium-grammar-warm-up", daemon=True).start()
+
+    @property
+    def warm(self) -> bool:
+        """Whether the vocabulary has been read (compiling a spec is then quick)."""
+        return self._compiler is not None
+
+    def _warm_up(self) -> None:
+        try:
+            import xgrammar  # noqa: F401
+            from .tokenizer import load_tokenizer
+            with self._lock:
+                if self._compiler is None:
+                    self._compiler = self._build_compiler(load_tokenizer(self._tokenizer_path))
+        except Exception:  # first use builds it again and reports what fails
+            logger.warning("structured outputs: warm-up failed", exc_info=True)
+
+    def compile(self, spec: dict[str, Any]):
+        """The compiled grammar of a spec that passed `check_spec`; ValueError when its content
+        is invalid (a bad regex, an unsupported schema, an EBNF syntax error)."""
+        key = json.dumps(spec, sort_keys=True)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            compiler = self._get_compiler()
+        kind = next(k for k in KINDS if k in spec)
+        value = spec[kind]
+        try:
+            if kind == "json":
+                compiled = compiler.compile_json_schema(
+                    json.dumps(value), any_whitespace=not spec["disable_any_whitespace"])
+            elif kind == "json_object":
+                compiled = compiler.compile_builtin_json_grammar()
+            elif kind == "regex":
+                compiled = compiler.compile_regex(value)
+            elif kind == "choice":
+                # EBNF string literals take JSON's escapes.
+                compiled = compiler.compile_grammar(
+                    "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value))
+            else:
+                compiled = compiler.compile_grammar(value)
+        except (RuntimeError, ValueError, TypeError) as e:
+            message = _XGRAMMAR_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e).strip() else repr(e))
+            raise ValueError(f"structured_outputs: invalid {kind}: {message}") from None
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _get_compiler(self):
+        if self._compiler is None:
+            self._compiler = self._build_compiler(self._tokenizer)
+        return self._compiler
+
+    def _build_compiler(self, tokenizer):
+        xgr = _xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self._vocab_size,
+                                                  stop_token_ids=list(self._eos_token_ids))
+        return xgr.GrammarCompiler(info)
+
+
+class Grammar:
+    """One sequence's place in its grammar."""
+
+    def __init__(self, compiled) -> None:
+        self.compiled = compiled
+        self.matcher = _xgrammar().GrammarMatcher(compiled)
+        self.num_accepted = 0  # output tokens the matcher has taken
+
+    def fresh(self) -> "Grammar":
+        """For a sibling sample: the same grammar from the start (it catches up on its own
+        output tokens when it is next asked for a mask)."""
+        return Grammar(self.compiled)
+
+    def advance(self, output_token_ids: list[int]) -> None:
+        """Take the output tokens sampled since the last call (all of them known)."""
+        for token in output_token_ids[self.num_accepted:]:
+            if not self.matcher.accept_token(token):
+                raise RuntimeError(f"token {token} does not follow the grammar (the mask allowed it)")
+            self.num_accepted += 1
+
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
+        """Row `row` of an int32 bitmask [rows, ceil(vocab / 32)]: bit j of word i allows token
+        32 i + j."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+

@@ -1,0 +1,165 @@
+"""Structured outputs (vLLM's structured_outputs / guided_decoding) with xgrammar: a random
+model's output follows the choice, regex, JSON schema or grammar it is given, also sampled, with
+n > 1, next to unguided requests that stay as they were; bad specs get clear errors."""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.layers.sampler import unpack_bitmask
+from backend.structured_output import check_spec
+
+xgr = pytest.importorskip("xgrammar")
+
+CHOICES = ["yes", "no", "maybe so", 'say "hi"']
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
+          "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                         "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}}}
+
+
+@pytest.fixture(scope="module")
+def llm(llama_dir):
+    return LLM(llama_dir, max_model_len=512)
+
+
+def _texts(llm, prompt, **params) -> list[str]:
+    outs = llm.generate([prompt], SamplingParams(**params))[0].outputs
+    assert all(c.finish_reason == "stop" for c in outs), [c.finish_reason for c in outs]
+    return [c.text for c in outs]
+
+
+def test_unguided_output_is_none_of_the_forms(llm):
+    """What the checks below tell apart: the random model on its own writes none of them."""
+    text = llm.generate(["Answer:"], SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].text
+    assert text not in CHOICES
+    assert not re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text)
+    with pytest.raises(ValueError):
+        json.loads(text)
+
+
+def test_choice_greedy_and_sampled(llm):
+    spec = {"structured_outputs": {"choice": CHOICES}, "max_tokens": 30}
+    assert _texts(llm, "Answer:", temperature=0, **spec)[0] in CHOICES
+    sampled = _texts(llm, "Answer:", n=6, temperature=1.5, seed=7, **spec)
+    assert all(t in CHOICES for t in sampled), sampled
+
+
+def test_regex_and_grammar(llm):
+    for seed in range(3):
+        text = _texts(llm, "Code:", temperature=1.0, seed=seed, max_tokens=30,
+                      structured_outputs={"regex": r"[0-9]{3}-[a-z]{2,4}"})[0]
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text), text
+        text = _texts(llm, "Shout:", temperature=1.0, seed=seed, max_tokens=30,
+                      structured_outputs={"grammar": 'root ::= ("ab" | "c")+ "!"'})[0]
+        assert re.fullmatch(r"(ab|c)+!", text), text
+
+
+def test_json_schema_and_json_object(llm):
+    for seed in range(3):
+        text = _texts(llm, "JSON:", temperature=0.8, seed=seed, max_tokens=200,
+                      structured_outputs={"json": SCHEMA, "disable_any_whitespace": True})[0]
+        value = json.loads(text)  # strict: no control characters in strings either
+        assert set(value) == {"name", "age", "tags"}, text
+        assert re.fullmatch("[a-z]{1,8}", value["name"]) and 0 <= value["age"] <= 150, text
+        assert len(value["tags"]) <= 3 and all(isinstance(t, bool) for t in value["tags"]), text
+        assert text == json.dumps(value)  # no whitespace beyond the standard separators
+    # As a JSON string, the way a server receives it.
+    value = json.loads(_texts(llm, "JSON:", temperature=0.8, seed=9, max_tokens=200,
+                              structured_outputs={"json": json.dumps(SCHEMA), "disable_any_whitespace": True})[0])
+    assert set(value) == {"name", "age", "tags"}
+    # Any whitespace (the default): this random model likes tabs, so a short object is asked for.
+    assert isinstance(json.loads(_texts(llm, "Any:", temperature=0.8, seed=1, max_tokens=200,
+                                        structured_outputs={"json_object": True})[0]), dict)
+    assert json.loads(_texts(llm, "One:", temperature=0.8, seed=1, max_tokens=200, structured_outputs={
+        "json": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+                 "additionalProperties": False}})[0]).keys() == {"a"}
+
+
+def test_guided_requests_leave_the_others_unchanged(llama_dir):
+    """A batch with guided and unguided requests (and a KV cache small enough to preempt): the
+    unguided greedy outputs are those of a run without the guided ones."""
+    prompts = [list(range(5 + i, 25 + i)) for i in range(4)]
+    plain = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    alone = LLM(llama_dir, max_model_len=512, num_kv_blocks=14, block_size=8).generate(prompts, plain)
+    llm = LLM(llama_dir, max_model_len=512, num_kv_blocks=14, block_size=8)
+    guided = SamplingParams(temperature=0.9, seed=3, max_tokens=40,
+                            structured_outputs={"regex": r"[a-z]+( [a-z]+)*\."})
+    mixed = llm.generate(prompts + prompts[:2], [plain] * 4 + [guided] * 2)
+    assert [o.outputs[0].token_ids for o in mixed[:4]] == [o.outputs[0].token_ids for o in alone]
+    for o in mixed[4:]:
+        c = o.outputs[0]
+        assert re.fullmatch(r"[a-z]+( [a-z]+)*\.?", c.text), c.text  # complete, or cut by max_tokens
+        assert c.finish_reason == ("stop" if c.text.endswith(".") else "length")
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_conflicting_allowed_ids_leave_the_grammar_to_decide(llm):
+    """allowed_token_ids that the grammar never allows: the grammar decides alone."""
+    text = _texts(llm, "Answer:", temperature=0, max_tokens=30, allowed_token_ids=[2],
+                  structured_outputs={"choice": CHOICES})[0]
+    assert text in CHOICES
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("json", "structured_outputs must be an object with one of json, regex, choice, grammar, "
+             "json_object, got 'json'."),
+    ({}, "structured_outputs must set exactly one of json, regex, choice, grammar, json_object; got none."),
+    ({"regex": "a", "choice": ["a"]},
+     "structured_outputs must set exactly one of json, regex, choice, grammar, json_object; got regex, choice."),
+    ({"regex": "a", "whitespace_pattern": " "},
+     "structured_outputs: unknown field 'whitespace_pattern'. Valid fields: json, regex, choice, grammar, "
+     "json_object, disable_any_whitespace, backend."),
+    ({"choice": []}, "structured_outputs: choice must be a non-empty list of non-empty strings, got []."),
+    ({"json": "{not json"}, "structured_outputs: json is not a valid JSON schema: Expecting property name "
+                            "enclosed in double quotes: line 1 column 2 (char 1)."),
+    ({"json_object": "yes"}, "structured_outputs: json_object must be true, got 'yes'."),
+    ({"regex": "a", "backend": "outlines"}, "structured_outputs: backend 'outlines' is not available; "
+                                            "the engine uses xgrammar ('auto' or 'xgrammar')."),
+])
+def test_bad_specs(spec, message):
+    with pytest.raises(ValueError) as info:
+        check_spec(spec)
+    assert str(info.value) == message
+
+
+def test_bad_content_and_combinations(llm):
+    with pytest.raises(ValueError) as info:
+        llm.generate(["x"], SamplingParams(structured_outputs={"regex": "([0-9]"}))
+    assert str(info.value) == ("structured_outputs: invalid regex: Regex parsing error at position 7: "
+                               "The parenthesis is not closed.")
+    with pytest.raises(ValueError, match=r"^structured_outputs: invalid grammar: "):
+        llm.generate(["x"], SamplingParams(structured_outputs={"grammar": "root ::= ("}))
+    with pytest.raises(ValueError) as info:
+        SamplingParams(structured_outputs={"choice": ["a"]}, ignore_eos=True)
+    assert str(info.value) == ("structured_outputs cannot be combined with ignore_eos: the output ends "
+                               "with EOS where the grammar is complete.")
+    with pytest.raises(ValueError, match=r"^structured_outputs cannot be combined with min_tokens"):
+        SamplingParams(structured_outputs={"choice": ["a"]}, min_tokens=2)
+    # The older name, as servers receive it; not both.
+    assert SamplingParams.from_dict({"guided_decoding": '{"choice": ["a"]}'}).structured_outputs == {
+        "choice": ["a"], "disable_any_whitespace": False}
+    with pytest.raises(ValueError, match=r"^Give structured_outputs or guided_decoding"):
+        SamplingParams.from_dict({"guided_decoding": {"choice": ["a"]}, "structured_outputs": {"choice": ["a"]}})
+
+
+def test_the_vocabulary_is_read_before_the_first_request(llama_dir):
+    """At start-up, on a thread of its own, not in the first structured request's step."""
+    manager = LLM(llama_dir, max_model_len=512).engine.input_processor.structured
+    deadline = time.monotonic() + 60
+    while not manager.warm and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert manager.warm
+
+
+def test_unpacked_bitmask_matches_xgrammar():
+    vocab = 77  # not a multiple of 32
+    bitmask = torch.randint(-2**31, 2**31 - 1, (3, 3), dtype=torch.int32)
+    logits = torch.zeros(3, vocab)
+    xgr.apply_token_bitmask_inplace(logits, bitmask)
+    assert torch.equal(unpack_bitmask(bitmask, vocab), logits == 0)
