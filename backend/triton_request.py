@@ -304,9 +304,15 @@ def fold_outputs(items: list[tuple[str, RequestOutput]]) -> list[tuple[str, Requ
 _NO_DELTA = CompletionOutput(0, "", [], None, None)  # a sample with nothing new in this output
 
 
+# A token that cannot be sampled (masked by a grammar) has logprob -inf, which JSON cannot
+# carry ("-Infinity" is not JSON): it is sent as vLLM's OpenAI server sends it.
+_MIN_LOGPROB = -9999.0
+
+
 def _logprob_entry(d: Mapping[int, Any]) -> dict[str, Any]:
     # The vLLM backend's format: {token_id: {"logprob", "rank", "decoded_token"}} per token.
-    return {str(tid): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+    return {str(tid): {"logprob": max(lp.logprob, _MIN_LOGPROB), "rank": lp.rank,
+                       "decoded_token": lp.decoded_token}
             for tid, lp in d.items()}
 
 

@@ -186,6 +186,17 @@ def test_n_samples_and_logprobs_in_the_vllm_backend_format():
         [{"5": {"logprob": -0.5, "rank": 1, "decoded_token": "t"}}]]
 
 
+def test_impossible_tokens_logprobs_stay_valid_json():
+    """A grammar masks tokens to -inf; JSON has no -Infinity, so they go as vLLM sends them."""
+    req = parse_request({"text_input": s("Hi"), "stream": b(True), "return_logprobs": b(True)})
+    out = _out([("a", [4])], "stop")
+    out.outputs[0].logprobs = [{4: Logprob(-0.25, 1, "a"), 5: Logprob(float("-inf"), 2, "b")}]
+    text = _texts(ResponseBuilder(req).add(out).outputs["logprobs"])[0]
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"not JSON: {c}")) == [
+        {"4": {"logprob": -0.25, "rank": 1, "decoded_token": "a"},
+         "5": {"logprob": -9999.0, "rank": 2, "decoded_token": "b"}}]
+
+
 def test_logprobs_null_when_not_requested_and_nan_cumulative():
     req = parse_request({"text_input": s("Hi"), "stream": b(True), "return_logprobs": b(True),
                          "return_cumulative_logprob": b(True)})
