@@ -14,7 +14,7 @@ from backend.request import accumulate
 
 def row(params: SamplingParams, token_ids=(1, 2, 3), num_prompt_tokens=3, index=0):
     return SimpleNamespace(params=params, token_ids=list(token_ids),
-                           num_prompt_tokens=num_prompt_tokens, index=index, generator=None)
+                           num_prompt_tokens=num_prompt_tokens, index=index, generator=None, grammar=None)
 
 
 def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
