@@ -97,7 +97,7 @@ class StructuredOutputManager:
     def warm_up_in_background(self) -> None:
         """Import xgrammar and read the vocabulary on a thread of its own, now: with a large
         vocabulary that takes seconds (2-3 s on a small CPU), which the first structured request
-        would otherwise spend inside the engine's step loop, stalling every stream. The thread
+        would otherwise wait for, holding the GIL that the engine's step loop needs. The thread
         reads its own copy of the tokenizer: one tokenizer used by two threads at once can fail.
         Without xgrammar installed it does nothing (a structured request then gets an error)."""
         if self._tokenizer_path is None:
@@ -112,6 +112,9 @@ class StructuredOutputManager:
     def _warm_up(self) -> None:
         try:
             import xgrammar  # noqa: F401
+        except ImportError:
+            return  # optional: a structured request says it is missing
+        try:
             from .tokenizer import load_tokenizer
             with self._lock:
                 if self._compiler is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 
 import pytest
@@ -155,6 +156,17 @@ def test_the_vocabulary_is_read_before_the_first_request(llama_dir):
     while not manager.warm and time.monotonic() < deadline:
         time.sleep(0.05)
     assert manager.warm
+
+
+def test_without_xgrammar_a_structured_request_is_refused(llama_dir, monkeypatch):
+    from backend.structured_output import StructuredOutputManager
+    from backend.tokenizer import load_tokenizer
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
+    manager = StructuredOutputManager(load_tokenizer(llama_dir), 512, (1,), llama_dir)
+    manager.warm_up_in_background()  # quietly does nothing
+    with pytest.raises(ValueError) as info:
+        manager.compile(check_spec({"choice": ["a"]}))
+    assert str(info.value) == "structured_outputs needs the xgrammar package, which is not installed."
 
 
 def test_unpacked_bitmask_matches_xgrammar():
