@@ -248,12 +248,17 @@ class LLMEngine:
                 seq.prompt_logprobs.extend(make_logprobs_entry(r.token_id, r.logprob, r.rank, r.top)
                                            for r in prompt_results)
         now = time.time()
+        off_grammar: dict[str, int] = {}  # request id -> the token its grammar rejected
         for seq, pos, res in zip(pending.rows, pending.positions, results):
             req = self.requests.get(seq.request_id)
             if req is None or pos >= seq.num_tokens or seq.token_ids[pos] != PLACEHOLDER:
                 continue  # aborted, or stopped at an earlier token: this one is past the end
             seq.token_ids[pos] = res.token_id
             seq.num_unresolved -= 1
+            if seq.grammar is not None:
+                rejected = seq.grammar.advance(seq.token_ids[seq.num_prompt_tokens:pos + 1])
+                if rejected is not None:
+                    off_grammar.setdefault(req.request_id, rejected)
             self._record_token(seq, req, res, now)
             p = seq.params
             n_out = pos + 1 - seq.num_prompt_tokens
@@ -269,6 +274,11 @@ class LLMEngine:
             elif not seq.is_finished:
                 self.block_manager.cache_full_blocks(seq)
             self._text_queue.append(seq)
+        for request_id, token in off_grammar.items():  # that request ends; the others carry on
+            out = self.abort_request(request_id, error=f"structured_outputs: the grammar allows no "
+                                                       f"continuation (sampled token {token}).")
+            if out is not None:
+                outputs.append(out)
 
     def _record_token(self, seq: Sequence, req: Request, res, now: float) -> None:
         if seq.params.logprobs is not None:

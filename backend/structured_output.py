@@ -181,12 +181,15 @@ class Grammar:
         output tokens when it is next asked for a mask)."""
         return Grammar(self.compiled)
 
-    def advance(self, output_token_ids: list[int]) -> None:
-        """Take the output tokens sampled since the last call (all of them known)."""
+    def advance(self, output_token_ids: list[int]) -> int | None:
+        """Take the output tokens sampled since the last call (all of them known); the first
+        token the grammar rejects, or None. A rejected token is not taken: it can only come
+        from a grammar that allows nothing more, and the engine ends such a request."""
         for token in output_token_ids[self.num_accepted:]:
             if not self.matcher.accept_token(token):
-                raise RuntimeError(f"token {token} does not follow the grammar (the mask allowed it)")
+                return token
             self.num_accepted += 1
+        return None
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         """Row `row` of an int32 bitmask [rows, ceil(vocab / 32)]: bit j of word i allows token

@@ -85,7 +85,10 @@ class Sampler:
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
             for j, (_, r) in enumerate(guided):
-                r.grammar.advance(r.token_ids[r.num_prompt_tokens:len(r.token_ids) - r.num_unresolved])
+                # (The engine has advanced it; a forked sample's fresh one catches up here.)
+                rejected = r.grammar.advance(r.token_ids[r.num_prompt_tokens:len(r.token_ids) - r.num_unresolved])
+                if rejected is not None:
+                    raise RuntimeError(f"token {rejected} of a sample does not follow its grammar")
                 r.grammar.fill_bitmask(bitmask, j)
             md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
@@ -139,9 +142,9 @@ class Sampler:
         if md.grammar_rows is not None:
             # Where allowed_token_ids or bad words leave nothing the grammar allows, the grammar
             # alone decides (an all -inf row has no distribution to sample).
-            rows = logits[md.grammar_rows]
-            dead = torch.isneginf(rows).all(dim=1, keepdim=True)
-            logits[md.grammar_rows] = torch.where(dead, grammar_only, rows)
+            guided = logits[md.grammar_rows]
+            dead = torch.isneginf(guided).all(dim=1, keepdim=True)
+            logits[md.grammar_rows] = torch.where(dead, grammar_only, guided)
         token_ids = self._sample(logits, rows, md)
         out = SamplerOutput(token_ids, raw_logprobs.gather(1, token_ids[:, None]).squeeze(1))
         if md.want_logprobs:

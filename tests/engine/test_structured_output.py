@@ -100,6 +100,30 @@ def test_guided_requests_leave_the_others_unchanged(llama_dir):
     assert llm.engine.scheduler.num_preemptions > 0
 
 
+def test_a_token_off_the_grammar_ends_that_request_alone(llama_dir, monkeypatch):
+    """Should a sampled token ever break its grammar (here a mask that allows everything), that
+    request ends with an error naming the token, and the others in its batch carry on."""
+    from backend import EngineArgs, LLMEngine
+    from backend.structured_output import Grammar
+    engine = LLMEngine(EngineArgs(model=llama_dir, max_model_len=512))
+    prompt = list(range(5, 25))
+    first = LLM(llama_dir, max_model_len=512).generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    monkeypatch.setattr(Grammar, "fill_bitmask", lambda self, bitmask, row: bitmask[row].fill_(-1))
+    engine.add_request("guided", prompt, SamplingParams(temperature=0, max_tokens=8,
+                                                        structured_outputs={"choice": ["zz"]}))
+    engine.add_request("plain", prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).append(out)
+    token = first[0].outputs[0].token_ids[0]
+    assert outs["guided"][-1].error == (f"structured_outputs: the grammar allows no continuation "
+                                        f"(sampled token {token}).")
+    assert outs["guided"][-1].outputs[0].finish_reason == "abort"
+    assert sum(len(o.outputs[0].token_ids) for o in outs["plain"]) == 8
+    assert outs["plain"][-1].error is None
+
+
 def test_conflicting_allowed_ids_leave_the_grammar_to_decide(llm):
     """allowed_token_ids that the grammar never allows: the grammar decides alone."""
     text = _texts(llm, "Answer:", temperature=0, max_tokens=30, allowed_token_ids=[2],
