@@ -74,6 +74,8 @@ def _xgrammar():
         import xgrammar
     except ImportError:
         raise ValueError("structured_outputs needs the xgrammar package, which is not installed.") from None
+    except Exception as e:  # e.g. built for another NumPy than the one installed
+        raise ValueError(f"structured_outputs needs the xgrammar package, which failed to import: {e}") from None
     return xgrammar
 
 
@@ -112,8 +114,8 @@ class StructuredOutputManager:
     def _warm_up(self) -> None:
         try:
             import xgrammar  # noqa: F401
-        except ImportError:
-            return  # optional: a structured request says it is missing
+        except Exception:
+            return  # optional: a structured request says why it cannot be served
         try:
             from .tokenizer import load_tokenizer
             with self._lock:
