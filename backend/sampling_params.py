@@ -226,15 +226,15 @@ class SamplingParams:
         if not isinstance(values, dict):
             raise ValueError(f"sampling parameters must be a JSON object, got {type(values).__name__}.")
         kwargs: dict[str, Any] = {}
-        if "guided_decoding" in values:  # vLLM's older name (Triton's vLLM backend takes both)
-            if "structured_outputs" in values:
-                raise ValueError("Give structured_outputs or guided_decoding (its older name), not both.")
-            values = {("structured_outputs" if k == "guided_decoding" else k): v for k, v in values.items()}
+        if "guided_decoding" in values and "structured_outputs" in values:
+            raise ValueError("Give structured_outputs or guided_decoding (its older name), not both.")
         for key, value in values.items():
-            if key not in _PUBLIC_FIELDS:
+            # guided_decoding: vLLM's older name, which Triton's vLLM backend also takes
+            name = "structured_outputs" if key == "guided_decoding" else key
+            if name not in _PUBLIC_FIELDS:
                 raise ValueError(f"Unknown sampling parameter '{key}'. "
                                  f"Valid parameters: {', '.join(sorted(_PUBLIC_FIELDS))}.")
-            kwargs[key] = _coerce(key, value, _PUBLIC_FIELDS[key])
+            kwargs[name] = _coerce(key, value, _PUBLIC_FIELDS[name])
         return cls(**kwargs)
 
     def clone(self) -> "SamplingParams":

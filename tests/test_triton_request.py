@@ -267,3 +267,16 @@ def test_priority_arrives_in_sampling_parameters():
         with pytest.raises(ValueError) as info:
             parse_request({"text_input": s("x"), "sampling_parameters": s('{"priority": %s}' % bad)})
         assert str(info.value).startswith("priority must be an integer, got ")
+
+
+def test_structured_outputs_arrive_under_either_name():
+    """As a sampling_parameters object, or as a request parameter holding JSON (what the HTTP
+    generate endpoint makes of a top-level string)."""
+    want = {"choice": ["a", "b"], "disable_any_whitespace": False}
+    r = parse_request({"text_input": s("x"), "sampling_parameters": s('{"guided_decoding": {"choice": ["a", "b"]}}')})
+    assert r.sampling_params.structured_outputs == want
+    r = parse_request({"text_input": s("x")}, {"structured_outputs": '{"choice": ["a", "b"]}'})
+    assert r.sampling_params.structured_outputs == want
+    with pytest.raises(ValueError) as info:
+        parse_request({"text_input": s("x")}, {"guided_decoding": "[1]"})
+    assert str(info.value) == "sampling parameter 'guided_decoding' must be a JSON object, got [1]."
