@@ -49,6 +49,7 @@ def test_choice_greedy_and_sampled(llm):
     assert _texts(llm, "Answer:", temperature=0, **spec)[0] in CHOICES
     sampled = _texts(llm, "Answer:", n=6, temperature=1.5, seed=7, **spec)
     assert all(t in CHOICES for t in sampled), sampled
+    assert len(set(sampled)) > 1, sampled  # each sample walks its own grammar
 
 
 def test_regex_and_grammar(llm):
