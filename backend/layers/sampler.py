@@ -125,16 +125,14 @@ class Sampler:
                  md: SamplingMetadata | None = None) -> SamplerOutput:
         if md is None:
             md = self.prepare(rows, logits.shape[1], logits.device)
-        if md.all_greedy and not md.want_logprobs and md.grammar_rows is None and not (
+        if md.all_greedy and not md.want_logprobs and not (
                 md.repetition or md.frequency or md.min_tokens or md.allowed or md.banned or md.logit_bias):
-            # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py).
-            return SamplerOutput(*ops.greedy_sample(logits))
-        logits = logits.float()
-        if md.grammar_rows is not None:
-            # Before everything else, as vLLM applies the grammar's bitmask to the model's logits:
-            # logprobs are those of the distribution the grammar leaves.
-            allowed = unpack_bitmask(md.grammar_bitmask, logits.shape[1])
-            logits[md.grammar_rows] = logits[md.grammar_rows].masked_fill(~allowed, float("-inf"))
+            # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py),
+            # guided rows masked first.
+            return SamplerOutput(*ops.greedy_sample(self._mask_by_grammar(logits, md)))
+        # Before everything else, as vLLM applies the grammar's bitmask to the model's logits:
+        # logprobs are those of the distribution the grammar leaves.
+        logits = self._mask_by_grammar(logits.float(), md)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         if md.grammar_rows is not None:
             grammar_only = logits[md.grammar_rows]  # (a copy)
@@ -152,6 +150,14 @@ class Sampler:
                 out.top_logprobs, out.top_token_ids = raw_logprobs.topk(md.max_logprobs, dim=-1)
             out.ranks = (raw_logprobs > out.logprobs[:, None]).sum(dim=-1) + 1
         return out
+
+    @staticmethod
+    def _mask_by_grammar(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """-inf where a guided row's grammar does not allow the token (in place)."""
+        if md.grammar_rows is not None:
+            allowed = unpack_bitmask(md.grammar_bitmask, logits.shape[1])
+            logits[md.grammar_rows] = logits[md.grammar_rows].masked_fill(~allowed, float("-inf"))
+        return logits
 
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

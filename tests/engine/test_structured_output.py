@@ -52,6 +52,22 @@ def test_choice_greedy_and_sampled(llm):
     assert len(set(sampled)) > 1, sampled  # each sample walks its own grammar
 
 
+def test_greedy_fast_path_masks_as_the_general_path_does(llm):
+    """Greedy guided rows without logprobs take the one-pass argmax, masked first; with
+    logprobs, the general path: the same tokens, and logprobs of the masked distribution."""
+    spec = {"regex": r"[a-z]{3,6}( [a-z]{3,6}){2}"}
+    fast = llm.generate(["Words:"], SamplingParams(temperature=0, max_tokens=40, structured_outputs=spec))
+    general = llm.generate(["Words:"], SamplingParams(temperature=0, max_tokens=40, logprobs=0,
+                                                      structured_outputs=spec))
+    assert fast[0].outputs[0].token_ids == general[0].outputs[0].token_ids
+    assert re.fullmatch(spec["regex"], fast[0].outputs[0].text)
+    # A grammar that leaves one token: all the probability is its own.
+    only = llm.generate(["Brace:"], SamplingParams(temperature=0, max_tokens=5, logprobs=0,
+                                                   structured_outputs={"grammar": 'root ::= "{"'}))[0].outputs[0]
+    assert only.text == "{" and only.finish_reason == "stop"
+    assert abs(only.logprobs[0][only.token_ids[0]].logprob) < 1e-6
+
+
 def test_regex_and_grammar(llm):
     for seed in range(3):
         text = _texts(llm, "Code:", temperature=1.0, seed=seed, max_tokens=30,
