@@ -255,10 +255,8 @@ class LLMEngine:
                 continue  # aborted, or stopped at an earlier token: this one is past the end
             seq.token_ids[pos] = res.token_id
             seq.num_unresolved -= 1
-            if seq.grammar is not None:
-                rejected = seq.grammar.advance(seq.token_ids[seq.num_prompt_tokens:pos + 1])
-                if rejected is not None:
-                    off_grammar.setdefault(req.request_id, rejected)
+            if seq.grammar is not None and not seq.grammar.accept(res.token_id):
+                off_grammar.setdefault(req.request_id, res.token_id)
             self._record_token(seq, req, res, now)
             p = seq.params
             n_out = pos + 1 - seq.num_prompt_tokens

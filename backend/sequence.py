@@ -124,7 +124,7 @@ class Sequence:
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
         if self.grammar is not None:
-            child.grammar = self.grammar.fresh()
+            child.grammar = self.grammar.fresh(self.token_ids[self.num_prompt_tokens:self.num_tokens - self.num_unresolved])
         return child
 
     def __repr__(self) -> str:

@@ -176,22 +176,20 @@ class Grammar:
     def __init__(self, compiled) -> None:
         self.compiled = compiled
         self.matcher = _xgrammar().GrammarMatcher(compiled)
-        self.num_accepted = 0  # output tokens the matcher has taken
 
-    def fresh(self) -> "Grammar":
-        """For a sibling sample: the same grammar from the start (it catches up on its own
-        output tokens when it is next asked for a mask)."""
-        return Grammar(self.compiled)
+    def fresh(self, output_token_ids: list[int]) -> "Grammar":
+        """For a sibling sample forked with these output tokens (its parent's, which the same
+        grammar has taken already): the same grammar, moved past them."""
+        grammar = Grammar(self.compiled)
+        for token in output_token_ids:
+            grammar.matcher.accept_token(token)
+        return grammar
 
-    def advance(self, output_token_ids: list[int]) -> int | None:
-        """Take the output tokens sampled since the last call (all of them known); the first
-        token the grammar rejects, or None. A rejected token is not taken: it can only come
-        from a grammar that allows nothing more, and the engine ends such a request."""
-        for token in output_token_ids[self.num_accepted:]:
-            if not self.matcher.accept_token(token):
-                return token
-            self.num_accepted += 1
-        return None
+    def accept(self, token: int) -> bool:
+        """Take the sequence's next sampled token; False, and the token not taken, when the
+        grammar rejects it (only a grammar that allows nothing more lets such a token be
+        sampled: the engine ends that request)."""
+        return self.matcher.accept_token(token)
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         """Row `row` of an int32 bitmask [rows, ceil(vocab / 32)]: bit j of word i allows token

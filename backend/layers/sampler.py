@@ -84,11 +84,7 @@ class Sampler:
         guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
-            for j, (_, r) in enumerate(guided):
-                # (The engine has advanced it; a forked sample's fresh one catches up here.)
-                rejected = r.grammar.advance(r.token_ids[r.num_prompt_tokens:len(r.token_ids) - r.num_unresolved])
-                if rejected is not None:
-                    raise RuntimeError(f"token {rejected} of a sample does not follow its grammar")
+            for j, (_, r) in enumerate(guided):  # (the engine has given each its tokens)
                 r.grammar.fill_bitmask(bitmask, j)
             md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
@@ -134,12 +130,14 @@ class Sampler:
         # logprobs are those of the distribution the grammar leaves.
         logits = self._mask_by_grammar(logits.float(), md)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if md.grammar_rows is not None:
+        # Only allowed_token_ids and bad words add -inf: they may leave a guided row nothing.
+        clash = md.grammar_rows is not None and bool(md.allowed or md.banned)
+        if clash:
             grammar_only = logits[md.grammar_rows]  # (a copy)
         logits = self._apply_penalties(logits, md)
-        if md.grammar_rows is not None:
-            # Where allowed_token_ids or bad words leave nothing the grammar allows, the grammar
-            # alone decides (an all -inf row has no distribution to sample).
+        if clash:
+            # Where they leave nothing the grammar allows, the grammar alone decides (an all
+            # -inf row has no distribution to sample).
             guided = logits[md.grammar_rows]
             dead = torch.isneginf(guided).all(dim=1, keepdim=True)
             logits[md.grammar_rows] = torch.where(dead, grammar_only, guided)
