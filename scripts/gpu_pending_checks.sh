@@ -5,7 +5,11 @@
 #           sweep over the three ways of reading the chunk (cache, direct, tma) at 16 x 512,
 #           2 x 4096 and 1 x 8192; Llama-3-8B bf16 in-process (A and B);
 #   part 2: Llama-3-8B bf16 through Triton and in-process; Qwen2.5-7B and Qwen2.5-1.5B bf16
-#           through Triton and in-process.
+#           through Triton and in-process;
+#   part 3: the structured-output tests on CUDA (xgrammar from gpu_extras/, built by
+#           scripts/package_gpu_extras.sh: carry it too); workload A through Triton with
+#           stream_interval 1 and 16, alternately, for Qwen2.5-1.5B (host-bound) and once each
+#           for Llama-3-8B (GPU-bound).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -18,7 +22,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 or 2}"; shift
+PART="${1:?part 1, 2 or 3}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -52,6 +56,25 @@ if [ "$PART" = 1 ]; then
     fi
     stamp "Llama-3-8B bf16 in-process"
     run llama_offline --models "$LLAMA" --phases offline
+elif [ "$PART" = 3 ]; then
+    if [ -z "${NO_GPU_STEPS:-}" ]; then
+        stamp "GPU tests: structured outputs (xgrammar from gpu_extras)"
+        "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
+            gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
+        PYTHONPATH=/tmp/extras timeout 240 "$PY" -m pytest tests/engine/test_structured_output.py \
+            --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -8 >> "$S"
+    fi
+    for round in 1 2; do
+        for si in 1 16; do
+            stamp "Qwen2.5-1.5B bf16 A through Triton, stream_interval=$si (round $round)"
+            run "qwen15_si${si}_r${round}" --models "$QWEN" --phases triton --workloads A \
+                --engine-arg stream_interval=$si
+        done
+    done
+    for si in 16 1; do
+        stamp "Llama-3-8B bf16 A through Triton, stream_interval=$si"
+        run "llama_si${si}" --models "$LLAMA" --phases triton --workloads A --engine-arg stream_interval=$si
+    done
 else
     stamp "Llama-3-8B bf16: Triton and in-process"
     run llama --models "$LLAMA" --phases triton,offline
