@@ -9,6 +9,7 @@ from typing import Any
 from .config import EngineArgs
 from .engine_process import EngineProcess
 from .errors import EngineShutdownError
+from .lora_request import LoRARequest
 from .metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
@@ -16,7 +17,7 @@ from .sampling_params import SamplingParams
 _LAZY = {"LLM": "llm", "LLMEngine": "llm_engine", "StreamingEngine": "streaming_engine"}
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineProcess", "EngineArgs", "EngineStats", "SamplingParams",
-           "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError"]
+           "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError", "LoRARequest"]
 
 
 def __getattr__(name: str) -> Any:

@@ -65,7 +65,7 @@ class BlockManager:
         bs = self.block_size
         known = seq.num_tokens - seq.num_unresolved  # placeholders have no id yet
         for i in range(len(hashes), known // bs):
-            parent = hashes[i - 1] if i else None
+            parent = hashes[i - 1] if i else seq.cache_salt  # e.g. its LoRA adapter
             hashes.append(hash_block_tokens(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return hashes
 

@@ -61,6 +61,12 @@ class EngineArgs:
     # arrival), a lower value first, and when the KV cache runs out the running request with the
     # highest (priority, arrival) is preempted.
     scheduling_policy: str = "fcfs"
+    # LoRA adapters (PEFT directories) served next to the base model, chosen per request by name
+    # (`lora_name`); a Triton model lists them in 1/multi_lora.json, as Triton's vLLM backend does.
+    enable_lora: bool = False
+    lora_modules: dict[str, str] | None = None  # adapter name -> directory
+    max_loras: int | None = None  # adapters held on the device (all are); default: as many as listed
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -89,7 +95,7 @@ class EngineArgs:
             _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}.")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "enable_lora"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
         _positive_int("max_logprobs", self.max_logprobs)
@@ -108,6 +114,27 @@ class EngineArgs:
                 self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "
                              f"got {self.long_prefill_token_threshold!r}.")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        _positive_int("max_lora_rank", self.max_lora_rank)
+        if self.max_loras is not None:
+            _positive_int("max_loras", self.max_loras)
+        modules = self.lora_modules
+        if not self.enable_lora:
+            if modules:
+                raise ValueError("lora_modules needs enable_lora=true.")
+            return
+        if not modules:
+            raise ValueError("enable_lora: no adapters to serve; list them in lora_modules "
+                             "(a Triton model: in 1/multi_lora.json).")
+        if not isinstance(modules, dict):
+            raise ValueError(f"lora_modules must map adapter names to directories, got {modules!r}.")
+        for name, path in modules.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"lora_modules: adapter names must be non-empty strings, got {name!r}.")
+            if not isinstance(path, str) or not os.path.isdir(path):
+                raise ValueError(f"lora_modules: adapter {name!r}: directory {path!r} does not exist.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
@@ -165,6 +192,11 @@ def _parse_string(key: str, raw: str, type_name: str) -> Any:
             return int(text)
         if type_name.startswith("float"):
             return float(text)
+        if type_name.startswith("dict"):
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
         return text
     except ValueError:
         raise ValueError(f"engine argument {key}: cannot parse {raw!r} as {type_name}.") from None

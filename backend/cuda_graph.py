@@ -13,7 +13,7 @@ import logging
 import torch
 from torch import nn
 
-from .forward_context import AttentionMetadata, set_attention_metadata
+from .forward_context import AttentionMetadata, LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import TABLE_WIDTH_MULTIPLE, PreparedBatch
 
 logger = logging.getLogger(__name__)
@@ -38,22 +38,29 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int,
-                 max_model_len: int, device: torch.device) -> None:
+                 max_model_len: int, device: torch.device, lora: bool = False) -> None:
+        """lora: the model has LoRA adapters; every graph then adds each row's adapter delta
+        (row slots in a fifth buffer row, -1 for rows without one)."""
         self.model = model
+        self.lora = lora
         self.sizes = capture_sizes(max_num_seqs)
         self.max_bs = self.sizes[-1]
         self.max_model_len = max_model_len
         n, w = self.max_bs, -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
-        # input ids, positions, slot mapping, context lengths: one buffer, one copy per step
-        self.vectors = torch.zeros(4, n, dtype=torch.int64, device=device)
+        # input ids, positions, slot mapping, context lengths (and LoRA slots): one buffer, one
+        # copy per step
+        rows = 5 if lora else 4
+        self.vectors = torch.zeros(rows, n, dtype=torch.int64, device=device)
         self.input_ids, self.positions, self.slot_mapping = self.vectors[0], self.vectors[1], self.vectors[2]
         self.slot_mapping.fill_(-1)
+        if lora:
+            self.vectors[4].fill_(-1)
         self.block_tables = torch.zeros(n, w, dtype=torch.int32, device=device)
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
         # Pinned staging: two asynchronous copies per step instead of five synchronous ones.
         # Two sets, used alternately: the copy queued for step N may still be waiting behind
         # step N-1 on the device when step N+1 is prepared; step N+2 comes after N was taken.
-        self.host_vectors = [torch.zeros(4, n, dtype=torch.int64).pin_memory() for _ in range(2)]
+        self.host_vectors = [torch.zeros(rows, n, dtype=torch.int64).pin_memory() for _ in range(2)]
         self.host_tables = [torch.zeros(n, w, dtype=torch.int32).pin_memory() for _ in range(2)]
         self.parity = 0
         self.buckets = context_buckets(max_model_len)
@@ -73,7 +80,8 @@ class DecodeGraphs:
         for bucket in reversed(self.buckets):
             for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
                 md = self._metadata(bs, bucket)
-                with set_attention_metadata(md):
+                lora = LoRAMapping(self.vectors[4, :bs]) if self.lora else None
+                with set_attention_metadata(md), set_lora_mapping(lora):
                     self.model(self.input_ids[:bs], self.positions[:bs])  # compile kernels, warm up
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -110,6 +118,9 @@ class DecodeGraphs:
         hv[3, :n] = batch.decode_context_lens
         hv[2, n:bs] = -1  # padding rows: store nothing, attend to nothing
         hv[3, n:bs] = 0
+        if self.lora:
+            hv[4, :n] = -1 if batch.lora_slots is None else batch.lora_slots
+            hv[4, n:bs] = -1
         host_tables.numpy()[:n, :width] = batch.decode_block_tables
         self.vectors[:, :bs].copy_(host_vectors[:, :bs], non_blocking=True)
         self.block_tables[:n, :width].copy_(host_tables[:n, :width], non_blocking=True)
@@ -146,23 +157,25 @@ class PrefillGraphs:
     buffers, so the padding itself is testable without a GPU."""
 
     def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
-                 device: torch.device, capture: bool = True) -> None:
+                 device: torch.device, capture: bool = True, lora: bool = False) -> None:
         self.model = model
+        self.lora = lora  # as DecodeGraphs: row slots of LoRA adapters in a fifth token row
         self.sizes = prefill_capture_sizes(max_tokens)
         self.max_tokens = self.sizes[-1]
         self.max_seqs = PREFILL_GRAPH_MAX_SEQS
         self.use_graphs = capture
         t, p = self.max_tokens, self.max_seqs
         w = -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
-        # input ids, positions, slot mapping, each chunk's last row (first p entries); then
-        # cu_seqlens (p + 1) and context lengths (p)
-        self.tokens = torch.zeros(4, max(t, p), dtype=torch.int64, device=device)
+        # input ids, positions, slot mapping, each chunk's last row (first p entries), LoRA
+        # slots when lora; then cu_seqlens (p + 1) and context lengths (p)
+        rows = 5 if lora else 4
+        self.tokens = torch.zeros(rows, max(t, p), dtype=torch.int64, device=device)
         self.seq_info = torch.zeros(2 * p + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(p, w, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
         # Two staging sets, alternately, as in DecodeGraphs: a copy may still wait behind the
         # previous step when the next one is prepared.
-        self.host_tokens = [_host(torch.zeros(4, max(t, p), dtype=torch.int64), pin) for _ in range(2)]
+        self.host_tokens = [_host(torch.zeros(rows, max(t, p), dtype=torch.int64), pin) for _ in range(2)]
         self.host_seq_info = [_host(torch.zeros(2 * p + 1, dtype=torch.int32), pin) for _ in range(2)]
         self.host_tables = [_host(torch.zeros(p, w, dtype=torch.int32), pin) for _ in range(2)]
         self.parity = 0
@@ -177,7 +190,8 @@ class PrefillGraphs:
             prefill_context_lens=self.seq_info[p + 1:], prefill_max_seqlen_q=size)
 
     def _forward(self, size: int) -> torch.Tensor:
-        with set_attention_metadata(self._metadata(size)):
+        lora = LoRAMapping(self.tokens[4, :size]) if self.lora else None
+        with set_attention_metadata(self._metadata(size)), set_lora_mapping(lora):
             return self.model(self.tokens[0, :size], self.tokens[1, :size],
                               logits_indices=self.tokens[3, :self.max_seqs])
 
@@ -185,6 +199,8 @@ class PrefillGraphs:
         """Inputs that make any graph a no-op: no slots, no sequences."""
         self.tokens[2].fill_(-1)
         self.tokens[3].zero_()
+        if self.lora:
+            self.tokens[4].fill_(-1)
         self.seq_info.zero_()
 
     @torch.inference_mode()
@@ -227,6 +243,9 @@ class PrefillGraphs:
         ht[2, :n] = batch.slot_mapping
         ht[:2, n:size] = 0
         ht[2, n:size] = -1  # padding tokens store nothing
+        if self.lora:
+            ht[4, :n] = -1 if batch.lora_slots is None else batch.lora_slots
+            ht[4, n:size] = -1
         ht[3, :chunks] = batch.prefill_cu_seqlens_q[1:] - 1
         ht[3, chunks:p] = 0  # unused sequences: a real row, computed and dropped
         hi = host_info.numpy()

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from .config import EngineArgs
 from .input_processor import InputProcessor
+from .lora_request import LoRARequest
 from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
@@ -142,7 +143,8 @@ class EngineProcess:
                                          self.engine_args.max_model_len, payload["kv_capacity_tokens"],
                                          self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
                                          payload["eos_token_ids"], self.engine_args.scheduling_policy,
-                                         check_structured_outputs=self._check_structured_outputs)
+                                         check_structured_outputs=self._check_structured_outputs,
+                                         lora_names=tuple(self.engine_args.lora_modules or ()))
         self._lock = threading.Lock()
         # Structured-output specs checked by the engine's process: id -> error (None: it compiles)
         self._grammar_checks: dict[int, str | None] = {}
@@ -161,8 +163,10 @@ class EngineProcess:
 
     # ---- called from any thread -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: OutputCallback, priority: int = 0) -> None:
-        req = self._processor.process(request_id, prompt, params, priority=priority)
+                    on_output: OutputCallback, priority: int = 0,
+                    lora_request: LoRARequest | str | None = None) -> None:
+        req = self._processor.process(request_id, prompt, params, priority=priority,
+                                      lora_request=lora_request)
         with self._lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")

@@ -41,3 +41,35 @@ def set_attention_metadata(metadata: AttentionMetadata | None) -> Iterator[None]
         yield
     finally:
         _current = previous
+
+
+class LoRAMapping:
+    """Which LoRA adapter each row of a step uses (slot, -1: none). `slots` follows the rows the
+    layers see: every token's at first, then only the sampled rows' once the last decoder layer
+    keeps those alone (`select_lora_rows`)."""
+
+    def __init__(self, token_slots: torch.Tensor) -> None:
+        self.slots = token_slots  # [rows] int32 or int64
+
+
+_lora: LoRAMapping | None = None
+
+
+def get_lora_mapping() -> LoRAMapping | None:
+    return _lora
+
+
+def select_lora_rows(rows: torch.Tensor) -> None:
+    """The layers from here on see only these rows of the step, in this order."""
+    if _lora is not None:
+        _lora.slots = _lora.slots[rows]
+
+
+@contextlib.contextmanager
+def set_lora_mapping(mapping: LoRAMapping | None) -> Iterator[None]:
+    global _lora
+    previous, _lora = _lora, mapping
+    try:
+        yield
+    finally:
+        _lora = previous

@@ -27,6 +27,7 @@ class PreparedBatch:
     prefill_max_seqlen_q: int
     last_index: dict[int, int]  # seq_id -> index of its last new token in the packed batch
     decode_seq_ids: list[int]  # seq_id of each decode row
+    lora_slots: np.ndarray | None = None  # [T] int64: each token's LoRA adapter (-1: none); None: no adapter in the step
 
     def seq_ids_at(self, token_indices) -> list[int]:
         """Sequence ids of decode tokens (only decodes can read a placeholder token)."""
@@ -141,6 +142,10 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
         parts_slots.append(bt[p // block_size] * block_size + p % block_size)
         offset += it.num_new_tokens
         last_index[s.seq_id] = offset - 1
+    lora_slots = None
+    if any(it.seq.lora_slot >= 0 for it in scheduled):
+        lora_slots = np.asarray([it.seq.lora_slot for it in decodes] + [
+            it.seq.lora_slot for it in prefills for _ in range(it.num_new_tokens)], dtype=np.int64)
     cu = None
     if prefills:
         cu = np.zeros(len(prefills) + 1, dtype=np.int32)
@@ -157,4 +162,4 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
         prefill_context_lens=np.asarray([it.seq.num_computed_tokens + it.num_new_tokens
                                          for it in prefills], dtype=np.int32) if prefills else None,
         prefill_max_seqlen_q=max((it.num_new_tokens for it in prefills), default=0),
-        last_index=last_index, decode_seq_ids=[it.seq.seq_id for it in decodes])
+        last_index=last_index, decode_seq_ids=[it.seq.seq_id for it in decodes], lora_slots=lora_slots)

@@ -6,6 +6,7 @@ import os
 import time
 from typing import Callable
 
+from .lora_request import LoRARequest, lora_name_of
 from .request import Request
 from .sampling_params import SamplingParams
 from .structured_output import StructuredOutputManager
@@ -34,10 +35,13 @@ class InputProcessor:
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
                  max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...],
                  scheduling_policy: str = "fcfs", tokenizer_path: str | None = None,
-                 check_structured_outputs: Callable[[dict], None] | None = None) -> None:
+                 check_structured_outputs: Callable[[dict], None] | None = None,
+                 lora_names: tuple[str, ...] = ()) -> None:
         """tokenizer_path: where `tokenizer` came from, for structured outputs' warm-up.
         check_structured_outputs: raises ValueError when a spec does not compile; by default
-        it is compiled here (EngineProcess has the engine's process do it)."""
+        it is compiled here (EngineProcess has the engine's process do it).
+        lora_names: the LoRA adapters a request may name."""
+        self.lora_names = tuple(lora_names)
         self.tokenizer = tokenizer
         self.tokenizer_path = tokenizer_path
         self._check_structured_outputs = check_structured_outputs
@@ -61,7 +65,8 @@ class InputProcessor:
                                                   self.tokenizer_path)
 
     def process(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                arrival_time: float | None = None, priority: int = 0) -> Request:
+                arrival_time: float | None = None, priority: int = 0,
+                lora_request: LoRARequest | str | None = None) -> Request:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams.")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -69,6 +74,7 @@ class InputProcessor:
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(f"Got priority {priority}, but the engine's scheduling_policy is "
                              f"{self.scheduling_policy!r}; priorities need scheduling_policy='priority'.")
+        lora_name = self._check_lora(lora_name_of(lora_request))
         text: str | None = None
         if isinstance(prompt, str):
             if not prompt:
@@ -116,4 +122,16 @@ class InputProcessor:
         if params.structured_outputs is not None:  # a bad regex, schema or grammar fails here
             (self._check_structured_outputs or self.structured.compile)(params.structured_outputs)
         params._eos_token_ids = self.eos_token_ids
-        return Request(request_id, text, token_ids, params, arrival_time or time.time(), priority)
+        return Request(request_id, text, token_ids, params, arrival_time or time.time(), priority,
+                       lora_name)
+
+    def _check_lora(self, name: str | None) -> str | None:
+        if name is None:
+            return None
+        if not self.lora_names:
+            raise ValueError(f"lora_name {name!r}: this model serves no LoRA adapters "
+                             f"(start it with enable_lora and lora_modules).")
+        if name not in self.lora_names:
+            raise ValueError(f"lora_name {name!r} is not an adapter of this model; it serves "
+                             f"{', '.join(map(repr, self.lora_names))}.")
+        return name

@@ -6,6 +6,7 @@ from typing import Any, Sequence as Seq
 
 from .config import EngineArgs
 from .llm_engine import LLMEngine
+from .lora_request import LoRARequest
 from .outputs import RequestOutput
 from .request import accumulate
 from .sampling_params import SamplingParams
@@ -26,8 +27,12 @@ class LLM:
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 priority: Seq[int] | None = None) -> list[RequestOutput]:
-        """priority: one per prompt, with scheduling_policy="priority" (lower values first)."""
+                 priority: Seq[int] | None = None,
+                 lora_request: LoRARequest | str | Seq[LoRARequest | str | None] | None = None
+                 ) -> list[RequestOutput]:
+        """priority: one per prompt, with scheduling_policy="priority" (lower values first).
+        lora_request: a LoRA adapter of `lora_modules` (a LoRARequest or its name) for every
+        prompt, or one per prompt (None: the base model)."""
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                          and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
@@ -41,9 +46,13 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts.")
+        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
+                 else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise ValueError(f"Got {len(loras)} LoRA requests for {len(prompts)} prompts.")
         # Validate everything before queueing anything, so a bad prompt leaves no half-done batch.
-        requests = [self.engine.make_request(str(next(self._ids)), p, sp, priority=pr)
-                    for p, sp, pr in zip(prompts, params, priority)]
+        requests = [self.engine.make_request(str(next(self._ids)), p, sp, priority=pr, lora_request=lo)
+                    for p, sp, pr, lo in zip(prompts, params, priority, loras)]
         for req in requests:
             self.engine.add_request(req.request_id, req)
         results: dict[str, RequestOutput] = {}

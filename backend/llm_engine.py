@@ -8,6 +8,7 @@ from typing import Callable
 from .block_manager import BlockManager
 from .config import EngineArgs, load_hf_config
 from .input_processor import InputProcessor, load_eos_token_ids
+from .lora_request import LoRARequest
 from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .models import context_limit, longrope_original_length
@@ -76,7 +77,7 @@ class LLMEngine:
             self.tokenizer, self.vocab_size, max_model_len, self.runner.num_blocks * args.block_size,
             args.max_num_seqs, args.max_logprobs,
             load_eos_token_ids(args.model, self.hf_config, self.tokenizer), args.scheduling_policy,
-            args.tokenizer or args.model)
+            args.tokenizer or args.model, lora_names=tuple(args.lora_modules or ()))
         self.input_processor.structured.warm_up_in_background()
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
@@ -94,20 +95,26 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                     arrival_time: float | None = None, priority: int = 0) -> Request:
+                     arrival_time: float | None = None, priority: int = 0,
+                     lora_request: LoRARequest | str | None = None) -> Request:
         """Validate and tokenize (ValueError with a clear message); touches no engine state."""
-        return self.input_processor.process(request_id, prompt, params, arrival_time, priority)
+        return self.input_processor.process(request_id, prompt, params, arrival_time, priority,
+                                            lora_request)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Request,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0) -> None:
-        """priority: with scheduling_policy="priority", lower values are served first."""
+                    priority: int = 0, lora_request: LoRARequest | str | None = None) -> None:
+        """priority: with scheduling_policy="priority", lower values are served first.
+        lora_request: one of the adapters of `lora_modules` (a LoRARequest or its name)."""
         req = prompt if isinstance(prompt, Request) else self.make_request(
-            request_id, prompt, params, arrival_time, priority)
+            request_id, prompt, params, arrival_time, priority, lora_request)
         if req.request_id in self.requests:
             raise ValueError(f"Request id {req.request_id!r} is already in use.")
         seq = Sequence(req.request_id, req.prompt_token_ids, len(req.prompt_token_ids), req.params,
                        0, req.metrics.arrival_time, req.priority)
+        if req.lora_name is not None:
+            seq.lora_slot = self.runner.lora_manager.slot(req.lora_name)
+            seq.cache_salt = hash(("lora", req.lora_name))
         if req.params.structured_outputs is not None:  # compiled when the request was checked
             seq.grammar = Grammar(self.input_processor.structured.compile(req.params.structured_outputs))
         self._attach_detokenizer(seq, req)

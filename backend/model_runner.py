@@ -13,12 +13,13 @@ from kernels.validation import v_cache_shape
 
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs, PrefillGraphs
-from .forward_context import set_attention_metadata
+from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import DecodeBlockRows, prepare_batch
 from .layers.attention import Attention
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from .layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
 from .loader import load_dummy, load_safetensors
+from .lora import LoRAManager
 from .models import get_model_class
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSequence
@@ -102,6 +103,9 @@ class ModelRunner:
         else:
             checkpoint_kv_scales = load_safetensors(self.model, args.model)
         process_weights_after_loading(self.model)
+        # LoRA adapters before the memory profile, so the cache is sized around them.
+        self.lora_manager = LoRAManager(self.model, args.lora_modules, args.max_loras,
+                                        args.max_lora_rank, self.dtype, self.device) if args.enable_lora else None
         self.attn_layers = self.model.attention_layers()
         a = self.model.args
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
@@ -122,11 +126,13 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         if self.device.type == "cuda" and not args.enforce_eager:
             max_blocks = -(-max_model_len // self.block_size)
-            self.graphs = DecodeGraphs(self.model, args.max_num_seqs, max_blocks, max_model_len, self.device)
+            lora = self.lora_manager is not None
+            self.graphs = DecodeGraphs(self.model, args.max_num_seqs, max_blocks, max_model_len, self.device, lora)
             self.graphs.capture()
             prefill_tokens = min(args.max_prefill_graph_tokens, max_num_batched_tokens)
             if prefill_tokens:
-                self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device)
+                self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
+                                                    lora=lora)
                 self.prefill_graphs.capture()
 
     def _set_kv_scales(self, args: EngineArgs, checkpoint: dict[str, dict[str, float]]) -> None:
@@ -265,7 +271,8 @@ class ModelRunner:
         if fill is not None:
             input_ids[fill[0]] = fill[2][fill[1]]
         positions = self.to_device(batch.positions, torch.int64)
-        with set_attention_metadata(batch.attention_metadata(self.to_device)):
+        lora = None if batch.lora_slots is None else LoRAMapping(self.to_device(batch.lora_slots, torch.int64))
+        with set_attention_metadata(batch.attention_metadata(self.to_device)), set_lora_mapping(lora):
             return self.model(input_ids, positions, logits_indices)
 
     def to_device(self, values, dtype: torch.dtype) -> torch.Tensor:

@@ -9,9 +9,11 @@ from .tokenizer import partial_stop_suffix_len
 
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, arrival_time: float, priority: int = 0) -> None:
+                 params: SamplingParams, arrival_time: float, priority: int = 0,
+                 lora_name: str | None = None) -> None:
         self.request_id = request_id
         self.priority = priority  # with scheduling_policy="priority": lower values go first
+        self.lora_name = lora_name  # its LoRA adapter (None: the base model)
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params

@@ -14,6 +14,7 @@ from typing import Any
 from .config import EngineArgs
 from .errors import EngineShutdownError, OutputCallback
 from .llm_engine import LLMEngine
+from .lora_request import LoRARequest
 from .metrics import EngineStats
 from .outputs import CompletionOutput, RequestOutput
 from .request import Request
@@ -42,9 +43,11 @@ class StreamingEngine:
 
     # ---- called from any thread -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: OutputCallback, priority: int = 0) -> None:
+                    on_output: OutputCallback, priority: int = 0,
+                    lora_request: LoRARequest | str | None = None) -> None:
         """Validate now (ValueError with a clear message), then queue for the engine thread."""
-        req = self.engine.make_request(request_id, prompt, params, priority=priority)
+        req = self.engine.make_request(request_id, prompt, params, priority=priority,
+                                       lora_request=lora_request)
         with self._ids_lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")

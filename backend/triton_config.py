@@ -1,6 +1,7 @@
 """Engine arguments from a Triton model configuration's `parameters` section."""
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Mapping
 
@@ -9,12 +10,19 @@ from backend.config import EngineArgs
 _PATH_ARGUMENTS = ("model", "tokenizer")
 
 
-def engine_args_from_model_config(parameters: Mapping[str, Any], root: str) -> EngineArgs:
+MULTI_LORA_FILE = "multi_lora.json"
+
+
+def engine_args_from_model_config(parameters: Mapping[str, Any], root: str,
+                                  version_dir: str | None = None) -> EngineArgs:
     """Build EngineArgs from `parameters { key: "<argument>" value { string_value: "..." } }`.
 
     `parameters` is the model config's JSON form ({key: {"string_value": v}}) or plain strings.
     Relative `model` / `tokenizer` paths are taken relative to `root` (the repository root);
-    absolute paths are used as they are. Raises ValueError naming a bad or unknown argument.
+    absolute paths are used as they are. With `enable_lora`, the adapters are those of
+    `lora_modules` (a JSON object of names to directories) or else, as Triton's vLLM backend
+    reads them, of `multi_lora.json` in the model's version directory; their relative paths
+    too are taken relative to `root`. Raises ValueError naming a bad or unknown argument.
     """
     values: dict[str, str] = {}
     for key, value in parameters.items():
@@ -25,9 +33,28 @@ def engine_args_from_model_config(parameters: Mapping[str, Any], root: str) -> E
         values[key] = value
     for key in _PATH_ARGUMENTS:
         if values.get(key):
-            path = os.path.expanduser(values[key].strip())
-            values[key] = path if os.path.isabs(path) else os.path.normpath(os.path.join(root, path))
+            values[key] = _resolve(values[key], root)
+    if (version_dir and "lora_modules" not in values
+            and values.get("enable_lora", "").strip().lower() in ("true", "1", "yes", "on")):
+        path = os.path.join(version_dir, MULTI_LORA_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                values["lora_modules"] = f.read()
+    if values.get("lora_modules"):
+        try:
+            modules = json.loads(values["lora_modules"])
+        except ValueError:
+            raise ValueError(f"lora_modules: not a JSON object of adapter names to directories: "
+                             f"{values['lora_modules'][:200]!r}.") from None
+        if not isinstance(modules, dict) or not all(isinstance(p, str) for p in modules.values()):
+            raise ValueError(f"lora_modules must map adapter names to directories, got {modules!r}.")
+        values["lora_modules"] = json.dumps({name: _resolve(p, root) for name, p in modules.items()})
     if not values.get("model"):
         raise ValueError("the model configuration needs a 'model' parameter: "
                          "the path of a Hugging Face model directory.")
     return EngineArgs.from_strings(values)
+
+
+def _resolve(path: str, root: str) -> str:
+    path = os.path.expanduser(path.strip())
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(root, path))

@@ -43,6 +43,8 @@ class ParsedRequest:
     # its own `priority` request parameter, which a Python-backend model cannot read, so this one
     # arrives in sampling_parameters.
     priority: int = 0
+    # The LoRA adapter to run with (Triton's vLLM backend takes `lora_name` in sampling_parameters).
+    lora_name: str | None = None
 
 
 def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[str, Any] | None = None,
@@ -78,12 +80,15 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
         priority = int(priority)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority must be an integer, got {priority!r}.")
+    lora_name = sampling.pop("lora_name", None)
+    if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
+        raise ValueError(f"lora_name must be a non-empty string, got {lora_name!r}.")
     params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
     if max_n is not None and params.n > max_n:
         raise ValueError(f"n must be at most {max_n} (the model's max_num_seqs), got {params.n}.")
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
-                         exclude_input_in_output=exclude, priority=priority,
+                         exclude_input_in_output=exclude, priority=priority, lora_name=lora_name,
                          **{k: v for k, v in flags.items() if k.startswith("return_")})
 
 

@@ -245,3 +245,20 @@ def greedy_sample_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     token_ids = lf.argmax(dim=-1)
     logprobs = torch.log_softmax(lf, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
     return token_ids, logprobs
+
+
+def add_lora_ref(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                 slots: torch.Tensor) -> torch.Tensor:
+    """LoRA deltas of a batch whose rows use different adapters, added to y in place: each row t
+    with slots[t] = s >= 0 gets (x[t] @ lora_a[s].T) @ lora_b[s].T; rows with -1 are left alone.
+    Rounding as kernels/lora.py: the shrink in float32, rounded to x.dtype, the expand in float32
+    added to y in float32, then rounded once."""
+    v.check_add_lora("add_lora", y, x, lora_a, lora_b, slots, v.REFERENCE_DTYPES)
+    f = torch.float64 if x.dtype == torch.float64 else torch.float32
+    for s in range(lora_a.shape[0]):
+        rows = (slots == s).nonzero().flatten()
+        if rows.numel() == 0:
+            continue
+        u = (x[rows].to(f) @ lora_a[s].to(f).t()).to(x.dtype)
+        y[rows] = (y[rows].to(f) + u.to(f) @ lora_b[s].to(f).t()).to(y.dtype)
+    return y

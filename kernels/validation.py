@@ -365,3 +365,23 @@ def check_fp8_matmul(op: str, x_q, x_scale, weight, weight_scale, out_dtype: tor
         fail(op, f"out_dtype must be {_dtype_names(HALF_AND_FLOAT)}, got {out_dtype}")
     check_same_device(op, {"x_q": x_q, "x_scale": x_scale, "weight": weight,
                            "weight_scale": weight_scale})
+
+
+def check_add_lora(op: str, y, x, lora_a, lora_b, slots, dtypes: tuple[torch.dtype, ...]) -> None:
+    """y [T, N] += per row t with slots[t] = s >= 0: (x[t] @ lora_a[s].T) @ lora_b[s].T."""
+    check_tensor(op, "x", x, "[T, K]", dtypes)
+    check_tensor(op, "y", y, "[T, N]", (x.dtype,))
+    check_tensor(op, "lora_a", lora_a, "[S, R, K]", (x.dtype,))
+    check_tensor(op, "lora_b", lora_b, "[S, N, R]", (x.dtype,))
+    check_tensor(op, "slots", slots, "[T]", INDEX_DTYPES)
+    t, k = x.shape
+    s, r, _ = lora_a.shape
+    check_shape(op, "y", y, (t, lora_b.shape[1]), "[T, N]")
+    check_shape(op, "lora_a", lora_a, (s, r, k), "[S, R, K]")
+    check_shape(op, "lora_b", lora_b, (s, y.shape[1], r), "[S, N, R]")
+    check_shape(op, "slots", slots, (t,), "[T]")
+    for name, tensor in (("x", x), ("y", y)):
+        check_last_dim_contiguous(op, name, tensor)
+    for name, tensor in (("lora_a", lora_a), ("lora_b", lora_b), ("slots", slots)):
+        check_contiguous(op, name, tensor)
+    check_same_device(op, {"x": x, "y": y, "lora_a": lora_a, "lora_b": lora_b, "slots": slots})

@@ -73,6 +73,29 @@ def test_engine_args_resolve_relative_paths_against_the_root(tmp_path):
     assert absolute.model == str(tmp_path / "m")
 
 
+def test_lora_adapters_from_multi_lora_json_or_the_parameter(tmp_path):
+    """As Triton's vLLM backend: 1/multi_lora.json next to model.py when enable_lora is on;
+    relative adapter paths are taken from the root, like `model`."""
+    _model_dir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    version = tmp_path / "llm" / "1"
+    version.mkdir(parents=True)
+    (version / "multi_lora.json").write_text('{"sql": "a", "doc": "%s"}' % (tmp_path / "b"), encoding="utf-8")
+    on = {"model": "m", "enable_lora": "true"}
+    args = engine_args_from_model_config(on, str(tmp_path), version_dir=str(version))
+    assert args.lora_modules == {"sql": str(tmp_path / "a"), "doc": str(tmp_path / "b")}
+    # The file is read only with enable_lora; a lora_modules parameter takes its place.
+    assert engine_args_from_model_config({"model": "m"}, str(tmp_path), version_dir=str(version)).lora_modules is None
+    args = engine_args_from_model_config({**on, "lora_modules": '{"x": "b"}'}, str(tmp_path), version_dir=str(version))
+    assert args.lora_modules == {"x": str(tmp_path / "b")}
+    with pytest.raises(ValueError, match=r"^enable_lora: no adapters to serve"):
+        engine_args_from_model_config(on, str(tmp_path), version_dir=str(tmp_path))
+    (version / "multi_lora.json").write_text('["a"]', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^lora_modules must map adapter names to directories, got \['a'\]\.$"):
+        engine_args_from_model_config(on, str(tmp_path), version_dir=str(version))
+
+
 @pytest.mark.parametrize("params, message", [
     ({}, "the model configuration needs a 'model' parameter: the path of a Hugging Face model directory."),
     ({"model": "m", "max_num_seq": "4"}, "Unknown engine argument 'max_num_seq'. Valid arguments: "),

@@ -36,6 +36,13 @@ def test_sampling_parameters_as_genai_perf_sends_them():
     assert (p.max_tokens, p.ignore_eos, p.temperature, p.stop) == (256, True, 0.0, ["a"])
 
 
+def test_lora_name_as_the_vllm_backend_takes_it():
+    r = parse_request({"text_input": s("x"), "sampling_parameters": s('{"lora_name": "sql", "max_tokens": 3}')})
+    assert (r.lora_name, r.sampling_params.max_tokens) == ("sql", 3)
+    assert parse_request({"text_input": s("x")}, {"lora_name": "doc"}).lora_name == "doc"
+    assert parse_request({"text_input": s("x")}).lora_name is None
+
+
 def test_request_parameters_and_tensor_precedence():
     # The HTTP generate endpoint turns top-level keys into request parameters.
     r = parse_request({"text_input": s("x")},
@@ -116,6 +123,8 @@ def test_input_ids_prompt():
     ({"text_input": s("x")}, "{not json", "request parameters are not valid JSON: "
      "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)."),
     ({"text_input": s("x")}, {"stream": "yes"}, "request parameter 'stream' must be a boolean, got 'yes'."),
+    ({"text_input": s("x"), "sampling_parameters": s('{"lora_name": 3}')}, None,
+     "lora_name must be a non-empty string, got 3."),
     ({"text_input": s("x"), "image": s("x")}, None, "unexpected input 'image'. Valid inputs: text_input, "
      "input_ids, sampling_parameters, stream, exclude_input_in_output, return_finish_reason, "
      "return_cumulative_logprob, return_logprobs, return_num_input_tokens, return_num_output_tokens."),

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..forward_context import get_lora_mapping
+from . import ops
 from .parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
 
 
@@ -29,6 +31,8 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.tp_dim = tp_dim  # which weight dim is sharded: 0 rows (column parallel), 1 cols
+        self.in_features, self.out_features = in_features, out_features  # this rank's shard
+        self.lora = None  # LoRAWeights when LoRA adapters target this projection (backend/lora.py)
         self.linear_method = linear_method or LinearMethod()
         self.linear_method.create_weights(self, in_features, out_features, dtype)
         if bias:
@@ -53,7 +57,12 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_method.apply(self, x, self.bias)
+        y = self.linear_method.apply(self, x, self.bias)
+        if self.lora is not None:
+            mapping = get_lora_mapping()
+            if mapping is not None:  # some row of this step uses an adapter
+                ops.add_lora(y, x, self.lora.a, self.lora.b, mapping.slots)
+        return y
 
 
 class ReplicatedLinear(LinearBase):

@@ -61,3 +61,8 @@ def quantize_fp8_per_token(x):
 def greedy_sample(logits):
     fn = kernels.greedy_sample if _on_gpu(logits) else reference.greedy_sample_ref
     return fn(logits)
+
+
+def add_lora(y, x, lora_a, lora_b, slots):
+    fn = kernels.add_lora if _on_gpu(x) else reference.add_lora_ref
+    return fn(y, x, lora_a, lora_b, slots)

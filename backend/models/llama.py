@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from ..forward_context import select_lora_rows
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -106,6 +107,7 @@ class LlamaAttention(nn.Module):
             if rows.numel() == 0:
                 return hidden[:0]
             out = out[rows]
+            select_lora_rows(rows)  # LoRA adapters follow the rows kept
         return self.o_proj(out)
 
 

@@ -24,9 +24,14 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}}}
 
 
+# A fixed KV cache: on a GPU an engine sized by memory would take 90% of it, and some tests
+# start a second engine while the module's is alive.
+ENGINE = dict(max_model_len=512, num_kv_blocks=256)
+
+
 @pytest.fixture(scope="module")
 def llm(llama_dir):
-    return LLM(llama_dir, max_model_len=512)
+    return LLM(llama_dir, **ENGINE)
 
 
 def _texts(llm, prompt, **params) -> list[str]:
@@ -122,9 +127,9 @@ def test_a_token_off_the_grammar_ends_that_request_alone(llama_dir, monkeypatch)
     request ends with an error naming the token, and the others in its batch carry on."""
     from backend import EngineArgs, LLMEngine
     from backend.structured_output import Grammar
-    engine = LLMEngine(EngineArgs(model=llama_dir, max_model_len=512))
+    engine = LLMEngine(EngineArgs(model=llama_dir, **ENGINE))
     prompt = list(range(5, 25))
-    first = LLM(llama_dir, max_model_len=512).generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    first = LLM(llama_dir, **ENGINE).generate([prompt], SamplingParams(temperature=0, max_tokens=1))
     monkeypatch.setattr(Grammar, "fill_bitmask", lambda self, bitmask, row: bitmask[row].fill_(-1))
     engine.add_request("guided", prompt, SamplingParams(temperature=0, max_tokens=8,
                                                         structured_outputs={"choice": ["zz"]}))
@@ -192,7 +197,7 @@ def test_bad_content_and_combinations(llm):
 
 def test_the_vocabulary_is_read_before_the_first_request(llama_dir):
     """At start-up, on a thread of its own, not in the first structured request's step."""
-    manager = LLM(llama_dir, max_model_len=512).engine.input_processor.structured
+    manager = LLM(llama_dir, **ENGINE).engine.input_processor.structured
     deadline = time.monotonic() + 60
     while not manager.warm and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -71,7 +71,9 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise pb_utils.TritonModelException("the llm model must be decoupled: set "
                                                 "model_transaction_policy { decoupled: true }")
-        engine_args = engine_args_from_model_config(config.get("parameters", {}), _ROOT)
+        engine_args = engine_args_from_model_config(
+            config.get("parameters", {}), _ROOT,
+            version_dir=os.path.join(args["model_repository"], args["model_version"]))
         self._labels = {"model": args["model_name"], "version": args["model_version"]}
         self._model = (args["model_name"], args["model_version"])
         self._requests = triton_request
@@ -132,7 +134,7 @@ class TritonPythonModel:
             try:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
                                          functools.partial(self._on_output, state.request_id),
-                                         priority=parsed.priority)
+                                         priority=parsed.priority, lora_request=parsed.lora_name)
             except BaseException:
                 with self._lock:
                     self._inflight.pop(state.request_id, None)

@@ -1,0 +1,163 @@
+"""Multi-LoRA serving: PEFT adapters loaded next to the base model, each request choosing one
+by name (`lora_name`, as Triton's vLLM backend takes it), requests of different adapters in
+one batch.
+
+Every listed adapter is read at start-up and held on the device: for each decoder projection
+that some adapter targets, the adapters' A and B matrices are stacked ([S, R, K] and [S, N, R],
+one slot per adapter, the scaling folded into B) and the layer adds, for each row of a step,
+the delta of its row's adapter (`kernels/lora.py`; rows without one get nothing). The fused
+projections hold their parts side by side: q, k and v (or gate and up) each own R of the
+stacked ranks and their own rows of B, so an adapter that targets only q_proj leaves k and v
+alone. The engine does not swap adapters in and out: `max_loras` bounds how many are held.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from .layers.linear import LinearBase
+from .lora_request import LoRARequest, lora_name_of  # noqa: F401  (re-exported)
+
+# Checkpoint module -> (our projection, which part of it). Phi-3 checkpoints are already fused.
+_PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "qkv_proj": ("qkv_proj", None), "o_proj": ("o_proj", 0),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+          "gate_up_proj": ("gate_up_proj", None), "down_proj": ("down_proj", 0)}
+_NUM_PARTS = {"qkv_proj": 3, "o_proj": 1, "gate_up_proj": 2, "down_proj": 1}
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
+
+
+class LoRAAdapter:
+    """One PEFT adapter directory (adapter_config.json + adapter_model.safetensors): for each
+    (layer, checkpoint module) its A [r, in] and its B [out, r] times the scaling."""
+
+    def __init__(self, name: str, path: str, num_layers: int, max_lora_rank: int) -> None:
+        self.name, self.path = name, path
+        config_path = os.path.join(path, "adapter_config.json")
+        weights_path = os.path.join(path, "adapter_model.safetensors")
+        for needed in (config_path, weights_path):
+            if not os.path.isfile(needed):
+                raise ValueError(f"LoRA adapter {name!r}: {path!r} has no {os.path.basename(needed)}.")
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        self.rank = config.get("r")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"LoRA adapter {name!r}: r must be a positive integer, got {self.rank!r}.")
+        if self.rank > max_lora_rank:
+            raise ValueError(f"LoRA adapter {name!r} has rank {self.rank}, more than max_lora_rank="
+                             f"{max_lora_rank}; raise max_lora_rank.")
+        refused = {"use_dora": "DoRA", "modules_to_save": "modules_to_save",
+                   "rank_pattern": "rank_pattern", "alpha_pattern": "alpha_pattern",
+                   "fan_in_fan_out": "fan_in_fan_out"}
+        for key, what in refused.items():
+            if config.get(key):
+                raise ValueError(f"LoRA adapter {name!r}: {what} is not supported.")
+        if config.get("bias", "none") != "none":
+            raise ValueError(f"LoRA adapter {name!r}: bias {config['bias']!r} is not supported "
+                             f"(adapters without biases are).")
+        alpha = config.get("lora_alpha", self.rank)
+        self.scaling = alpha / (math.sqrt(self.rank) if config.get("use_rslora") else self.rank)
+        self.weights: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        with safe_open(weights_path, framework="pt") as f:
+            for key in f.keys():
+                match = _KEY.search(key)
+                if match is None or match.group(2) not in _PARTS:
+                    raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA weight "
+                                     f"of a supported projection ({', '.join(_PARTS)}).")
+                layer = int(match.group(1))
+                if layer >= num_layers:
+                    raise ValueError(f"LoRA adapter {name!r}: {key!r} names layer {layer}, but the "
+                                     f"model has {num_layers}.")
+                self.weights.setdefault((layer, match.group(2)), {})[match.group(3)] = f.get_tensor(key)
+        for (layer, module), pair in self.weights.items():
+            if set(pair) != {"A", "B"}:
+                raise ValueError(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(pair)} "
+                                 f"without lora_{'B' if 'A' in pair else 'A'}.")
+            a, b = pair["A"], pair["B"]
+            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != self.rank or b.shape[1] != self.rank:
+                raise ValueError(f"LoRA adapter {name!r}: layer {layer} {module} has lora_A "
+                                 f"{tuple(a.shape)} and lora_B {tuple(b.shape)}, not [r, in] and "
+                                 f"[out, r] with r={self.rank}.")
+        if not self.weights:
+            raise ValueError(f"LoRA adapter {name!r}: {weights_path!r} holds no LoRA weights.")
+
+
+@dataclass
+class LoRAWeights:
+    """One projection's stacked adapters, as kernels/lora.py takes them."""
+
+    a: torch.Tensor  # [S, parts * R, in]
+    b: torch.Tensor  # [S, out, parts * R], scaling folded in
+
+
+class LoRAManager:
+    """Loads the adapters, gives each a slot, and attaches the stacked weights to the model's
+    projections (`LinearBase.lora`)."""
+
+    def __init__(self, model: nn.Module, modules: dict[str, str], max_loras: int | None,
+                 max_lora_rank: int, dtype: torch.dtype, device: torch.device) -> None:
+        if max_loras is not None and len(modules) > max_loras:
+            raise ValueError(f"lora_modules lists {len(modules)} adapters, more than max_loras="
+                             f"{max_loras}: every adapter is held on the device; raise max_loras.")
+        layers = model.model.layers
+        self.names = list(modules)
+        self.rank = max_lora_rank
+        adapters = [LoRAAdapter(name, path, len(layers), max_lora_rank) for name, path in modules.items()]
+        targets = {(layer, _PARTS[module][0]) for ad in adapters for layer, module in ad.weights}
+        self.num_layers_with_lora = len({layer for layer, _ in targets})
+        for (index, proj), linear in _projections(layers):
+            if (index, proj) not in targets:
+                continue
+            linear.lora = self._stack(linear, index, proj, adapters, dtype, device)
+
+    def slot(self, name: str) -> int:
+        return self.names.index(name)
+
+    def _stack(self, linear: LinearBase, index: int, proj: str, adapters: list[LoRAAdapter],
+               dtype: torch.dtype, device: torch.device) -> LoRAWeights:
+        parts, r = _NUM_PARTS[proj], self.rank
+        rows = _part_rows(linear, proj)
+        out_features = sum(rows)
+        in_features = linear.in_features
+        a = torch.zeros(len(adapters), parts * r, in_features, dtype=dtype)
+        b = torch.zeros(len(adapters), out_features, parts * r, dtype=dtype)
+        for slot, ad in enumerate(adapters):
+            for (layer, module), pair in ad.weights.items():
+                if layer != index or _PARTS[module][0] != proj:
+                    continue
+                part = _PARTS[module][1]
+                first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
+                col = (part or 0) * r
+                if pair["A"].shape[1] != in_features or pair["B"].shape[0] != count:
+                    raise ValueError(
+                        f"LoRA adapter {ad.name!r}: layer {layer} {module} maps {pair['A'].shape[1]} "
+                        f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
+                a[slot, col:col + ad.rank] = pair["A"].to(dtype)
+                b[slot, first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(dtype)
+        return LoRAWeights(a.to(device), b.to(device))
+
+
+def _projections(layers: nn.ModuleList) -> Iterator[tuple[tuple[int, str], LinearBase]]:
+    for index, layer in enumerate(layers):
+        yield (index, "qkv_proj"), layer.self_attn.qkv_proj
+        yield (index, "o_proj"), layer.self_attn.o_proj
+        yield (index, "gate_up_proj"), layer.mlp.gate_up_proj
+        yield (index, "down_proj"), layer.mlp.down_proj
+
+
+def _part_rows(linear: LinearBase, proj: str) -> list[int]:
+    """Output rows of each part of a (fused) projection."""
+    if proj == "qkv_proj":
+        q, kv = linear.num_heads * linear.head_dim, linear.num_kv_heads * linear.head_dim
+        return [q, kv, kv]
+    if proj == "gate_up_proj":
+        return list(linear.output_sizes)
+    return [linear.out_features]

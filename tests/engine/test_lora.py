@@ -1,0 +1,139 @@
+"""Multi-LoRA: requests naming different PEFT adapters (or none) in one batch get exactly the
+greedy tokens of Hugging Face with that adapter merged into the weights; the prefix cache never
+serves one adapter's keys and values to another; bad adapters and names get clear errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_reference import hf_greedy_generate
+from lora_adapters import merged_hf_model, write_adapter
+
+from backend import LLM, EngineArgs, LoRARequest, SamplingParams
+
+# min_tokens: EOS masked as Hugging Face's min_new_tokens masks it (the adapters make EOS likely).
+GREEDY = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def llama_adapters(llama_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    return {
+        # q and v only (k's part of the fused projection stays without a delta), rank 8
+        "qv": write_adapter(str(root / "qv"), llama_dir, ["q_proj", "v_proj"], 8, 16, seed=1),
+        # every projection, rank 16, rsLoRA scaling, only layer 1
+        "all": write_adapter(str(root / "all"), llama_dir, ALL, 16, 8, seed=2, use_rslora=True,
+                             layers=[1]),
+        "mlp": write_adapter(str(root / "mlp"), llama_dir, ["gate_proj", "down_proj"], 4, 4, seed=3),
+    }
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 500, (length,), generator=gen).tolist() for length in (37, 9, 70, 21)[:n]]
+
+
+def _hf(model_dir, adapter_dir, prompts, max_new=12):
+    return hf_greedy_generate(merged_hf_model(model_dir, adapter_dir), prompts, max_new)
+
+
+def test_each_request_gets_its_adapter_in_a_mixed_batch(llama_dir, llama_adapters):
+    prompts = _prompts(4, seed=1)
+    names = [None, "qv", "all", "mlp"]
+    want = {name: _hf(llama_dir, llama_adapters.get(name), prompts) for name in names}
+    # Each adapter changes the output: the test could tell them apart.
+    assert len({str(tokens) for tokens in want.values()}) == len(names)
+    llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, max_lora_rank=16,
+              max_num_batched_tokens=64)  # prompts in chunks, next to other requests' decodes
+    batch = [p for p in prompts for _ in names]
+    loras = [name for _ in prompts for name in names]
+    outs = llm.generate(batch, GREEDY, lora_request=loras)
+    for i, (prompt_index, name) in enumerate((p, n) for p in range(len(prompts)) for n in names):
+        assert outs[i].outputs[0].token_ids == want[name][prompt_index], (name, prompt_index)
+    # A LoRARequest (vLLM's form) names the same adapter.
+    again = llm.generate(prompts[:1], GREEDY, lora_request=LoRARequest("mlp", 3, llama_adapters["mlp"]))
+    assert again[0].outputs[0].token_ids == want["mlp"][0]
+
+
+def test_fused_checkpoint_projections(phi3_dir, tmp_path):
+    """Phi-3 adapters target its fused qkv_proj and gate_up_proj."""
+    adapter = write_adapter(str(tmp_path / "phi"), phi3_dir, ["qkv_proj", "gate_up_proj", "o_proj"], 8, 16, seed=4)
+    prompts = _prompts(2, seed=2)
+    want = _hf(phi3_dir, adapter, prompts)
+    assert want != _hf(phi3_dir, None, prompts)
+    llm = LLM(phi3_dir, enable_lora=True, lora_modules={"p": adapter}, max_model_len=512)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request="p")] == want
+
+
+def test_prefix_cache_keeps_adapters_apart(llama_dir, llama_adapters):
+    prompt = _prompts(3, seed=3)[2]  # 70 tokens: four full blocks of 16
+    llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, enable_prefix_caching=True)
+    first = llm.generate([prompt], GREEDY, lora_request="qv")[0]
+    other = llm.generate([prompt], GREEDY, lora_request="all")[0]
+    base = llm.generate([prompt], GREEDY)[0]
+    same = llm.generate([prompt], GREEDY, lora_request="qv")[0]
+    assert (other.num_cached_tokens, base.num_cached_tokens) == (0, 0)
+    assert same.num_cached_tokens == 64
+    assert same.outputs[0].token_ids == first.outputs[0].token_ids == _hf(llama_dir, llama_adapters["qv"], [prompt])[0]
+    assert other.outputs[0].token_ids == _hf(llama_dir, llama_adapters["all"], [prompt])[0]
+    assert base.outputs[0].token_ids == _hf(llama_dir, None, [prompt])[0]
+
+
+def test_bad_names_get_clear_errors(llama_dir, llama_adapters):
+    llm = LLM(llama_dir, enable_lora=True, lora_modules={"qv": llama_adapters["qv"]})
+    with pytest.raises(ValueError, match=r"^lora_name 'nope' is not an adapter of this model; it serves 'qv'\.$"):
+        llm.generate([[5, 6, 7]], GREEDY, lora_request="nope")
+    plain = LLM(llama_dir, max_model_len=128)
+    with pytest.raises(ValueError, match=r"^lora_name 'qv': this model serves no LoRA adapters "
+                                         r"\(start it with enable_lora and lora_modules\)\.$"):
+        plain.generate([[5, 6, 7]], GREEDY, lora_request="qv")
+    with pytest.raises(ValueError, match=r"^Got 2 LoRA requests for 1 prompts\.$"):
+        llm.generate([[5, 6, 7]], GREEDY, lora_request=["qv", None])
+
+
+def test_bad_adapters_fail_the_load(llama_dir, llama_adapters, tmp_path):
+    def load(**kwargs):
+        return LLM(llama_dir, enable_lora=True, max_model_len=128, **kwargs)
+
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'all' has rank 16, more than max_lora_rank=8; raise max_lora_rank\.$"):
+        load(lora_modules={"all": llama_adapters["all"]}, max_lora_rank=8)
+    with pytest.raises(ValueError, match=r"^lora_modules lists 2 adapters, more than max_loras=1: "):
+        load(lora_modules={"a": llama_adapters["qv"], "b": llama_adapters["mlp"]}, max_loras=1)
+    emb = write_adapter(str(tmp_path / "emb"), llama_dir, ["q_proj"], 4, 4, seed=5, extra_tensors={
+        "base_model.model.model.embed_tokens.lora_embedding_A": torch.zeros(4, 512)})
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'e': tensor 'base_model\.model\.model\.embed_tokens\.lora_embedding_A' "
+                                         r"is not a LoRA weight of a supported projection"):
+        load(lora_modules={"e": emb})
+    dora = write_adapter(str(tmp_path / "dora"), llama_dir, ["q_proj"], 4, 4, seed=6, extra_config={"use_dora": True})
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'd': DoRA is not supported\.$"):
+        load(lora_modules={"d": dora})
+    wrong = write_adapter(str(tmp_path / "wrong"), llama_dir, ["o_proj"], 4, 4, seed=7, extra_tensors={
+        "base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight": torch.zeros(4, 10)})
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'w': layer 0 o_proj maps 10 -> 64 features, "
+                                         r"but the model's maps 64 -> 64\.$"):
+        load(lora_modules={"w": wrong})
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'n': '.*' has no adapter_config\.json\.$"):
+        load(lora_modules={"n": str(tmp_path)})
+    with pytest.raises(ValueError, match=r"^lora_modules: adapter 'x': directory '/no/such' does not exist\.$"):
+        EngineArgs(model=llama_dir, enable_lora=True, lora_modules={"x": "/no/such"})
+    with pytest.raises(ValueError, match=r"^lora_modules needs enable_lora=true\.$"):
+        EngineArgs(model=llama_dir, lora_modules={"w": wrong})
+    with pytest.raises(ValueError, match=r"^enable_lora: no adapters to serve; list them in lora_modules"):
+        EngineArgs(model=llama_dir, enable_lora=True)
+    args = EngineArgs.from_strings({"model": llama_dir, "enable_lora": "true",
+                                    "lora_modules": '{"w": "%s"}' % wrong})
+    assert args.lora_modules == {"w": wrong}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters):
+    """Decode and prefill CUDA graphs with adapters per row, against the CPU engine."""
+    prompts = _prompts(4, seed=4) + [[11, 12, 13]]
+    names = ["qv", None, "all", "mlp", "qv"]
+    common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, lora_modules=llama_adapters)
+    gpu = LLM(llama_dir, device="cuda", **common)
+    assert gpu.engine.runner.graphs and gpu.engine.runner.prefill_graphs
+    got = [o.outputs[0].token_ids for o in gpu.generate(prompts, GREEDY, lora_request=names)]
+    alone = [gpu.generate([p], GREEDY, lora_request=n)[0].outputs[0].token_ids for p, n in zip(prompts, names)]
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", **common).generate(prompts, GREEDY, lora_request=names)]
+    assert got == want and alone == want

@@ -1,0 +1,79 @@
+"""Multi-LoRA through the real server, as Triton's vLLM backend is set up: `enable_lora` in the
+model configuration, the adapters in 1/multi_lora.json (a relative path taken from the
+repository root), a request's `lora_name` in its sampling parameters. Each request gets the
+offline engine's text for its adapter; a name the model does not serve gets a clear error."""
+import json
+import os
+import sys
+
+import pytest
+
+from triton_server import (ROOT, TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request,
+                           start_server, write_model_repository)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine"))
+from lora_adapters import write_adapter  # noqa: E402
+
+PROMPT = "Once upon a time, in a land far away,"
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora_server")
+    adapters = {
+        "attn": write_adapter(str(tmp / "attn"), tiny_model, ["q_proj", "k_proj", "v_proj", "o_proj"], 8, 16, seed=11),
+        "mlp": write_adapter(str(tmp / "mlp"), tiny_model, ["gate_proj", "up_proj", "down_proj"], 8, 16, seed=12),
+    }
+    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS,
+                                                      "enable_lora": "true"})
+    # One path absolute, one relative to the repository root (as `model` is).
+    listed = {"attn": adapters["attn"], "mlp": os.path.relpath(adapters["mlp"], ROOT)}
+    with open(os.path.join(repo, "llm", "1", "multi_lora.json"), "w", encoding="utf-8") as f:
+        json.dump(listed, f)
+    server = start_server(repo, str(tmp / "tritonserver.log"))
+    yield server, adapters
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model, lora_setup):
+    from backend import LLM, SamplingParams
+    args = TEST_ENGINE_ARGS
+    llm = LLM(tiny_model, dtype=args["dtype"], num_kv_blocks=int(args["num_kv_blocks"]),
+              max_model_len=int(args["max_model_len"]), enable_lora=True, lora_modules=lora_setup[1])
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    return {name: llm.generate([PROMPT], params, lora_request=name)[0].outputs[0].text
+            for name in (None, "attn", "mlp")}
+
+
+def test_each_request_runs_with_its_adapter(lora_setup, offline):
+    server, _ = lora_setup
+    assert len(set(offline.values())) == 3  # the adapters change the text
+    stream = StreamCollector(server.grpc_url)
+    try:
+        for name in ("attn", None, "mlp"):
+            sampling = {"temperature": 0, "max_tokens": MAX_TOKENS}
+            if name is not None:
+                sampling["lora_name"] = name
+            stream.send(str(name), grpc_inputs(PROMPT, sampling=sampling, stream=True))
+        for name in ("attn", None, "mlp"):
+            assert stream.wait(str(name)).text == offline[name], name
+        assert stream.errors.empty()
+    finally:
+        stream.close()
+    # The HTTP generate endpoint: sampling parameters as top-level keys.
+    status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
+                                {"text_input": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                 "lora_name": "mlp", "exclude_input_in_output": True})
+    assert status == 200, body
+    assert json.loads(body)["text_output"] == offline["mlp"]
+
+
+def test_unknown_adapter_is_a_clear_error(lora_setup):
+    server, _ = lora_setup
+    status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
+                                {"text_input": PROMPT, "max_tokens": 4, "lora_name": "sql"})
+    assert status == 400
+    assert json.loads(body)["error"] == ("lora_name 'sql' is not an adapter of this model; "
+                                         "it serves 'attn', 'mlp'.")
