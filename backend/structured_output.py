@@ -140,7 +140,10 @@ class StructuredOutputManager:
                 compiled = compiler.compile_json_schema(
                     json.dumps(value), any_whitespace=not spec["disable_any_whitespace"])
             elif kind == "json_object":
-                compiled = compiler.compile_builtin_json_grammar()
+                # An object, as vLLM compiles it (the builtin JSON grammar also takes arrays
+                # and scalars).
+                compiled = compiler.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=not spec["disable_any_whitespace"])
             elif kind == "regex":
                 compiled = compiler.compile_regex(value)
             elif kind == "choice":

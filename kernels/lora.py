@@ -2,12 +2,11 @@
 shrink and expand), added to a linear layer's output in place.
 
 Every adapter's A and B are stacked ([S, R, K] and [S, N, R]) and each row names its adapter
-(`slots[t]`, -1: none). A program handles one (adapter, block of rows[, block of outputs]) and
-returns at once when no row of its block uses that adapter, so the grid depends only on the
-batch size and the number of adapters: the same launch serves every mix, and a CUDA graph
-captured once replays for any assignment of adapters to rows. Rows of one block may use
-different adapters: each program masks the rows that are not its own, and each row is written
-by exactly one program.
+(`slots[t]`, -1: none). A program handles a block of rows (and of outputs) and goes through
+the adapters its rows use, skipping the others, so the grid depends only on the batch size:
+the same launch serves every mix, and a CUDA graph captured once replays for any assignment of
+adapters to rows. Each adapter's pass loads only its own rows (the others read as zeros), and
+the expand reads and writes each output tile once, whatever the number of adapters in it.
 """
 
 from __future__ import annotations
@@ -23,51 +22,57 @@ OP = "add_lora"
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, slots_ptr, u_ptr, T, K, R, stride_x, stride_as, stride_u,
+def _shrink_kernel(x_ptr, a_ptr, slots_ptr, u_ptr, T, K, R, S, stride_x, stride_as, stride_u,
                    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                    IEEE: tl.constexpr):
-    slot = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mine = tl.load(slots_ptr + rows, mask=rows < T, other=-1) == slot
-    if tl.max(mine.to(tl.int32), axis=0) > 0:
-        ranks = tl.arange(0, BLOCK_R)
-        acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :],
-                        mask=mine[:, None] & (ks < K)[None, :], other=0.0)
-            a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * K + ks[:, None],
-                        mask=(ranks < R)[None, :] & (ks < K)[:, None], other=0.0)
-            if IEEE:
-                acc += tl.dot(x, a, input_precision="ieee")
-            else:
-                acc += tl.dot(x, a)
-        # Rounded to the activations' dtype, as the unfused x @ A.T would be.
-        acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(u_ptr + rows.to(tl.int64)[:, None] * stride_u + ranks[None, :], acc,
-                 mask=mine[:, None] & (ranks < R)[None, :])
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_slots = tl.load(slots_ptr + rows, mask=rows < T, other=-1)
+    ranks = tl.arange(0, BLOCK_R)
+    for slot in range(0, S):
+        mine = row_slots == slot
+        if tl.max(mine.to(tl.int32), axis=0) > 0:
+            acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :],
+                            mask=mine[:, None] & (ks < K)[None, :], other=0.0)
+                a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * K + ks[:, None],
+                            mask=(ranks < R)[None, :] & (ks < K)[:, None], other=0.0)
+                if IEEE:
+                    acc += tl.dot(x, a, input_precision="ieee")
+                else:
+                    acc += tl.dot(x, a)
+            # Rounded to the activations' dtype, as the unfused x @ A.T would be.
+            acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(u_ptr + rows.to(tl.int64)[:, None] * stride_u + ranks[None, :], acc,
+                     mask=mine[:, None] & (ranks < R)[None, :])
 
 
 @triton.jit
-def _expand_kernel(u_ptr, b_ptr, slots_ptr, y_ptr, T, N, R, stride_u, stride_bs, stride_y,
+def _expand_kernel(u_ptr, b_ptr, slots_ptr, y_ptr, T, N, R, S, stride_u, stride_bs, stride_y,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                    IEEE: tl.constexpr):
-    slot = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mine = tl.load(slots_ptr + rows, mask=rows < T, other=-1) == slot
-    if tl.max(mine.to(tl.int32), axis=0) > 0:
-        cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_slots = tl.load(slots_ptr + rows, mask=rows < T, other=-1)
+    some = row_slots >= 0
+    if tl.max(some.to(tl.int32), axis=0) > 0:
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         ranks = tl.arange(0, BLOCK_R)
-        u = tl.load(u_ptr + rows.to(tl.int64)[:, None] * stride_u + ranks[None, :],
-                    mask=mine[:, None] & (ranks < R)[None, :], other=0.0).to(b_ptr.dtype.element_ty)
-        b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * R + ranks[:, None],
-                    mask=(cols < N)[None, :] & (ranks < R)[:, None], other=0.0)
-        if IEEE:
-            delta = tl.dot(u, b, input_precision="ieee")
-        else:
-            delta = tl.dot(u, b)
+        delta = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for slot in range(0, S):
+            mine = row_slots == slot
+            if tl.max(mine.to(tl.int32), axis=0) > 0:
+                # Rows of other adapters load zeros: their products add nothing here.
+                u = tl.load(u_ptr + rows.to(tl.int64)[:, None] * stride_u + ranks[None, :],
+                            mask=mine[:, None] & (ranks < R)[None, :], other=0.0).to(b_ptr.dtype.element_ty)
+                b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * R + ranks[:, None],
+                            mask=(cols < N)[None, :] & (ranks < R)[:, None], other=0.0)
+                if IEEE:
+                    delta += tl.dot(u, b, input_precision="ieee")
+                else:
+                    delta += tl.dot(u, b)
         y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y + cols[None, :]
-        mask = mine[:, None] & (cols < N)[None, :]
+        mask = some[:, None] & (cols < N)[None, :]
         y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptrs, (y + delta).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -88,10 +93,10 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
     block_r = max(16, triton.next_power_of_2(r))
     ieee = x.dtype == torch.float32  # fp32 models (tests) must not round through TF32
     u = torch.empty(t, r, dtype=torch.float32, device=x.device)
-    _shrink_kernel[(s, cdiv(t, block_m))](
-        x, lora_a, slots, u, t, k, r, x.stride(0), lora_a.stride(0), u.stride(0),
+    _shrink_kernel[(cdiv(t, block_m),)](
+        x, lora_a, slots, u, t, k, r, s, x.stride(0), lora_a.stride(0), u.stride(0),
         BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, IEEE=ieee, num_warps=num_warps)
-    _expand_kernel[(s, cdiv(t, block_m), cdiv(n, block_n))](
-        u, lora_b, slots, y, t, n, r, u.stride(0), lora_b.stride(0), y.stride(0),
+    _expand_kernel[(cdiv(t, block_m), cdiv(n, block_n))](
+        u, lora_b, slots, y, t, n, r, s, u.stride(0), lora_b.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r, IEEE=ieee, num_warps=num_warps)
     return y

@@ -11,8 +11,8 @@
 #           stream_interval 1 and 16, alternately, for Qwen2.5-1.5B (host-bound) and once each
 #           for Llama-3-8B (GPU-bound);
 #   part 4: the LoRA kernel and engine tests on CUDA (graphs with adapters per row), the
-#           structured-output tests again (full failure output), the GPU engine tests;
-#           scripts/bench_lora.py on Llama-3-8B shapes (what adapters cost per variant).
+#           structured-output tests (failures in full); with BENCH=1, scripts/bench_lora.py on
+#           Llama-3-8B shapes (what adapters cost per variant).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -60,18 +60,22 @@ if [ "$PART" = 1 ]; then
     stamp "Llama-3-8B bf16 in-process"
     run llama_offline --models "$LLAMA" --phases offline
 elif [ "$PART" = 4 ]; then
-    stamp "GPU tests: LoRA kernels and engine, GPU engine"
+    stamp "GPU tests: LoRA kernels and engine"
     timeout 200 "$PY" -m pytest tests/kernels/test_kernel_lora.py --confcutdir=tests/kernels -q \
         -p no:cacheprovider 2>&1 | tail -4 >> "$S"
-    timeout 300 "$PY" -m pytest tests/engine/test_lora.py tests/engine/test_gpu_engine.py \
-        --confcutdir=tests/engine -q -p no:cacheprovider 2>&1 | tail -30 >> "$S"
+    timeout 400 "$PY" -m pytest tests/engine/test_lora.py --confcutdir=tests/engine -q \
+        -p no:cacheprovider --tb=short 2>&1 | tail -40 >> "$S"
     stamp "GPU tests: structured outputs"
     "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
         gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
     PYTHONPATH=/tmp/extras timeout 240 "$PY" -m pytest tests/engine/test_structured_output.py \
         --confcutdir=tests/engine -q -p no:cacheprovider --tb=short 2>&1 | tail -60 >> "$S"
-    stamp "LoRA cost, Llama-3-8B bf16 in-process"
-    timeout 420 "$PY" scripts/bench_lora.py --model models/configs/llama-3-8b --adapters 4 --rank 16 \
+    if [ -n "${BENCH:-}" ]; then
+        stamp "add_lora launch configs at Llama-3-8B's projections"
+        timeout 240 "$PY" scripts/sweep_lora_kernel.py --model models/configs/llama-3-8b \
+            --json "$OUT/sweep_lora_kernel.json" 2>&1 | tail -40 >> "$S"
+    fi
+    [ -n "${BENCH:-}" ] && stamp "LoRA cost, Llama-3-8B bf16 in-process" && timeout 420 "$PY" scripts/bench_lora.py --model models/configs/llama-3-8b --adapters 4 --rank 16 \
         --num-requests 256 --input-len 512 --output-len 128 --json "$OUT/bench_lora_llama.json" 2>&1 | tail -12 >> "$S"
 elif [ "$PART" = 3 ]; then
     if [ -z "${NO_GPU_STEPS:-}" ]; then

@@ -1,6 +1,8 @@
 """Multi-LoRA: requests naming different PEFT adapters (or none) in one batch get exactly the
 greedy tokens of Hugging Face with that adapter merged into the weights; the prefix cache never
-serves one adapter's keys and values to another; bad adapters and names get clear errors."""
+serves one adapter's keys and values to another; bad adapters and names get clear errors.
+These run the CPU engine (device="cpu" also on a GPU machine); the last test holds the GPU
+engine, its kernels and CUDA graphs, to the CPU engine's tokens."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +14,7 @@ from backend import LLM, EngineArgs, LoRARequest, SamplingParams
 
 # min_tokens: EOS masked as Hugging Face's min_new_tokens masks it (the adapters make EOS likely).
 GREEDY = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
+CPU = dict(device="cpu")
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -44,7 +47,7 @@ def test_each_request_gets_its_adapter_in_a_mixed_batch(llama_dir, llama_adapter
     # Each adapter changes the output: the test could tell them apart.
     assert len({str(tokens) for tokens in want.values()}) == len(names)
     llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, max_lora_rank=16,
-              max_num_batched_tokens=64)  # prompts in chunks, next to other requests' decodes
+              max_num_batched_tokens=64, **CPU)  # prompts in chunks, next to other requests' decodes
     batch = [p for p in prompts for _ in names]
     loras = [name for _ in prompts for name in names]
     outs = llm.generate(batch, GREEDY, lora_request=loras)
@@ -61,13 +64,13 @@ def test_fused_checkpoint_projections(phi3_dir, tmp_path):
     prompts = _prompts(2, seed=2)
     want = _hf(phi3_dir, adapter, prompts)
     assert want != _hf(phi3_dir, None, prompts)
-    llm = LLM(phi3_dir, enable_lora=True, lora_modules={"p": adapter}, max_model_len=512)
+    llm = LLM(phi3_dir, enable_lora=True, lora_modules={"p": adapter}, max_model_len=512, **CPU)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request="p")] == want
 
 
 def test_prefix_cache_keeps_adapters_apart(llama_dir, llama_adapters):
     prompt = _prompts(3, seed=3)[2]  # 70 tokens: four full blocks of 16
-    llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, enable_prefix_caching=True)
+    llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, enable_prefix_caching=True, **CPU)
     first = llm.generate([prompt], GREEDY, lora_request="qv")[0]
     other = llm.generate([prompt], GREEDY, lora_request="all")[0]
     base = llm.generate([prompt], GREEDY)[0]
@@ -80,10 +83,10 @@ def test_prefix_cache_keeps_adapters_apart(llama_dir, llama_adapters):
 
 
 def test_bad_names_get_clear_errors(llama_dir, llama_adapters):
-    llm = LLM(llama_dir, enable_lora=True, lora_modules={"qv": llama_adapters["qv"]})
+    llm = LLM(llama_dir, enable_lora=True, lora_modules={"qv": llama_adapters["qv"]}, **CPU)
     with pytest.raises(ValueError, match=r"^lora_name 'nope' is not an adapter of this model; it serves 'qv'\.$"):
         llm.generate([[5, 6, 7]], GREEDY, lora_request="nope")
-    plain = LLM(llama_dir, max_model_len=128)
+    plain = LLM(llama_dir, max_model_len=128, **CPU)
     with pytest.raises(ValueError, match=r"^lora_name 'qv': this model serves no LoRA adapters "
                                          r"\(start it with enable_lora and lora_modules\)\.$"):
         plain.generate([[5, 6, 7]], GREEDY, lora_request="qv")
@@ -93,7 +96,7 @@ def test_bad_names_get_clear_errors(llama_dir, llama_adapters):
 
 def test_bad_adapters_fail_the_load(llama_dir, llama_adapters, tmp_path):
     def load(**kwargs):
-        return LLM(llama_dir, enable_lora=True, max_model_len=128, **kwargs)
+        return LLM(llama_dir, enable_lora=True, max_model_len=128, **CPU, **kwargs)
 
     with pytest.raises(ValueError, match=r"^LoRA adapter 'all' has rank 16, more than max_lora_rank=8; raise max_lora_rank\.$"):
         load(lora_modules={"all": llama_adapters["all"]}, max_lora_rank=8)
@@ -126,11 +129,15 @@ def test_bad_adapters_fail_the_load(llama_dir, llama_adapters, tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters):
-    """Decode and prefill CUDA graphs with adapters per row, against the CPU engine."""
+@pytest.mark.parametrize("budget", [8192, 64])
+def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters, budget):
+    """The GPU engine with adapters per row against the CPU engine. Budget 8192: a prefill
+    graph for the first step, then decode graphs. Budget 64: prompt chunks next to decodes, in
+    eager steps whose last layer keeps only the sampled rows."""
     prompts = _prompts(4, seed=4) + [[11, 12, 13]]
     names = ["qv", None, "all", "mlp", "qv"]
-    common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, lora_modules=llama_adapters)
+    common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, lora_modules=llama_adapters,
+                  max_num_batched_tokens=budget)
     gpu = LLM(llama_dir, device="cuda", **common)
     assert gpu.engine.runner.graphs and gpu.engine.runner.prefill_graphs
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, GREEDY, lora_request=names)]

@@ -221,3 +221,17 @@ def test_unpacked_bitmask_matches_xgrammar():
     logits = torch.zeros(3, vocab)
     xgr.apply_token_bitmask_inplace(logits, bitmask)
     assert torch.equal(unpack_bitmask(bitmask, vocab), logits == 0)
+
+
+def test_json_object_starts_an_object_only(llm):
+    """json_object is any JSON object, not any JSON value (on a GPU the random model once
+    opened an array): a fresh grammar allows "{" and no "[", digit or quote."""
+    from backend.structured_output import Grammar
+    tok = llm.tokenizer
+    manager = llm.engine.input_processor.structured
+    grammar = Grammar(manager.compile(check_spec({"json_object": True})))
+    words = torch.zeros(1, (512 + 31) // 32, dtype=torch.int32)
+    grammar.fill_bitmask(words, 0)
+    allowed = unpack_bitmask(words, 512)[0]
+    ids = {ch: tok.convert_tokens_to_ids(ch) for ch in ("{", "[", "1", '"')}
+    assert allowed[ids["{"]] and not any(allowed[ids[ch]] for ch in ("[", "1", '"')), ids
