@@ -2,11 +2,13 @@
 shrink and expand), added to a linear layer's output in place.
 
 Every adapter's A and B are stacked ([S, R, K] and [S, N, R]) and each row names its adapter
-(`slots[t]`, -1: none). A program handles a block of rows (and of outputs) and goes through
-the adapters its rows use, skipping the others, so the grid depends only on the batch size:
-the same launch serves every mix, and a CUDA graph captured once replays for any assignment of
-adapters to rows. Each adapter's pass loads only its own rows (the others read as zeros), and
-the expand reads and writes each output tile once, whatever the number of adapters in it.
+(`slots[t]`, -1: none). The shrink is one GEMM against every adapter's A at once (cuBLAS:
+[T, K] x [K, S*R]; a Triton shrink per row block ran on a handful of programs at decode sizes
+and cost more than the projections' own GEMMs, docs/kernels.md). The expand is ours: a
+program takes a block of rows and of outputs, goes through the adapters its rows use (each
+row reads its own adapter's R columns of the shrink), and reads and writes the output tile
+once. The grid depends only on the batch size: the same launch serves every mix, and a CUDA
+graph captured once replays for any assignment of adapters to rows.
 """
 
 from __future__ import annotations
@@ -19,33 +21,6 @@ from . import validation
 from ._launch import cdiv, check_runnable
 
 OP = "add_lora"
-
-
-@triton.jit
-def _shrink_kernel(x_ptr, a_ptr, slots_ptr, u_ptr, T, K, R, S, stride_x, stride_as, stride_u,
-                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                   IEEE: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_slots = tl.load(slots_ptr + rows, mask=rows < T, other=-1)
-    ranks = tl.arange(0, BLOCK_R)
-    for slot in range(0, S):
-        mine = row_slots == slot
-        if tl.max(mine.to(tl.int32), axis=0) > 0:
-            acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :],
-                            mask=mine[:, None] & (ks < K)[None, :], other=0.0)
-                a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * K + ks[:, None],
-                            mask=(ranks < R)[None, :] & (ks < K)[:, None], other=0.0)
-                if IEEE:
-                    acc += tl.dot(x, a, input_precision="ieee")
-                else:
-                    acc += tl.dot(x, a)
-            # Rounded to the activations' dtype, as the unfused x @ A.T would be.
-            acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-            tl.store(u_ptr + rows.to(tl.int64)[:, None] * stride_u + ranks[None, :], acc,
-                     mask=mine[:, None] & (ranks < R)[None, :])
 
 
 @triton.jit
@@ -63,8 +38,8 @@ def _expand_kernel(u_ptr, b_ptr, slots_ptr, y_ptr, T, N, R, S, stride_u, stride_
             mine = row_slots == slot
             if tl.max(mine.to(tl.int32), axis=0) > 0:
                 # Rows of other adapters load zeros: their products add nothing here.
-                u = tl.load(u_ptr + rows.to(tl.int64)[:, None] * stride_u + ranks[None, :],
-                            mask=mine[:, None] & (ranks < R)[None, :], other=0.0).to(b_ptr.dtype.element_ty)
+                u = tl.load(u_ptr + rows.to(tl.int64)[:, None] * stride_u + slot * R + ranks[None, :],
+                            mask=mine[:, None] & (ranks < R)[None, :], other=0.0)
                 b = tl.load(b_ptr + slot * stride_bs + cols[None, :] * R + ranks[:, None],
                             mask=(cols < N)[None, :] & (ranks < R)[:, None], other=0.0)
                 if IEEE:
@@ -78,7 +53,7 @@ def _expand_kernel(u_ptr, b_ptr, slots_ptr, y_ptr, T, N, R, S, stride_u, stride_
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-             slots: torch.Tensor, *, block_m: int = 32, block_n: int = 128, block_k: int = 64,
+             slots: torch.Tensor, *, block_m: int | None = None, block_n: int = 128,
              num_warps: int = 4) -> torch.Tensor:
     """y [T, N] += for each row t with slots[t] = s >= 0: (x[t] @ lora_a[s].T) @ lora_b[s].T,
     in place. x [T, K]; lora_a [S, R, K]; lora_b [S, N, R]; slots [T] int32/int64, -1: no
@@ -91,11 +66,12 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
     if t == 0 or s == 0 or r == 0 or n == 0:
         return y
     block_r = max(16, triton.next_power_of_2(r))
+    if block_m is None:  # from scripts/sweep_lora_kernel.py on the H200 (docs/kernels.md)
+        block_m = 16 if t <= 512 else 64
     ieee = x.dtype == torch.float32  # fp32 models (tests) must not round through TF32
-    u = torch.empty(t, r, dtype=torch.float32, device=x.device)
-    _shrink_kernel[(cdiv(t, block_m),)](
-        x, lora_a, slots, u, t, k, r, s, x.stride(0), lora_a.stride(0), u.stride(0),
-        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, IEEE=ieee, num_warps=num_warps)
+    # The shrink for every adapter at once, one GEMM: x @ [A_0; ...; A_S-1]^T, rounded to x's
+    # dtype as the unfused x @ A.T is. Each row then reads its own adapter's R columns.
+    u = torch.matmul(x, lora_a.view(s * r, k).t())
     _expand_kernel[(cdiv(t, block_m), cdiv(n, block_n))](
         u, lora_b, slots, y, t, n, r, s, u.stride(0), lora_b.stride(0), y.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r, IEEE=ieee, num_warps=num_warps)
