@@ -23,7 +23,9 @@ from ._launch import cdiv, check_runnable
 OP = "add_lora"
 
 
-@triton.jit
+# T (the step's token count) is not specialized on: a new divisibility of T would compile a
+# variant in the middle of serving (~1 s); the CUDA graphs compile the rest at start-up.
+@triton.jit(do_not_specialize=["T"])
 def _expand_kernel(u_ptr, b_ptr, slots_ptr, y_ptr, T, N, R, S, stride_u, stride_bs, stride_y,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                    IEEE: tl.constexpr):

@@ -45,8 +45,10 @@ def run_variant(args: argparse.Namespace, variant: int) -> dict:
     loras = [None if variant < 2 else names[0] if variant == 2 else names[i % len(names)]
              for i in range(len(prompts))]
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    warm = make_prompts(4, 16, seed=args.seed, tag="warm-up")
-    llm.generate(warm, SamplingParams(max_tokens=16, ignore_eos=True), lora_request=loras[:4])
+    # Warm-up at the workload's shapes (its prompt chunks, a few decode steps), so that no
+    # kernel first runs inside the timed run.
+    warm = make_prompts(len(prompts), args.input_len, seed=args.seed, tag="warm-up")
+    llm.generate(warm, SamplingParams(max_tokens=4, ignore_eos=True), lora_request=loras)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     start = time.perf_counter()
