@@ -24,7 +24,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .layers.linear import LinearBase
-from .lora_request import LoRARequest, lora_name_of  # noqa: F401  (re-exported)
+from .layers.parallel_state import get_tp_size
 
 # Checkpoint module -> (our projection, which part of it). Phi-3 checkpoints are already fused.
 _PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -36,8 +36,8 @@ _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])
 
 
 class LoRAAdapter:
-    """One PEFT adapter directory (adapter_config.json + adapter_model.safetensors): for each
-    (layer, checkpoint module) its A [r, in] and its B [out, r] times the scaling."""
+    """One PEFT adapter directory (adapter_config.json + adapter_model.safetensors): its
+    scaling, and for each (layer, checkpoint module) its A [r, in] and B [out, r]."""
 
     def __init__(self, name: str, path: str, num_layers: int, max_lora_rank: int) -> None:
         self.name, self.path = name, path
@@ -104,6 +104,8 @@ class LoRAManager:
 
     def __init__(self, model: nn.Module, modules: dict[str, str], max_loras: int | None,
                  max_lora_rank: int, dtype: torch.dtype, device: torch.device) -> None:
+        if get_tp_size() != 1:
+            raise ValueError("LoRA adapters with tensor parallelism are not supported.")
         if max_loras is not None and len(modules) > max_loras:
             raise ValueError(f"lora_modules lists {len(modules)} adapters, more than max_loras="
                              f"{max_loras}: every adapter is held on the device; raise max_loras.")
@@ -112,7 +114,6 @@ class LoRAManager:
         self.rank = max_lora_rank
         adapters = [LoRAAdapter(name, path, len(layers), max_lora_rank) for name, path in modules.items()]
         targets = {(layer, _PARTS[module][0]) for ad in adapters for layer, module in ad.weights}
-        self.num_layers_with_lora = len({layer for layer, _ in targets})
         for (index, proj), linear in _projections(layers):
             if (index, proj) not in targets:
                 continue
