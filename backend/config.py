@@ -65,7 +65,9 @@ class EngineArgs:
     # (`lora_name`); a Triton model lists them in 1/multi_lora.json, as Triton's vLLM backend does.
     enable_lora: bool = False
     lora_modules: dict[str, str] | None = None  # adapter name -> directory
-    max_loras: int | None = None  # adapters held on the device (all are); default: as many as listed
+    # Adapter slots on the device, i.e. most adapters in one step (vLLM's meaning); default: one
+    # per listed adapter. With fewer, adapters take turns (backend/lora_slots.py).
+    max_loras: int | None = None
     max_lora_rank: int = 16
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from .block_manager import BlockManager
 from .config import EngineArgs, load_hf_config
 from .input_processor import InputProcessor, load_eos_token_ids
 from .lora_request import LoRARequest
+from .lora_slots import LoRASlots
 from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .models import context_limit, longrope_original_length
@@ -68,9 +69,11 @@ class LLMEngine:
         self.vocab_size = self.runner.vocab_size
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size,
                                           args.enable_prefix_caching)
+        lora = self.runner.lora_manager
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, budget,
                                    args.enable_chunked_prefill, args.long_prefill_token_threshold,
-                                   args.scheduling_policy)
+                                   args.scheduling_policy,
+                                   LoRASlots(lora.num_slots, lora.resident) if lora else None)
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(max_model_len, self.runner.num_blocks * args.block_size)
         self.input_processor = InputProcessor(
@@ -112,8 +115,8 @@ class LLMEngine:
             raise ValueError(f"Request id {req.request_id!r} is already in use.")
         seq = Sequence(req.request_id, req.prompt_token_ids, len(req.prompt_token_ids), req.params,
                        0, req.metrics.arrival_time, req.priority)
-        if req.lora_name is not None:
-            seq.lora_slot = self.runner.lora_manager.slot(req.lora_name)
+        if req.lora_name is not None:  # the scheduler gives it a slot when it runs
+            seq.lora_name = req.lora_name
             seq.cache_salt = hash(("lora", req.lora_name))
         if req.params.structured_outputs is not None:  # compiled when the request was checked
             seq.grammar = Grammar(self.input_processor.structured.compile(req.params.structured_outputs))
@@ -201,6 +204,8 @@ class LLMEngine:
                 group += children
             rows.extend(group)
             sources.extend([seq.seq_id] * len(group))
+        for slot, name in sched.lora_loads:  # adapters taking a slot, before the step reads them
+            self.runner.lora_manager.load(slot, name)
         try:
             pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources,
                                          self._inflight, prompt_spans)

@@ -2,13 +2,16 @@
 by name (`lora_name`, as Triton's vLLM backend takes it), requests of different adapters in
 one batch.
 
-Every listed adapter is read at start-up and held on the device: for each decoder projection
+Every listed adapter is read at start-up: for each decoder projection
 that some adapter targets, the adapters' A and B matrices are stacked ([S, R, K] and [S, N, R],
 one slot per adapter, the scaling folded into B) and the layer adds, for each row of a step,
 the delta of its row's adapter (`kernels/lora.py`; rows without one get nothing). The fused
 projections hold their parts side by side: q, k and v (or gate and up) each own R of the
 stacked ranks and their own rows of B, so an adapter that targets only q_proj leaves k and v
-alone. The engine does not swap adapters in and out: `max_loras` bounds how many are held.
+alone. The device has `max_loras` slots (by default one per adapter); with fewer, adapters
+take turns: the scheduler gives a slot to an adapter when a request needs it and no running
+sequence uses the slot's adapter (`backend/lora_slots.py`), and the manager copies it in from
+host memory.
 """
 from __future__ import annotations
 
@@ -99,51 +102,71 @@ class LoRAWeights:
 
 
 class LoRAManager:
-    """Loads the adapters, gives each a slot, and attaches the stacked weights to the model's
-    projections (`LinearBase.lora`)."""
+    """Loads every adapter into host memory, attaches to each projection that some adapter
+    targets the device's stacked slots (`LinearBase.lora`, `num_slots` = `max_loras`), and
+    copies an adapter into a slot when the scheduler gives it one (`load`)."""
 
     def __init__(self, model: nn.Module, modules: dict[str, str], max_loras: int | None,
                  max_lora_rank: int, dtype: torch.dtype, device: torch.device) -> None:
         if get_tp_size() != 1:
             raise ValueError("LoRA adapters with tensor parallelism are not supported.")
-        if max_loras is not None and len(modules) > max_loras:
-            raise ValueError(f"lora_modules lists {len(modules)} adapters, more than max_loras="
-                             f"{max_loras}: every adapter is held on the device; raise max_loras.")
         layers = model.model.layers
-        self.names = list(modules)
         self.rank = max_lora_rank
+        self.num_slots = min(max_loras or len(modules), len(modules))
         adapters = [LoRAAdapter(name, path, len(layers), max_lora_rank) for name, path in modules.items()]
         targets = {(layer, _PARTS[module][0]) for ad in adapters for layer, module in ad.weights}
+        pin = device.type == "cuda"  # host copies the device takes without waiting
+        # (projection, {adapter: its (A, B) there, None where it has none})
+        self._host: list[tuple[LinearBase, dict[str, tuple[torch.Tensor, torch.Tensor] | None]]] = []
         for (index, proj), linear in _projections(layers):
             if (index, proj) not in targets:
                 continue
-            linear.lora = self._stack(linear, index, proj, adapters, dtype, device)
+            parts, rows = _NUM_PARTS[proj], _part_rows(linear, proj)
+            shape_a, shape_b = (parts * self.rank, linear.in_features), (sum(rows), parts * self.rank)
+            host = {}
+            for ad in adapters:
+                pair = self._stack(ad, index, proj, rows, linear.in_features, shape_a, shape_b, dtype)
+                host[ad.name] = None if pair is None else tuple(t.pin_memory() if pin else t for t in pair)
+            linear.lora = LoRAWeights(torch.zeros(self.num_slots, *shape_a, dtype=dtype, device=device),
+                                      torch.zeros(self.num_slots, *shape_b, dtype=dtype, device=device))
+            self._host.append((linear, host))
+        self.resident = [ad.name for ad in adapters[:self.num_slots]]
+        for slot, name in enumerate(self.resident):
+            self.load(slot, name)
 
-    def slot(self, name: str) -> int:
-        return self.names.index(name)
+    def load(self, slot: int, name: str) -> None:
+        """Put adapter `name` in `slot`, queued on the device after the steps already launched
+        (no running sequence uses the slot's previous adapter)."""
+        for linear, host in self._host:
+            pair = host[name]
+            if pair is None:
+                linear.lora.a[slot].zero_()
+                linear.lora.b[slot].zero_()
+            else:
+                linear.lora.a[slot].copy_(pair[0], non_blocking=True)
+                linear.lora.b[slot].copy_(pair[1], non_blocking=True)
 
-    def _stack(self, linear: LinearBase, index: int, proj: str, adapters: list[LoRAAdapter],
-               dtype: torch.dtype, device: torch.device) -> LoRAWeights:
-        parts, r = _NUM_PARTS[proj], self.rank
-        rows = _part_rows(linear, proj)
-        out_features = sum(rows)
-        in_features = linear.in_features
-        a = torch.zeros(len(adapters), parts * r, in_features, dtype=dtype)
-        b = torch.zeros(len(adapters), out_features, parts * r, dtype=dtype)
-        for slot, ad in enumerate(adapters):
-            for (layer, module), pair in ad.weights.items():
-                if layer != index or _PARTS[module][0] != proj:
-                    continue
-                part = _PARTS[module][1]
-                first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
-                col = (part or 0) * r
-                if pair["A"].shape[1] != in_features or pair["B"].shape[0] != count:
-                    raise ValueError(
-                        f"LoRA adapter {ad.name!r}: layer {layer} {module} maps {pair['A'].shape[1]} "
-                        f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
-                a[slot, col:col + ad.rank] = pair["A"].to(dtype)
-                b[slot, first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(dtype)
-        return LoRAWeights(a.to(device), b.to(device))
+    def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int], in_features: int,
+               shape_a: tuple[int, int], shape_b: tuple[int, int],
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The adapter's A and B for one projection in the slot layout, or None if it has none."""
+        r, out_features = self.rank, shape_b[0]
+        a = b = None
+        for (layer, module), pair in ad.weights.items():
+            if layer != index or _PARTS[module][0] != proj:
+                continue
+            if a is None:
+                a, b = torch.zeros(shape_a, dtype=dtype), torch.zeros(shape_b, dtype=dtype)
+            part = _PARTS[module][1]
+            first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
+            col = (part or 0) * r
+            if pair["A"].shape[1] != in_features or pair["B"].shape[0] != count:
+                raise ValueError(
+                    f"LoRA adapter {ad.name!r}: layer {layer} {module} maps {pair['A'].shape[1]} "
+                    f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
+            a[col:col + ad.rank] = pair["A"].to(dtype)
+            b[first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(dtype)
+        return None if a is None else (a, b)
 
 
 def _projections(layers: nn.ModuleList) -> Iterator[tuple[tuple[int, str], LinearBase]]:

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .lora_slots import LoRASlots
 from .sequence import Sequence, SequenceStatus
 
 
@@ -32,6 +33,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     num_batched_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter) to load first
 
     @property
     def is_empty(self) -> bool:
@@ -41,8 +43,11 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", lora_slots: LoRASlots | None = None) -> None:
+        """lora_slots: with LoRA adapters, the device's adapter slots; a waiting sequence is
+        admitted only when its adapter is in a slot or can take one."""
         self.block_manager = block_manager
+        self.lora_slots = lora_slots
         self.policy = policy
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -74,12 +79,23 @@ class Scheduler:
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running parent (n > 1) joins right after it."""
         seq.status = SequenceStatus.RUNNING
+        self._take_lora_slot(seq)
         self.running.append(seq)
+
+    def _take_lora_slot(self, seq: Sequence) -> None:
+        if seq.lora_name is not None:
+            seq.lora_slot = self.lora_slots.acquire(seq.lora_name)
+
+    def _drop_lora_slot(self, seq: Sequence) -> None:
+        if seq.lora_slot >= 0:
+            self.lora_slots.release(seq.lora_slot)
+            seq.lora_slot = -1
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence wherever it is, freeing its blocks."""
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._drop_lora_slot(seq)
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
@@ -122,8 +138,12 @@ class Scheduler:
         # 2. Waiting sequences, unless this step had to preempt (memory is tight). A sequence of
         #    n > 1 samples forks when its prompt is done: its siblings count from admission.
         forks_pending = sum(s.num_forks_pending for s in self.running) if self.waiting else 0
-        while self.waiting and budget > 0 and not out.preempted:
-            seq = self.waiting[0]
+        index = 0  # waiting sequences before it wait for a LoRA slot
+        while index < len(self.waiting) and budget > 0 and not out.preempted:
+            seq = self.waiting[index]
+            if seq.lora_name is not None and not self.lora_slots.can_use(seq.lora_name):
+                index += 1  # every slot serves running sequences of other adapters
+                continue
             num_seqs_after = len(self.running) + forks_pending + 1 + seq.num_forks_pending
             if num_seqs_after > self.max_num_seqs:
                 break
@@ -143,7 +163,8 @@ class Scheduler:
                     self.block_manager.prefix_cache_queries -= seq.num_tokens
                     self.block_manager.prefix_cache_hits -= num_hit
                 break
-            self.waiting.popleft()
+            del self.waiting[index]
+            self._take_lora_slot(seq)
             if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:
                 seq.num_cached_tokens = num_hit
             if seq.first_scheduled_time is None:
@@ -156,6 +177,8 @@ class Scheduler:
             budget -= num_new
 
         out.block_copies = self.block_manager.take_copies()
+        if self.lora_slots is not None:
+            out.lora_loads = self.lora_slots.take_loads()
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         return out
 
@@ -183,6 +206,7 @@ class Scheduler:
             self.block_manager.pending_copies = [
                 c for c in self.block_manager.pending_copies if c[1] not in mine]
         self.running.remove(seq)
+        self._drop_lora_slot(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

@@ -72,8 +72,10 @@ class Sequence:
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
         self.generator = None  # torch.Generator when params.seed is set
-        # The LoRA adapter it runs with (its slot on the device, -1: none) and, for the prefix
-        # cache, a root for its blocks' hashes: a prompt's keys and values depend on the adapter.
+        # The LoRA adapter it runs with, its slot on the device while it runs (-1: none; the
+        # scheduler assigns it), and, for the prefix cache, a root for its blocks' hashes: a
+        # prompt's keys and values depend on the adapter.
+        self.lora_name: str | None = None
         self.lora_slot = -1
         self.cache_salt: int | None = None
 
@@ -127,7 +129,7 @@ class Sequence:
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
-        child.lora_slot, child.cache_salt = self.lora_slot, self.cache_salt
+        child.lora_name, child.cache_salt = self.lora_name, self.cache_salt  # its slot: add_running
         if self.grammar is not None:
             child.grammar = self.grammar.fresh(self.token_ids[self.num_prompt_tokens:self.num_tokens - self.num_unresolved])
         return child

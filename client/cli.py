@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--lora", help="the LoRA adapter to run with (the model's multi_lora.json names)")
     p.add_argument("--sampling", default="{}", help="more sampling parameters as a JSON object")
     return p.parse_args(argv)
 
@@ -48,6 +49,8 @@ def sampling_parameters(args: argparse.Namespace) -> dict[str, Any]:
             params[name] = getattr(args, name)
     if args.ignore_eos:
         params["ignore_eos"] = True
+    if args.lora:
+        params["lora_name"] = args.lora
     params.update(json.loads(args.sampling))
     return params
 

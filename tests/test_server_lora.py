@@ -4,6 +4,7 @@ repository root), a request's `lora_name` in its sampling parameters. Each reque
 offline engine's text for its adapter; a name the model does not serve gets a clear error."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -68,6 +69,13 @@ def test_each_request_runs_with_its_adapter(lora_setup, offline):
                                  "lora_name": "mlp", "exclude_input_in_output": True})
     assert status == 200, body
     assert json.loads(body)["text_output"] == offline["mlp"]
+    # The command-line client's --lora.
+    cli = subprocess.run([sys.executable, "-m", "client", "--url", server.grpc_url, "--temperature", "0",
+                          "--max-tokens", str(MAX_TOKENS), "--lora", "attn", PROMPT],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                         timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout == offline["attn"] + "\n"
 
 
 def test_unknown_adapter_is_a_clear_error(lora_setup):

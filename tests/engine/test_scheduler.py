@@ -207,3 +207,59 @@ def test_priority_policy_victim_is_not_simply_the_newest():
         assert run_step(sched) == plan  # a's next token needs a block
         assert [s.request_id for s in sched.waiting] == [victim]
         bm.check_integrity(sched.all_sequences())
+
+
+def _lora_seq(n: int, rid: str, adapter: str | None, start: int = 0) -> Sequence:
+    s = seq(n, rid, start)
+    s.lora_name = adapter
+    return s
+
+
+def test_lora_slots_bound_the_adapters_of_a_step():
+    """Two device slots, three adapters: a request whose adapter finds no slot waits while
+    later ones go ahead; a slot changes adapter (the least recently used one, reported to the
+    runner once) only when no running sequence uses it; preemption and finishing release."""
+    from backend.lora_slots import LoRASlots
+    slots = LoRASlots(2, ["a", "b"])
+    bm = BlockManager(32, 4, True)
+    sched = Scheduler(bm, 8, 64, True, lora_slots=slots)
+    for rid, adapter in (("a1", "a"), ("b1", "b"), ("c1", "c"), ("base", None), ("a2", "a")):
+        sched.add(_lora_seq(4, rid, adapter, start=10 * len(sched.waiting)))
+    out = sched.schedule()
+    assert [(it.seq.request_id, it.seq.lora_slot) for it in out.scheduled] == [
+        ("a1", 0), ("b1", 1), ("base", -1), ("a2", 0)]
+    assert out.lora_loads == [] and [s.request_id for s in sched.waiting] == ["c1"]
+    assert slots.refs == [2, 1]
+    sched.update_after_step(out)
+    for s in sched.running:
+        s.append_token(7)
+    b1 = next(s for s in sched.running if s.request_id == "b1")
+    sched.finish(b1)  # slot 1 is free now; "c" takes it in the next step
+    assert slots.refs == [2, 0]
+    out = sched.schedule()
+    assert ("c1", 1) in [(it.seq.request_id, it.seq.lora_slot) for it in out.scheduled]
+    assert out.lora_loads == [(1, "c")] and slots.names == ["a", "c"]
+    assert sched.schedule().lora_loads == []  # loaded once
+    victim = sched.running[-1]
+    sched._preempt(victim, out)
+    assert victim.lora_slot == -1 and slots.refs == [sum(s.lora_slot == 0 for s in sched.running),
+                                                    sum(s.lora_slot == 1 for s in sched.running)]
+
+
+def test_lora_slots_choose_an_empty_slot_then_the_least_recently_used():
+    from backend.lora_slots import LoRASlots
+    slots = LoRASlots(3, ["a", "b"])
+    assert slots.acquire("c") == 2  # the empty slot
+    slots.release(slots.acquire("b"))
+    slots.release(slots.acquire("a"))
+    slots.release(2)
+    assert slots.acquire("d") == 2  # "c" (slot 2) was taken before "b" and "a"
+    assert slots.take_loads() == [(2, "d")]  # "c" never reached the device: only "d" is loaded
+    assert slots.acquire("e") == 1  # of the unused "a" and "b", "b" was used longer ago
+    assert slots.acquire("a") == 0 and slots.refs == [1, 1, 1]
+    assert not slots.can_use("x") and slots.can_use("d")
+    with pytest.raises(RuntimeError, match=r"^no LoRA slot is free for adapter 'x'$"):
+        slots.acquire("x")
+    slots.release(0)
+    with pytest.raises(RuntimeError, match=r"^LoRA slot 0 released more often than acquired$"):
+        slots.release(0)
