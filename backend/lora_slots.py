@@ -54,8 +54,3 @@ class LoRASlots:
         loads, self._loads = self._loads, []
         last = {slot: name for slot, name in loads}
         return sorted(last.items())
-
-    @property
-    def active(self) -> list[str]:
-        """Adapters some running sequence uses."""
-        return [n for n, r in zip(self.names, self.refs) if r and n is not None]
