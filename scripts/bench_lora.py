@@ -1,6 +1,7 @@
 """What LoRA adapters cost: one workload in-process (backend.LLM, dummy weights of a real
 shape), run by an engine without LoRA, then by one with adapters loaded, with requests that
-name none of them, all one, or spread over all of them.
+name none of them, all one, or spread over all of them; and with half as many device slots
+as adapters (`max_loras`), so that adapters take turns.
 
     python scripts/bench_lora.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         --adapters 4 --rank 16 --num-requests 256 --input-len 512 --output-len 128 --json lora.json
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VARIANTS = ("no LoRA engine", "LoRA engine, base requests", "LoRA engine, one adapter",
-            "LoRA engine, adapters mixed")
+            "LoRA engine, adapters mixed", "adapters mixed, half the slots")
 
 
 def run_variant(args: argparse.Namespace, variant: int) -> dict:
@@ -39,11 +40,15 @@ def run_variant(args: argparse.Namespace, variant: int) -> dict:
                   max_model_len=args.input_len + args.output_len + 16)
     if variant > 0:
         kwargs.update(enable_lora=True, lora_modules=adapters, max_lora_rank=args.rank)
+    if variant == 4:  # adapters take turns in the device slots
+        kwargs.update(max_loras=max(1, args.adapters // 2))
     llm = LLM(args.model, **kwargs)
     names = list(adapters)
     prompts = make_prompts(args.num_requests, args.input_len, seed=args.seed)
     loras = [None if variant < 2 else names[0] if variant == 2 else names[i % len(names)]
              for i in range(len(prompts))]
+    if variant == 4:  # in runs of requests per adapter, so that slots change hands a few times
+        loras = [names[i * len(names) // len(prompts)] for i in range(len(prompts))]
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     # Warm-up at the workload's shapes (its prompt chunks, a few decode steps), so that no
     # kernel first runs inside the timed run.

@@ -152,15 +152,16 @@ def test_bad_adapters_fail_the_load(llama_dir, llama_adapters, tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("budget", [8192, 64])
-def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters, budget):
+@pytest.mark.parametrize("budget,max_loras", [(8192, None), (64, None), (8192, 1)])
+def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters, budget, max_loras):
     """The GPU engine with adapters per row against the CPU engine. Budget 8192: a prefill
     graph for the first step, then decode graphs. Budget 64: prompt chunks next to decodes, in
-    eager steps whose last layer keeps only the sampled rows."""
+    eager steps whose last layer keeps only the sampled rows. max_loras=1: the adapters take
+    turns in one device slot, copied in between steps the graphs replay."""
     prompts = _prompts(4, seed=4) + [[11, 12, 13]]
     names = ["qv", None, "all", "mlp", "qv"]
     common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, lora_modules=llama_adapters,
-                  max_num_batched_tokens=budget)
+                  max_num_batched_tokens=budget, max_loras=max_loras)
     gpu = LLM(llama_dir, device="cuda", **common)
     assert gpu.engine.runner.graphs and gpu.engine.runner.prefill_graphs
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, GREEDY, lora_request=names)]
