@@ -382,6 +382,16 @@ class LLMEngine:
                 st.request_inference_time.append(last - m.first_scheduled_time)
 
     # ---- stats ----------------------------------------------------------------------------------
+    def _lora_stats(self) -> dict:
+        slots = self.scheduler.lora_slots
+        if slots is None:
+            return {}
+
+        def names(seqs) -> str:
+            return ",".join(sorted({s.lora_name for s in seqs if s.lora_name is not None}))
+        return {"max_lora": len(slots.names), "running_lora_adapters": names(self.scheduler.running),
+                "waiting_lora_adapters": names(self.scheduler.waiting)}
+
     def get_stats(self) -> EngineStats:
         """Gauges and counters now; latency samples since the previous call."""
         s = self.stats
@@ -392,7 +402,7 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens, request_success=dict(s.request_success),
-            **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
+            **self._lora_stats(), **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
         for name in EngineStats.SAMPLE_FIELDS:
             setattr(s, name, [])
         return snapshot

@@ -30,6 +30,11 @@ class EngineStats:
     request_prefill_time: list[float] = field(default_factory=list)  # first scheduled -> first token
     request_decode_time: list[float] = field(default_factory=list)  # first token -> last token
     request_inference_time: list[float] = field(default_factory=list)  # first scheduled -> last token
+    # LoRA (vLLM's lora_requests_info): device slots (0: no LoRA), and the adapters of running
+    # and of waiting requests, comma-separated.
+    max_lora: int = 0
+    running_lora_adapters: str = ""
+    waiting_lora_adapters: str = ""
 
     # The sample lists `LLMEngine.get_stats()` hands over and starts again.
     SAMPLE_FIELDS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "Histogram of time spent in DECODE phase for request.", _PHASE_BUCKETS),
     MetricSpec("vllm:request_inference_time_seconds", "histogram",
                "Histogram of time spent in RUNNING phase for request.", _PHASE_BUCKETS),
+    # With LoRA adapters only, as vLLM's: labels name the adapters of running and of waiting
+    # requests and the device's slots; each label set's value is the last time it was current,
+    # so the current one is the series of the largest value.
+    MetricSpec("vllm:lora_requests_info", "gauge", "Running stats on lora requests."),
 )
+LORA_INFO = "vllm:lora_requests_info"
 # Finish reasons that get a request_success series from the start, so that rates are defined.
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -120,6 +126,10 @@ class MetricsTracker:
                                    float(count), {"finished_reason": reason})
         for name, field in _HISTOGRAMS:
             ops += [(name, "observe", float(v), {}) for v in getattr(stats, field)]
+        if stats.max_lora:
+            ops.append((LORA_INFO, "set", time.time(), {
+                "running_lora_adapters": stats.running_lora_adapters,
+                "waiting_lora_adapters": stats.waiting_lora_adapters, "max_lora": str(stats.max_lora)}))
         return ops
 
     def _increment(self, key: str, name: str, total: float, labels: dict[str, str]) -> list[MetricOp]:
@@ -161,7 +171,7 @@ class MetricsPublisher:
             self._families[spec.name] = self._pb.MetricFamily(
                 name=spec.name, description=spec.description, kind=kinds[spec.kind])
         for spec in METRICS:
-            if spec.name != "vllm:request_success_total":
+            if spec.name not in ("vllm:request_success_total", LORA_INFO):  # labelled as they come
                 self._metric(spec.name, {})
         for reason in FINISH_REASONS:
             self._metric("vllm:request_success_total", {"finished_reason": reason})

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from triton_server import (ROOT, TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request,
-                           start_server, write_model_repository)
+                           start_server, wait_until, write_model_repository)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine"))
 from lora_adapters import write_adapter  # noqa: E402
@@ -76,6 +76,21 @@ def test_each_request_runs_with_its_adapter(lora_setup, offline):
                          timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout == offline["attn"] + "\n"
+
+
+def test_lora_requests_info_metric(lora_setup):
+    server, _ = lora_setup
+    # A series per label set, valued with the last time it was current (vLLM's): the latest one,
+    # with every request done, names no adapter. (Which adapters the earlier ones name depends
+    # on what the 0.2 s publishes caught running: the engine test checks the names.)
+    def lines() -> list[str]:
+        return [l for l in server.metrics().splitlines() if l.startswith("vllm:lora_requests_info{")]
+
+    def latest() -> str:
+        return max(lines(), key=lambda l: float(l.rsplit(" ", 1)[1]))
+    # (published every 0.2 s: the last request may have ended after the last publish)
+    assert wait_until(lambda: 'running_lora_adapters=""' in latest(), 10), lines()
+    assert 'max_lora="2"' in latest() and 'waiting_lora_adapters=""' in latest()
 
 
 def test_unknown_adapter_is_a_clear_error(lora_setup):

@@ -48,7 +48,7 @@ def test_metric_names_are_vllms():
         "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",
         "vllm:request_params_max_tokens", "vllm:request_queue_time_seconds",
         "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-        "vllm:request_inference_time_seconds"}
+        "vllm:request_inference_time_seconds", "vllm:lora_requests_info"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)
@@ -169,3 +169,20 @@ def test_publisher_waits_for_the_previous_instance_and_applies_deltas():
     new.publish(EngineStats(generation_tokens=11))
     assert e2e.observed == [0.5] + [float(i) for i in range(600)] + [1000.0]
     new.close()
+
+
+def test_lora_requests_info_series_of_the_current_adapters_is_the_latest():
+    from backend.triton_metrics import LORA_INFO, MetricsPublisher
+
+    assert not any(op[0] == LORA_INFO for op in MetricsTracker().update(EngineStats()))  # no LoRA
+    publisher = MetricsPublisher(_FakePbUtils, {"model": "llm"}, f"tritium-lora-{os.getpid()}")
+    assert publisher.open()
+    family = next(f for f in _FakePbUtils.MetricFamily.created[-len(METRICS):] if f.name == LORA_INFO)
+    assert family.kind == "gauge" and family.metrics == []  # created when there is something to say
+    publisher.publish(EngineStats(max_lora=2, running_lora_adapters="sql", waiting_lora_adapters="doc"))
+    publisher.publish(EngineStats(max_lora=2, running_lora_adapters="doc,sql"))
+    assert [m.labels for m in family.metrics] == [
+        {"model": "llm", "running_lora_adapters": "sql", "waiting_lora_adapters": "doc", "max_lora": "2"},
+        {"model": "llm", "running_lora_adapters": "doc,sql", "waiting_lora_adapters": "", "max_lora": "2"}]
+    assert family.metrics[1].value >= family.metrics[0].value > 1.7e9  # times of the updates
+    publisher.close()

@@ -81,15 +81,20 @@ def test_more_adapters_than_device_slots(llama_dir, llama_adapters, monkeypatch)
     steps = []
     schedule = scheduler.schedule
 
+    stats = []
+
     def recording():
         out = schedule()
         steps.append([it.seq.lora_name for it in out.scheduled])
+        stats.append(llm.engine.get_stats())
         return out
     monkeypatch.setattr(scheduler, "schedule", recording)
     outs = llm.generate(batch, GREEDY, lora_request=names)
     assert [o.outputs[0].token_ids for o in outs] == [refs[n][i % 4] for i, n in enumerate(names)]
     assert all(len(set(step) - {None}) <= 1 for step in steps), steps
     assert steps[0] == ["qv", None, "qv", None]  # "all" and "mlp" wait for the slot
+    first = stats[0]  # what vllm:lora_requests_info publishes
+    assert (first.max_lora, first.running_lora_adapters, first.waiting_lora_adapters) == (1, "qv", "all,mlp")
     assert scheduler.lora_slots.num_loads == 2 and scheduler.lora_slots.refs == [0]
 
 
