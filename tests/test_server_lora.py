@@ -32,7 +32,10 @@ def lora_setup(tiny_model, tmp_path_factory):
     listed = {"attn": adapters["attn"], "mlp": os.path.relpath(adapters["mlp"], ROOT)}
     with open(os.path.join(repo, "llm", "1", "multi_lora.json"), "w", encoding="utf-8") as f:
         json.dump(listed, f)
-    server = start_server(repo, str(tmp / "tritonserver.log"))
+    # Explicit model control, so that the last test can reload the model (new adapters).
+    server = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
+                          "--load-model=llm")
+    server.repo = repo
     yield server, adapters
     server.stop()
 
@@ -100,3 +103,24 @@ def test_unknown_adapter_is_a_clear_error(lora_setup):
     assert status == 400
     assert json.loads(body)["error"] == ("lora_name 'sql' is not an adapter of this model; "
                                          "it serves 'attn', 'mlp'.")
+
+
+def test_an_adapter_added_to_multi_lora_json_is_served_after_a_reload(lora_setup, offline):
+    """How an operator adds an adapter without restarting the server: edit multi_lora.json,
+    then load the model again (explicit mode; poll mode reloads by itself)."""
+    server, adapters = lora_setup
+    body = {"text_input": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "lora_name": "attn2",
+            "exclude_input_in_output": True}
+    status, text = http_request(f"{server.http_url}/v2/models/llm/generate", body)
+    assert status == 400 and "is not an adapter of this model" in text
+    path = os.path.join(server.repo, "llm", "1", "multi_lora.json")
+    with open(path, encoding="utf-8") as f:
+        listed = json.load(f)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**listed, "attn2": adapters["attn"]}, f)
+    status, text = http_request(f"{server.http_url}/v2/repository/models/llm/load", {}, timeout=240)
+    assert status == 200, text
+    status, text = http_request(f"{server.http_url}/v2/models/llm/generate", body)
+    assert status == 200, text
+    assert json.loads(text)["text_output"] == offline["attn"]
+
