@@ -28,12 +28,21 @@ from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, make_prompts,
                               parse_vocab_range, resolve_workload)
 
 
-def sampling_parameters(output_len: int) -> str:
+def sampling_parameters(output_len: int, lora_name: str | None = None) -> str:
     # Exactly output_len tokens, greedy: the same work as the HF anchor and the offline bench.
-    return json.dumps({"max_tokens": output_len, "ignore_eos": True, "temperature": 0})
+    params: dict[str, Any] = {"max_tokens": output_len, "ignore_eos": True, "temperature": 0}
+    if lora_name is not None:
+        params["lora_name"] = lora_name
+    return json.dumps(params)
 
 
-def build_inputs(prompt: list[int], output_len: int, send_text_input: bool) -> list[Any]:
+def lora_names_for(num_requests: int, names: list[str]) -> list[str | None]:
+    """The adapter of each request: the names in turn (none without names)."""
+    return [names[i % len(names)] if names else None for i in range(num_requests)]
+
+
+def build_inputs(prompt: list[int], output_len: int, send_text_input: bool,
+                 lora_name: str | None = None) -> list[Any]:
     import numpy as np
     import tritonclient.grpc as grpcclient
 
@@ -49,7 +58,7 @@ def build_inputs(prompt: list[int], output_len: int, send_text_input: bool) -> l
         tensor("input_ids", "INT32", np.asarray(prompt, dtype=np.int32)),
         tensor("stream", "BOOL", np.array([True])),
         tensor("sampling_parameters", "BYTES",
-               np.array([sampling_parameters(output_len).encode()], dtype=np.object_)),
+               np.array([sampling_parameters(output_len, lora_name).encode()], dtype=np.object_)),
         tensor("exclude_input_in_output", "BOOL", np.array([True])),
         tensor("return_num_output_tokens", "BOOL", np.array([True])),
     ]
@@ -107,13 +116,13 @@ async def _run_request(client: Any, model: str, inputs: list[Any], trace: Reques
 
 
 async def _run_shard(url: str, model: str, output_len: int, prompts: list[list[int]], first_index: int,
-                     concurrency: int, send_text_input: bool, tag: str, counters: _Counters | None,
-                     barrier: Any) -> tuple[list[RequestTrace], float]:
+                     concurrency: int, send_text_input: bool, tag: str, loras: list[str | None],
+                     counters: _Counters | None, barrier: Any) -> tuple[list[RequestTrace], float]:
     """One worker's requests; returns their traces and the CPU seconds spent while sending."""
     import tritonclient.grpc.aio as aioclient
 
     # Built before the clock starts: tensor packing is client work, not serving time.
-    all_inputs = [build_inputs(p, output_len, send_text_input) for p in prompts]
+    all_inputs = [build_inputs(p, output_len, send_text_input, lora) for p, lora in zip(prompts, loras)]
     traces = [RequestTrace(f"{tag}-{first_index + i}") for i in range(len(prompts))]
     client = aioclient.InferenceServerClient(url=url)
     try:
@@ -147,10 +156,11 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def run_workload(url: str, model: str, output_len: int, prompts: list[list[int]], concurrency: int,
-                 send_text_input: bool, tag: str, procs: int, show_progress: bool
-                 ) -> tuple[list[RequestTrace], list[float]]:
+                 send_text_input: bool, tag: str, procs: int, show_progress: bool,
+                 loras: list[str | None] | None = None) -> tuple[list[RequestTrace], list[float]]:
     """All requests, spread over `procs` processes started together; returns traces in prompt
-    order and each process's CPU seconds."""
+    order and each process's CPU seconds. `loras`: each request's LoRA adapter (or None)."""
+    loras = loras if loras is not None else [None] * len(prompts)
     ctx = mp.get_context("spawn")  # grpc does not survive fork
     shards = _split(len(prompts), procs)
     counters = _Counters(ctx.Value("q", 0), ctx.Value("q", 0))
@@ -159,7 +169,8 @@ def run_workload(url: str, model: str, output_len: int, prompts: list[list[int]]
     workers = []
     for start, end in shards:
         share = max(1, round(concurrency * (end - start) / len(prompts)))
-        args = (url, model, output_len, prompts[start:end], start, share, send_text_input, tag)
+        args = (url, model, output_len, prompts[start:end], start, share, send_text_input, tag,
+                loras[start:end])
         workers.append(ctx.Process(target=_shard_main, args=(args, counters, barrier, results), daemon=True))
     for w in workers:
         w.start()
@@ -242,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also send an empty text_input (Tritium rejects text_input with input_ids)")
     ap.add_argument("--wait-ready", type=float, default=0.0, help="seconds to wait for the model first")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--lora-names", default="",
+                    help="comma-separated LoRA adapters of the model, given to the requests in turn")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -260,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warm-up failed: {errors[0]}", file=sys.stderr)
             return 1
 
+    names = [n for n in args.lora_names.split(",") if n]
     prompts = make_prompts(workload.num_requests, workload.input_len, args.seed, workload.name, low, high)
     traces, cpus = run_workload(args.url, args.model, workload.output_len, prompts, concurrency,
-                                args.send_text_input, workload.name, args.procs, not args.no_progress)
+                                args.send_text_input, workload.name, args.procs, not args.no_progress,
+                                lora_names_for(len(prompts), names))
     summary = summarize(traces, workload.output_len)
     # A saturated client understates the server: report the busiest worker's CPU share.
     if summary["completed"]:
@@ -279,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "runner": "triton-grpc-stream",
             "workload": vars(workload) | {"vocab_range": [low, high], "seed": args.seed,
                                           "concurrency": concurrency, "procs": len(cpus)},
-            "url": args.url, "model": args.model,
+            "url": args.url, "model": args.model, "lora_names": names,
             "summary": summary,
             "errors": errors[:20],
             "per_request": {"ttft_ms": [t.ttft * 1000 for t in traces],

@@ -13,7 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client.bench import _split, sampling_parameters  # noqa: E402
+from client.bench import _split, lora_names_for, sampling_parameters  # noqa: E402
 from client.bench_model_repo import get_parameters, parse_assignments, set_parameters  # noqa: E402
 from client.bench_report import check_targets, derive, render_table  # noqa: E402
 from client.bench_stats import RequestTrace, percentile, summarize, tokens_in_response  # noqa: E402
@@ -79,6 +79,9 @@ def test_invalid_workloads_and_ranges_are_rejected():
 
 def test_sampling_parameters_ask_for_exactly_n_greedy_tokens():
     assert json.loads(sampling_parameters(256)) == {"max_tokens": 256, "ignore_eos": True, "temperature": 0}
+    assert json.loads(sampling_parameters(8, "sql"))["lora_name"] == "sql"
+    assert lora_names_for(5, ["a", "b"]) == ["a", "b", "a", "b", "a"]
+    assert lora_names_for(2, []) == [None, None]
 
 
 def test_requests_are_split_evenly_over_client_processes():

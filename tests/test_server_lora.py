@@ -81,6 +81,26 @@ def test_each_request_runs_with_its_adapter(lora_setup, offline):
     assert cli.stdout == offline["attn"] + "\n"
 
 
+def test_the_load_generator_spreads_requests_over_adapters(lora_setup, tmp_path):
+    server, _ = lora_setup
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "client.bench", "--url", server.grpc_url,
+                          "--num-requests", "6", "--input-len", "8", "--output-len", "4", "--procs", "1",
+                          "--warmup", "0", "--no-progress", "--lora-names", "attn,mlp", "--json", str(out)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    assert result["summary"]["completed"] == 6 and result["lora_names"] == ["attn", "mlp"]
+    # A name the model does not serve fails those requests, with the server's reason.
+    run = subprocess.run([sys.executable, "-m", "client.bench", "--url", server.grpc_url,
+                          "--num-requests", "2", "--input-len", "8", "--output-len", "4", "--procs", "1",
+                          "--warmup", "0", "--no-progress", "--lora-names", "nope"],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and "lora_name 'nope' is not an adapter of this model" in run.stdout, run.stdout
+
+
 def test_lora_requests_info_metric(lora_setup):
     server, _ = lora_setup
     # A series per label set, valued with the last time it was current (vLLM's): the latest one,
