@@ -113,9 +113,10 @@ class DecodeBlockRows:
 
 
 def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
-                  decode_rows: DecodeBlockRows | None = None) -> PreparedBatch:
+                  decode_rows: DecodeBlockRows | None = None, lora: bool = False) -> PreparedBatch:
     """Decodes (one new token) first, then prompt chunks. decode_rows (kept by the caller
-    from step to step) reuses the decode rows' block tables."""
+    from step to step) reuses the decode rows' block tables. lora: the engine serves LoRA
+    adapters, so the batch says which one each token uses."""
     decodes = [it for it in scheduled if it.num_new_tokens == 1]
     prefills = [it for it in scheduled if it.num_new_tokens > 1]
     nd = len(decodes)
@@ -143,7 +144,7 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
         offset += it.num_new_tokens
         last_index[s.seq_id] = offset - 1
     lora_slots = None
-    if any(it.seq.lora_slot >= 0 for it in scheduled):
+    if lora and any(it.seq.lora_slot >= 0 for it in scheduled):
         lora_slots = np.asarray([it.seq.lora_slot for it in decodes] + [
             it.seq.lora_slot for it in prefills for _ in range(it.num_new_tokens)], dtype=np.int64)
     cu = None

@@ -299,7 +299,7 @@ class ModelRunner:
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
-        batch = prepare_batch(scheduled, self.block_size, self.decode_rows)
+        batch = prepare_batch(scheduled, self.block_size, self.decode_rows, self.lora_manager is not None)
         fill = None
         holes = np.flatnonzero(batch.input_ids == PLACEHOLDER)
         if len(holes):
