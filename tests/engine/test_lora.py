@@ -173,3 +173,32 @@ def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters, budget, max_
     alone = [gpu.generate([p], GREEDY, lora_request=n)[0].outputs[0].token_ids for p, n in zip(prompts, names)]
     want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", **common).generate(prompts, GREEDY, lora_request=names)]
     assert got == want and alone == want
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_a_projection_adds_the_delta_of_each_rows_adapter(quantization):
+    """Whatever computes the projection (16/32-bit or FP8 weights), LoRA adds each row's delta
+    to its output, from the unquantized input, and rows without an adapter stay as they were;
+    the last layer's narrowing to sampled rows narrows the adapters too."""
+    from backend.forward_context import LoRAMapping, select_lora_rows, set_lora_mapping
+    from backend.layers.linear import ReplicatedLinear
+    from backend.layers.quantization import get_linear_method, process_weights_after_loading
+    from backend.lora import LoRAWeights
+    from kernels.reference import add_lora_ref
+
+    gen = torch.Generator().manual_seed(0)
+    layer = ReplicatedLinear(32, 24, linear_method=get_linear_method(quantization))
+    layer.weight.data.copy_(torch.randn(24, 32, generator=gen))
+    process_weights_after_loading(layer)
+    layer.lora = LoRAWeights(torch.randn(2, 16, 32, generator=gen), torch.randn(2, 24, 16, generator=gen))
+    x = torch.randn(6, 32, generator=gen)
+    slots = torch.tensor([1, -1, 0, 0, -1, 1])
+    base = layer(x)  # no mapping: no adapter in the step
+    with set_lora_mapping(LoRAMapping(slots)):
+        got = layer(x)
+        rows = torch.tensor([4, 0])
+        select_lora_rows(rows)
+        narrowed = layer(x[rows])
+    want = add_lora_ref(base.clone(), x, layer.lora.a, layer.lora.b, slots)
+    assert torch.equal(got, want) and torch.equal(got[[1, 4]], base[[1, 4]])
+    assert torch.equal(narrowed, add_lora_ref(layer(x[rows]), x[rows], layer.lora.a, layer.lora.b, slots[rows]))
