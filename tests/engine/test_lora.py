@@ -202,3 +202,14 @@ def test_a_projection_adds_the_delta_of_each_rows_adapter(quantization):
     want = add_lora_ref(base.clone(), x, layer.lora.a, layer.lora.b, slots)
     assert torch.equal(got, want) and torch.equal(got[[1, 4]], base[[1, 4]])
     assert torch.equal(narrowed, add_lora_ref(layer(x[rows]), x[rows], layer.lora.a, layer.lora.b, slots[rows]))
+
+
+def test_samples_of_one_request_share_its_adapter(llama_dir, llama_adapters):
+    """n > 1: the forked samples run with the parent's adapter and hold its slot until they end."""
+    prompt = _prompts(1, seed=6)[0]
+    llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, max_loras=1, **CPU)
+    params = SamplingParams(n=3, temperature=0, max_tokens=12, min_tokens=12)
+    outs = llm.generate([prompt, prompt], params, lora_request=["mlp", "qv"])
+    assert [c.token_ids for c in outs[0].outputs] == [_hf(llama_dir, llama_adapters["mlp"], [prompt])[0]] * 3
+    assert [c.token_ids for c in outs[1].outputs] == [_hf(llama_dir, llama_adapters["qv"], [prompt])[0]] * 3
+    assert llm.engine.scheduler.lora_slots.refs == [0]
