@@ -178,6 +178,12 @@ def _positive_finite(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
 
 
+def parse_bool(text: str) -> bool | None:
+    """A boolean as model-config parameters spell it; None when it is not one."""
+    text = text.strip().lower()
+    return True if text in ("true", "1", "yes", "on") else False if text in ("false", "0", "no", "off") else None
+
+
 def _parse_string(key: str, raw: str, type_name: str) -> Any:
     text = raw.strip()
     optional = "None" in type_name
@@ -185,11 +191,10 @@ def _parse_string(key: str, raw: str, type_name: str) -> Any:
         return None
     try:
         if type_name.startswith("bool"):
-            if text.lower() in ("true", "1", "yes", "on"):
-                return True
-            if text.lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
+            value = parse_bool(text)
+            if value is None:
+                raise ValueError
+            return value
         if type_name.startswith("int"):
             return int(text)
         if type_name.startswith("float"):

@@ -5,7 +5,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from backend.config import EngineArgs
+from backend.config import EngineArgs, parse_bool
 
 _PATH_ARGUMENTS = ("model", "tokenizer")
 
@@ -34,8 +34,7 @@ def engine_args_from_model_config(parameters: Mapping[str, Any], root: str,
     for key in _PATH_ARGUMENTS:
         if values.get(key):
             values[key] = _resolve(values[key], root)
-    if (version_dir and "lora_modules" not in values
-            and values.get("enable_lora", "").strip().lower() in ("true", "1", "yes", "on")):
+    if version_dir and "lora_modules" not in values and parse_bool(values.get("enable_lora", "")):
         path = os.path.join(version_dir, MULTI_LORA_FILE)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:

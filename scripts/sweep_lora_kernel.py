@@ -1,5 +1,6 @@
 """Time kernels.add_lora (multi-LoRA shrink + expand) per launch config at one model's
-projection shapes, against the projection's own GEMM (F.linear), as CUDA-graph replays.
+projection shapes, against the projection's own GEMM, as CUDA-graph replays after an L2 flush
+(bench_kernels.Bench; the results of commit 6f7288f came from triton's do_bench_cudagraph).
 
     python scripts/sweep_lora_kernel.py --model models/configs/llama-3-8b --rank 16 --adapters 4 \
         --tokens 256,8192 --json sweep_lora.json
@@ -20,16 +21,13 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 CONFIGS = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 64, 4), (128, 128, 8), (64, 256, 8)]
 
 
-def graph_ms(fn, reps: int = 20) -> float:
-    import triton.testing
-    return triton.testing.do_bench_cudagraph(fn, rep=reps)
-
-
 def main() -> None:
+    import bench_kernels
     import kernels
     from lora_adapters import module_shapes
 
@@ -49,6 +47,7 @@ def main() -> None:
                    "o": (*shapes["o_proj"], 1), "gate_up": (shapes["gate_up_proj"][0], shapes["gate_up_proj"][1], 2),
                    "down": (*shapes["down_proj"], 1)}
     dev, dt = torch.device("cuda"), torch.bfloat16
+    graph_ms = bench_kernels.Bench(quick=True, graphs=True).time_ms
     results = []
     for t in [int(x) for x in args.tokens.split(",")]:
         gemm_ms = 0.0

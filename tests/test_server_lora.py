@@ -83,21 +83,20 @@ def test_each_request_runs_with_its_adapter(lora_setup, offline):
 
 def test_the_load_generator_spreads_requests_over_adapters(lora_setup, tmp_path):
     server, _ = lora_setup
+
+    def bench(requests: int, names: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "client.bench", "--url", server.grpc_url,
+                               "--num-requests", str(requests), "--input-len", "8", "--output-len", "4",
+                               "--procs", "1", "--warmup", "0", "--no-progress", "--lora-names", names,
+                               *extra], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                              capture_output=True, text=True, timeout=120)
     out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, "-m", "client.bench", "--url", server.grpc_url,
-                          "--num-requests", "6", "--input-len", "8", "--output-len", "4", "--procs", "1",
-                          "--warmup", "0", "--no-progress", "--lora-names", "attn,mlp", "--json", str(out)],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                         timeout=120)
+    run = bench(6, "attn,mlp", "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert result["summary"]["completed"] == 6 and result["lora_names"] == ["attn", "mlp"]
     # A name the model does not serve fails those requests, with the server's reason.
-    run = subprocess.run([sys.executable, "-m", "client.bench", "--url", server.grpc_url,
-                          "--num-requests", "2", "--input-len", "8", "--output-len", "4", "--procs", "1",
-                          "--warmup", "0", "--no-progress", "--lora-names", "nope"],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                         timeout=120)
+    run = bench(2, "nope")
     assert run.returncode == 2 and "lora_name 'nope' is not an adapter of this model" in run.stdout, run.stdout
 
 
