@@ -115,10 +115,19 @@ def test_lora_requests_info_metric(lora_setup):
     assert 'max_lora="2"' in latest() and 'waiting_lora_adapters=""' in latest()
 
 
-def test_unknown_adapter_is_a_clear_error(lora_setup):
+def test_unknown_adapter_is_a_clear_error(lora_setup, offline):
+    """...on that request alone: a stream of another adapter in flight meanwhile ends as it should."""
     server, _ = lora_setup
-    status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
-                                {"text_input": PROMPT, "max_tokens": 4, "lora_name": "sql"})
+    stream = StreamCollector(server.grpc_url)
+    try:
+        stream.send("good", grpc_inputs(PROMPT, stream=True, sampling={
+            "temperature": 0, "max_tokens": MAX_TOKENS, "lora_name": "attn"}))
+        status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
+                                    {"text_input": PROMPT, "max_tokens": 4, "lora_name": "sql"})
+        assert stream.wait("good").text == offline["attn"]
+        assert stream.errors.empty()
+    finally:
+        stream.close()
     assert status == 400
     assert json.loads(body)["error"] == ("lora_name 'sql' is not an adapter of this model; "
                                          "it serves 'attn', 'mlp'.")
