@@ -85,7 +85,7 @@ def check_targets(d: dict[str, float]) -> dict[str, bool | None]:
 
 def off_target_reason(meta: dict[str, Any]) -> str | None:
     """Why this run is not the targets' configuration (bf16 weights and KV cache, the issue's
-    workload sizes, on the GPU), or None when it is. Only such a run is checked against them."""
+    workload sizes, on the GPU, no LoRA adapters), or None when it is. Only such a run is checked against them."""
     sets = dict(item.split("=", 1) for item in (meta.get("engine_args") or "").split()
                 if item != "--set" and "=" in item)
     reasons = []
@@ -98,6 +98,8 @@ def off_target_reason(meta: dict[str, Any]) -> str | None:
             reasons.append(f"{key}={sets[key]}")
     if meta.get("sizes"):
         reasons.append(f"workload sizes {meta['sizes']}")
+    if meta.get("lora_names"):
+        reasons.append(f"LoRA adapters {meta['lora_names']}")
     return ", ".join(reasons) or None
 
 

@@ -12,7 +12,10 @@
 #           for Llama-3-8B (GPU-bound);
 #   part 4: the LoRA kernel and engine tests on CUDA (graphs with adapters per row), the
 #           structured-output tests (failures in full); with BENCH=1, scripts/bench_lora.py on
-#           Llama-3-8B shapes (what adapters cost per variant).
+#           Llama-3-8B shapes (what adapters cost per variant);
+#   part 5: LoRA through the real server: Llama-3-8B bf16 workload A through Triton without
+#           adapters, with requests spread over 4 random rank-16 adapters (one device slot each),
+#           the same with max_loras=2 (adapters take turns), and without adapters again.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -25,7 +28,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1, 2, 3 or 4}"; shift
+PART="${1:?part 1, 2, 3, 4 or 5}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -77,6 +80,30 @@ elif [ "$PART" = 4 ]; then
     fi
     [ -n "${BENCH:-}" ] && stamp "LoRA cost, Llama-3-8B bf16 in-process" && timeout 420 "$PY" scripts/bench_lora.py --model models/configs/llama-3-8b --adapters 4 --rank 16 \
         --num-requests 256 --input-len 512 --output-len 128 --json "$OUT/bench_lora_llama.json" 2>&1 | tail -12 >> "$S"
+elif [ "$PART" = 5 ]; then
+    ADAPTERS="${LORA_DIR:-/tmp/tritium-lora-adapters}"
+    stamp "writing 4 random rank-16 adapters for $LLAMA in $ADAPTERS"
+    MODULES=$(PYTHONPATH=tests/engine "$PY" - "$LLAMA" "$ADAPTERS" <<'EOF'
+import json, os, sys
+from lora_adapters import write_adapter
+model = sys.argv[1] if os.path.isdir(sys.argv[1]) else os.path.join("models/configs", sys.argv[1])
+targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+paths = {f"a{i}": write_adapter(os.path.join(sys.argv[2], f"a{i}"), model, targets, 16, 32, seed=i, scale=0.01)
+         for i in range(4)}
+print(json.dumps(paths, separators=(",", ":")))
+EOF
+)
+    echo "lora_modules=$MODULES" >> "$S"
+    LORA=(--engine-arg enable_lora=true --engine-arg "lora_modules=$MODULES" --engine-arg max_lora_rank=16)
+    stamp "Llama-3-8B bf16 A through Triton, no adapters (first)"
+    run llama_base1 --models "$LLAMA" --phases triton --workloads A
+    stamp "Llama-3-8B bf16 A through Triton, requests over 4 adapters, 4 slots"
+    run llama_lora4 --models "$LLAMA" --phases triton --workloads A "${LORA[@]}" --lora-names a0,a1,a2,a3
+    stamp "Llama-3-8B bf16 A through Triton, requests over 4 adapters, max_loras=2"
+    run llama_lora4_slots2 --models "$LLAMA" --phases triton --workloads A "${LORA[@]}" \
+        --engine-arg max_loras=2 --lora-names a0,a1,a2,a3
+    stamp "Llama-3-8B bf16 A through Triton, no adapters (last)"
+    run llama_base2 --models "$LLAMA" --phases triton --workloads A
 elif [ "$PART" = 3 ]; then
     if [ -z "${NO_GPU_STEPS:-}" ]; then
         stamp "GPU tests: structured outputs (xgrammar from gpu_extras)"

@@ -9,6 +9,7 @@
 #                      [--workloads A,B] [--hf-requests 256] [--budget 560] [--engine-arg K=V]...
 #                      [--tokenizer vocab|DIR] [--device cuda] [--dtype bfloat16]
 #                      [--num-requests N --input-len N --output-len N]   (smaller runs, all runners)
+#                      [--lora-names a,b]   (Triton runner only: requests spread over these adapters)
 #
 # A model is a directory name under models/configs or a path to a model directory.
 # Writes $OUT/results.json (every figure, ratios, targets) and $OUT/logs.tar.gz (all logs and
@@ -32,7 +33,7 @@ PORT="${TRITIUM_PORT_BASE:-8000}"
 
 MODELS="llama-3-8b,qwen2.5-7b,qwen2.5-1.5b" PHASES="triton,offline,hf" WORKLOADS="A,B"
 HF_REQUESTS=256 BUDGET=560 TOKENIZER="vocab" DEVICE=cuda DTYPE=bfloat16
-SIZES=() ENGINE_SETS=()
+SIZES=() ENGINE_SETS=() LORA_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --models) MODELS="$2"; shift 2 ;;
@@ -45,6 +46,7 @@ while [ $# -gt 0 ]; do
         --dtype) DTYPE="$2"; shift 2 ;;
         --engine-arg) ENGINE_SETS+=(--set "$2"); shift 2 ;;
         --num-requests|--input-len|--output-len) SIZES+=("$1" "$2"); shift 2 ;;
+        --lora-names) LORA_ARGS=(--lora-names "$2"); shift 2 ;;
         *) echo "gpu_run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -133,14 +135,15 @@ model_dir() {  # a name under models/configs, or a path
 
 write_meta() {
     "$IMAGE_PY" - "$WORK/meta.json" "$MODELS" "$PHASES" "$WORKLOADS" "$HF_REQUESTS" "$DEVICE" "$DTYPE" \
-        "$TOKENIZER" "${ENGINE_SETS[*]:-}" "${SIZES[*]:-}" <<'EOF' || true
+        "$TOKENIZER" "${ENGINE_SETS[*]:-}" "${SIZES[*]:-}" "${LORA_ARGS[1]:-}" <<'EOF' || true
 import json, os, platform, subprocess, sys, time
 def sh(cmd):
     try:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
     except Exception as e:
         return f"unavailable: {e}"
-keys = ["models", "phases", "workloads", "hf_requests", "device", "dtype", "tokenizer", "engine_args", "sizes"]
+keys = ["models", "phases", "workloads", "hf_requests", "device", "dtype", "tokenizer", "engine_args", "sizes",
+        "lora_names"]
 meta = dict(zip(keys, sys.argv[2:]))
 meta.update(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), host=platform.node(), python=platform.python_version(),
             git_commit=os.environ.get("TRITIUM_COMMIT") or sh("git rev-parse HEAD 2>/dev/null") or "unknown (no .git)",
@@ -181,7 +184,7 @@ for spec in ${MODELS//,/ }; do
         case "$p" in
             triton) phase "$m" triton 420 bash scripts/bench_triton.sh --repo "$REPO" \
                 --out-dir "$WORK/$m" --workloads "$WORKLOADS" --log "$LOGS/$m-tritonserver.log" \
-                --port-base "$PORT" -- "${SIZES[@]}" ;;
+                --port-base "$PORT" -- "${SIZES[@]}" "${LORA_ARGS[@]}" ;;
             offline) phase "$m" offline 300 "$V/bin/python" scripts/bench_offline.py \
                 --model-config "$REPO/llm/config.pbtxt" --workloads "$WORKLOADS" "${SIZES[@]}" \
                 --json "$WORK/$m/offline.json" ;;

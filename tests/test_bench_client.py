@@ -226,6 +226,8 @@ def test_targets_are_checked_only_for_the_bf16_configuration(tmp_path):
     assert off_target_reason({"dtype": "bfloat16", "device": "cuda", "engine_args": "", "sizes": ""}) is None
     assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set max_model_len=2047 --set kv_cache_dtype=auto"}) is None
     assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set kv_cache_dtype=fp8"}) == "kv_cache_dtype=fp8"
+    assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set enable_lora=true", "lora_names": "a0,a1"}) \
+        == "LoRA adapters a0,a1"
     assert off_target_reason({"dtype": "float16", "engine_args": "--set quantization=fp8",
                               "sizes": "--num-requests 8"}) == (
         "dtype=float16, quantization=fp8, workload sizes --num-requests 8")
