@@ -84,8 +84,9 @@ def run_engine_core(conn: Connection, args: EngineArgs) -> int:
     # they come.
     logger.info("engine process: %d steps in %.2f s (%.2f s of CPU on the step loop's thread) "
                 "over %.2f s busy, of which %.2f s waiting for the device; %d outputs in %d "
-                "messages, %.2f s packing and sending them", steps, step_s, step_cpu_s, busy_s,
-                engine.device_wait_s, st["outputs"], st["messages"], st["send_s"])
+                "messages, %.2f s packing and sending them; %d Triton compiles while serving (%.2f s)",
+                steps, step_s, step_cpu_s, busy_s, engine.device_wait_s, st["outputs"], st["messages"],
+                st["send_s"], engine.runner.compile_watch.compiles, engine.runner.compile_watch.seconds)
     return 0
 
 

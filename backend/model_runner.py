@@ -11,6 +11,7 @@ import torch
 
 from kernels.validation import v_cache_shape
 
+from .compile_watch import CompileWatch
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
@@ -134,6 +135,10 @@ class ModelRunner:
                 self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
                                                     lora=lora)
                 self.prefill_graphs.capture()
+        # From here on a Triton compile stalls a step: log each one (kernels the warm-up missed).
+        self.compile_watch = CompileWatch()
+        if self.device.type == "cuda":
+            self.compile_watch.install()
 
     def _set_kv_scales(self, args: EngineArgs, checkpoint: dict[str, dict[str, float]]) -> None:
         """An FP8 cache stores keys and values divided by per-layer scales: the checkpoint's
@@ -235,15 +240,17 @@ class ModelRunner:
     @torch.inference_mode()
     def _compile_step_variants(self) -> None:
         """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
-        tiles, with or without a KV split; prefill: 16/32/64-row tiles) once now, so Triton
-        compiles them at startup and not in the middle of serving (seconds each, first time on
-        a machine). Writes only scratch KV: no block holds cached data yet."""
+        tiles, with or without a KV split; prefill: 16/32/64-row tiles, and 128-row tiles for
+        chunks over 1,024 tokens) once now, so Triton compiles them at startup and not in the
+        middle of serving (seconds each, first time on a machine; `CompileWatch` logs any that
+        is left). Writes only scratch KV: no block holds cached data yet."""
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         full_batch = min(-(-sms // self.num_kv_heads), self.args.max_num_seqs)
         short, long_ = 16, min(1024, self.max_model_len)
         # (decodes, their context length, prompt-chunk tokens alongside)
         cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
-        cases += [(1, short, n) for n in (16, 32, 64) if n <= self.max_model_len]
+        cases += [(1, short, n) for n in (16, 32, 64, 1040)
+                  if n <= min(self.max_model_len, self.max_num_batched_tokens)]
         next_block = 0
 
         def fake(n: int) -> Sequence:

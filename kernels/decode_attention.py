@@ -89,7 +89,9 @@ def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int
     return max(block_n, cdiv(cdiv(max_context_len, num_splits), block_n) * block_n)
 
 
-@triton.jit
+# The block table's width changes from step to step: specialising on it (1, divisible by 16)
+# would compile new variants mid-serving (backend/compile_watch.py).
+@triton.jit(do_not_specialize=["stride_btb"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
@@ -166,7 +168,8 @@ def _decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+# One variant for every split count: the count changes with the batch and context.
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
     tokens_per_split, num_splits, stride_ob, stride_oh,
@@ -242,6 +245,6 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if splits > 1:
         _merge_kernel[(batch, num_heads)](
             part_out, part_lse, context_lens, out, per_split, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=next_pow2(splits), num_warps=4,
+            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=MAX_SPLITS, num_warps=4,
         )
     return out

@@ -182,7 +182,8 @@ def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_
     return m_i, l_i, acc
 
 
-@triton.jit
+# The block table's width changes from step to step (see decode_attention._decode_kernel).
+@triton.jit(do_not_specialize=["stride_btb"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
     key, value, scale_log2e, v_scale,

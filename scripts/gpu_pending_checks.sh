@@ -15,7 +15,11 @@
 #           Llama-3-8B shapes (what adapters cost per variant);
 #   part 5: LoRA through the real server: Llama-3-8B bf16 workload A through Triton without
 #           adapters, with requests spread over 4 random rank-16 adapters (one device slot each),
-#           the same with max_loras=2 (adapters take turns), and without adapters again.
+#           the same with max_loras=2 (adapters take turns), and without adapters again;
+#   part 6: kernel variants compiled while serving (backend/compile_watch.py): the attention and
+#           LoRA kernel tests, the GPU engine tests (one asserts no compile after start-up), the
+#           LoRA expand's row blocks at 16, 64 and 256 tokens, and Llama-3-8B bf16 A and B
+#           through Triton twice (the first server compiles on an empty cache).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -28,14 +32,14 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1, 2, 3, 4 or 5}"; shift
+PART="${1:?part 1 to 6}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
 logs() {  # the engine process's and the stub's own accounts of a gpu_run.sh call
     local d; d=$(mktemp -d); tar -C "$d" -xzf "$1/logs.tar.gz" 2>/dev/null
-    grep -rh -E "engine process:|sender thread|KV cache:" "$d" >> "$S"; rm -rf "$d"
+    grep -rh -E "engine process:|sender thread|KV cache:|Triton (is )?compil" "$d" | cut -c1-900 >> "$S"; rm -rf "$d"
 }
 run() {  # name, gpu_run.sh arguments...; keeps results.json and the summary lines
     local name="$1"; shift
@@ -80,6 +84,20 @@ elif [ "$PART" = 4 ]; then
     fi
     [ -n "${BENCH:-}" ] && stamp "LoRA cost, Llama-3-8B bf16 in-process" && timeout 420 "$PY" scripts/bench_lora.py --model models/configs/llama-3-8b --adapters 4 --rank 16 \
         --num-requests 256 --input-len 512 --output-len 128 --json "$OUT/bench_lora_llama.json" 2>&1 | tail -12 >> "$S"
+elif [ "$PART" = 6 ]; then
+    stamp "GPU tests: attention and LoRA kernels"
+    timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \
+        tests/kernels/test_kernel_lora.py --confcutdir=tests/kernels -q -x -p no:cacheprovider 2>&1 | tail -4 >> "$S"
+    stamp "GPU tests: the engine (no compile while serving), LoRA"
+    timeout 300 "$PY" -m pytest tests/engine/test_gpu_engine.py tests/engine/test_lora.py tests/engine/test_compile_watch.py \
+        --confcutdir=tests/engine -q -p no:cacheprovider --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -50 | cut -c1-900 >> "$S"
+    stamp "add_lora row blocks at 16, 64 and 256 tokens"
+    timeout 120 "$PY" scripts/sweep_lora_kernel.py --model models/configs/llama-3-8b --tokens 16,64,256 \
+        --json "$OUT/sweep_lora_kernel_small.json" 2>&1 | tail -45 >> "$S"
+    for round in 1 2; do
+        stamp "Llama-3-8B bf16 A and B through Triton (server $round)"
+        run "llama_r$round" --models "$LLAMA" --phases triton --workloads A,B
+    done
 elif [ "$PART" = 5 ]; then
     ADAPTERS="${LORA_DIR:-/tmp/tritium-lora-adapters}"
     stamp "writing 4 random rank-16 adapters for $LLAMA in $ADAPTERS"
