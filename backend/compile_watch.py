@@ -45,12 +45,25 @@ class CompileWatch:
         self.installed = True
         return True
 
-    def _before(self, *args: Any, repr: str = "", **kwargs: Any) -> bool:
+    @staticmethod
+    def remove_hooks() -> None:
+        """Unhook any watch (an engine starting in a process where another one runs: its
+        start-up compiles are not another engine's serving stalls)."""
+        try:
+            import triton
+        except ImportError:
+            return
+        runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+        for name in ("jit_cache_hook", "jit_post_compile_hook"):
+            if runtime is not None and hasattr(runtime, name):
+                setattr(runtime, name, None)
+
+    def _before(self, *args: Any, repr: str = "", compile: dict | None = None, **kwargs: Any) -> bool:
         with self._lock:
             self.compiles += 1
             self._started[repr] = time.perf_counter()
         logger.warning("Triton is compiling a kernel variant while serving (the step waits for "
-                       "it; start-up did not cover it): %s", repr[:800])
+                       "it; start-up did not cover it): %s", _describe(repr, compile))
         return False  # compile it
 
     def _after(self, *args: Any, repr: str = "", **kwargs: Any) -> bool:
@@ -62,3 +75,13 @@ class CompileWatch:
             self.seconds += seconds
         logger.warning("Triton compiled %s in %.0f ms", repr.split("[", 1)[0], seconds * 1000)
         return False
+
+
+def _describe(repr: str, compile: dict | None) -> str:
+    """The variant: Triton's repr, or where `compile` has them (Triton 3.6's repr names the
+    first argument only) the kernel's constexprs, scalar argument types and specialisations."""
+    if not compile or "signature" not in compile:
+        return repr[:1200]
+    scalars = {k: v for k, v in compile["signature"].items() if not str(v).startswith("*")}
+    return (f"{repr.split('(', 1)[0]} constexprs={compile.get('constants')} scalars={scalars} "
+            f"specialisation={compile.get('configs')}")[:1200]

@@ -86,6 +86,7 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            CompileWatch.remove_hooks()  # another engine's watch must not count this start-up
         torch.manual_seed(args.seed)
         model_cls = get_model_class(hf_config)
         self.quantization = resolve_quantization(args, hf_config)
@@ -241,7 +242,7 @@ class ModelRunner:
     def _compile_step_variants(self) -> None:
         """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
         tiles, with or without a KV split; prefill: 16/32/64-row tiles, and 128-row tiles for
-        chunks over 1,024 tokens) once now, so Triton compiles them at startup and not in the
+        chunks over 1,024 tokens), and the greedy sampler's kernel, once now, so Triton compiles them at startup and not in the
         middle of serving (seconds each, first time on a machine; `CompileWatch` logs any that
         is left). Writes only scratch KV: no block holds cached data yet."""
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -269,7 +270,10 @@ class ModelRunner:
                 items.append(ScheduledSequence(s, 1))
             if chunk:
                 items.append(ScheduledSequence(fake(chunk), chunk))
-            self._forward_eager(prepare_batch(items, self.block_size))
+            hidden = self._forward_eager(prepare_batch(items, self.block_size))
+        # The greedy sampler's kernel (the memory profile samples at temperature 1).
+        greedy = Sequence("warm-up", [0], 1, SamplingParams(temperature=0, max_tokens=1))
+        self.sampler(self.model.compute_logits(hidden[-2:]), [greedy, greedy])
         torch.cuda.synchronize()
 
     # ---- one step -----------------------------------------------------------------------------

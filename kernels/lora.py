@@ -55,7 +55,7 @@ def _expand_kernel(u_ptr, b_ptr, slots_ptr, y_ptr, T, N, R, S, stride_u, stride_
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-             slots: torch.Tensor, *, block_m: int | None = None, block_n: int = 128,
+             slots: torch.Tensor, *, block_m: int = 64, block_n: int | None = None,
              num_warps: int = 4) -> torch.Tensor:
     """y [T, N] += for each row t with slots[t] = s >= 0: (x[t] @ lora_a[s].T) @ lora_b[s].T,
     in place. x [T, K]; lora_a [S, R, K]; lora_b [S, N, R]; slots [T] int32/int64, -1: no
@@ -68,8 +68,8 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
     if t == 0 or s == 0 or r == 0 or n == 0:
         return y
     block_r = max(16, triton.next_power_of_2(r))
-    if block_m is None:  # from scripts/sweep_lora_kernel.py on the H200 (docs/kernels.md)
-        block_m = 64
+    if block_n is None:  # 64x64 tiles up to 512 tokens, 64x128 beyond: H200 sweeps (docs/kernels.md)
+        block_n = 64 if t <= 512 else 128
     ieee = x.dtype == torch.float32  # fp32 models (tests) must not round through TF32
     # The shrink for every adapter at once, one GEMM: x @ [A_0; ...; A_S-1]^T, rounded to x's
     # dtype as the unfused x @ A.T is. Each row then reads its own adapter's R columns.

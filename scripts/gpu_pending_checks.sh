@@ -19,7 +19,9 @@
 #   part 6: kernel variants compiled while serving (backend/compile_watch.py): the attention and
 #           LoRA kernel tests, the GPU engine tests (one asserts no compile after start-up), the
 #           LoRA expand's row blocks at 16, 64 and 256 tokens, and Llama-3-8B bf16 A and B
-#           through Triton twice (the first server compiles on an empty cache).
+#           through Triton twice (the first server compiles on an empty cache);
+#   part 7: after part 6's fixes: the LoRA kernel tests and GPU engine tests again, what LoRA
+#           adapters cost in-process (bench_lora.py) and Llama-3-8B bf16 A and B through Triton.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -32,7 +34,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 6}"; shift
+PART="${1:?part 1 to 7}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -84,6 +86,17 @@ elif [ "$PART" = 4 ]; then
     fi
     [ -n "${BENCH:-}" ] && stamp "LoRA cost, Llama-3-8B bf16 in-process" && timeout 420 "$PY" scripts/bench_lora.py --model models/configs/llama-3-8b --adapters 4 --rank 16 \
         --num-requests 256 --input-len 512 --output-len 128 --json "$OUT/bench_lora_llama.json" 2>&1 | tail -12 >> "$S"
+elif [ "$PART" = 7 ]; then
+    stamp "GPU tests: LoRA kernels; the engine (no compile while serving), LoRA"
+    timeout 120 "$PY" -m pytest tests/kernels/test_kernel_lora.py --confcutdir=tests/kernels -q -p no:cacheprovider \
+        2>&1 | tail -2 >> "$S"
+    timeout 300 "$PY" -m pytest tests/engine/test_gpu_engine.py tests/engine/test_lora.py tests/engine/test_compile_watch.py \
+        --confcutdir=tests/engine -q -p no:cacheprovider --tb=short 2>&1 | tail -30 | cut -c1-900 >> "$S"
+    stamp "LoRA cost, Llama-3-8B bf16 in-process"
+    timeout 300 "$PY" scripts/bench_lora.py --model models/configs/llama-3-8b --adapters 4 --rank 16 \
+        --num-requests 256 --input-len 512 --output-len 128 --json "$OUT/bench_lora_llama.json" 2>&1 | tail -8 >> "$S"
+    stamp "Llama-3-8B bf16 A and B through Triton"
+    run llama --models "$LLAMA" --phases triton --workloads A,B
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \

@@ -34,3 +34,9 @@ def test_compiles_are_counted_timed_and_logged(restore_hooks, caplog):
         "Triton is compiling a kernel variant while serving (the step waits for it; start-up did "
         f"not cover it): {variant}",
         f"Triton compiled _merge_kernel in {watch.seconds * 1000:.0f} ms"]
+
+
+def test_remove_hooks_unhooks_every_watch(restore_hooks):
+    CompileWatch().install()
+    CompileWatch.remove_hooks()
+    assert knobs.runtime.jit_cache_hook is None and knobs.runtime.jit_post_compile_hook is None
