@@ -63,12 +63,16 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     # LoRA adapters (PEFT directories) served next to the base model, chosen per request by name
     # (`lora_name`); a Triton model lists them in 1/multi_lora.json, as Triton's vLLM backend does.
+    # In-process, a request may also bring one: LoRARequest(name, id, path), as in vLLM.
     enable_lora: bool = False
     lora_modules: dict[str, str] | None = None  # adapter name -> directory
     # Adapter slots on the device, i.e. most adapters in one step (vLLM's meaning); default: one
-    # per listed adapter. With fewer, adapters take turns (backend/lora_slots.py).
+    # per listed adapter (none listed: 1). With fewer, adapters take turns (backend/lora_slots.py).
     max_loras: int | None = None
     max_lora_rank: int = 16
+    # Adapters kept in host memory (vLLM's name), the least recently used dropped first and read
+    # from disk again when needed; default: every adapter. At least max_loras.
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -122,14 +126,16 @@ class EngineArgs:
         _positive_int("max_lora_rank", self.max_lora_rank)
         if self.max_loras is not None:
             _positive_int("max_loras", self.max_loras)
+        if self.max_cpu_loras is not None:
+            _positive_int("max_cpu_loras", self.max_cpu_loras)
         modules = self.lora_modules
         if not self.enable_lora:
             if modules:
                 raise ValueError("lora_modules needs enable_lora=true.")
             return
-        if not modules:
-            raise ValueError("enable_lora: no adapters to serve; list them in lora_modules "
-                             "(a Triton model: in 1/multi_lora.json).")
+        if not modules:  # adapters come with requests (LoRARequest with a lora_path)
+            self._check_max_cpu_loras()
+            return
         if not isinstance(modules, dict):
             raise ValueError(f"lora_modules must map adapter names to directories, got {modules!r}.")
         for name, path in modules.items():
@@ -137,6 +143,13 @@ class EngineArgs:
                 raise ValueError(f"lora_modules: adapter names must be non-empty strings, got {name!r}.")
             if not isinstance(path, str) or not os.path.isdir(path):
                 raise ValueError(f"lora_modules: adapter {name!r}: directory {path!r} does not exist.")
+        self._check_max_cpu_loras()
+
+    def _check_max_cpu_loras(self) -> None:
+        slots = self.max_loras or max(1, len(self.lora_modules or ()))
+        if self.max_cpu_loras is not None and self.max_cpu_loras < slots:
+            raise ValueError(f"max_cpu_loras={self.max_cpu_loras} is less than the {slots} adapter "
+                             f"slots (max_loras); host memory must hold every adapter in a slot.")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":

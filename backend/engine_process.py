@@ -144,7 +144,8 @@ class EngineProcess:
                                          self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
                                          payload["eos_token_ids"], self.engine_args.scheduling_policy,
                                          check_structured_outputs=self._check_structured_outputs,
-                                         lora_names=tuple(self.engine_args.lora_modules or ()))
+                                         lora_names=tuple(self.engine_args.lora_modules or ()),
+                                         lora_enabled=self.engine_args.enable_lora)
         self._lock = threading.Lock()
         # Structured-output specs checked by the engine's process: id -> error (None: it compiles)
         self._grammar_checks: dict[int, str | None] = {}

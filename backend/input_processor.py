@@ -36,12 +36,14 @@ class InputProcessor:
                  max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...],
                  scheduling_policy: str = "fcfs", tokenizer_path: str | None = None,
                  check_structured_outputs: Callable[[dict], None] | None = None,
-                 lora_names: tuple[str, ...] = ()) -> None:
+                 lora_names: tuple[str, ...] = (), lora_enabled: bool | None = None) -> None:
         """tokenizer_path: where `tokenizer` came from, for structured outputs' warm-up.
         check_structured_outputs: raises ValueError when a spec does not compile; by default
         it is compiled here (EngineProcess has the engine's process do it).
-        lora_names: the LoRA adapters a request may name."""
+        lora_names: the LoRA adapters a request may name (more may join: `lora_names` grows).
+        lora_enabled: the engine serves LoRA adapters (by default: when some are named)."""
         self.lora_names = tuple(lora_names)
+        self.lora_enabled = bool(lora_names) if lora_enabled is None else lora_enabled
         self.tokenizer = tokenizer
         self.tokenizer_path = tokenizer_path
         self._check_structured_outputs = check_structured_outputs
@@ -128,10 +130,11 @@ class InputProcessor:
     def _check_lora(self, name: str | None) -> str | None:
         if name is None:
             return None
-        if not self.lora_names:
+        if not self.lora_enabled:
             raise ValueError(f"lora_name {name!r}: this model serves no LoRA adapters "
                              f"(start it with enable_lora and lora_modules).")
         if name not in self.lora_names:
-            raise ValueError(f"lora_name {name!r} is not an adapter of this model; it serves "
-                             f"{', '.join(map(repr, self.lora_names))}.")
+            served = ", ".join(map(repr, self.lora_names)) or \
+                "none yet (a LoRARequest with a lora_path adds one)"
+            raise ValueError(f"lora_name {name!r} is not an adapter of this model; it serves {served}.")
         return name

@@ -31,7 +31,8 @@ class LLM:
                  lora_request: LoRARequest | str | Seq[LoRARequest | str | None] | None = None
                  ) -> list[RequestOutput]:
         """priority: one per prompt, with scheduling_policy="priority" (lower values first).
-        lora_request: a LoRA adapter of `lora_modules` (a LoRARequest or its name) for every
+        lora_request: a LoRA adapter (a LoRARequest or the name of one the engine serves:
+        `lora_modules` or added before; a LoRARequest with a `lora_path` adds it) for every
         prompt, or one per prompt (None: the base model)."""
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                          and all(isinstance(t, int) for t in prompts)):

@@ -80,7 +80,8 @@ class LLMEngine:
             self.tokenizer, self.vocab_size, max_model_len, self.runner.num_blocks * args.block_size,
             args.max_num_seqs, args.max_logprobs,
             load_eos_token_ids(args.model, self.hf_config, self.tokenizer), args.scheduling_policy,
-            args.tokenizer or args.model, lora_names=tuple(args.lora_modules or ()))
+            args.tokenizer or args.model, lora_names=tuple(args.lora_modules or ()),
+            lora_enabled=args.enable_lora)
         self.input_processor.structured.warm_up_in_background()
         self.requests: dict[str, Request] = {}
         self._text_queue: list[Sequence] = []  # sequences with tokens not yet turned into text
@@ -100,7 +101,13 @@ class LLMEngine:
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                      arrival_time: float | None = None, priority: int = 0,
                      lora_request: LoRARequest | str | None = None) -> Request:
-        """Validate and tokenize (ValueError with a clear message); touches no engine state."""
+        """Validate and tokenize (ValueError with a clear message). Touches no engine state,
+        except that a LoRARequest with a `lora_path` the engine does not serve yet adds that
+        adapter (read from disk now)."""
+        if isinstance(lora_request, LoRARequest) and lora_request.lora_path and self.runner.lora_manager:
+            self.runner.lora_manager.add_adapter(lora_request.lora_name, lora_request.lora_path)
+            if lora_request.lora_name not in self.input_processor.lora_names:
+                self.input_processor.lora_names += (lora_request.lora_name,)
         return self.input_processor.process(request_id, prompt, params, arrival_time, priority,
                                             lora_request)
 
@@ -108,7 +115,8 @@ class LLMEngine:
                     params: SamplingParams | None = None, arrival_time: float | None = None,
                     priority: int = 0, lora_request: LoRARequest | str | None = None) -> None:
         """priority: with scheduling_policy="priority", lower values are served first.
-        lora_request: one of the adapters of `lora_modules` (a LoRARequest or its name)."""
+        lora_request: an adapter of `lora_modules` or one added before (a LoRARequest or its
+        name), or a new one: a LoRARequest with its `lora_path`."""
         req = prompt if isinstance(prompt, Request) else self.make_request(
             request_id, prompt, params, arrival_time, priority, lora_request)
         if req.request_id in self.requests:

@@ -2,16 +2,18 @@
 by name (`lora_name`, as Triton's vLLM backend takes it), requests of different adapters in
 one batch.
 
-Every listed adapter is read at start-up: for each decoder projection
-that some adapter targets, the adapters' A and B matrices are stacked ([S, R, K] and [S, N, R],
-one slot per adapter, the scaling folded into B) and the layer adds, for each row of a step,
-the delta of its row's adapter (`kernels/lora.py`; rows without one get nothing). The fused
-projections hold their parts side by side: q, k and v (or gate and up) each own R of the
-stacked ranks and their own rows of B, so an adapter that targets only q_proj leaves k and v
-alone. The device has `max_loras` slots (by default one per adapter); with fewer, adapters
-take turns: the scheduler gives a slot to an adapter when a request needs it and no running
-sequence uses the slot's adapter (`backend/lora_slots.py`), and the manager copies it in from
-host memory.
+Every listed adapter is read at start-up: for each decoder projection that some adapter
+targets (every projection when none is listed), the device holds `max_loras` slots of stacked
+A and B matrices ([S, R, K] and [S, N, R], the scaling folded into B) and the layer adds, for
+each row of a step, the delta of its row's adapter (`kernels/lora.py`; rows without one get
+nothing). The fused projections hold their parts side by side: q, k and v (or gate and up)
+each own R of the stacked ranks and their own rows of B, so an adapter that targets only
+q_proj leaves k and v alone. By default there is one slot per listed adapter; with fewer,
+adapters take turns: the scheduler gives a slot to an adapter when a request needs it and no
+running sequence uses the slot's adapter (`backend/lora_slots.py`), and the manager copies it
+in from host memory, which keeps `max_cpu_loras` adapters (by default all) and reads a dropped
+one from its directory again. In-process, a request may bring an adapter the engine does not
+serve yet (vLLM's `LoRARequest(name, id, path)`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -102,61 +105,122 @@ class LoRAWeights:
 
 
 class LoRAManager:
-    """Loads every adapter into host memory, attaches to each projection that some adapter
-    targets the device's stacked slots (`LinearBase.lora`, `num_slots` = `max_loras`), and
-    copies an adapter into a slot when the scheduler gives it one (`load`)."""
+    """Attaches the device's stacked slots (`LinearBase.lora`, `num_slots` = `max_loras`) to each
+    projection that an adapter may target, keeps adapters ready in host memory (at most
+    `max_cpu_loras` of them, the least recently used dropped first; a dropped one is read from
+    its directory again when it next takes a slot), and copies an adapter into a slot when the
+    scheduler gives it one (`load`). Adapters come from `lora_modules` at start-up, and later
+    from requests that bring their own directory (`add_adapter`, vLLM's
+    `LoRARequest(name, id, path)`)."""
 
-    def __init__(self, model: nn.Module, modules: dict[str, str], max_loras: int | None,
-                 max_lora_rank: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, model: nn.Module, modules: dict[str, str] | None, max_loras: int | None,
+                 max_lora_rank: int, dtype: torch.dtype, device: torch.device,
+                 max_cpu_loras: int | None = None) -> None:
         if get_tp_size() != 1:
             raise ValueError("LoRA adapters with tensor parallelism are not supported.")
-        layers = model.model.layers
+        modules = modules or {}
+        self._layers = model.model.layers
         self.rank = max_lora_rank
-        self.num_slots = min(max_loras or len(modules), len(modules))
-        adapters = [LoRAAdapter(name, path, len(layers), max_lora_rank) for name, path in modules.items()]
+        self.dtype = dtype
+        # Listed adapters: one slot each unless max_loras says otherwise; none listed: vLLM's 1.
+        self.num_slots = max_loras or max(1, len(modules))
+        self.max_cpu_loras = max_cpu_loras
+        self._pin = device.type == "cuda"  # host copies the device takes without waiting
+        self.paths: dict[str, str] = {}  # every adapter the engine can serve -> its directory
+        self.disk_reads = 0  # adapters read from their directory (start-up included)
+        adapters = [self._read(name, path) for name, path in modules.items()]
+        # Slots on the projections the listed adapters target (no kernel work on the others);
+        # with none listed, on every projection, for adapters that requests bring.
         targets = {(layer, _PARTS[module][0]) for ad in adapters for layer, module in ad.weights}
-        pin = device.type == "cuda"  # host copies the device takes without waiting
-        # (projection, {adapter: its (A, B) there, None where it has none})
-        self._host: list[tuple[LinearBase, dict[str, tuple[torch.Tensor, torch.Tensor] | None]]] = []
-        for (index, proj), linear in _projections(layers):
-            if (index, proj) not in targets:
+        self._slots: list[tuple[int, str, LinearBase, list[int]]] = []  # (layer, proj, linear, part rows)
+        for (index, proj), linear in _projections(self._layers):
+            if adapters and (index, proj) not in targets:
                 continue
             parts, rows = _NUM_PARTS[proj], _part_rows(linear, proj)
             shape_a, shape_b = (parts * self.rank, linear.in_features), (sum(rows), parts * self.rank)
-            host = {}
-            for ad in adapters:
-                pair = self._stack(ad, index, proj, rows, linear.in_features, shape_a, shape_b, dtype)
-                host[ad.name] = None if pair is None else tuple(t.pin_memory() if pin else t for t in pair)
             linear.lora = LoRAWeights(torch.zeros(self.num_slots, *shape_a, dtype=dtype, device=device),
                                       torch.zeros(self.num_slots, *shape_b, dtype=dtype, device=device))
-            self._host.append((linear, host))
+            self._slots.append((index, proj, linear, rows))
+        # adapter -> its (A, B) per slotted projection (None where it has none), most recent last
+        self._host: OrderedDict[str, list[tuple[torch.Tensor, torch.Tensor] | None]] = OrderedDict()
+        for ad in reversed(adapters):  # the first ones (loaded into slots next) stay in host memory
+            self._keep(ad)
         self.resident = [ad.name for ad in adapters[:self.num_slots]]
         for slot, name in enumerate(self.resident):
             self.load(slot, name)
 
+    def add_adapter(self, name: str, path: str) -> None:
+        """Serve one more adapter (read and checked now; ValueError says what is wrong). A
+        name already served must come with its own directory."""
+        known = self.paths.get(name)
+        if known is not None:
+            if os.path.realpath(known) != os.path.realpath(path):
+                raise ValueError(f"LoRA adapter {name!r} is already served from {known!r}; "
+                                 f"another adapter needs another name (got {path!r}).")
+            return
+        self._keep(self._read(name, path))
+
     def load(self, slot: int, name: str) -> None:
         """Put adapter `name` in `slot`, queued on the device after the steps already launched
-        (no running sequence uses the slot's previous adapter)."""
-        for linear, host in self._host:
-            pair = host[name]
+        (no running sequence uses the slot's previous adapter). An adapter no longer in host
+        memory is read from its directory first (the step waits for the read)."""
+        pairs = self._host.get(name)
+        if pairs is None:
+            pairs = self._keep(self._read(name, self.paths[name]))
+        self._host.move_to_end(name)
+        for (_, _, linear, _), pair in zip(self._slots, pairs):
             if pair is None:
                 linear.lora.a[slot].zero_()
                 linear.lora.b[slot].zero_()
             else:
+                # Pinned sources: the copy runs in order on the stream, and the host allocator
+                # keeps the memory until it has, even if the adapter leaves the cache meanwhile.
                 linear.lora.a[slot].copy_(pair[0], non_blocking=True)
                 linear.lora.b[slot].copy_(pair[1], non_blocking=True)
 
-    def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int], in_features: int,
-               shape_a: tuple[int, int], shape_b: tuple[int, int],
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    @property
+    def host_adapters(self) -> list[str]:
+        """The adapters in host memory, least recently used first."""
+        return list(self._host)
+
+    def _read(self, name: str, path: str) -> LoRAAdapter:
+        ad = LoRAAdapter(name, path, len(self._layers), self.rank)
+        self.disk_reads += 1
+        return ad
+
+    def _keep(self, ad: LoRAAdapter) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Stack the adapter for the slotted projections into host memory (dropping the least
+        recently used beyond max_cpu_loras) and serve it from now on."""
+        slotted = {(index, proj) for index, proj, _, _ in self._slots}
+        missing = sorted({f"layer {layer} {module}" for layer, module in ad.weights
+                          if (layer, _PARTS[module][0]) not in slotted})
+        if missing:
+            raise ValueError(f"LoRA adapter {ad.name!r} targets {', '.join(missing[:4])}"
+                             f"{', ...' if len(missing) > 4 else ''}, which no adapter listed at "
+                             f"start-up targets; list one that does in lora_modules (or list none, "
+                             f"so that every projection takes adapters).")
+        pairs = []
+        for index, proj, linear, rows in self._slots:
+            pair = self._stack(ad, index, proj, rows, linear.in_features)
+            pairs.append(None if pair is None else tuple(t.pin_memory() if self._pin else t for t in pair))
+        self.paths.setdefault(ad.name, ad.path)
+        self._host[ad.name] = pairs
+        self._host.move_to_end(ad.name)
+        while self.max_cpu_loras is not None and len(self._host) > self.max_cpu_loras:
+            self._host.popitem(last=False)
+        return pairs
+
+    def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int],
+               in_features: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The adapter's A and B for one projection in the slot layout, or None if it has none."""
-        r, out_features = self.rank, shape_b[0]
+        r, parts, out_features = self.rank, _NUM_PARTS[proj], sum(rows)
         a = b = None
         for (layer, module), pair in ad.weights.items():
             if layer != index or _PARTS[module][0] != proj:
                 continue
             if a is None:
-                a, b = torch.zeros(shape_a, dtype=dtype), torch.zeros(shape_b, dtype=dtype)
+                a = torch.zeros(parts * r, in_features, dtype=self.dtype)
+                b = torch.zeros(out_features, parts * r, dtype=self.dtype)
             part = _PARTS[module][1]
             first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
             col = (part or 0) * r
@@ -164,8 +228,8 @@ class LoRAManager:
                 raise ValueError(
                     f"LoRA adapter {ad.name!r}: layer {layer} {module} maps {pair['A'].shape[1]} "
                     f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
-            a[col:col + ad.rank] = pair["A"].to(dtype)
-            b[first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(dtype)
+            a[col:col + ad.rank] = pair["A"].to(self.dtype)
+            b[first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(self.dtype)
         return None if a is None else (a, b)
 
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LoRARequest:
-    """vLLM's name for a request's adapter. Only `lora_name` is read: the adapter must be one
-    the engine was started with (`lora_modules`)."""
+    """vLLM's name for a request's adapter. `lora_name` names it; with `lora_path` (in-process
+    only: LLM, LLMEngine) an adapter the engine does not serve yet is read from that directory
+    and served from then on under that name. `lora_int_id` is not used (vLLM's key for it)."""
 
     lora_name: str
     lora_int_id: int = 0

@@ -106,8 +106,8 @@ class ModelRunner:
             checkpoint_kv_scales = load_safetensors(self.model, args.model)
         process_weights_after_loading(self.model)
         # LoRA adapters before the memory profile, so the cache is sized around them.
-        self.lora_manager = LoRAManager(self.model, args.lora_modules, args.max_loras,
-                                        args.max_lora_rank, self.dtype, self.device) if args.enable_lora else None
+        self.lora_manager = LoRAManager(self.model, args.lora_modules, args.max_loras, args.max_lora_rank,
+                                        self.dtype, self.device, args.max_cpu_loras) if args.enable_lora else None
         self.attn_layers = self.model.attention_layers()
         a = self.model.args
         self.num_kv_heads = self.attn_layers[0].num_kv_heads

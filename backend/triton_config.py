@@ -48,6 +48,10 @@ def engine_args_from_model_config(parameters: Mapping[str, Any], root: str,
         if not isinstance(modules, dict) or not all(isinstance(p, str) for p in modules.values()):
             raise ValueError(f"lora_modules must map adapter names to directories, got {modules!r}.")
         values["lora_modules"] = json.dumps({name: _resolve(p, root) for name, p in modules.items()})
+    if parse_bool(values.get("enable_lora", "")) and not values.get("lora_modules"):
+        # Through Triton a request names an adapter; it cannot bring one (as with Triton's vLLM backend).
+        raise ValueError(f"enable_lora: no adapters to serve; list them in 1/{MULTI_LORA_FILE} or a "
+                         f"lora_modules parameter.")
     if not values.get("model"):
         raise ValueError("the model configuration needs a 'model' parameter: "
                          "the path of a Hugging Face model directory.")

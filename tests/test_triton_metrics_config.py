@@ -89,7 +89,8 @@ def test_lora_adapters_from_multi_lora_json_or_the_parameter(tmp_path):
     assert engine_args_from_model_config({"model": "m"}, str(tmp_path), version_dir=str(version)).lora_modules is None
     args = engine_args_from_model_config({**on, "lora_modules": '{"x": "b"}'}, str(tmp_path), version_dir=str(version))
     assert args.lora_modules == {"x": str(tmp_path / "b")}
-    with pytest.raises(ValueError, match=r"^enable_lora: no adapters to serve"):
+    with pytest.raises(ValueError, match=r"^enable_lora: no adapters to serve; list them in 1/multi_lora\.json "
+                                         r"or a lora_modules parameter\.$"):
         engine_args_from_model_config(on, str(tmp_path), version_dir=str(tmp_path))
     (version / "multi_lora.json").write_text('["a"]', encoding="utf-8")
     with pytest.raises(ValueError, match=r"^lora_modules must map adapter names to directories, got \['a'\]\.$"):

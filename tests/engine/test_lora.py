@@ -124,6 +124,55 @@ def test_bad_names_get_clear_errors(llama_dir, llama_adapters):
         llm.generate([[5, 6, 7]], GREEDY, lora_request=["qv", None])
 
 
+def test_requests_bring_adapters_and_host_memory_keeps_max_cpu_loras(llama_dir, llama_adapters, tmp_path):
+    """vLLM's in-process form: no adapters listed, each request's LoRARequest brings its
+    directory; later requests may name it alone. With max_cpu_loras=1 (and one device slot)
+    host memory keeps the last adapter used, and one dropped is read from disk again when it
+    next takes the slot: every request still gets its adapter's tokens."""
+    prompts = _prompts(2, seed=6)
+    refs = {n: _hf(llama_dir, llama_adapters.get(n), prompts) for n in ("qv", "mlp", None)}
+    llm = LLM(llama_dir, enable_lora=True, max_loras=1, max_cpu_loras=1, **CPU)
+    manager = llm.engine.runner.lora_manager
+    assert (manager.num_slots, manager.host_adapters, manager.disk_reads) == (1, [], 0)
+    # With none listed, every projection takes adapters (the "mlp" one targets no attention).
+    assert all(layer.self_attn.o_proj.lora is not None and layer.mlp.down_proj.lora is not None
+               for layer in llm.engine.runner.model.model.layers)
+
+    def run(lora):
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request=lora)]
+    assert run(LoRARequest("qv", 1, llama_adapters["qv"])) == refs["qv"]
+    assert run(LoRARequest("mlp", 2, llama_adapters["mlp"])) == refs["mlp"]
+    assert (manager.host_adapters, manager.disk_reads) == (["mlp"], 2)
+    assert run("qv") == refs["qv"]  # by name, read from its directory again
+    assert (manager.host_adapters, manager.disk_reads) == (["qv"], 3)
+    mixed = llm.generate(prompts * 3, GREEDY, lora_request=["mlp", "mlp", None, None, "qv", "qv"])
+    assert [o.outputs[0].token_ids for o in mixed] == refs["mlp"] + refs[None] + refs["qv"]
+    assert len(manager.host_adapters) == 1
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'qv' is already served from '.*/qv'; another "
+                                         r"adapter needs another name \(got '.*/mlp'\)\.$"):
+        llm.generate(prompts, GREEDY, lora_request=LoRARequest("qv", 1, llama_adapters["mlp"]))
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'n': '.*' has no adapter_config\.json\.$"):
+        llm.generate(prompts, GREEDY, lora_request=LoRARequest("n", 4, str(tmp_path)))
+    with pytest.raises(ValueError, match=r"^lora_name 'n' is not an adapter of this model; it serves 'qv', 'mlp'\.$"):
+        llm.generate(prompts, GREEDY, lora_request="n")
+    assert run("mlp") == refs["mlp"]  # the failures left the engine serving
+    fresh = LLM(llama_dir, enable_lora=True, max_model_len=128, **CPU)
+    with pytest.raises(ValueError, match=r"^lora_name 'qv' is not an adapter of this model; it serves none "
+                                         r"yet \(a LoRARequest with a lora_path adds one\)\.$"):
+        fresh.generate(prompts, GREEDY, lora_request="qv")
+
+
+def test_a_brought_adapter_must_fit_the_listed_adapters_projections(llama_dir, llama_adapters):
+    """Listed adapters decide which projections hold slots (no kernel work on the others)."""
+    llm = LLM(llama_dir, enable_lora=True, lora_modules={"qv": llama_adapters["qv"]}, max_model_len=128, **CPU)
+    assert llm.engine.runner.model.model.layers[0].mlp.down_proj.lora is None
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'mlp' targets layer 0 down_proj, layer 0 gate_proj, "
+                                         r"layer 1 down_proj, layer 1 gate_proj, which no adapter listed at "
+                                         r"start-up targets; list one that does in lora_modules \(or list none, "
+                                         r"so that every projection takes adapters\)\.$"):
+        llm.generate([[5, 6, 7]], GREEDY, lora_request=LoRARequest("mlp", 2, llama_adapters["mlp"]))
+
+
 def test_bad_adapters_fail_the_load(llama_dir, llama_adapters, tmp_path):
     def load(**kwargs):
         return LLM(llama_dir, enable_lora=True, max_model_len=128, **CPU, **kwargs)
@@ -149,8 +198,11 @@ def test_bad_adapters_fail_the_load(llama_dir, llama_adapters, tmp_path):
         EngineArgs(model=llama_dir, enable_lora=True, lora_modules={"x": "/no/such"})
     with pytest.raises(ValueError, match=r"^lora_modules needs enable_lora=true\.$"):
         EngineArgs(model=llama_dir, lora_modules={"w": wrong})
-    with pytest.raises(ValueError, match=r"^enable_lora: no adapters to serve; list them in lora_modules"):
-        EngineArgs(model=llama_dir, enable_lora=True)
+    with pytest.raises(ValueError, match=r"^max_cpu_loras=1 is less than the 2 adapter slots \(max_loras\); "
+                                         r"host memory must hold every adapter in a slot\.$"):
+        EngineArgs(model=llama_dir, enable_lora=True, max_loras=2, max_cpu_loras=1)
+    with pytest.raises(ValueError, match=r"^max_cpu_loras=1 is less than the 3 adapter slots"):
+        EngineArgs(model=llama_dir, enable_lora=True, lora_modules=llama_adapters, max_cpu_loras=1)
     args = EngineArgs.from_strings({"model": llama_dir, "enable_lora": "true",
                                     "lora_modules": '{"w": "%s"}' % wrong})
     assert args.lora_modules == {"w": wrong}
