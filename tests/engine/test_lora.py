@@ -227,6 +227,24 @@ def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters, budget, max_
     assert got == want and alone == want
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_adapters_brought_by_requests_with_one_in_host_memory(llama_dir, llama_adapters):
+    """No adapters listed, LoRARequests bring them, one device slot and max_cpu_loras=1: every
+    change of adapter drops the last one's pinned host copy right after its copy to the device
+    was queued, and reads the next one from disk (graphs replaying in between): the GPU engine
+    gives the CPU engine's tokens."""
+    prompts = _prompts(4, seed=7)
+    order = ["qv", "mlp", "all", "qv", "mlp"]
+    common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, max_loras=1, max_cpu_loras=1)
+    results = []
+    for device in ("cuda", "cpu"):
+        llm = LLM(llama_dir, device=device, **common)
+        results.append([[o.outputs[0].token_ids for o in llm.generate(
+            prompts, GREEDY, lora_request=LoRARequest(name, 1, llama_adapters[name]))] for name in order])
+        assert llm.engine.runner.lora_manager.disk_reads == len(order)
+    assert results[0] == results[1]
+
+
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_a_projection_adds_the_delta_of_each_rows_adapter(quantization):
     """Whatever computes the projection (16/32-bit or FP8 weights), LoRA adds each row's delta
