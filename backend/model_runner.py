@@ -242,9 +242,10 @@ class ModelRunner:
     def _compile_step_variants(self) -> None:
         """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
         tiles, with or without a KV split; prefill: 16/32/64-row tiles, and 128-row tiles for
-        chunks over 1,024 tokens), and the greedy sampler's kernel, once now, so Triton compiles them at startup and not in the
-        middle of serving (seconds each, first time on a machine; `CompileWatch` logs any that
-        is left). Writes only scratch KV: no block holds cached data yet."""
+        chunks over 1,024 tokens), the LoRA expand's tile sizes, and the greedy sampler's
+        kernel once now, so Triton compiles them at startup and not in the middle of serving
+        (seconds each, first time on a machine; `CompileWatch` logs any that is left). Writes
+        only scratch KV and outputs: no block holds cached data yet."""
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         full_batch = min(-(-sms // self.num_kv_heads), self.args.max_num_seqs)
         short, long_ = 16, min(1024, self.max_model_len)
@@ -252,11 +253,13 @@ class ModelRunner:
         cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
         cases += [(1, short, n) for n in (16, 32, 64, 1040)
                   if n <= min(self.max_model_len, self.max_num_batched_tokens)]
+        lora = self.lora_manager is not None
         next_block = 0
 
         def fake(n: int) -> Sequence:
             nonlocal next_block
             s = Sequence("warm-up", [0] * n, n, _PROFILE_PARAMS)
+            s.lora_slot = 0 if lora else -1  # slot 0's delta goes into the discarded output
             blocks = -(-n // self.block_size)
             s.block_table = [(next_block + i) % self.num_blocks for i in range(blocks)]
             next_block += blocks
@@ -270,7 +273,7 @@ class ModelRunner:
                 items.append(ScheduledSequence(s, 1))
             if chunk:
                 items.append(ScheduledSequence(fake(chunk), chunk))
-            hidden = self._forward_eager(prepare_batch(items, self.block_size))
+            hidden = self._forward_eager(prepare_batch(items, self.block_size, lora=lora))
         # The greedy sampler's kernel (the memory profile samples at temperature 1).
         greedy = Sequence("warm-up", [0], 1, SamplingParams(temperature=0, max_tokens=1))
         self.sampler(self.model.compute_logits(hidden[-2:]), [greedy, greedy])

@@ -49,20 +49,29 @@ def test_gpu_prompt_logprobs_match_the_cpu_engine(llama_dir, budget):
                 assert ge[t].rank == lp.rank
 
 
-def test_no_triton_compile_while_serving(llama_dir):
+@pytest.mark.parametrize("lora", [False, True])
+def test_no_triton_compile_while_serving(llama_dir, tmp_path, lora):
     """Start-up compiles every kernel variant a step can need (`_compile_step_variants`, graph
     capture); a compile later stalls the step loop in front of clients (a first compile on a
     machine takes seconds). Steps of many shapes (eager and graph decodes of 1-40 rows, prompt
-    chunks of 5 to 1,100 tokens, chunks after a cached prefix, n > 1) must compile nothing."""
+    chunks of 5 to 1,100 tokens, chunks after a cached prefix, n > 1; with a LoRA adapter on
+    every other request) must compile nothing."""
     gen = torch.Generator().manual_seed(6)
+    adapters = {}
+    if lora:
+        from lora_adapters import write_adapter
+        adapters = dict(enable_lora=True, lora_modules={"a": write_adapter(
+            str(tmp_path / "a"), llama_dir, ["q_proj", "v_proj", "down_proj"], 8, 16, seed=1)})
     llm = LLM(llama_dir, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_model_len=2048,
-              max_num_batched_tokens=1536, enable_prefix_caching=True)
+              max_num_batched_tokens=1536, enable_prefix_caching=True, **adapters)
     watch = llm.engine.runner.compile_watch
     assert watch.installed and watch.compiles == 0
     for count, length, max_tokens in ((1, 5, 20), (3, 33, 9), (16, 16, 4), (17, 100, 6), (40, 7, 3),
                                       (2, 513, 5), (1, 1100, 4), (5, 1300, 3)):
         prompts = [torch.randint(3, 500, (length,), generator=gen).tolist() for _ in range(count)]
         prompts.append(prompts[0][:length // 2] + [9, 8, 7])  # a cached prefix, then a new chunk
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        loras = [("a" if lora and i % 2 else None) for i in range(len(prompts))]
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                     lora_request=loras)
     llm.generate([[5] * 300], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=5, ignore_eos=True))
     assert watch.compiles == 0, "kernels compiled while serving (the warnings above name them)"
