@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
@@ -128,6 +129,9 @@ class LoRAManager:
         self._pin = device.type == "cuda"  # host copies the device takes without waiting
         self.paths: dict[str, str] = {}  # every adapter the engine can serve -> its directory
         self.disk_reads = 0  # adapters read from their directory (start-up included)
+        # Requests may add adapters from other threads (StreamingEngine.add_request) while the
+        # step loop loads them: the cache's bookkeeping is under this lock, disk reads are not.
+        self._lock = threading.Lock()
         adapters = [self._read(name, path) for name, path in modules.items()]
         # Slots on the projections the listed adapters target (no kernel work on the others);
         # with none listed, on every projection, for adapters that requests bring.
@@ -144,7 +148,7 @@ class LoRAManager:
         # adapter -> its (A, B) per slotted projection (None where it has none), most recent last
         self._host: OrderedDict[str, list[tuple[torch.Tensor, torch.Tensor] | None]] = OrderedDict()
         for ad in reversed(adapters):  # the first ones (loaded into slots next) stay in host memory
-            self._keep(ad)
+            self._keep(ad, self._stack_all(ad))
         self.resident = [ad.name for ad in adapters[:self.num_slots]]
         for slot, name in enumerate(self.resident):
             self.load(slot, name)
@@ -152,22 +156,37 @@ class LoRAManager:
     def add_adapter(self, name: str, path: str) -> None:
         """Serve one more adapter (read and checked now; ValueError says what is wrong). A
         name already served must come with its own directory."""
-        known = self.paths.get(name)
-        if known is not None:
-            if os.path.realpath(known) != os.path.realpath(path):
-                raise ValueError(f"LoRA adapter {name!r} is already served from {known!r}; "
-                                 f"another adapter needs another name (got {path!r}).")
+        if self._served_from(name, path):
             return
-        self._keep(self._read(name, path))
+        ad = self._read(name, path)
+        pairs = self._stack_all(ad)
+        with self._lock:
+            if not self._served_from(name, path):  # another thread may have added it meanwhile
+                self._keep(ad, pairs)
+
+    def _served_from(self, name: str, path: str) -> bool:
+        """True if `name` is served from `path`, False if not served; ValueError for another path."""
+        known = self.paths.get(name)
+        if known is None:
+            return False
+        if os.path.realpath(known) != os.path.realpath(path):
+            raise ValueError(f"LoRA adapter {name!r} is already served from {known!r}; "
+                             f"another adapter needs another name (got {path!r}).")
+        return True
 
     def load(self, slot: int, name: str) -> None:
         """Put adapter `name` in `slot`, queued on the device after the steps already launched
         (no running sequence uses the slot's previous adapter). An adapter no longer in host
         memory is read from its directory first (the step waits for the read)."""
-        pairs = self._host.get(name)
+        with self._lock:
+            pairs = self._host.get(name)
+            if pairs is not None:
+                self._host.move_to_end(name)
         if pairs is None:
-            pairs = self._keep(self._read(name, self.paths[name]))
-        self._host.move_to_end(name)
+            ad = self._read(name, self.paths[name])
+            pairs = self._stack_all(ad)
+            with self._lock:
+                self._keep(ad, pairs)
         for (_, _, linear, _), pair in zip(self._slots, pairs):
             if pair is None:
                 linear.lora.a[slot].zero_()
@@ -185,12 +204,22 @@ class LoRAManager:
 
     def _read(self, name: str, path: str) -> LoRAAdapter:
         ad = LoRAAdapter(name, path, len(self._layers), self.rank)
-        self.disk_reads += 1
+        with self._lock:
+            self.disk_reads += 1
         return ad
 
-    def _keep(self, ad: LoRAAdapter) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
-        """Stack the adapter for the slotted projections into host memory (dropping the least
-        recently used beyond max_cpu_loras) and serve it from now on."""
+    def _keep(self, ad: LoRAAdapter, pairs: list) -> None:
+        """Serve the adapter from now on, its stacked pairs in host memory (dropping the least
+        recently used beyond max_cpu_loras). Called with the lock held (or before any thread)."""
+        self.paths.setdefault(ad.name, ad.path)
+        self._host[ad.name] = pairs
+        self._host.move_to_end(ad.name)
+        while self.max_cpu_loras is not None and len(self._host) > self.max_cpu_loras:
+            self._host.popitem(last=False)
+
+    def _stack_all(self, ad: LoRAAdapter) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """The adapter's (A, B) for each slotted projection, pinned on CUDA (None where it has
+        none); ValueError if it targets a projection without slots or has the wrong shapes."""
         slotted = {(index, proj) for index, proj, _, _ in self._slots}
         missing = sorted({f"layer {layer} {module}" for layer, module in ad.weights
                           if (layer, _PARTS[module][0]) not in slotted})
@@ -203,11 +232,6 @@ class LoRAManager:
         for index, proj, linear, rows in self._slots:
             pair = self._stack(ad, index, proj, rows, linear.in_features)
             pairs.append(None if pair is None else tuple(t.pin_memory() if self._pin else t for t in pair))
-        self.paths.setdefault(ad.name, ad.path)
-        self._host[ad.name] = pairs
-        self._host.move_to_end(ad.name)
-        while self.max_cpu_loras is not None and len(self._host) > self.max_cpu_loras:
-            self._host.popitem(last=False)
         return pairs
 
     def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int],
