@@ -163,21 +163,22 @@ class LLMEngine:
         on the device (its sampled tokens feed N+1's inputs on the device), then wait for step
         N, take its tokens, and turn them into text and outputs while N+1 runs.
 
-        Requests whose sampling needs the previous token on the host (penalties, bad words of
-        several tokens) make the
-        engine wait for step N before scheduling N+1. With `deliver`, outputs are handed over
-        as soon as they are made (the device still busy); otherwise they are returned."""
+        When a running request's sampling reads its previous tokens on the host (penalties, bad
+        words of several tokens, a grammar), step N+1's forward pass is launched alone and its
+        sampling once step N's tokens are taken, still before N+1's forward is done. With
+        `deliver`, outputs are handed over as soon as they are made (the device still busy);
+        otherwise they are returned."""
         outputs: list[RequestOutput] = []
-        if self._inflight is not None and self._must_sync():
-            self._take_results(self._inflight, outputs)
-            self._inflight = None
+        defer = self._inflight is not None and self._must_sync()
         sched = self.scheduler.schedule()
         launched = None
         if not sched.is_empty:
-            launched = self._launch(sched, outputs)
+            launched = self._launch(sched, outputs, defer)
         previous, self._inflight = self._inflight, launched
         if previous is not None:
             self._take_results(previous, outputs)
+        if launched is not None and launched.deferred:
+            self._sample_deferred(launched, outputs)
         outputs += self._process_text()
         if deliver is not None:
             deliver(outputs)
@@ -187,9 +188,17 @@ class LLMEngine:
     def _must_sync(self) -> bool:
         return any(s.params.needs_output_on_host for s in self.scheduler.running)
 
-    def _launch(self, sched, outputs: list[RequestOutput]):
+    def _sample_deferred(self, pending, outputs: list[RequestOutput]) -> None:
+        try:
+            self.runner.sample(pending)
+        except Exception as exc:  # fail this batch's requests, keep serving the others
+            logger.exception("model step failed")
+            self._fail(pending.scheduled, f"internal error while running the model: {exc}", outputs)
+            self._inflight = None
+
+    def _launch(self, sched, outputs: list[RequestOutput], defer_sampling: bool = False):
         """Book the step as done (computed tokens, forks, a placeholder per sample, length
-        limits), then queue it on the device."""
+        limits), then queue it on the device (without its sampling when defer_sampling)."""
         rows: list[Sequence] = []
         sources: list[int] = []
         forks: list[tuple[Sequence, list[Sequence]]] = []
@@ -216,7 +225,7 @@ class LLMEngine:
             self.runner.lora_manager.load(slot, name)
         try:
             pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources,
-                                         self._inflight, prompt_spans)
+                                         self._inflight, prompt_spans, defer_sampling)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(sched, f"internal error while running the model: {exc}", outputs)

@@ -301,13 +301,16 @@ class ModelRunner:
     def launch(self, scheduled: list[ScheduledSequence], block_copies: list[tuple[int, int]],
                sample_rows: list[Sequence], sample_sources: list[int],
                previous: "PendingStep | None" = None,
-               prompt_spans: list[tuple[ScheduledSequence, int, int]] = ()) -> "PendingStep":
+               prompt_spans: list[tuple[ScheduledSequence, int, int]] = (),
+               defer_sampling: bool = False) -> "PendingStep":
         """Queue the step on the device and return at once; `PendingStep.wait()` gives the
         sampled tokens. Row i of `sample_rows` samples from the logits after the last new token
         of the sequence with id `sample_sources[i]`. Input tokens still being sampled by
         `previous` (placeholders) are read from its output on the device. Each prompt span
         (scheduled item, first, end) asks for the logprobs of the item's prompt tokens
-        first..end-1, which this step's rows predict (`PendingStep.prompt_results`)."""
+        first..end-1, which this step's rows predict (`PendingStep.prompt_results`).
+        defer_sampling: queue only the forward pass; `sample()` queues the sampling later, once
+        the host knows what it reads (the previous step's tokens, for penalties or a grammar)."""
         if block_copies:
             src = self.to_device([c[0] for c in block_copies], torch.int64)
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
@@ -336,7 +339,8 @@ class ModelRunner:
             row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
             prompt_index.extend(range(row_of_position_0 + first - 1, row_of_position_0 + end - 1))
             prompt_targets.extend(seq.token_ids[first:end])
-        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) if sample_rows else None
+        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) \
+            if sample_rows and not defer_sampling else None
         gather = None
         prompt_hidden = None
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -366,13 +370,27 @@ class ModelRunner:
             prompt = compute_prompt_logprobs(
                 self.model.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
-        out = None
-        if sample_rows:
-            if gather is not None:
-                hidden = hidden[gather]
-            out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
-        return PendingStep(out, sample_rows, [s.seq_id for s in sample_rows],
-                           [(item.seq, first, end) for item, first, end in prompt_spans], prompt)
+        spans = [(item.seq, first, end) for item, first, end in prompt_spans]
+        ids = [s.seq_id for s in sample_rows]
+        if not sample_rows:
+            return PendingStep(None, sample_rows, ids, spans, prompt)
+        if gather is not None:
+            hidden = hidden[gather]
+        if defer_sampling:
+            # The graphs' output buffers stay valid: the next forward is queued after sample().
+            pending = PendingStep(None, sample_rows, ids, spans, prompt, finish=False)
+            pending.deferred_hidden = hidden
+            return pending
+        out = self.sampler(self.model.compute_logits(hidden), sample_rows, sampling)
+        return PendingStep(out, sample_rows, ids, spans, prompt)
+
+    @torch.inference_mode()
+    def sample(self, pending: "PendingStep") -> None:
+        """Queue the deferred sampling of a step launched with defer_sampling, from the rows'
+        host state now: each row's tokens but its last (the placeholder of this very step)."""
+        hidden, pending.deferred_hidden = pending.deferred_hidden, None
+        sampling = Sampler.prepare(pending.rows, self.vocab_size, self.device, pending_tokens=1)
+        pending.finish(self.sampler(self.model.compute_logits(hidden), pending.rows, sampling))
 
 
 class PendingStep:
@@ -382,19 +400,32 @@ class PendingStep:
 
     def __init__(self, out: SamplerOutput | None, rows: list[Sequence], seq_ids: list[int],
                  prompt_spans: list[tuple[Sequence, int, int]] = (),
-                 prompt: PromptLogprobsOutput | None = None) -> None:
+                 prompt: PromptLogprobsOutput | None = None, finish: bool = True) -> None:
+        """finish=False: the sampling is deferred (ModelRunner.sample calls finish())."""
         self.rows = rows
         self.row_of = {sid: i for i, sid in enumerate(seq_ids)}
         self.positions: list[int] = []  # where each row's token goes (set by the engine)
         self.scheduled = None
         self.event = None
         self.waited_s = 0.0  # how long wait() blocked on the device
-        self.token_ids = out.token_ids if out is not None else None
+        self.deferred_hidden: torch.Tensor | None = None  # the rows' hidden states until sample()
         self.prompt_spans = list(prompt_spans) if prompt is not None else []
         # (sequence, first prompt position, a result per position from there), filled by wait()
         self.prompt_results: list[tuple[Sequence, int, list[SampleResult]]] = []
-        self.host = None
-        self.prompt_host = None
+        self._prompt = prompt
+        self.token_ids = self.host = self.prompt_host = None
+        self.has_ranks = False
+        if finish:
+            self.finish(out)
+
+    @property
+    def deferred(self) -> bool:
+        return self.deferred_hidden is not None
+
+    def finish(self, out: SamplerOutput | None) -> None:
+        """Start the copies of the sampled tokens (and prompt logprobs) to the host."""
+        prompt, self._prompt = self._prompt, None
+        self.token_ids = out.token_ids if out is not None else None
         on_device = []
         if out is not None:
             packed = [out.token_ids.double(), out.logprobs.double()]

@@ -196,6 +196,10 @@ class Grammar:
 
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         """Row `row` of an int32 bitmask [rows, ceil(vocab / 32)]: bit j of word i allows token
-        32 i + j."""
+        32 i + j. A grammar that has taken its stop token allows everything: its sequence has
+        ended, and a step launched before the engine knew it samples a token nobody takes."""
+        if self.matcher.is_terminated():
+            bitmask[row] = -1
+            return
         self.matcher.fill_next_token_bitmask(bitmask, row)
 

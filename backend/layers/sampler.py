@@ -66,7 +66,10 @@ def _dev(values, dtype, device) -> torch.Tensor:
 
 class Sampler:
     @staticmethod
-    def prepare(rows: Seq[Any], vocab_size: int, device: torch.device) -> SamplingMetadata:
+    def prepare(rows: Seq[Any], vocab_size: int, device: torch.device,
+                pending_tokens: int = 0) -> SamplingMetadata:
+        """pending_tokens: each row's last tokens that are this step's own placeholders (a
+        deferred sampling's rows already hold them), left out of penalties and counts."""
         params = [r.params for r in rows]
         md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
         md.want_logprobs = any(p.logprobs is not None for p in params)
@@ -90,28 +93,29 @@ class Sampler:
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
         for i, r in enumerate(rows):
             p = r.params
+            tokens = r.token_ids[:len(r.token_ids) - pending_tokens] if pending_tokens else r.token_ids
             if p.allowed_token_ids is not None:
                 md.allowed.append((i, _dev(sorted(set(p.allowed_token_ids)), torch.int64, device)))
             if p._bad_words_token_ids:
-                banned = _banned_by_bad_words(p._bad_words_token_ids, r.token_ids[r.num_prompt_tokens:])
+                banned = _banned_by_bad_words(p._bad_words_token_ids, tokens[r.num_prompt_tokens:])
                 if banned:
                     md.banned.append((i, _dev(banned, torch.int64, device)))
             if p.logit_bias:
                 md.logit_bias.append((i, _dev(list(p.logit_bias), torch.int64, device),
                                       _dev(list(p.logit_bias.values()), torch.float32, device)))
             if p.repetition_penalty != 1.0:
-                seen = sorted({t for t in r.token_ids if t < vocab_size})
+                seen = sorted({t for t in tokens if t < vocab_size})
                 md.repetition.append((i, _dev(seen, torch.int64, device), p.repetition_penalty))
             if p.presence_penalty or p.frequency_penalty:
                 counts: dict[int, int] = {}
-                for t in r.token_ids[r.num_prompt_tokens:]:
+                for t in tokens[r.num_prompt_tokens:]:
                     if t < vocab_size:
                         counts[t] = counts.get(t, 0) + 1
                 if counts:
                     md.frequency.append((i, _dev(list(counts), torch.int64, device),
                                          _dev(list(counts.values()), torch.float32, device),
                                          p.frequency_penalty, p.presence_penalty))
-            if p.min_tokens and len(r.token_ids) - r.num_prompt_tokens < p.min_tokens:
+            if p.min_tokens and len(tokens) - r.num_prompt_tokens < p.min_tokens:
                 stop = [t for t in p.all_stop_token_ids if t < vocab_size]
                 if stop:
                     md.min_tokens.append((i, _dev(stop, torch.int64, device)))

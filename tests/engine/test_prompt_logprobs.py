@@ -67,9 +67,9 @@ def test_prompt_logprobs_match_hf_with_chunks_and_a_cached_prefix(model_dir, bud
     spans: list = []
     launch = engine.runner.launch
 
-    def launch_and_record(scheduled, copies, rows, sources, previous=None, prompt_spans=()):
+    def launch_and_record(scheduled, copies, rows, sources, previous=None, prompt_spans=(), *rest):
         spans.extend((item.num_new_tokens, first, end) for item, first, end in prompt_spans)
-        return launch(scheduled, copies, rows, sources, previous, prompt_spans)
+        return launch(scheduled, copies, rows, sources, previous, prompt_spans, *rest)
 
     engine.runner.launch = launch_and_record
     greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)

@@ -325,3 +325,33 @@ def test_bad_words_through_the_engine(llama_dir):
     with pytest.raises(ValueError) as e:
         engine.add_request("bad", prompt, SamplingParams(bad_words=[""]))
     assert str(e.value) == "bad_words must contain only non-empty strings, got ''."
+
+
+def test_penalties_read_the_previous_token_while_steps_overlap(llama_dir, monkeypatch):
+    """A repetition penalty reads every earlier token of its row on the host, so the engine
+    launches each next step's forward pass first and its sampling once the previous step's
+    tokens are in (ModelRunner.sample). Greedy tokens with the penalty equal Hugging Face's
+    (RepetitionPenaltyLogitsProcessor is vLLM's definition), for requests with and without it
+    in one batch, and min_tokens counts the same."""
+    from hf_reference import hf_greedy_generate
+    from transformers import AutoModelForCausalLM
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 30, 17)]
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, torch_dtype=torch.float32)
+    want = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
+                        do_sample=False, pad_token_id=0, repetition_penalty=1.8)
+        want.append(y[0, len(ids):].tolist())
+    plain = hf_greedy_generate(hf, prompts, 12)
+    assert want != plain  # the penalty changes the output: the test can tell
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=128)
+    runner, deferred = llm.engine.runner, []
+    sample = runner.sample
+    monkeypatch.setattr(runner, "sample", lambda pending: (deferred.append(len(pending.rows)), sample(pending)))
+    penalty = SamplingParams(temperature=0, max_tokens=12, min_tokens=12, repetition_penalty=1.8)
+    greedy = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
+    outs = llm.generate(prompts + prompts, [penalty] * 3 + [greedy] * 3)
+    assert [o.outputs[0].token_ids for o in outs] == want + plain
+    assert len(deferred) == 11 and set(deferred) == {6}  # every step after the first, all rows
