@@ -132,13 +132,25 @@ class LoRAManager:
         # Requests may add adapters from other threads (StreamingEngine.add_request) while the
         # step loop loads them: the cache's bookkeeping is under this lock, disk reads are not.
         self._lock = threading.Lock()
-        adapters = [self._read(name, path) for name, path in modules.items()]
+        # Each projection's input features and its parts' output rows, to check adapters against.
+        self._shapes = {key: (linear.in_features, _part_rows(linear, key[1]))
+                        for key, linear in _projections(self._layers)}
+        # Every listed adapter is read and checked now; only those host memory keeps (the first
+        # max_cpu_loras) stay read, so start-up holds no more than that at once.
+        keep = len(modules) if max_cpu_loras is None else max_cpu_loras
+        adapters, targets = [], set()
+        for i, (name, path) in enumerate(modules.items()):
+            ad = self._read(name, path)
+            self._check_shapes(ad)
+            targets |= {(layer, _PARTS[module][0]) for layer, module in ad.weights}
+            self.paths[name] = ad.path
+            if i < keep:
+                adapters.append(ad)
         # Slots on the projections the listed adapters target (no kernel work on the others);
         # with none listed, on every projection, for adapters that requests bring.
-        targets = {(layer, _PARTS[module][0]) for ad in adapters for layer, module in ad.weights}
         self._slots: list[tuple[int, str, LinearBase, list[int]]] = []  # (layer, proj, linear, part rows)
         for (index, proj), linear in _projections(self._layers):
-            if adapters and (index, proj) not in targets:
+            if modules and (index, proj) not in targets:
                 continue
             parts, rows = _NUM_PARTS[proj], _part_rows(linear, proj)
             shape_a, shape_b = (parts * self.rank, linear.in_features), (sum(rows), parts * self.rank)
@@ -147,9 +159,9 @@ class LoRAManager:
             self._slots.append((index, proj, linear, rows))
         # adapter -> its (A, B) per slotted projection (None where it has none), most recent last
         self._host: OrderedDict[str, list[tuple[torch.Tensor, torch.Tensor] | None]] = OrderedDict()
-        for ad in reversed(adapters):  # the first ones (loaded into slots next) stay in host memory
+        for ad in reversed(adapters):  # the first ones (loaded into slots next) stay most recent
             self._keep(ad, self._stack_all(ad))
-        self.resident = [ad.name for ad in adapters[:self.num_slots]]
+        self.resident = list(modules)[:self.num_slots]
         for slot, name in enumerate(self.resident):
             self.load(slot, name)
 
@@ -220,6 +232,7 @@ class LoRAManager:
     def _stack_all(self, ad: LoRAAdapter) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         """The adapter's (A, B) for each slotted projection, pinned on CUDA (None where it has
         none); ValueError if it targets a projection without slots or has the wrong shapes."""
+        self._check_shapes(ad)
         slotted = {(index, proj) for index, proj, _, _ in self._slots}
         missing = sorted({f"layer {layer} {module}" for layer, module in ad.weights
                           if (layer, _PARTS[module][0]) not in slotted})
@@ -233,6 +246,16 @@ class LoRAManager:
             pair = self._stack(ad, index, proj, rows, linear.in_features)
             pairs.append(None if pair is None else tuple(t.pin_memory() if self._pin else t for t in pair))
         return pairs
+
+    def _check_shapes(self, ad: LoRAAdapter) -> None:
+        for (layer, module), pair in ad.weights.items():
+            proj, part = _PARTS[module]
+            in_features, rows = self._shapes[(layer, proj)]
+            count = sum(rows) if part is None else rows[part]
+            if pair["A"].shape[1] != in_features or pair["B"].shape[0] != count:
+                raise ValueError(
+                    f"LoRA adapter {ad.name!r}: layer {layer} {module} maps {pair['A'].shape[1]} "
+                    f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
 
     def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int],
                in_features: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -248,10 +271,6 @@ class LoRAManager:
             part = _PARTS[module][1]
             first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
             col = (part or 0) * r
-            if pair["A"].shape[1] != in_features or pair["B"].shape[0] != count:
-                raise ValueError(
-                    f"LoRA adapter {ad.name!r}: layer {layer} {module} maps {pair['A'].shape[1]} "
-                    f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
             a[col:col + ad.rank] = pair["A"].to(self.dtype)
             b[first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(self.dtype)
         return None if a is None else (a, b)

@@ -162,6 +162,24 @@ def test_requests_bring_adapters_and_host_memory_keeps_max_cpu_loras(llama_dir, 
         fresh.generate(prompts, GREEDY, lora_request="qv")
 
 
+def test_listed_adapters_beyond_max_cpu_loras_are_checked_then_dropped(llama_dir, llama_adapters, tmp_path):
+    """Start-up reads and checks every listed adapter but keeps only max_cpu_loras of them
+    read; the others are read again when a request needs them. A bad adapter past that bound
+    still fails the load."""
+    prompts = _prompts(2, seed=9)
+    llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, max_loras=1, max_cpu_loras=1, **CPU)
+    manager = llm.engine.runner.lora_manager
+    assert (manager.disk_reads, manager.host_adapters, manager.resident) == (3, ["qv"], ["qv"])
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request="mlp")]
+    assert got == _hf(llama_dir, llama_adapters["mlp"], prompts)
+    assert (manager.disk_reads, manager.host_adapters) == (4, ["mlp"])
+    wrong = write_adapter(str(tmp_path / "wrong"), llama_dir, ["o_proj"], 4, 4, seed=7, extra_tensors={
+        "base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight": torch.zeros(4, 10)})
+    with pytest.raises(ValueError, match=r"^LoRA adapter 'w': layer 0 o_proj maps 10 -> 64 features"):
+        LLM(llama_dir, enable_lora=True, lora_modules={**llama_adapters, "w": wrong}, max_loras=1,
+            max_cpu_loras=1, max_model_len=128, **CPU)
+
+
 def test_a_brought_adapter_must_fit_the_listed_adapters_projections(llama_dir, llama_adapters):
     """Listed adapters decide which projections hold slots (no kernel work on the others)."""
     llm = LLM(llama_dir, enable_lora=True, lora_modules={"qv": llama_adapters["qv"]}, max_model_len=128, **CPU)
