@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence as Seq
 
+import numpy as np
 import torch
 
 from . import ops
@@ -40,15 +41,14 @@ class SamplingMetadata:
     top_k: torch.Tensor | None = None  # [R] int64, vocab size where disabled
     top_p: torch.Tensor | None = None
     seeded: list[tuple[int, Any]] = field(default_factory=list)  # (row, sequence)
-    # (row, token ids seen in prompt+output, penalty)
-    repetition: list[tuple[int, torch.Tensor, float]] = field(default_factory=list)
-    # (row, output token ids, their counts, frequency penalty, presence penalty)
-    frequency: list[tuple[int, torch.Tensor, torch.Tensor, float, float]] = field(default_factory=list)
-    min_tokens: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, stop ids)
-    allowed: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, allowed ids)
-    banned: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, bad words' ids)
-    # (row, token ids, biases)
-    logit_bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Per-token adjustments of every row at once, as (rows [P], token ids [P], values [P]...)
+    # over P (row, token) pairs, or None when no row has any; a row's tokens are distinct.
+    repetition: tuple[torch.Tensor, ...] | None = None  # ids seen in prompt+output; penalty
+    frequency: tuple[torch.Tensor, ...] | None = None  # output ids; count, frequency, presence
+    min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)
+    allowed: tuple[torch.Tensor, ...] | None = None  # allowed_token_ids
+    banned: tuple[torch.Tensor, ...] | None = None  # bad words' next tokens
+    logit_bias: tuple[torch.Tensor, ...] | None = None  # ids; bias
     # Rows with a grammar (structured_outputs) and their allowed tokens, as a bitmask
     grammar_rows: torch.Tensor | None = None  # [G] int64
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
@@ -57,11 +57,38 @@ class SamplingMetadata:
 
 
 def _dev(values, dtype, device) -> torch.Tensor:
-    t = torch.tensor(values, dtype=dtype)
+    """A list (as dtype) or a numpy array (as it is) on the device."""
+    t = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return t
     # From pinned memory: a pageable copy would wait for the step still running on the device.
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class _Pairs:
+    """(row, token id, values...) pairs of one kind for all rows of a step, sent to the device
+    in one copy per field (a copy and a few kernels per row cost more than the work)."""
+
+    def __init__(self, num_values: int = 0) -> None:
+        self.rows: list[np.ndarray] = []
+        self.ids: list[np.ndarray] = []
+        self.values: list[list[np.ndarray]] = [[] for _ in range(num_values)]
+
+    def add(self, row: int, ids, *values) -> None:
+        """ids: distinct token ids; each value an array (one per id) or one for all of them."""
+        ids = np.asarray(list(ids) if isinstance(ids, (set, dict)) else ids, dtype=np.int64)
+        if not len(ids):
+            return
+        self.rows.append(np.full(len(ids), row, dtype=np.int64))
+        self.ids.append(ids)
+        for column, value in zip(self.values, values):
+            column.append(np.asarray(value, dtype=np.float32) if np.ndim(value)
+                          else np.full(len(ids), value, dtype=np.float32))
+
+    def to(self, device: torch.device) -> tuple[torch.Tensor, ...] | None:
+        if not self.rows:
+            return None
+        return tuple(_dev(np.concatenate(parts), None, device) for parts in (self.rows, self.ids, *self.values))
 
 
 class Sampler:
@@ -91,34 +118,31 @@ class Sampler:
                 r.grammar.fill_bitmask(bitmask, j)
             md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
+        allowed, banned, bias, repetition, frequency, min_tokens = (
+            _Pairs(), _Pairs(), _Pairs(1), _Pairs(1), _Pairs(3), _Pairs())
         for i, r in enumerate(rows):
             p = r.params
             tokens = r.token_ids[:len(r.token_ids) - pending_tokens] if pending_tokens else r.token_ids
             if p.allowed_token_ids is not None:
-                md.allowed.append((i, _dev(sorted(set(p.allowed_token_ids)), torch.int64, device)))
+                allowed.add(i, set(p.allowed_token_ids))
             if p._bad_words_token_ids:
-                banned = _banned_by_bad_words(p._bad_words_token_ids, tokens[r.num_prompt_tokens:])
-                if banned:
-                    md.banned.append((i, _dev(banned, torch.int64, device)))
+                banned.add(i, _banned_by_bad_words(p._bad_words_token_ids, tokens[r.num_prompt_tokens:]))
             if p.logit_bias:
-                md.logit_bias.append((i, _dev(list(p.logit_bias), torch.int64, device),
-                                      _dev(list(p.logit_bias.values()), torch.float32, device)))
-            if p.repetition_penalty != 1.0:
-                seen = sorted({t for t in tokens if t < vocab_size})
-                md.repetition.append((i, _dev(seen, torch.int64, device), p.repetition_penalty))
-            if p.presence_penalty or p.frequency_penalty:
-                counts: dict[int, int] = {}
-                for t in tokens[r.num_prompt_tokens:]:
-                    if t < vocab_size:
-                        counts[t] = counts.get(t, 0) + 1
-                if counts:
-                    md.frequency.append((i, _dev(list(counts), torch.int64, device),
-                                         _dev(list(counts.values()), torch.float32, device),
-                                         p.frequency_penalty, p.presence_penalty))
+                bias.add(i, p.logit_bias, list(p.logit_bias.values()))
+            if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                history = np.fromiter(tokens, dtype=np.int64, count=len(tokens))
+                valid = (history >= 0) & (history < vocab_size)  # (no placeholder, in the vocabulary)
+                if p.repetition_penalty != 1.0:
+                    repetition.add(i, np.unique(history[valid]), p.repetition_penalty)
+                if p.presence_penalty or p.frequency_penalty:
+                    output = history[r.num_prompt_tokens:][valid[r.num_prompt_tokens:]]
+                    ids, counts = np.unique(output, return_counts=True)
+                    frequency.add(i, ids, counts, p.frequency_penalty, p.presence_penalty)
             if p.min_tokens and len(tokens) - r.num_prompt_tokens < p.min_tokens:
-                stop = [t for t in p.all_stop_token_ids if t < vocab_size]
-                if stop:
-                    md.min_tokens.append((i, _dev(stop, torch.int64, device)))
+                min_tokens.add(i, {t for t in p.all_stop_token_ids if t < vocab_size})
+        md.allowed, md.banned, md.logit_bias = allowed.to(device), banned.to(device), bias.to(device)
+        md.repetition, md.frequency = repetition.to(device), frequency.to(device)
+        md.min_tokens = min_tokens.to(device)
         return md
 
     def __call__(self, logits: torch.Tensor, rows: Seq[Any],
@@ -164,21 +188,28 @@ class Sampler:
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         # vLLM's order: allowed ids, bad words, logit bias, then the penalties on what remains.
-        for i, ids in md.allowed:
-            kept = logits[i, ids]
-            logits[i] = float("-inf")
-            logits[i, ids] = kept
-        for i, ids in md.banned:
-            logits[i, ids] = float("-inf")
-        for i, ids, bias in md.logit_bias:
-            logits[i, ids] += bias
-        for i, seen, penalty in md.repetition:
-            vals = logits[i, seen]
-            logits[i, seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
-        for i, ids, counts, freq, pres in md.frequency:
-            logits[i, ids] -= freq * counts + pres
-        for i, stop in md.min_tokens:
-            logits[i, stop] = float("-inf")
+        # Each kind is a few indexing ops over all rows' (row, token) pairs at once.
+        if md.allowed is not None:
+            rows, ids = md.allowed
+            kept = logits[rows, ids]
+            logits[rows.unique()] = float("-inf")
+            logits[rows, ids] = kept
+        if md.banned is not None:
+            rows, ids = md.banned
+            logits[rows, ids] = float("-inf")
+        if md.logit_bias is not None:
+            rows, ids, bias = md.logit_bias
+            logits[rows, ids] += bias
+        if md.repetition is not None:
+            rows, ids, penalty = md.repetition
+            vals = logits[rows, ids]
+            logits[rows, ids] = torch.where(vals > 0, vals / penalty, vals * penalty)
+        if md.frequency is not None:
+            rows, ids, counts, freq, pres = md.frequency
+            logits[rows, ids] -= freq * counts + pres
+        if md.min_tokens is not None:
+            rows, ids = md.min_tokens
+            logits[rows, ids] = float("-inf")
         return logits
 
     @staticmethod

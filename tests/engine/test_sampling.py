@@ -104,6 +104,18 @@ def test_penalties_change_logits_as_vllm_defines():
     assert torch.allclose(out, expected)
 
 
+def test_adjustments_of_several_rows_stay_on_their_rows():
+    """The sampler applies each kind of adjustment to all rows' (row, token) pairs at once:
+    every row gets its own (allowed ids, bias, penalties), and a row without any none."""
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    rows = [row(SamplingParams(allowed_token_ids=[1, 2], logit_bias={2: 1.0}), token_ids=[0], num_prompt_tokens=1),
+            row(SamplingParams(allowed_token_ids=[0], repetition_penalty=2.0), token_ids=[0, 3], num_prompt_tokens=1),
+            row(SamplingParams(), token_ids=[1, 2], num_prompt_tokens=1)]
+    out = Sampler._apply_penalties(logits.clone(), Sampler.prepare(rows, 4, logits.device))
+    inf = float("-inf")
+    assert out.tolist() == [[inf, 2.0, 4.0, inf], [2.0, inf, inf, inf], [1.0, 1.0, 1.0, 1.0]]
+
+
 def test_min_tokens_masks_eos_until_reached(llama_dir):
     engine = LLMEngine(EngineArgs(model=llama_dir))
     eos = engine.eos_token_ids[0]
