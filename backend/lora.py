@@ -152,8 +152,8 @@ class LoRAManager:
         for (index, proj), linear in _projections(self._layers):
             if modules and (index, proj) not in targets:
                 continue
-            parts, rows = _NUM_PARTS[proj], _part_rows(linear, proj)
-            shape_a, shape_b = (parts * self.rank, linear.in_features), (sum(rows), parts * self.rank)
+            parts, (in_features, rows) = _NUM_PARTS[proj], self._shapes[(index, proj)]
+            shape_a, shape_b = (parts * self.rank, in_features), (sum(rows), parts * self.rank)
             linear.lora = LoRAWeights(torch.zeros(self.num_slots, *shape_a, dtype=dtype, device=device),
                                       torch.zeros(self.num_slots, *shape_b, dtype=dtype, device=device))
             self._slots.append((index, proj, linear, rows))

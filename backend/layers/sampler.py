@@ -46,7 +46,7 @@ class SamplingMetadata:
     repetition: tuple[torch.Tensor, ...] | None = None  # ids seen in prompt+output; penalty
     frequency: tuple[torch.Tensor, ...] | None = None  # output ids; count, frequency, presence
     min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)
-    allowed: tuple[torch.Tensor, ...] | None = None  # allowed_token_ids
+    allowed: tuple[torch.Tensor, ...] | None = None  # allowed_token_ids; then the rows, once each
     banned: tuple[torch.Tensor, ...] | None = None  # bad words' next tokens
     logit_bias: tuple[torch.Tensor, ...] | None = None  # ids; bias
     # Rows with a grammar (structured_outputs) and their allowed tokens, as a bitmask
@@ -141,6 +141,9 @@ class Sampler:
             if p.min_tokens and len(tokens) - r.num_prompt_tokens < p.min_tokens:
                 min_tokens.add(i, {t for t in p.all_stop_token_ids if t < vocab_size})
         md.allowed, md.banned, md.logit_bias = allowed.to(device), banned.to(device), bias.to(device)
+        if md.allowed is not None:  # the rows to clear, listed here (unique() on the device syncs)
+            md.allowed += (_dev(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
+                                torch.int64, device),)
         md.repetition, md.frequency = repetition.to(device), frequency.to(device)
         md.min_tokens = min_tokens.to(device)
         return md
@@ -190,9 +193,9 @@ class Sampler:
         # vLLM's order: allowed ids, bad words, logit bias, then the penalties on what remains.
         # Each kind is a few indexing ops over all rows' (row, token) pairs at once.
         if md.allowed is not None:
-            rows, ids = md.allowed
+            rows, ids, cleared = md.allowed
             kept = logits[rows, ids]
-            logits[rows.unique()] = float("-inf")
+            logits[cleared] = float("-inf")
             logits[rows, ids] = kept
         if md.banned is not None:
             rows, ids = md.banned
