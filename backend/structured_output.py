@@ -104,7 +104,10 @@ class StructuredOutputManager:
         Without xgrammar installed it does nothing (a structured request then gets an error)."""
         if self._tokenizer_path is None:
             return
-        threading.Thread(target=self._warm_up, name="tritium-grammar-warm-up", daemon=True).start()
+        # Not a daemon: a process that exits (an engine process shut down right after start)
+        # while xgrammar builds its compiler would kill the thread inside C++, which aborts the
+        # process ("terminate called without an active exception"); exit waits for it instead.
+        threading.Thread(target=self._warm_up, name="tritium-grammar-warm-up", daemon=False).start()
 
     @property
     def warm(self) -> bool:

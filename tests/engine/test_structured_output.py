@@ -204,6 +204,24 @@ def test_the_vocabulary_is_read_before_the_first_request(llama_dir):
     assert manager.warm
 
 
+def test_a_process_exiting_during_the_warm_up_waits_for_it(llama_dir, monkeypatch):
+    """The warm-up thread is not a daemon: an engine process shut down while xgrammar builds its
+    compiler (CI saw one) must not kill that thread inside C++, which aborts the process."""
+    import threading
+    from backend import structured_output
+    from backend.tokenizer import load_tokenizer
+    started = []
+
+    class Recorded(threading.Thread):
+        def start(self):
+            started.append(self)
+            super().start()
+    monkeypatch.setattr(structured_output.threading, "Thread", Recorded)
+    structured_output.StructuredOutputManager(load_tokenizer(llama_dir), 512, (1,), llama_dir).warm_up_in_background()
+    assert [t.name for t in started] == ["tritium-grammar-warm-up"] and not started[0].daemon
+    started[0].join(60)
+
+
 def test_without_xgrammar_a_structured_request_is_refused(llama_dir, monkeypatch):
     from backend.structured_output import StructuredOutputManager
     from backend.tokenizer import load_tokenizer
