@@ -66,18 +66,39 @@ def _engine_latencies(outputs: list[Any]) -> dict[str, Any]:
     return {"engine_ttft_ms": _dist_ms(ttft), "engine_e2e_ms": _dist_ms(e2e)} if outputs else {}
 
 
-def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[Any]]:
+def parse_sampling(assignments: list[str]) -> dict[str, Any]:
+    """KEY=VALUE sampling parameters (vLLM's names); values are read as JSON where they parse."""
+    extra: dict[str, Any] = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--sampling wants KEY=VALUE, got {item!r}")
+        try:
+            extra[key] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[key] = value
+    return extra
+
+
+def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int,
+                   extra: dict[str, Any] | None = None, every: int = 1) -> tuple[float, list[Any]]:
+    """extra: sampling parameters for every `every`-th request (the others greedy and plain)."""
     from backend import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    plain = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = [plain] * len(prompts)
+    if extra:
+        special = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **extra)
+        params = [special if i % every == 0 else plain for i in range(len(prompts))]
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params)
     return time.perf_counter() - t0, outputs
 
 
-def run_throughput(llm: Any, w: Workload, seed: int, low: int, high: int) -> dict[str, Any]:
+def run_throughput(llm: Any, w: Workload, seed: int, low: int, high: int,
+                   extra: dict[str, Any] | None = None, every: int = 1) -> dict[str, Any]:
     prompts = make_prompts(w.num_requests, w.input_len, seed, w.name, low, high)
-    wall, outputs = timed_generate(llm, prompts, w.output_len)
+    wall, outputs = timed_generate(llm, prompts, w.output_len, extra, every)
     counts = [len(o.outputs[0].token_ids) for o in outputs]
     tokens = sum(counts)
     return {"completed": len(outputs), "failed": w.num_requests - len(outputs), "output_tokens": tokens,
@@ -115,8 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-range", default=f"{VOCAB_LOW}:{VOCAB_HIGH}")
     ap.add_argument("--warmup", type=int, default=4, help="warm-up requests before timing")
     ap.add_argument("--warmup-output-len", type=int, default=16)
+    ap.add_argument("--sampling", action="append", default=[], metavar="KEY=VALUE",
+                    help="a sampling parameter (vLLM's name) for the throughput workload's requests, "
+                         "e.g. repetition_penalty=1.1")
+    ap.add_argument("--sampling-every", type=int, default=1, metavar="N",
+                    help="--sampling applies to every N-th request only (the others stay plain)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    extra = parse_sampling(args.sampling)
+    if args.sampling_every < 1:
+        raise SystemExit("--sampling-every must be at least 1")
     low, high = parse_vocab_range(args.vocab_range)
     workloads = [with_overrides(n.strip(), args.num_requests, args.input_len, args.output_len)
                  for n in args.workloads.split(",") if n.strip()]
@@ -129,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     print(f"engine ready in {load_s:.1f} s")
     result: dict[str, Any] = {"runner": "offline-llm", "engine_args": kwargs, "load_s": load_s,
-                              "seed": args.seed, "vocab_range": [low, high], "workloads": {}}
+                              "seed": args.seed, "vocab_range": [low, high], "workloads": {},
+                              "sampling": extra, "sampling_every": args.sampling_every}
     if args.warmup > 0:
         input_len = max(w.input_len for w in workloads)
         timed_generate(llm, make_prompts(args.warmup, input_len, args.seed, "warmup", low, high),
@@ -137,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for w in workloads:
         name = w.name
         s = run_latency(llm, w, args.seed, low, high) if w.num_requests == 1 else \
-            run_throughput(llm, w, args.seed, low, high)
+            run_throughput(llm, w, args.seed, low, high, extra, args.sampling_every)
         result["workloads"][name] = {"workload": dataclasses.asdict(w), "summary": s}
         print(format_offline(f"offline workload {name}", s))
         if args.json:  # after each workload: a later failure keeps the earlier figures

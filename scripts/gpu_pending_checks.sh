@@ -22,6 +22,11 @@
 #           through Triton twice (the first server compiles on an empty cache);
 #   part 7: after part 6's fixes: the LoRA kernel tests and GPU engine tests again, what LoRA
 #           adapters cost in-process (bench_lora.py) and Llama-3-8B bf16 A and B through Triton.
+#   part 8: what sampling parameters cost the batch (penalties on every request, on one in
+#           eight): scripts/bench_sampler.py on CUDA, then scripts/bench_sampling_cost.py on
+#           Llama-3-8B bf16 in-process for this tree and each source tree in $TREES (carried,
+#           e.g. a `git archive` of an older commit); with TESTS=1 then the sampling, GPU engine
+#           and structured-output tests on CUDA (xgrammar from gpu_extras/).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -34,7 +39,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 7}"; shift
+PART="${1:?part 1 to 8}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -97,6 +102,29 @@ elif [ "$PART" = 7 ]; then
         --num-requests 256 --input-len 512 --output-len 128 --json "$OUT/bench_lora_llama.json" 2>&1 | tail -8 >> "$S"
     stamp "Llama-3-8B bf16 A and B through Triton"
     run llama --models "$LLAMA" --phases triton --workloads A,B
+elif [ "$PART" = 8 ]; then
+    stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
+    timeout 120 "$PY" scripts/bench_sampler.py --device "${SAMPLER_DEVICE:-cuda}" --json "$OUT/bench_sampler_cuda.json" 2>&1 | tail -12 >> "$S"
+    HERE=$(pwd)
+    for tree in . ${TREES:-}; do
+        name=this; [ "$tree" = . ] || name=$(basename "$tree")
+        # An older tree runs this tree's benchmark scripts (they use only the engine's public API).
+        [ "$tree" = . ] || cp scripts/bench_offline.py scripts/bench_sampling_cost.py "$tree/scripts/"
+        stamp "sampling cost, Llama-3-8B bf16 A in-process, tree $name"
+        (cd "$tree" && timeout "${COST_TIMEOUT:-200}" "$PY" scripts/bench_sampling_cost.py \
+            --model "$HERE/models/configs/$LLAMA" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \
+            --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1' \
+            --variant 'pen_1in8:8:repetition_penalty=1.1' "${EXTRA[@]}" --json "$OUT/sampling_cost_$name.json" \
+            2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S")
+    done
+    if [ -n "${TESTS:-}" ]; then
+        stamp "GPU tests: sampling, the engine, structured outputs (xgrammar from gpu_extras)"
+        "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
+            gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
+        PYTHONPATH=/tmp/extras timeout "${TESTS_TIMEOUT:-280}" "$PY" -m pytest tests/engine/test_sampling.py \
+            tests/engine/test_gpu_engine.py tests/engine/test_structured_output.py --confcutdir=tests/engine \
+            -q -p no:cacheprovider --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -40 | cut -c1-900 >> "$S"
+    fi
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \
