@@ -16,8 +16,10 @@ from .config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import DecodeBlockRows, prepare_batch
+from .layers import ops
 from .layers.attention import Attention
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
+from .layers.penalties import PenaltyCounts
 from .layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
 from .loader import load_dummy, load_safetensors
 from .lora import LoRAManager
@@ -113,7 +115,9 @@ class ModelRunner:
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = a.head_dim
         self.vocab_size = a.vocab_size
-        self.sampler = Sampler()
+        # Penalties' token counts stay on the device, a slot per running sequence; allocated
+        # before the memory profile, so the cache is sized around them.
+        self.sampler = Sampler(PenaltyCounts(args.max_num_seqs, self.vocab_size, self.device, max_model_len))
         self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`_profile_num_blocks`), so they fit in what the cache left.
@@ -277,6 +281,15 @@ class ModelRunner:
         # The greedy sampler's kernel (the memory profile samples at temperature 1).
         greedy = Sequence("warm-up", [0], 1, SamplingParams(temperature=0, max_tokens=1))
         self.sampler(self.model.compute_logits(hidden[-2:]), [greedy, greedy])
+        # The penalties' kernel, each variant: all rows or some; repetition, additive or both
+        # (it reads slot 0's counts, still zero, and writes scratch logits).
+        counts = self.sampler.counts
+        logits = torch.zeros((2, self.vocab_size), dtype=torch.float32, device=self.device)
+        two = torch.zeros(2, dtype=torch.int64, device=self.device)
+        ones = torch.ones(2, dtype=torch.float32, device=self.device)
+        for rows in (None, two):
+            for rep, add in ((ones, ones), (ones, None), (None, ones)):
+                ops.apply_penalties(logits, rows, two, counts.output_counts, counts.in_prompt, rep, add, add)
         torch.cuda.synchronize()
 
     # ---- one step -----------------------------------------------------------------------------
@@ -339,7 +352,7 @@ class ModelRunner:
             row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
             prompt_index.extend(range(row_of_position_0 + first - 1, row_of_position_0 + end - 1))
             prompt_targets.extend(seq.token_ids[first:end])
-        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device) \
+        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device, counts=self.sampler.counts) \
             if sample_rows and not defer_sampling else None
         gather = None
         prompt_hidden = None
@@ -389,7 +402,8 @@ class ModelRunner:
         """Queue the deferred sampling of a step launched with defer_sampling, from the rows'
         host state now: each row's tokens but its last (the placeholder of this very step)."""
         hidden, pending.deferred_hidden = pending.deferred_hidden, None
-        sampling = Sampler.prepare(pending.rows, self.vocab_size, self.device, pending_tokens=1)
+        sampling = Sampler.prepare(pending.rows, self.vocab_size, self.device, pending_tokens=1,
+                                   counts=self.sampler.counts)
         pending.finish(self.sampler(self.model.compute_logits(hidden), pending.rows, sampling))
 
 

@@ -182,11 +182,16 @@ class SamplingParams:
         self._bad_words_token_ids = words
 
     @property
+    def has_penalties(self) -> bool:
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty)
+
+    @property
     def needs_output_on_host(self) -> bool:
-        """Whether sampling reads this sequence's previous tokens on the host (penalties, bad
-        words of several tokens, a grammar), so that the engine cannot launch the next step first."""
-        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
-                    or any(len(w) > 1 for w in self._bad_words_token_ids)
+        """Whether sampling reads this sequence's previous tokens on the host (bad words of
+        several tokens, a grammar), so that the engine defers the sampling of a step it launches
+        before taking the previous step's tokens. Penalties do not: their counts are kept on the
+        device (backend/layers/penalties.py)."""
+        return bool(any(len(w) > 1 for w in self._bad_words_token_ids)
                     or self.structured_outputs is not None)
 
     def check_token_ids(self, vocab_size: int) -> None:

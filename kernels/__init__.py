@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
            "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "fp8_matmul_few_rows",
-           "greedy_sample", "add_lora"]
+           "greedy_sample", "apply_penalties", "add_lora"]
 
 # fp8_matmul_few_rows serves at most this many rows (one MMA tile); more go to torch._scaled_mm.
 FP8_MATMUL_MAX_ROWS = 16
@@ -88,6 +88,14 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
 
 def greedy_sample(logits: torch.Tensor, **options) -> tuple[torch.Tensor, torch.Tensor]:
     return _impl("sampling", "greedy_sample")(logits, **options)
+
+
+def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
+                    output_counts: torch.Tensor, in_prompt: torch.Tensor,
+                    repetition: torch.Tensor | None, frequency: torch.Tensor | None,
+                    presence: torch.Tensor | None, **options) -> torch.Tensor:
+    return _impl("sampling", "apply_penalties")(logits, rows, slots, output_counts, in_prompt, repetition,
+                                                frequency, presence, **options)
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,

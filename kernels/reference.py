@@ -247,6 +247,30 @@ def greedy_sample_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return token_ids, logprobs
 
 
+def apply_penalties_ref(logits: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
+                        output_counts: torch.Tensor, in_prompt: torch.Tensor,
+                        repetition: torch.Tensor | None, frequency: torch.Tensor | None,
+                        presence: torch.Tensor | None) -> torch.Tensor:
+    """kernels.apply_penalties in PyTorch ops (dense over the rows that have penalties)."""
+    v.check_penalties("apply_penalties", logits, rows, slots, output_counts, in_prompt, repetition,
+                      frequency, presence)
+    if slots.shape[0] == 0 or (repetition is None and frequency is None):
+        return logits
+    x = logits if rows is None else logits[rows]  # (a copy when some rows only)
+    counts = output_counts[slots]
+    if repetition is not None:
+        rep = repetition[:, None]
+        seen = (counts > 0) | in_prompt[slots]
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    if frequency is not None:
+        x = x - (frequency[:, None] * counts + presence[:, None] * (counts > 0))
+    if rows is None:
+        logits.copy_(x)
+    else:
+        logits[rows] = x
+    return logits
+
+
 def add_lora_ref(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
                  slots: torch.Tensor) -> torch.Tensor:
     """LoRA deltas of a batch whose rows use different adapters, added to y in place: each row t

@@ -1,4 +1,5 @@
-"""Greedy sampling in one pass over the logits: the argmax of each row and its log-probability.
+"""Greedy sampling in one pass over the logits: the argmax of each row and its log-probability;
+and the penalties (repetition, frequency, presence) in one pass from token counts on the device.
 
 The general sampler upcasts the logits to float32, writes the whole log-softmax and reads it back
 (four passes over a [rows, vocab] tensor: at 256 x 128k that is about 0.4 ms a decode step on an
@@ -18,6 +19,7 @@ from . import validation
 from ._launch import check_runnable, next_pow2
 
 OP = "greedy_sample"
+OP_PENALTIES = "apply_penalties"
 
 
 @triton.jit
@@ -58,3 +60,52 @@ def greedy_sample(logits: torch.Tensor, *, block: int = 4096,
     _greedy_kernel[(rows,)](logits, token_ids, logprobs, vocab, logits.stride(0),
                             BLOCK=min(block, next_pow2(vocab)), num_warps=num_warps)
     return token_ids, logprobs
+
+
+@triton.jit
+def _penalties_kernel(logits_ptr, rows_ptr, slots_ptr, counts_ptr, in_prompt_ptr, rep_ptr, freq_ptr,
+                      pres_ptr, vocab, stride_logits, stride_counts, stride_prompt,
+                      HAS_ROWS: tl.constexpr, HAS_REP: tl.constexpr, HAS_ADD: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    q = tl.program_id(0)
+    row = (tl.load(rows_ptr + q) if HAS_ROWS else q).to(tl.int64)
+    slot = tl.load(slots_ptr + q).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < vocab
+    x = tl.load(logits_ptr + row * stride_logits + offs, mask=live)
+    c = tl.load(counts_ptr + slot * stride_counts + offs, mask=live, other=0).to(tl.float32)
+    if HAS_REP:
+        rep = tl.load(rep_ptr + q)
+        seen = (c > 0) | (tl.load(in_prompt_ptr + slot * stride_prompt + offs, mask=live, other=0) != 0)
+        # Rounded divisions, as torch's: the same logits, so the same sampled tokens.
+        x = tl.where(seen, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+    if HAS_ADD:
+        x = x - (tl.load(freq_ptr + q) * c + tl.load(pres_ptr + q) * (c > 0).to(tl.float32))
+    tl.store(logits_ptr + row * stride_logits + offs, x, mask=live)
+
+
+def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
+                    output_counts: torch.Tensor, in_prompt: torch.Tensor,
+                    repetition: torch.Tensor | None, frequency: torch.Tensor | None,
+                    presence: torch.Tensor | None, *, block: int = 2048, num_warps: int = 4) -> torch.Tensor:
+    """Repetition, frequency and presence penalties in one pass, in place on float32 logits
+    [R, V]. Row rows[q] (q when rows is None) reads the counts of slot slots[q]:
+    output_counts [S, V] (int16/int32: how often each token was sampled) and in_prompt [S, V]
+    (bool). repetition [Q] divides positive logits and multiplies negative ones of tokens in
+    the prompt or output; then frequency [Q] per count and presence [Q] once per sampled token
+    are subtracted (both or neither given)."""
+    validation.check_penalties(OP_PENALTIES, logits, rows, slots, output_counts, in_prompt, repetition,
+                               frequency, presence)
+    check_runnable(OP_PENALTIES, logits)
+    num_rows, vocab = slots.shape[0], logits.shape[1]
+    if num_rows == 0 or (repetition is None and frequency is None):
+        return logits
+    block = min(block, next_pow2(vocab))
+    dummy = slots  # (an unread pointer where a constexpr flag turns its use off)
+    _penalties_kernel[(num_rows, triton.cdiv(vocab, block))](
+        logits, rows if rows is not None else dummy, slots, output_counts, in_prompt,
+        repetition if repetition is not None else dummy, frequency if frequency is not None else dummy,
+        presence if presence is not None else dummy, vocab, logits.stride(0), output_counts.stride(0),
+        in_prompt.stride(0), HAS_ROWS=rows is not None, HAS_REP=repetition is not None,
+        HAS_ADD=frequency is not None, BLOCK=block, num_warps=num_warps, enable_fp_fusion=False)
+    return logits

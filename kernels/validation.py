@@ -385,3 +385,35 @@ def check_add_lora(op: str, y, x, lora_a, lora_b, slots, dtypes: tuple[torch.dty
     for name, tensor in (("lora_a", lora_a), ("lora_b", lora_b), ("slots", slots)):
         check_contiguous(op, name, tensor)
     check_same_device(op, {"x": x, "y": y, "lora_a": lora_a, "lora_b": lora_b, "slots": slots})
+
+
+def check_penalties(op: str, logits, rows, slots, output_counts, in_prompt, repetition, frequency,
+                    presence) -> None:
+    check_tensor(op, "logits", logits, "[R, V]", (torch.float32,))
+    check_last_dim_contiguous(op, "logits", logits)
+    check_tensor(op, "slots", slots, "[Q]", (torch.int64, torch.int32))
+    num = slots.shape[0]
+    if rows is not None:
+        check_tensor(op, "rows", rows, "[Q]", (torch.int64, torch.int32))
+        check_shape(op, "rows", rows, (num,), "[Q]")
+    elif num != logits.shape[0]:
+        fail(op, f"slots must have one entry per logits row when rows is None, got {num} for "
+                 f"{logits.shape[0]} rows")
+    check_tensor(op, "output_counts", output_counts, "[S, V]", (torch.int16, torch.int32))
+    check_tensor(op, "in_prompt", in_prompt, "[S, V]", (torch.bool,))
+    for name, t in (("output_counts", output_counts), ("in_prompt", in_prompt)):
+        check_last_dim_contiguous(op, name, t)
+        if t.shape[1] != logits.shape[1]:
+            fail(op, f"{name} must have the logits' {logits.shape[1]} columns, got shape {tuple(t.shape)}")
+    if in_prompt.shape[0] != output_counts.shape[0]:
+        fail(op, f"in_prompt must have output_counts' {output_counts.shape[0]} slots, got {in_prompt.shape[0]}")
+    if (frequency is None) != (presence is None):
+        fail(op, "frequency and presence must be given together")
+    for name, t in (("repetition", repetition), ("frequency", frequency), ("presence", presence)):
+        if t is not None:
+            check_tensor(op, name, t, "[Q]", (torch.float32,))
+            check_shape(op, name, t, (num,), "[Q]")
+    check_same_device(op, {k: t for k, t in (("logits", logits), ("rows", rows), ("slots", slots),
+                                             ("output_counts", output_counts), ("in_prompt", in_prompt),
+                                             ("repetition", repetition), ("frequency", frequency),
+                                             ("presence", presence)) if t is not None})

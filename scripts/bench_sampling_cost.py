@@ -61,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine ready in {time.perf_counter() - t0:.1f} s", flush=True)
     # Warm-up: every variant once on a few requests, so no variant pays a first-use cost.
     warm = with_overrides(args.workload, 8, w.input_len, 16)
-    for _, every, extra in variants:
-        run_throughput(llm, warm, args.seed + 1, low, high, extra, every)
+    for k, (_, every, extra) in enumerate(variants):
+        run_throughput(llm, warm, args.seed + 50 + k, low, high, extra, every)
     runs: list[dict[str, Any]] = []
     for rnd in range(1, args.rounds + 1):
-        for name, every, extra in variants:
-            s = run_throughput(llm, w, args.seed, low, high, extra, every)
+        for k, (name, every, extra) in enumerate(variants):
+            # Prompts of their own for every run: repeated ones would be prefix-cache hits.
+            s = run_throughput(llm, w, args.seed + 100 * rnd + k, low, high, extra, every)
             runs.append({"round": rnd, "variant": name, "every": every, "sampling": extra,
                          "output_tok_s": s["output_tok_s"], "wall_s": s["wall_s"],
                          "wrong_length_requests": s["wrong_length_requests"]})

@@ -63,6 +63,11 @@ def greedy_sample(logits):
     return fn(logits)
 
 
+def apply_penalties(logits, rows, slots, output_counts, in_prompt, repetition, frequency, presence):
+    fn = kernels.apply_penalties if _on_gpu(logits) else reference.apply_penalties_ref
+    return fn(logits, rows, slots, output_counts, in_prompt, repetition, frequency, presence)
+
+
 def add_lora(y, x, lora_a, lora_b, slots):
     fn = kernels.add_lora if _on_gpu(x) else reference.add_lora_ref
     return fn(y, x, lora_a, lora_b, slots)

@@ -11,6 +11,9 @@ the model's raw distribution.
 
 Everything the sampler needs from the host is copied to the device by `prepare()`, before the
 model's forward is queued: a host-to-device copy after it would wait for the whole forward.
+Penalties read token counts kept on the device (`PenaltyCounts`, backend/layers/penalties.py),
+to which the sampler adds the tokens it samples, so their host work does not grow with the
+sequences' lengths and needs none of the previous step's tokens.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 
 from . import ops
+from .penalties import PenaltyCounts, PenaltyRows, apply_penalties
 
 
 @dataclass
@@ -43,12 +47,12 @@ class SamplingMetadata:
     seeded: list[tuple[int, Any]] = field(default_factory=list)  # (row, sequence)
     # Per-token adjustments of every row at once, as (rows [P], token ids [P], values [P]...)
     # over P (row, token) pairs, or None when no row has any; a row's tokens are distinct.
-    repetition: tuple[torch.Tensor, ...] | None = None  # ids seen in prompt+output; penalty
-    frequency: tuple[torch.Tensor, ...] | None = None  # output ids; count, frequency, presence
     min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)
     allowed: tuple[torch.Tensor, ...] | None = None  # allowed_token_ids; then the rows, once each
     banned: tuple[torch.Tensor, ...] | None = None  # bad words' next tokens
     logit_bias: tuple[torch.Tensor, ...] | None = None  # ids; bias
+    # Rows with repetition, frequency or presence penalties: their token counts on the device
+    penalties: PenaltyRows | None = None
     # Rows with a grammar (structured_outputs) and their allowed tokens, as a bitmask
     grammar_rows: torch.Tensor | None = None  # [G] int64
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
@@ -92,11 +96,17 @@ class _Pairs:
 
 
 class Sampler:
+    def __init__(self, counts: PenaltyCounts | None = None) -> None:
+        """counts: the engine's penalty counts (a slot per running sequence with a penalty);
+        without, each call counts its rows' tokens from the host."""
+        self.counts = counts
+
     @staticmethod
     def prepare(rows: Seq[Any], vocab_size: int, device: torch.device,
-                pending_tokens: int = 0) -> SamplingMetadata:
+                pending_tokens: int = 0, counts: PenaltyCounts | None = None) -> SamplingMetadata:
         """pending_tokens: each row's last tokens that are this step's own placeholders (a
-        deferred sampling's rows already hold them), left out of penalties and counts."""
+        deferred sampling's rows already hold them), left out of bad words and min_tokens.
+        counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens."""
         params = [r.params for r in rows]
         md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
         md.want_logprobs = any(p.logprobs is not None for p in params)
@@ -118,8 +128,7 @@ class Sampler:
                 r.grammar.fill_bitmask(bitmask, j)
             md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
-        allowed, banned, bias, repetition, frequency, min_tokens = (
-            _Pairs(), _Pairs(), _Pairs(1), _Pairs(1), _Pairs(3), _Pairs())
+        allowed, banned, bias, min_tokens = _Pairs(), _Pairs(), _Pairs(1), _Pairs()
         for i, r in enumerate(rows):
             p = r.params
             tokens = r.token_ids[:len(r.token_ids) - pending_tokens] if pending_tokens else r.token_ids
@@ -129,31 +138,22 @@ class Sampler:
                 banned.add(i, _banned_by_bad_words(p._bad_words_token_ids, tokens[r.num_prompt_tokens:]))
             if p.logit_bias:
                 bias.add(i, p.logit_bias, list(p.logit_bias.values()))
-            if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-                history = np.fromiter(tokens, dtype=np.int64, count=len(tokens))
-                valid = (history >= 0) & (history < vocab_size)  # (no placeholder, in the vocabulary)
-                if p.repetition_penalty != 1.0:
-                    repetition.add(i, np.unique(history[valid]), p.repetition_penalty)
-                if p.presence_penalty or p.frequency_penalty:
-                    output = history[r.num_prompt_tokens:][valid[r.num_prompt_tokens:]]
-                    ids, counts = np.unique(output, return_counts=True)
-                    frequency.add(i, ids, counts, p.frequency_penalty, p.presence_penalty)
             if p.min_tokens and len(tokens) - r.num_prompt_tokens < p.min_tokens:
                 min_tokens.add(i, {t for t in p.all_stop_token_ids if t < vocab_size})
         md.allowed, md.banned, md.logit_bias = allowed.to(device), banned.to(device), bias.to(device)
         if md.allowed is not None:  # the rows to clear, listed here (unique() on the device syncs)
             md.allowed += (_dev(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
                                 torch.int64, device),)
-        md.repetition, md.frequency = repetition.to(device), frequency.to(device)
         md.min_tokens = min_tokens.to(device)
+        md.penalties = _penalty_rows(rows, vocab_size, device, counts)
         return md
 
     def __call__(self, logits: torch.Tensor, rows: Seq[Any],
                  md: SamplingMetadata | None = None) -> SamplerOutput:
         if md is None:
-            md = self.prepare(rows, logits.shape[1], logits.device)
+            md = self.prepare(rows, logits.shape[1], logits.device, counts=self.counts)
         if md.all_greedy and not md.want_logprobs and not (
-                md.repetition or md.frequency or md.min_tokens or md.allowed or md.banned or md.logit_bias):
+                md.penalties or md.min_tokens or md.allowed or md.banned or md.logit_bias):
             # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py),
             # guided rows masked first.
             return SamplerOutput(*ops.greedy_sample(self._mask_by_grammar(logits, md)))
@@ -173,6 +173,9 @@ class Sampler:
             dead = torch.isneginf(guided).all(dim=1, keepdim=True)
             logits[md.grammar_rows] = torch.where(dead, grammar_only, guided)
         token_ids = self._sample(logits, rows, md)
+        p = md.penalties
+        if p is not None and p.count_samples:  # the next step's penalties see these tokens
+            p.counts.count(p.slots, token_ids if p.rows is None else token_ids[p.rows])
         out = SamplerOutput(token_ids, raw_logprobs.gather(1, token_ids[:, None]).squeeze(1))
         if md.want_logprobs:
             if md.max_logprobs:
@@ -203,13 +206,8 @@ class Sampler:
         if md.logit_bias is not None:
             rows, ids, bias = md.logit_bias
             logits[rows, ids] += bias
-        if md.repetition is not None:
-            rows, ids, penalty = md.repetition
-            vals = logits[rows, ids]
-            logits[rows, ids] = torch.where(vals > 0, vals / penalty, vals * penalty)
-        if md.frequency is not None:
-            rows, ids, counts, freq, pres = md.frequency
-            logits[rows, ids] -= freq * counts + pres
+        if md.penalties is not None:
+            apply_penalties(logits, md.penalties)
         if md.min_tokens is not None:
             rows, ids = md.min_tokens
             logits[rows, ids] = float("-inf")
@@ -232,6 +230,32 @@ class Sampler:
             q[i].exponential_(generator=r.generator)
         sampled = (probs / q).argmax(dim=-1)
         return torch.where(md.greedy, greedy_ids, sampled)
+
+
+def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
+                  counts: PenaltyCounts | None) -> PenaltyRows | None:
+    penalized = [i for i, r in enumerate(rows) if r.params.has_penalties]
+    if not penalized:
+        return None
+    seqs = [rows[i] for i in penalized]
+    if counts is None:
+        table, slots = PenaltyCounts.transient(seqs, vocab_size, device), list(range(len(seqs)))
+    else:
+        table, slots = counts, counts.slots_for(seqs)
+    params = [s.params for s in seqs]
+    repetition = any(p.repetition_penalty != 1.0 for p in params)
+    additive = any(p.frequency_penalty or p.presence_penalty for p in params)
+
+    def column(values: list[float]) -> torch.Tensor:
+        return _dev(np.asarray(values, dtype=np.float32), None, device)
+
+    return PenaltyRows(
+        table, None if len(penalized) == len(rows) else _dev(penalized, torch.int64, device),
+        _dev(slots, torch.int64, device),
+        column([p.repetition_penalty for p in params]) if repetition else None,
+        column([p.frequency_penalty for p in params]) if additive else None,
+        column([p.presence_penalty for p in params]) if additive else None,
+        count_samples=counts is not None)
 
 
 @dataclass

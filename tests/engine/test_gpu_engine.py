@@ -16,7 +16,11 @@ def test_gpu_engine_matches_the_cpu_engine(model_dir):
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (70, 33, 5, 130)]
     prompts.append(prompts[3][:96] + [7, 8, 9])  # shares six blocks with the fourth prompt
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    plain = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    # Penalties on some rows (the Triton kernel from counts on the device against PyTorch's)
+    penalized = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.6,
+                               frequency_penalty=0.4, presence_penalty=0.2)
+    params = [plain, penalized, plain, penalized, plain]
     # 48-token steps: the 70- and 130-token prompts arrive in chunks that follow a prefix.
     common = dict(dtype="float32", num_kv_blocks=256, max_num_batched_tokens=48,
                   enable_prefix_caching=True)
@@ -54,8 +58,8 @@ def test_no_triton_compile_while_serving(llama_dir, tmp_path, lora):
     """Start-up compiles every kernel variant a step can need (`_compile_step_variants`, graph
     capture); a compile later stalls the step loop in front of clients (a first compile on a
     machine takes seconds). Steps of many shapes (eager and graph decodes of 1-40 rows, prompt
-    chunks of 5 to 1,100 tokens, chunks after a cached prefix, n > 1; with a LoRA adapter on
-    every other request) must compile nothing."""
+    chunks of 5 to 1,100 tokens, chunks after a cached prefix, n > 1, penalties; with a LoRA adapter
+    on every other request) must compile nothing."""
     gen = torch.Generator().manual_seed(6)
     adapters = {}
     if lora:
@@ -74,4 +78,11 @@ def test_no_triton_compile_while_serving(llama_dir, tmp_path, lora):
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
                      lora_request=loras)
     llm.generate([[5] * 300], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=5, ignore_eos=True))
+    # Penalties on some rows and on all, each kind alone and together
+    plain = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for kinds in (dict(repetition_penalty=1.2), dict(frequency_penalty=0.5), dict(presence_penalty=0.5),
+                  dict(repetition_penalty=1.2, frequency_penalty=0.5)):
+        penalized = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, **kinds)
+        llm.generate([[5, 6, 7]] * 3, [penalized, plain, penalized])
+        llm.generate([[5, 6, 7]] * 2, penalized)
     assert watch.compiles == 0, "kernels compiled while serving (the warnings above name them)"

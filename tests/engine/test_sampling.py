@@ -9,6 +9,7 @@ import torch
 
 from backend import LLM, LLMEngine, EngineArgs, SamplingParams
 from backend.layers.sampler import Sampler
+from backend.sequence import PLACEHOLDER
 from backend.request import accumulate
 
 
@@ -340,11 +341,11 @@ def test_bad_words_through_the_engine(llama_dir):
 
 
 def test_penalties_read_the_previous_token_while_steps_overlap(llama_dir, monkeypatch):
-    """A repetition penalty reads every earlier token of its row on the host, so the engine
-    launches each next step's forward pass first and its sampling once the previous step's
-    tokens are in (ModelRunner.sample). Greedy tokens with the penalty equal Hugging Face's
-    (RepetitionPenaltyLogitsProcessor is vLLM's definition), for requests with and without it
-    in one batch, and min_tokens counts the same."""
+    """A repetition penalty reads every earlier token of its row: the counts stay on the device
+    (PenaltyCounts) and the sampler adds each sampled token to them, so each step is launched
+    before the previous step's tokens are taken, with no deferred sampling. Greedy tokens with
+    the penalty equal Hugging Face's (RepetitionPenaltyLogitsProcessor is vLLM's definition),
+    for requests with and without it in one batch, and min_tokens counts the same."""
     from hf_reference import hf_greedy_generate
     from transformers import AutoModelForCausalLM
     gen = torch.Generator().manual_seed(8)
@@ -359,11 +360,16 @@ def test_penalties_read_the_previous_token_while_steps_overlap(llama_dir, monkey
     plain = hf_greedy_generate(hf, prompts, 12)
     assert want != plain  # the penalty changes the output: the test can tell
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=128)
-    runner, deferred = llm.engine.runner, []
-    sample = runner.sample
+    runner, deferred, overlapped = llm.engine.runner, [], []
+    sample, launch = runner.sample, runner.launch
     monkeypatch.setattr(runner, "sample", lambda pending: (deferred.append(len(pending.rows)), sample(pending)))
+
+    def watch_launch(scheduled, *args, **kwargs):  # a placeholder input: the previous step is in flight
+        overlapped.append(any(PLACEHOLDER in item.seq.token_ids for item in scheduled))
+        return launch(scheduled, *args, **kwargs)
+    monkeypatch.setattr(runner, "launch", watch_launch)
     penalty = SamplingParams(temperature=0, max_tokens=12, min_tokens=12, repetition_penalty=1.8)
     greedy = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
     outs = llm.generate(prompts + prompts, [penalty] * 3 + [greedy] * 3)
     assert [o.outputs[0].token_ids for o in outs] == want + plain
-    assert len(deferred) == 11 and set(deferred) == {6}  # every step after the first, all rows
+    assert deferred == [] and overlapped == [False] + [True] * 11

@@ -54,3 +54,63 @@ def test_empty_and_bad_input():
         kernels.greedy_sample(torch.zeros(2, 10, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match=r"^greedy_sample: logits must be contiguous in its last dimension"):
         kernels.greedy_sample(torch.zeros(10, 4, device=DEVICE).t())
+
+
+def _penalty_case(rows_given: bool, counts_dtype, rep: bool, additive: bool, vocab=300, slots_total=5):
+    g = torch.Generator().manual_seed(vocab + rows_given + 2 * rep + 4 * additive)
+    logits = torch.randn(6, vocab, generator=g) * 3
+    counts = torch.randint(0, 4, (slots_total, vocab), generator=g).to(counts_dtype)
+    counts[counts == 1] = 0  # many zero counts: seen and unseen tokens both
+    in_prompt = torch.rand(slots_total, vocab, generator=g) < 0.2
+    rows = torch.tensor([4, 0, 3]) if rows_given else None
+    q = 3 if rows_given else 6
+    slots = torch.randint(0, slots_total, (q,), generator=g)
+    repetition = (torch.rand(q, generator=g) + 0.5) if rep else None
+    frequency = torch.rand(q, generator=g) if additive else None
+    presence = torch.rand(q, generator=g) if additive else None
+    return logits, rows, slots, counts, in_prompt, repetition, frequency, presence
+
+
+def _penalty_oracle(logits, rows, slots, counts, in_prompt, repetition, frequency, presence):
+    """vLLM's definitions, one row and one token at a time, in float32."""
+    out = logits.clone()
+    for q, slot in enumerate(slots.tolist()):
+        r = rows[q].item() if rows is not None else q
+        for t in range(logits.shape[1]):
+            x, c = out[r, t], counts[slot, t].float()
+            if repetition is not None and (c > 0 or in_prompt[slot, t]):
+                x = x / repetition[q] if x > 0 else x * repetition[q]
+            if frequency is not None:
+                x = x - (frequency[q] * c + presence[q] * (c > 0).float())
+            out[r, t] = x
+    return out
+
+
+@pytest.mark.parametrize("rows_given", [False, True])
+@pytest.mark.parametrize("counts_dtype", [torch.int16, torch.int32])
+@pytest.mark.parametrize("rep, additive", [(True, True), (True, False), (False, True)])
+def test_penalties_match_the_oracle_exactly(rows_given, counts_dtype, rep, additive):
+    case = _penalty_case(rows_given, counts_dtype, rep, additive)
+    want = _penalty_oracle(*case)
+    on_device = [t.clone().to(DEVICE) if t is not None else None for t in case]
+    got = kernels.apply_penalties(*on_device, block=128)  # three blocks, the last partial
+    assert torch.equal(got.cpu(), want)
+    ref = reference.apply_penalties_ref(*[t.clone() if t is not None else None for t in case])
+    assert torch.equal(ref, want)
+    if rows_given:  # rows without penalties untouched
+        untouched = [1, 2, 5]
+        assert torch.equal(got.cpu()[untouched], case[0][untouched])
+
+
+def test_penalties_check_their_arguments():
+    logits, rows, slots, counts, in_prompt, rep, freq, pres = _penalty_case(True, torch.int32, True, True)
+    with pytest.raises(ValueError, match=r"^apply_penalties: frequency and presence must be given together$"):
+        kernels.apply_penalties(logits, rows, slots, counts, in_prompt, rep, freq, None)
+    with pytest.raises(ValueError, match=r"^apply_penalties: slots must have one entry per logits row when "
+                                         r"rows is None, got 3 for 6 rows$"):
+        kernels.apply_penalties(logits, None, slots, counts, in_prompt, rep, freq, pres)
+    with pytest.raises(ValueError, match=r"^apply_penalties: in_prompt must have the logits' 300 columns, "
+                                         r"got shape \(5, 299\)$"):
+        kernels.apply_penalties(logits, rows, slots, counts, in_prompt[:, :299], rep, freq, pres)
+    with pytest.raises(ValueError, match=r"^apply_penalties: logits must have dtype"):
+        kernels.apply_penalties(logits.half(), rows, slots, counts, in_prompt, rep, freq, pres)
