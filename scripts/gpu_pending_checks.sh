@@ -25,8 +25,9 @@
 #   part 8: what sampling parameters cost the batch (penalties on every request, on one in
 #           eight): scripts/bench_sampler.py on CUDA, then scripts/bench_sampling_cost.py on
 #           Llama-3-8B bf16 in-process for this tree and each source tree in $TREES (carried,
-#           e.g. a `git archive` of an older commit); with TESTS=1 then the sampling, GPU engine
-#           and structured-output tests on CUDA (xgrammar from gpu_extras/).
+#           e.g. a `git archive` of an older commit); with TESTS=1 then the sampling kernel tests and
+#           the engine tests in $TEST_FILES (default: sampling, GPU engine, structured
+#           outputs) on CUDA (xgrammar from gpu_extras/).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -118,11 +119,14 @@ elif [ "$PART" = 8 ]; then
             2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S")
     done
     if [ -n "${TESTS:-}" ]; then
-        stamp "GPU tests: sampling, the engine, structured outputs (xgrammar from gpu_extras)"
+        stamp "GPU tests: the sampling kernels"
+        timeout 120 "$PY" -m pytest tests/kernels/test_kernel_sampling.py --confcutdir=tests/kernels -q \
+            -p no:cacheprovider 2>&1 | tail -3 >> "$S"
+        stamp "GPU tests: ${TEST_FILES:=tests/engine/test_sampling.py tests/engine/test_gpu_engine.py tests/engine/test_structured_output.py}"
         "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
             gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
-        PYTHONPATH=/tmp/extras timeout "${TESTS_TIMEOUT:-280}" "$PY" -m pytest tests/engine/test_sampling.py \
-            tests/engine/test_gpu_engine.py tests/engine/test_structured_output.py --confcutdir=tests/engine \
+        # shellcheck disable=SC2086
+        PYTHONPATH=/tmp/extras timeout "${TESTS_TIMEOUT:-280}" "$PY" -m pytest $TEST_FILES --confcutdir=tests/engine \
             -q -p no:cacheprovider --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -40 | cut -c1-900 >> "$S"
     fi
 elif [ "$PART" = 6 ]; then
