@@ -99,6 +99,9 @@ def cases():
     yield "silu_and_mul", lambda: kernels.silu_and_mul(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token(e(16, 14336, dtype=torch.bfloat16))
     yield "greedy_sample", lambda: kernels.greedy_sample(e(256, 128256, dtype=torch.bfloat16))
+    rows, f32 = torch.zeros(8, dtype=torch.int64), e(8)
+    yield "apply_penalties", lambda: kernels.apply_penalties(
+        e(256, 128256), rows, rows, e(256, 128256, dtype=torch.int16), e(256, 128256, dtype=torch.bool), f32, f32, f32)
     fp8 = torch.float8_e4m3fn
     yield "fp8_matmul", lambda: kernels.fp8_matmul_few_rows(e(1, 4096, dtype=fp8), e(1, 1), e(6144, 4096, dtype=fp8),
                                                             e(1, 6144), torch.bfloat16)

@@ -27,7 +27,7 @@ def compiled():
 def test_kernels_compile_for_hopper(compiled):
     labels = {c["case"] for c in compiled}
     assert {"decode torch.bfloat16 splits=4", "prefill torch.bfloat16", "rms_norm", "rotary",
-            "silu_and_mul", "store_kv_cache", "quantize_fp8", "greedy_sample", "fp8_matmul",
+            "silu_and_mul", "store_kv_cache", "quantize_fp8", "greedy_sample", "apply_penalties", "fp8_matmul",
             "rotary and kv store torch.bfloat16", "rotary and kv store torch.float8_e4m3fn"} <= labels
     for c in compiled:
         assert c["shared"] <= H100_MAX_SHARED, c
