@@ -119,8 +119,7 @@ class DecodeGraphs:
         hv[2, n:bs] = -1  # padding rows: store nothing, attend to nothing
         hv[3, n:bs] = 0
         if self.lora:
-            hv[4, :n] = -1 if batch.lora_slots is None else batch.lora_slots
-            hv[4, n:bs] = -1
+            _fill_lora_row(hv[4], batch.lora_slots, n, bs)
         host_tables.numpy()[:n, :width] = batch.decode_block_tables
         self.vectors[:, :bs].copy_(host_vectors[:, :bs], non_blocking=True)
         self.block_tables[:n, :width].copy_(host_tables[:n, :width], non_blocking=True)
@@ -244,8 +243,7 @@ class PrefillGraphs:
         ht[:2, n:size] = 0
         ht[2, n:size] = -1  # padding tokens store nothing
         if self.lora:
-            ht[4, :n] = -1 if batch.lora_slots is None else batch.lora_slots
-            ht[4, n:size] = -1
+            _fill_lora_row(ht[4], batch.lora_slots, n, size)
         ht[3, :chunks] = batch.prefill_cu_seqlens_q[1:] - 1
         ht[3, chunks:p] = 0  # unused sequences: a real row, computed and dropped
         hi = host_info.numpy()
@@ -263,6 +261,13 @@ class PrefillGraphs:
         graph, out = self.graphs[size]
         graph.replay()
         return out[:chunks]
+
+
+def _fill_lora_row(row, lora_slots, n: int, end: int) -> None:
+    """Each of the n rows' LoRA slot (-1: none, also when the step has no adapter at all), then
+    -1 on the padding rows up to `end`."""
+    row[:n] = -1 if lora_slots is None else lora_slots
+    row[n:end] = -1
 
 
 def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:

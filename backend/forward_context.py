@@ -4,9 +4,29 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Generic, Iterator, TypeVar
 
 import torch
+
+T = TypeVar("T")
+
+
+class _StepValue(Generic[T]):
+    """A value the layers read during one forward pass, set around it by the model runner."""
+
+    def __init__(self) -> None:
+        self.current: T | None = None
+
+    def get(self) -> T | None:
+        return self.current
+
+    @contextlib.contextmanager
+    def set(self, value: T | None) -> Iterator[None]:
+        previous, self.current = self.current, value
+        try:
+            yield
+        finally:
+            self.current = previous
 
 
 @dataclass
@@ -26,21 +46,9 @@ class AttentionMetadata:
     decode_max_context_len: int | None = None
 
 
-_current: AttentionMetadata | None = None
-
-
-def get_attention_metadata() -> AttentionMetadata | None:
-    return _current
-
-
-@contextlib.contextmanager
-def set_attention_metadata(metadata: AttentionMetadata | None) -> Iterator[None]:
-    global _current
-    previous, _current = _current, metadata
-    try:
-        yield
-    finally:
-        _current = previous
+_attention: _StepValue[AttentionMetadata] = _StepValue()
+get_attention_metadata = _attention.get
+set_attention_metadata = _attention.set
 
 
 class LoRAMapping:
@@ -52,24 +60,13 @@ class LoRAMapping:
         self.slots = token_slots  # [rows] int32 or int64
 
 
-_lora: LoRAMapping | None = None
-
-
-def get_lora_mapping() -> LoRAMapping | None:
-    return _lora
+_lora: _StepValue[LoRAMapping] = _StepValue()
+get_lora_mapping = _lora.get
+set_lora_mapping = _lora.set
 
 
 def select_lora_rows(rows: torch.Tensor) -> None:
     """The layers from here on see only these rows of the step, in this order."""
-    if _lora is not None:
-        _lora.slots = _lora.slots[rows]
-
-
-@contextlib.contextmanager
-def set_lora_mapping(mapping: LoRAMapping | None) -> Iterator[None]:
-    global _lora
-    previous, _lora = _lora, mapping
-    try:
-        yield
-    finally:
-        _lora = previous
+    mapping = _lora.get()
+    if mapping is not None:
+        mapping.slots = mapping.slots[rows]
