@@ -109,6 +109,10 @@ class TritonPythonModel:
         lock = f"tritium-metrics-{os.getppid()}-{args['model_name']}-{args['model_version']}"
         self._metrics = triton_metrics.MetricsPublisher(pb_utils, self._labels, lock)
         self._metrics_stop = threading.Event()
+        try:  # now, so that the metrics exist when the model reports ready (the loop retries)
+            self._metrics.open()
+        except pb_utils.TritonModelException:
+            pass  # metrics are off: the loop says so and stops
         self._metrics_thread = threading.Thread(target=self._metrics_loop, name="tritium-metrics")
         self._metrics_thread.start()
         pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {args['model_name']}")
