@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .spec_decode import SpeculativeConfig
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -73,6 +75,10 @@ class EngineArgs:
     # Adapters kept in host memory (vLLM's name), the least recently used dropped first and read
     # from disk again when needed; default: every adapter. At least max_loras.
     max_cpu_loras: int | None = None
+    # Speculative decoding by n-gram lookup (vLLM's form): {"method": "ngram",
+    # "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}; greedy requests
+    # without logits adjustments speculate (backend/spec_decode.py). Steps then do not overlap.
+    speculative_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -121,6 +127,8 @@ class EngineArgs:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "
                              f"got {self.long_prefill_token_threshold!r}.")
         self._check_lora()
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
 
     def _check_lora(self) -> None:
         _positive_int("max_lora_rank", self.max_lora_rank)

@@ -18,6 +18,7 @@ from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import PLACEHOLDER, Sequence
+from .spec_decode import NgramProposer, SpeculativeConfig
 from .structured_output import Grammar
 from .tokenizer import IncrementalDetokenizer, fill_decoded_tokens, find_stop_string, load_tokenizer
 
@@ -88,6 +89,8 @@ class LLMEngine:
         self._inflight = None  # the launched step whose tokens are not yet taken
         self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
         self.stats = EngineStats()
+        spec = args.speculative_config
+        self.proposer = NgramProposer(SpeculativeConfig.from_dict(spec)) if spec else None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -169,6 +172,13 @@ class LLMEngine:
         `deliver`, outputs are handed over as soon as they are made (the device still busy);
         otherwise they are returned."""
         outputs: list[RequestOutput] = []
+        if self.proposer is not None:
+            # Proposals continue from the latest tokens, and a step's token count is known only
+            # once it is verified: take the step in flight first (no overlap of the two).
+            if self._inflight is not None:
+                previous, self._inflight = self._inflight, None
+                self._take_results(previous, outputs)
+            self._propose()
         defer = self._inflight is not None and self._must_sync()
         sched = self.scheduler.schedule()
         launched = None
@@ -184,6 +194,20 @@ class LLMEngine:
             deliver(outputs)
             return []
         return outputs
+
+    def _propose(self) -> None:
+        """Speculative decoding: proposed tokens for each running greedy decode that takes them
+        (no logits adjustments), at most what its length limits leave after one token."""
+        for seq in self.scheduler.running:
+            seq.spec_token_ids = []
+            p = seq.params
+            if (seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_unresolved or seq.finish_reason
+                    or not p.plain_greedy or seq.num_output_tokens < p.min_tokens):
+                continue
+            room = self.max_seq_len - seq.num_tokens
+            if p.max_tokens is not None:
+                room = min(room, p.max_tokens - seq.num_output_tokens)
+            seq.spec_token_ids = self.proposer.propose(seq.token_ids, room - 1)
 
     def _must_sync(self) -> bool:
         return any(s.params.needs_output_on_host for s in self.scheduler.running)
@@ -201,6 +225,8 @@ class LLMEngine:
         limits), then queue it on the device (without its sampling when defer_sampling)."""
         rows: list[Sequence] = []
         sources: list[int] = []
+        offsets: list[int] = []  # a sample row's distance back from its sequence's last new token
+        spec: list[tuple[Sequence, list[int], int]] = []  # (sequence, its proposed tokens, first row)
         forks: list[tuple[Sequence, list[Sequence]]] = []
         prompt_spans = []  # (item, first, end): prompt tokens first..end-1 whose logprobs are asked
         for item in sched.scheduled:
@@ -212,6 +238,15 @@ class LLMEngine:
                 end = min(c + item.num_new_tokens + 1, seq.num_prompt_tokens)
                 if first < end:
                     prompt_spans.append((item, first, end))
+            if seq.spec_token_ids and item.num_new_tokens == len(seq.spec_token_ids) + 1:
+                # Its last token and each proposed one: a row per position, verified on arrival.
+                k = len(seq.spec_token_ids)
+                spec.append((seq, seq.spec_token_ids, len(rows)))
+                rows.extend([seq] * (k + 1))
+                sources.extend([seq.seq_id] * (k + 1))
+                offsets.extend(range(k, -1, -1))
+                seq.token_ids.extend(seq.spec_token_ids)  # read by the step's inputs only
+                continue
             if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
                 continue  # a prompt chunk that does not reach the end: nothing to sample
             group = [seq]
@@ -221,15 +256,28 @@ class LLMEngine:
                 group += children
             rows.extend(group)
             sources.extend([seq.seq_id] * len(group))
+            offsets.extend([0] * len(group))
         for slot, name in sched.lora_loads:  # adapters taking a slot, before the step reads them
             self.runner.lora_manager.load(slot, name)
         try:
             pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources,
-                                         self._inflight, prompt_spans, defer_sampling)
+                                         self._inflight, prompt_spans, defer_sampling,
+                                         offsets if spec else None)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(sched, f"internal error while running the model: {exc}", outputs)
             return None
+        finally:
+            for seq, proposed, _ in spec:  # back to the known tokens; placeholders follow below
+                del seq.token_ids[len(seq.token_ids) - len(proposed):]
+        speculating = {seq.seq_id for seq, _, _ in spec}
+        for item in sched.scheduled:
+            item.seq.spec_token_ids = []
+            if item.seq.seq_id in speculating:
+                # Only its last token's keys and values count as computed until the proposed
+                # ones are verified (`_verify`).
+                item.num_new_tokens = 1
+        pending.spec = spec
         for item, _, end in prompt_spans:
             item.seq.next_prompt_logprob = end
         self.scheduler.update_after_step(sched)
@@ -248,6 +296,8 @@ class LLMEngine:
             seq.num_unresolved += 1
             pending.positions.append(seq.num_tokens - 1)
             p = seq.params
+            if seq.seq_id in speculating:
+                continue  # how many of its rows become tokens is known on arrival (`_verify`)
             if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
                     seq.num_tokens >= self.max_seq_len:
                 seq.finish_reason = "length"  # known now: free its blocks, do not schedule it again
@@ -276,6 +326,8 @@ class LLMEngine:
             if seq.request_id in self.requests and first == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.extend(make_logprobs_entry(r.token_id, r.logprob, r.rank, r.top)
                                            for r in prompt_results)
+        if pending.spec:
+            self._verify(pending, results)
         now = time.time()
         off_grammar: dict[str, int] = {}  # request id -> the token its grammar rejected
         for seq, pos, res in zip(pending.rows, pending.positions, results):
@@ -301,11 +353,36 @@ class LLMEngine:
             elif not seq.is_finished:
                 self.block_manager.cache_full_blocks(seq)
             self._text_queue.append(seq)
+        for seq, _, _ in pending.spec:  # length limits of speculating sequences, now known
+            p = seq.params
+            if seq.request_id in self.requests and not seq.is_finished and (
+                    (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens)
+                    or seq.num_tokens >= self.max_seq_len):
+                seq.finish_reason = "length"
+                self.scheduler.finish(seq)
         for request_id, token in off_grammar.items():  # that request ends; the others carry on
             out = self.abort_request(request_id, error=f"structured_outputs: the grammar allows no "
                                                        f"continuation (sampled token {token}).")
             if out is not None:
                 outputs.append(out)
+
+    def _verify(self, pending, results) -> None:
+        """Speculative decoding: a sequence keeps its greedy tokens up to the first that differs
+        from the proposal, and that one (all are plain greedy tokens); the placeholders of the
+        rest go, and the accepted proposals' keys and values count as computed."""
+        for seq, proposed, first in pending.spec:
+            if seq.request_id not in self.requests or seq.is_finished:
+                continue
+            accepted = 0
+            while accepted < len(proposed) and results[first + accepted].token_id == proposed[accepted]:
+                accepted += 1
+            del seq.token_ids[pending.positions[first + accepted] + 1:pending.positions[first + len(proposed)] + 1]
+            seq.num_unresolved -= len(proposed) - accepted
+            seq.num_computed_tokens += accepted
+            st = self.stats
+            st.spec_decode_num_drafts += 1
+            st.spec_decode_num_draft_tokens += len(proposed)
+            st.spec_decode_num_accepted_tokens += accepted
 
     def _record_token(self, seq: Sequence, req: Request, res, now: float) -> None:
         if seq.params.logprobs is not None:
@@ -419,6 +496,9 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens, request_success=dict(s.request_success),
+            spec_decode_num_drafts=s.spec_decode_num_drafts,
+            spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
+            spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
             **self._lora_stats(), **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
         for name in EngineStats.SAMPLE_FIELDS:
             setattr(s, name, [])

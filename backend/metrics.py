@@ -30,6 +30,11 @@ class EngineStats:
     request_prefill_time: list[float] = field(default_factory=list)  # first scheduled -> first token
     request_decode_time: list[float] = field(default_factory=list)  # first token -> last token
     request_inference_time: list[float] = field(default_factory=list)  # first scheduled -> last token
+    # Speculative decoding (vLLM's spec_decode counters): verification steps of a sequence with
+    # proposed tokens, tokens proposed, and proposed tokens accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
     # LoRA (vLLM's lora_requests_info): device slots (0: no LoRA), and the adapters of running
     # and of waiting requests, comma-separated.
     max_lora: int = 0

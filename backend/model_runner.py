@@ -315,7 +315,7 @@ class ModelRunner:
                sample_rows: list[Sequence], sample_sources: list[int],
                previous: "PendingStep | None" = None,
                prompt_spans: list[tuple[ScheduledSequence, int, int]] = (),
-               defer_sampling: bool = False) -> "PendingStep":
+               defer_sampling: bool = False, sample_offsets: list[int] | None = None) -> "PendingStep":
         """Queue the step on the device and return at once; `PendingStep.wait()` gives the
         sampled tokens. Row i of `sample_rows` samples from the logits after the last new token
         of the sequence with id `sample_sources[i]`. Input tokens still being sampled by
@@ -323,7 +323,9 @@ class ModelRunner:
         (scheduled item, first, end) asks for the logprobs of the item's prompt tokens
         first..end-1, which this step's rows predict (`PendingStep.prompt_results`).
         defer_sampling: queue only the forward pass; `sample()` queues the sampling later, once
-        the host knows what it reads (the previous step's tokens, for penalties or a grammar)."""
+        the host knows what it reads (the previous step's tokens, for a grammar).
+        sample_offsets: row i samples that many rows before its sequence's last new token
+        (speculative decoding verifies every proposed position); None: all from the last."""
         if block_copies:
             src = self.to_device([c[0] for c in block_copies], torch.int64)
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
@@ -342,6 +344,8 @@ class ModelRunner:
                     self.to_device(src_rows, torch.int64), previous.token_ids)
         # The packed row whose hidden state each sample row reads.
         rows_index = [batch.last_index[s] for s in sample_sources]
+        if sample_offsets is not None:
+            rows_index = [r - o for r, o in zip(rows_index, sample_offsets)]
         every_row = rows_index == list(range(batch.num_tokens))
         # The rows that predict prompt tokens whose logprobs are asked for (position j predicts
         # token j + 1), and those tokens.
@@ -362,7 +366,8 @@ class ModelRunner:
             hidden = self.graphs.run(batch, fill)  # every row
             if prompt_index:
                 prompt_hidden = hidden[self.to_device(prompt_index, torch.int64)]
-        elif not prompt_index and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+        elif not prompt_index and sample_offsets is None and self.prefill_graphs is not None \
+                and self.prefill_graphs.can_run(batch):
             # The graph gives the last row of each prompt chunk, in chunk order.
             chunk_of = {int(end) - 1: i for i, end in enumerate(batch.prefill_cu_seqlens_q[1:])}
             chunks = [chunk_of[r] for r in rows_index]
@@ -423,6 +428,8 @@ class PendingStep:
         self.event = None
         self.waited_s = 0.0  # how long wait() blocked on the device
         self.deferred_hidden: torch.Tensor | None = None  # the rows' hidden states until sample()
+        # (sequence, proposed tokens, its first row) of speculating sequences (set by the engine)
+        self.spec: list[tuple[Sequence, list[int], int]] = []
         self.prompt_spans = list(prompt_spans) if prompt is not None else []
         # (sequence, first prompt position, a result per position from there), filled by wait()
         self.prompt_results: list[tuple[Sequence, int, list[SampleResult]]] = []

@@ -182,6 +182,14 @@ class SamplingParams:
         self._bad_words_token_ids = words
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits or asks for logprobs: its tokens can be
+        proposed ahead and verified (speculative decoding)."""
+        return bool(self.greedy and self.logprobs is None and not self.has_penalties and not self.logit_bias
+                    and self.allowed_token_ids is None and not self._bad_words_token_ids
+                    and self.structured_outputs is None)
+
+    @property
     def has_penalties(self) -> bool:
         return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty)
 

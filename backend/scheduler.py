@@ -123,10 +123,17 @@ class Scheduler:
                 remaining = seq.num_tokens - seq.num_computed_tokens
                 if (remaining == 1) != decodes or seq.status != SequenceStatus.RUNNING:
                     continue  # the other pass's, or preempted earlier in this loop
-                num_new = min(remaining, budget)
-                if num_new > 1 and self.waiting:
+                # A decode with proposed tokens (speculative decoding) verifies them in this step,
+                # as many as the budget leaves room for.
+                num_new = min(remaining + len(seq.spec_token_ids), budget)
+                del seq.spec_token_ids[max(0, num_new - 1):]
+                if num_new > 1 and self.waiting and not decodes:
                     num_new = min(num_new, self._chunk_cap())
                 while not self.block_manager.allocate_slots(seq, num_new):
+                    if seq.spec_token_ids:  # proposed tokens go before anyone is preempted
+                        seq.spec_token_ids = []
+                        num_new = 1
+                        continue
                     victim = self._victim()
                     budget += self._preempt(victim, out)
                     if victim is seq:
@@ -209,6 +216,7 @@ class Scheduler:
         self._drop_lora_slot(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         if self.policy == "priority":
             self._insert_by_priority(seq)

@@ -78,6 +78,9 @@ class Sequence:
         self.lora_name: str | None = None
         self.lora_slot = -1
         self.cache_salt: int | None = None
+        # Speculative decoding: tokens proposed for its next step, verified there (the
+        # scheduler may cut them to the step's token budget); [] when it does not speculate.
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -93,7 +93,8 @@ def test_metrics_appear_and_move(llm_server, tiny_model):
              "vllm:request_generation_tokens_sum", "vllm:request_params_max_tokens_sum",
              "vllm:request_params_n_count", "vllm:request_queue_time_seconds_count",
              "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
-             "vllm:request_inference_time_seconds_count"]
+             "vllm:request_inference_time_seconds_count", "vllm:spec_decode_num_drafts_total",
+             "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"]
     assert wait_until(lambda: _idle(llm_server), 10)
     before = {n: llm_server.metric(n, **LABELS) for n in names}
     length = llm_server.metric("vllm:request_success_total", finished_reason="length", **LABELS)
@@ -130,6 +131,7 @@ def test_metrics_appear_and_move(llm_server, tiny_model):
     assert delta("vllm:prompt_tokens_total") == 2 * prompt_len + busy_len
     assert delta("vllm:prefix_cache_queries_total") >= delta("vllm:prefix_cache_hits_total") > 0
     assert delta("vllm:num_preemptions_total") == 0
+    assert delta("vllm:spec_decode_num_drafts_total") == 0  # no speculative_config
     # One sample per request (vLLM V1's per-request histograms).
     assert delta("vllm:request_prompt_tokens_sum") == 2 * prompt_len + busy_len
     assert delta("vllm:request_generation_tokens_sum") == 2 * 10 + LONG["max_tokens"]

@@ -1,0 +1,134 @@
+"""Speculative decoding by n-gram lookup (backend/spec_decode.py): the proposer, the config, and
+the engine's verification: whatever is proposed, the tokens are exactly plain greedy decoding's
+(checked against Hugging Face), and proposals are accepted up to the first wrong one."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend import LLM, EngineArgs, LLMEngine, SamplingParams
+from backend.spec_decode import NgramProposer, SpeculativeConfig
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def proposer(k=3, hi=3, lo=1) -> NgramProposer:
+    return NgramProposer(SpeculativeConfig.from_dict(
+        {"num_speculative_tokens": k, "prompt_lookup_max": hi, "prompt_lookup_min": lo}))
+
+
+def test_the_proposer_takes_the_longest_suffix_that_occurred_and_its_latest_occurrence():
+    p = proposer(k=3, hi=3, lo=1)
+    # "7 8" occurred twice, followed by 1 2 3 and later by 4 5 6: the latest wins
+    assert p.propose([7, 8, 1, 2, 3, 9, 7, 8, 4, 5, 6, 0, 7, 8], 10) == [4, 5, 6]
+    # "5 7 8" occurred (followed by 9) while "7 8" alone also occurred later: the longer suffix wins
+    assert p.propose([5, 7, 8, 9, 1, 7, 8, 2, 5, 7, 8], 10) == [9, 1, 7]
+    assert p.propose([5, 7, 8, 9, 1, 7, 8, 2, 5, 7, 8], 2) == [9, 1]  # what the limits leave
+    assert p.propose([5, 7, 8, 9, 1, 7, 8, 2, 5, 7, 8], 0) == []
+    assert p.propose([1, 2, 3, 4], 5) == []  # nothing repeats
+    assert p.propose([4, 4, 4], 5) == [4]  # overlapping occurrence; only one token followed
+    assert p.propose([1, 2, 9, 1, 2], 5) == [9, 1, 2]  # up to the end of the sequence
+    assert proposer(k=3, hi=3, lo=2).propose([1, 2, 9, 3, 2], 5) == []  # one matching token is too few
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "eagle", "num_speculative_tokens": 3},
+     "speculative_config: method 'eagle' is not supported; only 'ngram' (no draft model) is."),
+    ({"method": "ngram"}, "speculative_config: num_speculative_tokens must be an integer in [1, 16], got None."),
+    ({"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+     "speculative_config: prompt_lookup_min (4) must not exceed prompt_lookup_max (2)."),
+    ({"num_speculative_tokens": 2, "draft_model": "x"},
+     "speculative_config: unknown keys ['draft_model']; this engine speculates by 'method': 'ngram' with "
+     "num_speculative_tokens, prompt_lookup_max and prompt_lookup_min."),
+])
+def test_bad_configs_are_refused(llama_dir, config, message):
+    with pytest.raises(ValueError) as e:
+        EngineArgs(model=llama_dir, speculative_config=config)
+    assert str(e.value) == message
+
+
+def test_config_from_a_model_config_string(llama_dir):
+    args = EngineArgs.from_strings({"model": llama_dir, "speculative_config": '{"num_speculative_tokens": 4}'})
+    assert SpeculativeConfig.from_dict(args.speculative_config) == SpeculativeConfig(4, 5, 5, "ngram")
+
+
+def _plain(llama_dir, prompts, params):
+    return [o.outputs[0] for o in LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512)
+            .generate(prompts, params)]
+
+
+def _with_oracle(engine: LLMEngine, truth: dict[tuple[int, ...], list[int]], wrong_every: int):
+    """Proposals from the known greedy continuation of each prompt, every `wrong_every`-th one
+    with its second token wrong, so that verification accepts all, some or none."""
+    calls = {"n": 0}
+
+    def propose(token_ids, max_tokens):
+        for prompt, out in truth.items():
+            if tuple(token_ids[:len(prompt)]) == prompt:
+                done = len(token_ids) - len(prompt)
+                guess = out[done:done + min(3, max_tokens)]
+                calls["n"] += 1
+                if guess and calls["n"] % wrong_every == 0 and len(guess) > 1:
+                    guess = [guess[0], (guess[1] + 1) % 500] + guess[2:]
+                return list(guess)
+        raise AssertionError("a sequence of no known prompt")
+    engine.proposer.propose = propose
+
+
+def test_verified_tokens_equal_plain_greedy_and_hugging_face(llama_dir):
+    from hf_reference import hf_greedy_generate
+    from transformers import AutoModelForCausalLM
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 24, 15)]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    penalized = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3)
+    params = [greedy, greedy, penalized]  # the penalized one does not speculate
+    want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir, torch_dtype=torch.float32)
+    assert want[:2] == hf_greedy_generate(hf, prompts[:2], 20)
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts[:2], want[:2])}, wrong_every=3)
+    got = [o.outputs[0] for o in llm.generate(prompts, params)]
+    assert [o.token_ids for o in got] == want
+    assert all(o.finish_reason == "length" for o in got)
+    st = llm.engine.get_stats()
+    # Each greedy request: proposals of 3 from its 2nd token on; a wrong one accepts 1 of 3, a
+    # right one all 3 (+1 token of its own): 19 tokens after the first take a few steps each.
+    assert st.spec_decode_num_drafts > 0
+    assert st.spec_decode_num_accepted_tokens > st.spec_decode_num_draft_tokens // 2
+    assert st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens  # some were wrong
+    assert st.generation_tokens == 60
+
+
+def test_stops_inside_an_accepted_run_and_length_limits(llama_dir):
+    gen = torch.Generator().manual_seed(9)
+    prompt = torch.randint(3, 500, (12,), generator=gen).tolist()
+    free = _plain(llama_dir, [prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].token_ids
+    stop_at = free[7]  # a stop token met mid-run: later accepted tokens must go
+    first = free.index(stop_at)
+    cases = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop_at]),
+             SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)]  # not a multiple of 4
+    for params in cases:
+        want = _plain(llama_dir, [prompt], params)[0]
+        llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+        _with_oracle(llm.engine, {tuple(prompt): free}, wrong_every=10**9)  # always right
+        got = llm.generate([prompt], params)[0].outputs[0]
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    assert len(want.token_ids) == 11
+    assert _plain(llama_dir, [prompt], cases[0])[0].token_ids == free[:first + 1]
+
+
+def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
+    """The real proposer on prompts that repeat themselves, in a cache so small that sequences
+    are preempted and recomputed (proposals dropped before anyone is preempted for them)."""
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randint(3, 500, (10,), generator=gen).tolist() for _ in range(4)]
+    prompts = [b * 3 for b in base]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
+    tight = LLM(llama_dir, device="cpu", dtype="float32", block_size=16, num_kv_blocks=12,
+                max_num_batched_tokens=64, speculative_config=NGRAM)
+    got = [o.outputs[0].token_ids for o in tight.generate(prompts, params)]
+    assert got == want
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.get_stats().spec_decode_num_drafts > 0
