@@ -28,6 +28,11 @@
 #           e.g. a `git archive` of an older commit); with TESTS=1 then the sampling kernel tests and
 #           the engine tests in $TEST_FILES (default: sampling, GPU engine, structured
 #           outputs) on CUDA (xgrammar from gpu_extras/).
+#   part 9: speculative decoding: the GPU engine tests (verification through the Triton prefill
+#           kernel against the CPU engine), the structured-output tests (deferred sampling, now
+#           for grammars and multi-token bad words only), scripts/bench_spec_decode.py on
+#           Llama-3-8B bf16 (batches of 1 and 16; proposals from the n-gram proposer, always
+#           right, always wrong), and Llama-3-8B bf16 A and B through Triton.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -40,7 +45,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 8}"; shift
+PART="${1:?part 1 to 9}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -129,6 +134,20 @@ elif [ "$PART" = 8 ]; then
         PYTHONPATH=/tmp/extras timeout "${TESTS_TIMEOUT:-280}" "$PY" -m pytest $TEST_FILES --confcutdir=tests/engine \
             -q -p no:cacheprovider --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -40 | cut -c1-900 >> "$S"
     fi
+elif [ "$PART" = 9 ]; then
+    stamp "GPU tests: the engine (speculative decoding, penalties, no compile while serving)"
+    timeout 200 "$PY" -m pytest tests/engine/test_gpu_engine.py --confcutdir=tests/engine -q -p no:cacheprovider \
+        --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -30 | cut -c1-900 >> "$S"
+    stamp "GPU tests: structured outputs (xgrammar from gpu_extras)"
+    "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
+        gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
+    PYTHONPATH=/tmp/extras timeout 200 "$PY" -m pytest tests/engine/test_structured_output.py \
+        --confcutdir=tests/engine -q -p no:cacheprovider --tb=short 2>&1 | tail -8 >> "$S"
+    stamp "speculative decoding, Llama-3-8B bf16 in-process"
+    timeout 150 "$PY" scripts/bench_spec_decode.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
+        --k 4 --batch-sizes 1,16 --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -12 >> "$S"
+    stamp "Llama-3-8B bf16 A and B through Triton"
+    run llama --models "$LLAMA" --phases triton --workloads A,B
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \

@@ -86,3 +86,22 @@ def test_no_triton_compile_while_serving(llama_dir, tmp_path, lora):
         llm.generate([[5, 6, 7]] * 3, [penalized, plain, penalized])
         llm.generate([[5, 6, 7]] * 2, penalized)
     assert watch.compiles == 0, "kernels compiled while serving (the warnings above name them)"
+
+
+def test_gpu_speculative_decoding_matches_the_cpu_engine(llama_dir):
+    """Verification steps on the GPU (a chunk of the last token and the proposals over the cached
+    context, through the Triton prefill kernel; steps without proposals through the decode
+    graphs): proposals right, partly right and wrong, and the real n-gram proposer."""
+    from test_spec_decode import NGRAM, _with_oracle
+    gen = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 40)]
+    prompts.append(prompts[0] * 4)  # repeats itself: the n-gram proposer finds proposals
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    common = dict(dtype="float32", num_kv_blocks=256)
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", **common).generate(prompts, params)]
+    gpu = LLM(llama_dir, device="cuda", speculative_config=NGRAM, **common)
+    assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
+    _with_oracle(gpu.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
+    assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
+    st = gpu.engine.get_stats()
+    assert 0 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens

@@ -63,7 +63,7 @@ def _with_oracle(engine: LLMEngine, truth: dict[tuple[int, ...], list[int]], wro
     calls = {"n": 0}
 
     def propose(token_ids, max_tokens):
-        for prompt, out in truth.items():
+        for prompt, out in sorted(truth.items(), key=lambda item: -len(item[0])):  # longest first
             if tuple(token_ids[:len(prompt)]) == prompt:
                 done = len(token_ids) - len(prompt)
                 guess = out[done:done + min(3, max_tokens)]

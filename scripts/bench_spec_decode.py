@@ -1,0 +1,103 @@
+"""What speculative decoding (n-gram, `speculative_config`) gains and costs, in-process: requests
+decoded plainly and with proposals of k tokens, by one engine, for batches of 1 and more.
+
+The gain depends on how often proposals are right, which random weights cannot show honestly,
+so the proposals come from three sources: `ngram` (the real proposer: on random weights it is
+right only where the output happens to repeat), `oracle` (the continuation the plain run
+produced: every proposal right, the best case for this k) and `wrong` (every proposal wrong:
+the cost of verifying for nothing). The tokens are checked equal to the plain run's.
+
+    python scripts/bench_spec_decode.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+        --k 4 --batch-sizes 1,16 --json spec.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from client.workloads import make_prompts  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--batch-sizes", default="1,16")
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--modes", default="ngram,oracle,wrong")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    from backend import LLM, SamplingParams
+    from client.bench_model_repo import parse_assignments
+
+    values: dict[str, Any] = {"load_format": "dummy", "dtype": "bfloat16"}
+    values.update(parse_assignments(args.engine_arg))
+    if args.tokenizer:
+        values["tokenizer"] = args.tokenizer
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    llm = LLM(args.model, speculative_config=spec, **values)
+    engine = llm.engine
+    proposer, real_propose = engine.proposer, engine.proposer.propose
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    rows: list[dict[str, Any]] = []
+
+    def timed(prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        return time.perf_counter() - t0, [o.outputs[0].token_ids for o in outs]
+
+    for bs in [int(b) for b in args.batch_sizes.split(",") if b]:
+        prompts = make_prompts(bs, args.input_len, 7, f"spec-{bs}")
+        engine.proposer = None  # plain decoding: the pipelined engine
+        timed(make_prompts(bs, args.input_len, 8, f"spec-warm-{bs}"))
+        plain_s, truth = timed(prompts)
+        by_prompt = {tuple(p): t for p, t in zip(prompts, truth)}
+        rows.append({"batch": bs, "mode": "plain", "seconds": plain_s,
+                     "tok_s": bs * args.output_len / plain_s, "accepted": None})
+        for mode in [m for m in args.modes.split(",") if m]:
+            engine.proposer = proposer
+            if mode == "ngram":
+                proposer.propose = real_propose
+            else:
+                def propose(token_ids, max_tokens, wrong=(mode == "wrong")):
+                    for prompt, out in by_prompt.items():
+                        if tuple(token_ids[:len(prompt)]) == prompt:
+                            done = len(token_ids) - len(prompt)
+                            guess = out[done:done + min(args.k, max_tokens)]
+                            return [(t + 1) % 1000 for t in guess] if wrong else list(guess)
+                    return []
+                proposer.propose = propose
+            before = engine.get_stats()
+            seconds, got = timed(prompts)
+            after = engine.get_stats()
+            drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+            accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+            rows.append({"batch": bs, "mode": mode, "seconds": seconds, "tok_s": bs * args.output_len / seconds,
+                         "speedup": plain_s / seconds, "draft_tokens": drafted, "accepted": accepted,
+                         "tokens_equal_plain": got == truth})
+    print(f"\nspeculative decoding, k={args.k}, {args.input_len} in / {args.output_len} out, {args.model}")
+    print(f"{'batch':>5} {'proposals':<9} {'tok/s':>10} {'vs plain':>9} {'accepted':>14} {'same tokens':>12}")
+    for r in rows:
+        acc = "" if r["accepted"] is None else f"{r['accepted']}/{r['draft_tokens']}"
+        same = "" if r["mode"] == "plain" else str(r["tokens_equal_plain"])
+        print(f"{r['batch']:>5} {r['mode']:<9} {r['tok_s']:>10,.1f} {r.get('speedup', 1.0):>8.2f}x {acc:>14} {same:>12}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"k": args.k, "input_len": args.input_len, "output_len": args.output_len,
+                       "model": args.model, "rows": rows}, f, indent=1)
+    return 0 if all(r.get("tokens_equal_plain", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
