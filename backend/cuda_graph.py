@@ -156,25 +156,31 @@ class PrefillGraphs:
     buffers, so the padding itself is testable without a GPU."""
 
     def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
-                 device: torch.device, capture: bool = True, lora: bool = False) -> None:
+                 device: torch.device, capture: bool = True, lora: bool = False,
+                 rows_per_seq: int = 1) -> None:
+        """rows_per_seq: output rows a chunk may ask for (speculative decoding verifies its
+        last token and every proposed one: num_speculative_tokens + 1); 1: its last row."""
         self.model = model
         self.lora = lora  # as DecodeGraphs: row slots of LoRA adapters in a fifth token row
         self.sizes = prefill_capture_sizes(max_tokens)
         self.max_tokens = self.sizes[-1]
         self.max_seqs = PREFILL_GRAPH_MAX_SEQS
+        self.max_rows = self.max_seqs * rows_per_seq
         self.use_graphs = capture
         t, p = self.max_tokens, self.max_seqs
         w = -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
-        # input ids, positions, slot mapping, each chunk's last row (first p entries), LoRA
-        # slots when lora; then cu_seqlens (p + 1) and context lengths (p)
+        # input ids, positions, slot mapping, the rows whose final hidden states come out (the
+        # first max_rows entries), LoRA slots when lora; then cu_seqlens (p + 1) and context
+        # lengths (p)
         rows = 5 if lora else 4
-        self.tokens = torch.zeros(rows, max(t, p), dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(rows, max(t, self.max_rows), dtype=torch.int64, device=device)
         self.seq_info = torch.zeros(2 * p + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(p, w, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
         # Two staging sets, alternately, as in DecodeGraphs: a copy may still wait behind the
         # previous step when the next one is prepared.
-        self.host_tokens = [_host(torch.zeros(rows, max(t, p), dtype=torch.int64), pin) for _ in range(2)]
+        self.host_tokens = [_host(torch.zeros(rows, max(t, self.max_rows), dtype=torch.int64), pin)
+                            for _ in range(2)]
         self.host_seq_info = [_host(torch.zeros(2 * p + 1, dtype=torch.int32), pin) for _ in range(2)]
         self.host_tables = [_host(torch.zeros(p, w, dtype=torch.int32), pin) for _ in range(2)]
         self.parity = 0
@@ -192,7 +198,7 @@ class PrefillGraphs:
         lora = LoRAMapping(self.tokens[4, :size]) if self.lora else None
         with set_attention_metadata(self._metadata(size)), set_lora_mapping(lora):
             return self.model(self.tokens[0, :size], self.tokens[1, :size],
-                              logits_indices=self.tokens[3, :self.max_seqs])
+                              logits_indices=self.tokens[3, :self.max_rows])
 
     def _clear(self) -> None:
         """Inputs that make any graph a no-op: no slots, no sequences."""
@@ -226,8 +232,9 @@ class PrefillGraphs:
                 and len(batch.prefill_cu_seqlens_q) - 1 <= self.max_seqs
                 and batch.prefill_block_tables.shape[1] <= self.block_tables.shape[1])
 
-    def run(self, batch: PreparedBatch) -> torch.Tensor:
-        """Final hidden states of each chunk's last token, one row per chunk."""
+    def run(self, batch: PreparedBatch, rows: list[int] | None = None) -> torch.Tensor:
+        """Final hidden states of each chunk's last token, one row per chunk; or of these rows
+        of the batch (at most max_rows), in this order."""
         n = batch.num_tokens
         size = next(s for s in self.sizes if s >= n)
         p, chunks = self.max_seqs, len(batch.prefill_cu_seqlens_q) - 1
@@ -244,23 +251,24 @@ class PrefillGraphs:
         ht[2, n:size] = -1  # padding tokens store nothing
         if self.lora:
             _fill_lora_row(ht[4], batch.lora_slots, n, size)
-        ht[3, :chunks] = batch.prefill_cu_seqlens_q[1:] - 1
-        ht[3, chunks:p] = 0  # unused sequences: a real row, computed and dropped
+        wanted = batch.prefill_cu_seqlens_q[1:] - 1 if rows is None else rows
+        ht[3, :len(wanted)] = wanted
+        ht[3, len(wanted):self.max_rows] = 0  # unused rows: a real row, computed and dropped
         hi = host_info.numpy()
         hi[:chunks + 1] = batch.prefill_cu_seqlens_q
         hi[chunks + 1:p + 1] = n  # unused sequences: no tokens ...
         hi[p + 1:p + 1 + chunks] = batch.prefill_context_lens
         hi[p + 1 + chunks:] = 0  # ... and no context
         host_tables.numpy()[:chunks, :width] = batch.prefill_block_tables
-        cols = max(size, p)
+        cols = max(size, self.max_rows)
         self.tokens[:, :cols].copy_(host_tokens[:, :cols], non_blocking=True)
         self.seq_info.copy_(host_info, non_blocking=True)
         self.block_tables[:chunks, :width].copy_(host_tables[:chunks, :width], non_blocking=True)
         if not self.use_graphs:
-            return self._forward(size)[:chunks]
+            return self._forward(size)[:len(wanted)]
         graph, out = self.graphs[size]
         graph.replay()
-        return out[:chunks]
+        return out[:len(wanted)]
 
 
 def _fill_lora_row(row, lora_slots, n: int, end: int) -> None:

@@ -113,12 +113,15 @@ class DecodeBlockRows:
 
 
 def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
-                  decode_rows: DecodeBlockRows | None = None, lora: bool = False) -> PreparedBatch:
+                  decode_rows: DecodeBlockRows | None = None, lora: bool = False,
+                  all_chunks: bool = False) -> PreparedBatch:
     """Decodes (one new token) first, then prompt chunks. decode_rows (kept by the caller
     from step to step) reuses the decode rows' block tables. lora: the engine serves LoRA
-    adapters, so the batch says which one each token uses."""
-    decodes = [it for it in scheduled if it.num_new_tokens == 1]
-    prefills = [it for it in scheduled if it.num_new_tokens > 1]
+    adapters, so the batch says which one each token uses. all_chunks: every item as a chunk,
+    decodes as chunks of one token (a verification step of speculative decoding, so that the
+    prefill graphs can run it whole)."""
+    decodes = [] if all_chunks else [it for it in scheduled if it.num_new_tokens == 1]
+    prefills = list(scheduled) if all_chunks else [it for it in scheduled if it.num_new_tokens > 1]
     nd = len(decodes)
     ids, pos, slots = [], [], []
     last_index: dict[int, int] = {}

@@ -27,6 +27,7 @@ from .models import get_model_class
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSequence
 from .sequence import PLACEHOLDER, Sequence
+from .spec_decode import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +138,10 @@ class ModelRunner:
             self.graphs.capture()
             prefill_tokens = min(args.max_prefill_graph_tokens, max_num_batched_tokens)
             if prefill_tokens:
+                spec = args.speculative_config
+                rows = SpeculativeConfig.from_dict(spec).num_speculative_tokens + 1 if spec else 1
                 self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
-                                                    lora=lora)
+                                                    lora=lora, rows_per_seq=rows)
                 self.prefill_graphs.capture()
         # From here on a Triton compile stalls a step: log each one (kernels the warm-up missed).
         self.compile_watch = CompileWatch()
@@ -331,7 +334,13 @@ class ModelRunner:
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
-        batch = prepare_batch(scheduled, self.block_size, self.decode_rows, self.lora_manager is not None)
+        # A verification step of speculative decoding (rows before a sequence's last) of a few
+        # sequences runs whole through the prefill graphs, its decodes as one-token chunks.
+        pg = self.prefill_graphs
+        verify_in_graph = (sample_offsets is not None and pg is not None and not prompt_spans
+                           and len(scheduled) <= pg.max_seqs and len(sample_rows) <= pg.max_rows)
+        batch = prepare_batch(scheduled, self.block_size, self.decode_rows, self.lora_manager is not None,
+                              all_chunks=verify_in_graph)
         fill = None
         holes = np.flatnonzero(batch.input_ids == PLACEHOLDER)
         if len(holes):
@@ -366,6 +375,8 @@ class ModelRunner:
             hidden = self.graphs.run(batch, fill)  # every row
             if prompt_index:
                 prompt_hidden = hidden[self.to_device(prompt_index, torch.int64)]
+        elif verify_in_graph and fill is None and pg.can_run(batch):
+            hidden = pg.run(batch, rows_index)  # the sampled rows, in order
         elif not prompt_index and sample_offsets is None and self.prefill_graphs is not None \
                 and self.prefill_graphs.can_run(batch):
             # The graph gives the last row of each prompt chunk, in chunk order.

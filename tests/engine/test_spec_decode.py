@@ -132,3 +132,32 @@ def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
     assert got == want
     assert tight.engine.scheduler.num_preemptions > 0
     assert tight.engine.get_stats().spec_decode_num_drafts > 0
+
+
+def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(llama_dir):
+    """On the GPU a verification step of at most 8 sequences replays a prefill graph (its
+    decodes as one-token chunks) that returns every verified row; here its padded buffers run
+    eagerly. Tokens equal plain decoding's; steps without proposals stay decodes."""
+    from backend.cuda_graph import PrefillGraphs
+    gen = torch.Generator().manual_seed(21)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (11, 26, 7)]
+    params = SamplingParams(temperature=0, max_tokens=18, ignore_eos=True)
+    want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    graphs = PrefillGraphs(llm.engine.runner.model, 64, 512, torch.device("cpu"), capture=False,
+                           rows_per_seq=NGRAM["num_speculative_tokens"] + 1)
+    assert graphs.max_rows == 32
+    calls = []
+    run = graphs.run
+    graphs.run = lambda batch, rows=None: calls.append((batch.num_decodes, rows)) or run(batch, rows)
+    llm.engine.runner.prefill_graphs = graphs
+    # Every third request's proposals wrong from the second token on, and none for the 7-token
+    # prompt's request (a decode, as a one-token chunk, beside the others' verifications).
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts[:2], want[:2])}, wrong_every=3)
+    oracle = llm.engine.proposer.propose
+    llm.engine.proposer.propose = lambda ids, n: [] if ids[:7] == prompts[2] else oracle(ids, n)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    verified = [rows for decodes, rows in calls if rows is not None]
+    assert verified and all(d == 0 for d, _ in calls)
+    assert any(len(rows) > 3 for rows in verified)  # several rows of one sequence
