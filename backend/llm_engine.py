@@ -91,6 +91,10 @@ class LLMEngine:
         self.stats = EngineStats()
         spec = args.speculative_config
         self.proposer = NgramProposer(SpeculativeConfig.from_dict(spec)) if spec else None
+        # Speculate while the running sequences fit one verification graph (eager verification
+        # costs more than it gains: H200, Llama-3-8B, 32 sequences at 0.28-0.76x of plain).
+        graphs = self.runner.prefill_graphs
+        self.max_speculating_seqs = graphs.max_seqs if graphs is not None else args.max_num_seqs
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -173,12 +177,15 @@ class LLMEngine:
         otherwise they are returned."""
         outputs: list[RequestOutput] = []
         if self.proposer is not None:
-            # Proposals continue from the latest tokens, and a step's token count is known only
-            # once it is verified: take the step in flight first (no overlap of the two).
-            if self._inflight is not None:
+            # Proposals continue from the latest tokens, and a verified step's token count is
+            # known only on arrival: take the step in flight first (no overlap of the two).
+            # Beyond what a verification graph holds, the batch decodes plainly, pipelined.
+            speculate = len(self.scheduler.running) <= self.max_speculating_seqs
+            if self._inflight is not None and (speculate or self._inflight.spec):
                 previous, self._inflight = self._inflight, None
                 self._take_results(previous, outputs)
-            self._propose()
+            if speculate:
+                self._propose()
         defer = self._inflight is not None and self._must_sync()
         sched = self.scheduler.schedule()
         launched = None

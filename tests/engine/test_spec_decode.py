@@ -161,3 +161,46 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     verified = [rows for decodes, rows in calls if rows is not None]
     assert verified and all(d == 0 for d, _ in calls)
     assert any(len(rows) > 3 for rows in verified)  # several rows of one sequence
+
+
+def test_a_batch_larger_than_a_verification_graph_decodes_plainly_and_pipelined(llama_dir):
+    """Above max_speculating_seqs running sequences (8 on the GPU: one prefill graph) nothing is
+    proposed and steps overlap as without speculation; once fewer run, they speculate."""
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 500, (8,), generator=gen).tolist() * 3 for _ in range(4)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 6, 30, 30)]
+    want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    engine = llm.engine
+    engine.max_speculating_seqs = 2
+    proposed_with, propose = [], engine.proposer.propose
+    engine.proposer.propose = lambda ids, n: proposed_with.append(len(engine.scheduler.running)) or propose(ids, n)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    assert proposed_with and max(proposed_with) == 2
+
+
+def test_requests_arriving_mid_speculation_stop_it_without_losing_a_token(llama_dir):
+    """A step verified proposals; the next one, with more sequences than max_speculating_seqs,
+    must take it first (its token count is known only then) before decoding pipelined."""
+    from backend.request import accumulate
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, 500, (6,), generator=gen).tolist() * 3 for _ in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
+    engine = LLMEngine(EngineArgs(model=llama_dir, device="cpu", dtype="float32", num_kv_blocks=512,
+                                  speculative_config=NGRAM))
+    engine.max_speculating_seqs = 1
+    _with_oracle(engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=10**9)
+    engine.add_request("r0", prompts[0], params)
+    got: dict = {}
+    for step in range(100):
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            got[out.request_id] = accumulate(got.get(out.request_id), out)
+        if step == 3:  # r0 has verified proposals by now
+            assert engine.get_stats().spec_decode_num_accepted_tokens > 0
+            engine.add_request("r1", prompts[1], params)
+            engine.add_request("r2", prompts[2], params)
+    assert [got[f"r{i}"].outputs[0].token_ids for i in range(3)] == want
