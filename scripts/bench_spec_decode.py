@@ -39,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="ngram,oracle,wrong")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
     from backend import LLM, SamplingParams
     from client.bench_model_repo import parse_assignments
 
-    values: dict[str, Any] = {"load_format": "dummy", "dtype": "bfloat16"}
+    # No prefix caching: every mode runs the same prompts, and later runs would skip the prefill.
+    values: dict[str, Any] = {"load_format": "dummy", "dtype": "bfloat16", "enable_prefix_caching": False}
     values.update(parse_assignments(args.engine_arg))
     if args.tokenizer:
         values["tokenizer"] = args.tokenizer
@@ -65,41 +67,47 @@ def main(argv: list[str] | None = None) -> int:
         prompts = make_prompts(bs, args.input_len, 7, f"spec-{bs}")
         engine.proposer = None  # plain decoding: the pipelined engine
         timed(make_prompts(bs, args.input_len, 8, f"spec-warm-{bs}"))
-        plain_s, truth = timed(prompts)
+        _, truth = timed(prompts)
         by_prompt = {tuple(p): t for p, t in zip(prompts, truth)}
-        rows.append({"batch": bs, "mode": "plain", "seconds": plain_s,
-                     "tok_s": bs * args.output_len / plain_s, "accepted": None})
-        for mode in [m for m in args.modes.split(",") if m]:
-            engine.proposer = proposer
-            if mode == "ngram":
-                proposer.propose = real_propose
-            else:
-                def propose(token_ids, max_tokens, wrong=(mode == "wrong")):
-                    for prompt, out in by_prompt.items():
-                        if tuple(token_ids[:len(prompt)]) == prompt:
-                            done = len(token_ids) - len(prompt)
-                            guess = out[done:done + min(args.k, max_tokens)]
-                            return [(t + 1) % 1000 for t in guess] if wrong else list(guess)
-                    return []
-                proposer.propose = propose
-            before = engine.get_stats()
-            seconds, got = timed(prompts)
-            after = engine.get_stats()
-            drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
-            accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-            rows.append({"batch": bs, "mode": mode, "seconds": seconds, "tok_s": bs * args.output_len / seconds,
-                         "speedup": plain_s / seconds, "draft_tokens": drafted, "accepted": accepted,
-                         "tokens_equal_plain": got == truth})
+        for rnd in range(1, args.rounds + 1):  # the modes alternate with plain runs, round by round
+            for mode in ["plain"] + [m for m in args.modes.split(",") if m]:
+                engine.proposer = None if mode == "plain" else proposer
+                if mode == "ngram":
+                    proposer.propose = real_propose
+                elif mode != "plain":
+                    def propose(token_ids, max_tokens, wrong=(mode == "wrong")):
+                        for prompt, out in by_prompt.items():
+                            if tuple(token_ids[:len(prompt)]) == prompt:
+                                done = len(token_ids) - len(prompt)
+                                guess = out[done:done + min(args.k, max_tokens)]
+                                return [(t + 1) % 1000 for t in guess] if wrong else list(guess)
+                        return []
+                    proposer.propose = propose
+                before = engine.get_stats()
+                seconds, got = timed(prompts)
+                after = engine.get_stats()
+                rows.append({"batch": bs, "round": rnd, "mode": mode, "seconds": seconds,
+                             "tok_s": bs * args.output_len / seconds,
+                             "draft_tokens": after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens,
+                             "accepted": after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens,
+                             "tokens_equal_plain": got == truth})
     print(f"\nspeculative decoding, k={args.k}, {args.input_len} in / {args.output_len} out, {args.model}")
-    print(f"{'batch':>5} {'proposals':<9} {'tok/s':>10} {'vs plain':>9} {'accepted':>14} {'same tokens':>12}")
-    for r in rows:
-        acc = "" if r["accepted"] is None else f"{r['accepted']}/{r['draft_tokens']}"
-        same = "" if r["mode"] == "plain" else str(r["tokens_equal_plain"])
-        print(f"{r['batch']:>5} {r['mode']:<9} {r['tok_s']:>10,.1f} {r.get('speedup', 1.0):>8.2f}x {acc:>14} {same:>12}")
+    print(f"{'batch':>5} {'proposals':<9} {'tok/s (mean)':>13} {'vs plain':>9} {'accepted':>14} {'same tokens':>12}")
+    summary = []
+    for bs in dict.fromkeys(r["batch"] for r in rows):
+        plain = [r["tok_s"] for r in rows if r["batch"] == bs and r["mode"] == "plain"]
+        for mode in dict.fromkeys(r["mode"] for r in rows if r["batch"] == bs):
+            mine = [r for r in rows if r["batch"] == bs and r["mode"] == mode]
+            mean = sum(r["tok_s"] for r in mine) / len(mine)
+            ratio = mean / (sum(plain) / len(plain))
+            acc = "" if mode == "plain" else f"{sum(r['accepted'] for r in mine)}/{sum(r['draft_tokens'] for r in mine)}"
+            same = all(r["tokens_equal_plain"] for r in mine)
+            summary.append({"batch": bs, "mode": mode, "tok_s": mean, "vs_plain": ratio, "tokens_equal_plain": same})
+            print(f"{bs:>5} {mode:<9} {mean:>13,.1f} {ratio:>8.2f}x {acc:>14} {str(same):>12}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"k": args.k, "input_len": args.input_len, "output_len": args.output_len,
-                       "model": args.model, "rows": rows}, f, indent=1)
+                       "model": args.model, "rows": rows, "summary": summary}, f, indent=1)
     return 0
 
 
