@@ -1,6 +1,7 @@
 """Engine arguments that shape serving, through the real server: scheduling_policy="priority"
 runs waiting requests in priority order (the `priority` of sampling_parameters, lower first),
-and stream_interval groups the streamed tokens."""
+stream_interval groups the streamed tokens, and speculative_config (n-gram) gives plain greedy
+decoding's text with proposals verified."""
 import pytest
 
 from triton_server import TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, start_server, wait_until, write_model_repository
@@ -52,3 +53,33 @@ def test_stream_interval_groups_streamed_tokens(priority_server):
     # fell behind and folded two), the rest with the finish.
     assert (counts[0] == 1 or counts[0] >= 1 + INTERVAL) and all(n >= INTERVAL for n in counts[1:-1])
     assert 1 < len(counts) <= 1 + -(-(30 - 1) // INTERVAL)
+
+
+@pytest.fixture(scope="module")
+def spec_server(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("spec")
+    args = {"model": tiny_model, **TEST_ENGINE_ARGS,
+            "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, '
+                                  '"prompt_lookup_min": 1}'}
+    server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
+    yield server
+    server.stop()
+
+
+def test_speculative_decoding_gives_plain_greedy_text(spec_server, llm_server):
+    prompt = "the cache keeps the blocks and the cache keeps the blocks and the cache keeps the"
+    sampling = {"max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    texts = []
+    for server in (spec_server, llm_server):
+        stream = StreamCollector(server.grpc_url)
+        try:
+            stream.send("g", grpc_inputs(prompt, stream=True, sampling=sampling))
+            texts.append("".join(stream.wait("g").texts))
+            assert stream.errors.empty()
+        finally:
+            stream.close()
+    assert texts[0] == texts[1] and texts[0]
+    labels = {"model": "llm", "version": "1"}
+    assert wait_until(lambda: spec_server.metric("vllm:spec_decode_num_drafts_total", **labels) > 0, 5)
+    assert spec_server.metric("vllm:spec_decode_num_draft_tokens_total", **labels) >= \
+        spec_server.metric("vllm:spec_decode_num_accepted_tokens_total", **labels)

@@ -51,7 +51,9 @@ def write_config(model_dir: str, engine_args: dict[str, str]) -> None:
     with open(CONFIG_PBTXT, encoding="utf-8") as f:
         text = f.read()
     text = re.sub(r"^parameters \{.*\}\n", "", text, flags=re.M)
-    text += "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
+    def quoted(v: str) -> str:  # a text-format string (JSON values carry quotes)
+        return v.replace("\\", "\\\\").replace('"', '\\"')
+    text += "".join(f'parameters {{ key: "{k}" value {{ string_value: "{quoted(v)}" }} }}\n'
                     for k, v in engine_args.items())
     # Written next to the repository and renamed: poll mode must see neither half a file nor
     # a temporary one in the model directory (each change it sees is a reload).
