@@ -16,6 +16,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
+from ..sequence import SequenceStatus
 from . import ops
 
 
@@ -94,7 +95,7 @@ class PenaltyCounts:
         preemption: those are filled again when they next sample). A sequence of the step being
         prepared keeps its slot even when already marked finished."""
         for slot, seq in list(self._holder.items()):
-            if seq.seq_id not in exclude and seq.status.name != "RUNNING":
+            if seq.seq_id not in exclude and seq.status != SequenceStatus.RUNNING:
                 del self._holder[slot], self._slot_of[seq.seq_id]
                 self._free.append(slot)
 
