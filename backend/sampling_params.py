@@ -183,9 +183,9 @@ class SamplingParams:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with nothing that changes the logits or asks for logprobs: its tokens can be
-        proposed ahead and verified (speculative decoding)."""
-        return bool(self.greedy and self.logprobs is None and not self.has_penalties and not self.logit_bias
+        """Greedy with nothing that changes the logits: its tokens can be proposed ahead and
+        verified (speculative decoding; logprobs come from each verified position's logits)."""
+        return bool(self.greedy and not self.has_penalties and not self.logit_bias
                     and self.allowed_token_ids is None and not self._bad_words_token_ids
                     and self.structured_outputs is None)
 

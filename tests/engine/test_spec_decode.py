@@ -204,3 +204,24 @@ def test_requests_arriving_mid_speculation_stop_it_without_losing_a_token(llama_
             engine.add_request("r1", prompts[1], params)
             engine.add_request("r2", prompts[2], params)
     assert [got[f"r{i}"].outputs[0].token_ids for i in range(3)] == want
+
+
+def test_logprobs_of_verified_tokens_equal_plain_decodings(llama_dir):
+    """Each accepted token's logprob, rank and top alternatives come from the logits at its own
+    position in the verification step."""
+    gen = torch.Generator().manual_seed(14)
+    prompt = torch.randint(3, 500, (10,), generator=gen).tolist()
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    want = _plain(llama_dir, [prompt], params)[0]
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    _with_oracle(llm.engine, {tuple(prompt): want.token_ids}, wrong_every=3)
+    got = llm.generate([prompt], params)[0].outputs[0]
+    assert got.token_ids == want.token_ids
+    assert llm.engine.get_stats().spec_decode_num_accepted_tokens > 4
+    assert len(got.logprobs) == len(want.logprobs) == 16
+    for mine, theirs in zip(got.logprobs, want.logprobs):
+        assert sorted(mine) == sorted(theirs)  # the same token ids: the sampled one and the top 2
+        for t in mine:
+            assert mine[t].rank == theirs[t].rank
+            assert mine[t].logprob == pytest.approx(theirs[t].logprob, abs=1e-5)
+    assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-4)
