@@ -203,13 +203,13 @@ class LLMEngine:
         return outputs
 
     def _propose(self) -> None:
-        """Speculative decoding: proposed tokens for each running greedy decode that takes them
-        (no logits adjustments), at most what its length limits leave after one token."""
+        """Speculative decoding: proposed tokens for each running decode that takes them (no
+        logits adjustments, no seed), at most what its length limits leave after one token."""
         for seq in self.scheduler.running:
             seq.spec_token_ids = []
             p = seq.params
             if (seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_unresolved or seq.finish_reason
-                    or not p.plain_greedy or seq.num_output_tokens < p.min_tokens):
+                    or not p.can_speculate or seq.num_output_tokens < p.min_tokens):
                 continue
             room = self.max_seq_len - seq.num_tokens
             if p.max_tokens is not None:
@@ -233,6 +233,7 @@ class LLMEngine:
         rows: list[Sequence] = []
         sources: list[int] = []
         offsets: list[int] = []  # a sample row's distance back from its sequence's last new token
+        drafts: list[int] = []  # the proposed token a sample row verifies, -1 for none
         spec: list[tuple[Sequence, list[int], int]] = []  # (sequence, its proposed tokens, first row)
         forks: list[tuple[Sequence, list[Sequence]]] = []
         prompt_spans = []  # (item, first, end): prompt tokens first..end-1 whose logprobs are asked
@@ -252,6 +253,7 @@ class LLMEngine:
                 rows.extend([seq] * (k + 1))
                 sources.extend([seq.seq_id] * (k + 1))
                 offsets.extend(range(k, -1, -1))
+                drafts.extend(seq.spec_token_ids + [-1])
                 seq.token_ids.extend(seq.spec_token_ids)  # read by the step's inputs only
                 continue
             if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
@@ -264,12 +266,13 @@ class LLMEngine:
             rows.extend(group)
             sources.extend([seq.seq_id] * len(group))
             offsets.extend([0] * len(group))
+            drafts.extend([-1] * len(group))
         for slot, name in sched.lora_loads:  # adapters taking a slot, before the step reads them
             self.runner.lora_manager.load(slot, name)
         try:
             pending = self.runner.launch(sched.scheduled, sched.block_copies, rows, sources,
                                          self._inflight, prompt_spans, defer_sampling,
-                                         offsets if spec else None)
+                                         offsets if spec else None, drafts if spec else None)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(sched, f"internal error while running the model: {exc}", outputs)
@@ -374,9 +377,10 @@ class LLMEngine:
                 outputs.append(out)
 
     def _verify(self, pending, results) -> None:
-        """Speculative decoding: a sequence keeps its greedy tokens up to the first that differs
-        from the proposal, and that one (all are plain greedy tokens); the placeholders of the
-        rest go, and the accepted proposals' keys and values count as computed."""
+        """Speculative decoding: a sequence keeps its tokens up to the first that differs from
+        the proposal, and that one (greedy rows took the argmax; sampled rows kept the proposal
+        or drew from the rest, `_verify_drafts` in the sampler); the placeholders of the rest
+        go, and the accepted proposals' keys and values count as computed."""
         for seq, proposed, first in pending.spec:
             if seq.request_id not in self.requests or seq.is_finished:
                 continue

@@ -318,7 +318,8 @@ class ModelRunner:
                sample_rows: list[Sequence], sample_sources: list[int],
                previous: "PendingStep | None" = None,
                prompt_spans: list[tuple[ScheduledSequence, int, int]] = (),
-               defer_sampling: bool = False, sample_offsets: list[int] | None = None) -> "PendingStep":
+               defer_sampling: bool = False, sample_offsets: list[int] | None = None,
+               sample_drafts: list[int] | None = None) -> "PendingStep":
         """Queue the step on the device and return at once; `PendingStep.wait()` gives the
         sampled tokens. Row i of `sample_rows` samples from the logits after the last new token
         of the sequence with id `sample_sources[i]`. Input tokens still being sampled by
@@ -328,7 +329,8 @@ class ModelRunner:
         defer_sampling: queue only the forward pass; `sample()` queues the sampling later, once
         the host knows what it reads (the previous step's tokens, for a grammar).
         sample_offsets: row i samples that many rows before its sequence's last new token
-        (speculative decoding verifies every proposed position); None: all from the last."""
+        (speculative decoding verifies every proposed position); None: all from the last.
+        sample_drafts: the proposed token row i verifies (-1: none), for rejection sampling."""
         if block_copies:
             src = self.to_device([c[0] for c in block_copies], torch.int64)
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
@@ -365,7 +367,8 @@ class ModelRunner:
             row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
             prompt_index.extend(range(row_of_position_0 + first - 1, row_of_position_0 + end - 1))
             prompt_targets.extend(seq.token_ids[first:end])
-        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device, counts=self.sampler.counts) \
+        sampling = Sampler.prepare(sample_rows, self.vocab_size, self.device, counts=self.sampler.counts,
+                                   drafts=sample_drafts) \
             if sample_rows and not defer_sampling else None
         gather = None
         prompt_hidden = None

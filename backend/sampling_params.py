@@ -182,10 +182,11 @@ class SamplingParams:
         self._bad_words_token_ids = words
 
     @property
-    def plain_greedy(self) -> bool:
-        """Greedy with nothing that changes the logits: its tokens can be proposed ahead and
-        verified (speculative decoding; logprobs come from each verified position's logits)."""
-        return bool(self.greedy and not self.has_penalties and not self.logit_bias
+    def can_speculate(self) -> bool:
+        """Nothing changes its logits and no seed fixes its draws: its tokens can be proposed
+        ahead and verified (speculative decoding: greedy tokens by equality, sampled ones by
+        rejection sampling; logprobs come from each verified position's logits)."""
+        return bool((self.greedy or self.seed is None) and not self.has_penalties and not self.logit_bias
                     and self.allowed_token_ids is None and not self._bad_words_token_ids
                     and self.structured_outputs is None)
 

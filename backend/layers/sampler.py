@@ -58,6 +58,9 @@ class SamplingMetadata:
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
     max_logprobs: int = 0
     want_logprobs: bool = False
+    # Speculative decoding: the proposed token each random (not greedy) row verifies, -1 where
+    # none; None when no such row has one
+    drafts: torch.Tensor | None = None  # [R] int64
 
 
 def _dev(values, dtype, device) -> torch.Tensor:
@@ -103,10 +106,12 @@ class Sampler:
 
     @staticmethod
     def prepare(rows: Seq[Any], vocab_size: int, device: torch.device,
-                pending_tokens: int = 0, counts: PenaltyCounts | None = None) -> SamplingMetadata:
+                pending_tokens: int = 0, counts: PenaltyCounts | None = None,
+                drafts: Seq[int] | None = None) -> SamplingMetadata:
         """pending_tokens: each row's last tokens that are this step's own placeholders (a
         deferred sampling's rows already hold them), left out of bad words and min_tokens.
-        counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens."""
+        counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens.
+        drafts: per row, the proposed token it verifies (speculative decoding), -1 for none."""
         params = [r.params for r in rows]
         md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
         md.want_logprobs = any(p.logprobs is not None for p in params)
@@ -121,6 +126,8 @@ class Sampler:
             if any(p.top_p < 1.0 for p in params):
                 md.top_p = _dev([p.top_p for p in params], torch.float32, device)
             md.seeded = [(i, r) for i, r in enumerate(rows) if r.params.seed is not None and not r.params.greedy]
+            if drafts is not None and any(d >= 0 and not p.greedy for d, p in zip(drafts, params)):
+                md.drafts = _dev([d if not p.greedy else -1 for d, p in zip(drafts, params)], torch.int64, device)
         guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
@@ -228,8 +235,24 @@ class Sampler:
             if r.generator is None:
                 r.generator = torch.Generator(device=logits.device).manual_seed(r.params.seed + r.index)
             q[i].exponential_(generator=r.generator)
-        sampled = (probs / q).argmax(dim=-1)
+        race = probs / q
+        sampled = race.argmax(dim=-1)
+        if md.drafts is not None:
+            sampled = _verify_drafts(probs, race, sampled, md.drafts)
         return torch.where(md.greedy, greedy_ids, sampled)
+
+
+def _verify_drafts(probs: torch.Tensor, race: torch.Tensor, sampled: torch.Tensor,
+                   drafts: torch.Tensor) -> torch.Tensor:
+    """Rejection sampling of a proposed token d (a point mass: n-gram proposals): a row keeps d
+    with probability p(d), else draws from p without d, renormalised (the exponential race with
+    d left out), so the token is distributed as p either way. The engine keeps a sequence's
+    tokens while they equal its proposals, and the first that does not (that draw)."""
+    has = drafts >= 0
+    d = drafts.clamp(min=0)[:, None]
+    accept = torch.rand(probs.shape[0], device=probs.device) < probs.gather(1, d).squeeze(1)
+    residual = race.scatter(1, d, 0.0).argmax(dim=-1)
+    return torch.where(has, torch.where(accept, drafts, residual), sampled)
 
 
 def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,

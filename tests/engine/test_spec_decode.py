@@ -225,3 +225,53 @@ def test_logprobs_of_verified_tokens_equal_plain_decodings(llama_dir):
             assert mine[t].rank == theirs[t].rank
             assert mine[t].logprob == pytest.approx(theirs[t].logprob, abs=1e-5)
     assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("draft", [0, 5, 11])
+def test_rejection_sampling_of_a_proposal_keeps_the_distribution(draft):
+    """A sampled row verifying proposal d emits d with probability p(d), else a draw from p
+    without d: each token's frequency over 40,000 rows is its probability, whether d is the
+    likeliest token, a middling one or the least likely."""
+    from types import SimpleNamespace
+
+    from backend.layers.sampler import Sampler
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 12, generator=g) * 1.5
+    p = torch.softmax(logits[0], -1)
+    order = p.argsort(descending=True).tolist()
+    d = {0: order[0], 5: order[5], 11: order[11]}[draft]
+    n = 40_000
+    rows = [SimpleNamespace(params=SamplingParams(temperature=1.0), token_ids=[1, 2, 3], num_prompt_tokens=3,
+                            index=0, generator=None, grammar=None)] * n
+    md = Sampler.prepare(rows, 12, torch.device("cpu"), drafts=[d] * n)
+    assert md.drafts is not None
+    tokens = Sampler()(logits.expand(n, -1).clone(), rows, md).token_ids
+    freq = torch.bincount(tokens, minlength=12).double() / n
+    assert (freq - p.double()).abs().max() < 0.012, (freq, p)
+
+
+def test_sampled_requests_speculate_and_seeded_ones_do_not(llama_dir, monkeypatch):
+    """At a temperature low enough that sampling is all but greedy (but not the greedy path),
+    proposals of the greedy continuation are verified by rejection sampling and the tokens are
+    the greedy ones; a request with a seed does not speculate (its draws would depend on how
+    many proposals each step verified)."""
+    from backend.layers import sampler as sampler_module
+    gen = torch.Generator().manual_seed(16)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (12, 9)]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = [o.token_ids for o in _plain(llama_dir, prompts, greedy)]
+    cold = SamplingParams(temperature=1e-3, max_tokens=16, ignore_eos=True)
+    seeded = SamplingParams(temperature=1e-3, max_tokens=16, ignore_eos=True, seed=3)
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
+    verified = []
+    real = sampler_module._verify_drafts
+    monkeypatch.setattr(sampler_module, "_verify_drafts",
+                        lambda probs, *a: verified.append(probs.shape[0]) or real(probs, *a))
+    asked = []
+    propose = llm.engine.proposer.propose
+    llm.engine.proposer.propose = lambda ids, n: asked.append(ids[:9] == prompts[1]) or propose(ids, n)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, [cold, seeded])]
+    assert got == want
+    assert verified and llm.engine.get_stats().spec_decode_num_accepted_tokens > 4
+    assert asked and not any(asked)  # the seeded request (prompts[1]) was never asked for proposals
