@@ -141,11 +141,12 @@ class LoRAManager:
         adapters, targets = [], set()
         for i, (name, path) in enumerate(modules.items()):
             ad = self._read(name, path)
-            self._check_shapes(ad)
             targets |= {(layer, _PARTS[module][0]) for layer, module in ad.weights}
             self.paths[name] = ad.path
             if i < keep:
-                adapters.append(ad)
+                adapters.append(ad)  # checked as it is stacked below (`_stack_all`)
+            else:
+                self._check_shapes(ad)
         # Slots on the projections the listed adapters target (no kernel work on the others);
         # with none listed, on every projection, for adapters that requests bring.
         self._slots: list[tuple[int, str, LinearBase, list[int]]] = []  # (layer, proj, linear, part rows)

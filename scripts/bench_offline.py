@@ -69,10 +69,11 @@ def _engine_latencies(outputs: list[Any]) -> dict[str, Any]:
 def parse_sampling(assignments: list[str]) -> dict[str, Any]:
     """KEY=VALUE sampling parameters (vLLM's names); values are read as JSON where they parse."""
     extra: dict[str, Any] = {}
-    for item in assignments:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--sampling wants KEY=VALUE, got {item!r}")
+    try:
+        values = parse_assignments(assignments)
+    except ValueError as e:
+        raise SystemExit(f"--sampling: {e}") from None
+    for key, value in values.items():
         try:
             extra[key] = json.loads(value)
         except json.JSONDecodeError:
