@@ -321,3 +321,18 @@ def test_bench_tokenizer_has_text_for_every_id_of_the_vocabulary(tmp_path):
     d = IncrementalDetokenizer(tok, [300, 301])
     text = "".join(d.add_token(t) for t in ids) + d.flush()
     assert text == tok.decode([300, 301] + ids, skip_special_tokens=True)[len(tok.decode([300, 301])):]
+
+
+def test_benchmark_sampling_options():
+    """bench_offline --sampling / bench_sampling_cost --variant: vLLM's names with JSON values."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from bench_offline import parse_sampling
+    from bench_sampling_cost import parse_variant
+    assert parse_sampling(["repetition_penalty=1.1", "stop=[\"x\"]", "bad_words=oops"]) == {
+        "repetition_penalty": 1.1, "stop": ["x"], "bad_words": "oops"}
+    assert parse_variant("pen:8:repetition_penalty=1.2,presence_penalty=0.1") == (
+        "pen", 8, {"repetition_penalty": 1.2, "presence_penalty": 0.1})
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        parse_sampling(["repetition_penalty"])
+    with pytest.raises(SystemExit, match="NAME:EVERY"):
+        parse_variant("pen:0:repetition_penalty=1.2")
