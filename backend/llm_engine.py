@@ -214,7 +214,8 @@ class LLMEngine:
             room = self.max_seq_len - seq.num_tokens
             if p.max_tokens is not None:
                 room = min(room, p.max_tokens - seq.num_output_tokens)
-            seq.spec_token_ids = self.proposer.propose(seq.token_ids, room - 1)
+            seq.spec_token_ids = self.proposer.propose(seq.token_ids, room - 1, seq.seq_id)
+        self.proposer.retain({seq.seq_id for seq in self.scheduler.running})
 
     def _must_sync(self) -> bool:
         return any(s.params.needs_output_on_host for s in self.scheduler.running)

@@ -54,22 +54,83 @@ class SpeculativeConfig:
 
 
 class NgramProposer:
+    """Proposals from the sequence's own tokens. With a `key` (the engine passes the sequence
+    id), the tokens are kept as an array that grows by the new tokens of each call, so a step
+    costs O(new tokens) to convert plus one vectorised pass over the history, not a list-to-array
+    copy and one pass per lookup length (~0.2 ms a sequence at 4k tokens, which at 32
+    speculating sequences is a decode step's worth of host time)."""
+
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
+        self._histories: dict[object, _History] = {}
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+    def propose(self, token_ids: list[int], max_tokens: int, key: object = None) -> list[int]:
         """Up to min(num_speculative_tokens, max_tokens) tokens that followed the latest earlier
-        occurrence of the sequence's last n tokens, for the longest n that occurs; [] if none."""
+        occurrence of the sequence's last n tokens, for the longest n that occurs; [] if none.
+        `key`: the same key on later calls means the same sequence, whose earlier tokens have
+        not changed (tokens are only appended)."""
         k = min(self.config.num_speculative_tokens, max_tokens)
         if k <= 0 or len(token_ids) < self.config.prompt_lookup_min + 1:
             return []
-        ids = np.asarray(token_ids, dtype=np.int64)
-        total = len(ids)
-        for n in range(min(self.config.prompt_lookup_max, total - 1), self.config.prompt_lookup_min - 1, -1):
-            # Windows of n tokens that start before the suffix itself and are followed by a token.
-            windows = np.lib.stride_tricks.sliding_window_view(ids[:total - 1], n)
-            hits = np.flatnonzero((windows == ids[total - n:]).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n  # the latest occurrence: the nearest context
-                return ids[start:start + k].tolist()
+        if key is None:
+            ids = np.asarray(token_ids, dtype=np.int64)
+        else:
+            history = self._histories.get(key)
+            if history is None:
+                history = self._histories[key] = _History()
+            ids = history.extend(token_ids)
+        return _lookup(ids, k, self.config.prompt_lookup_min, self.config.prompt_lookup_max)
+
+    def retain(self, keys: set) -> None:
+        """Forget the histories of every other key (sequences that finished or wait)."""
+        for key in [key for key in self._histories if key not in keys]:
+            del self._histories[key]
+
+
+class _History:
+    """A sequence's tokens as a growing int64 array (capacity doubles)."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, dtype=np.int64)
+        self.size = 0
+
+    def extend(self, token_ids: list[int]) -> np.ndarray:
+        n = len(token_ids)
+        if n < self.size:  # not the same sequence after all: start over
+            self.size = 0
+        if n > len(self.buf):
+            grown = np.empty(max(n, 2 * len(self.buf), 256), dtype=np.int64)
+            grown[:self.size] = self.buf[:self.size]
+            self.buf = grown
+        if n > self.size:
+            self.buf[self.size:n] = token_ids[self.size:n]
+            self.size = n
+        return self.buf[:n]
+
+
+def _lookup(ids: np.ndarray, k: int, lo: int, hi: int) -> list[int]:
+    """The tokens after the latest earlier occurrence of the longest suffix of length lo..hi.
+
+    Every earlier position holding the last token ends a candidate occurrence (one vectorised
+    comparison over the history); the candidates' matches are then extended backwards together,
+    one token per round, while any still matches. An occurrence must end before the last token
+    (something followed it) and may overlap the suffix."""
+    total = len(ids)
+    hi = min(hi, total - 1)
+    ends = np.flatnonzero(ids[:total - 1] == ids[total - 1])
+    if hi < lo or not len(ends):
         return []
+    length = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for back in range(1, hi):
+        alive &= ends >= back
+        idx = np.flatnonzero(alive)
+        if not len(idx):
+            break
+        alive[idx] = ids[ends[idx] - back] == ids[total - 1 - back]
+        length += alive
+    best = int(length.max())
+    if best < lo:
+        return []
+    start = int(ends[np.flatnonzero(length == best)[-1]]) + 1  # the latest: the nearest context
+    return ids[start:start + k].tolist()

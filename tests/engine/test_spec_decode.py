@@ -31,6 +31,40 @@ def test_the_proposer_takes_the_longest_suffix_that_occurred_and_its_latest_occu
     assert proposer(k=3, hi=3, lo=2).propose([1, 2, 9, 3, 2], 5) == []  # one matching token is too few
 
 
+def _brute_force(ids: list[int], k: int, lo: int, hi: int) -> list[int]:
+    for n in range(min(hi, len(ids) - 1), lo - 1, -1):
+        starts = [s for s in range(len(ids) - n) if ids[s:s + n] == ids[len(ids) - n:]]
+        if starts:
+            return ids[starts[-1] + n:starts[-1] + n + k]
+    return []
+
+
+@pytest.mark.parametrize("lo, hi", [(1, 1), (1, 4), (2, 3), (3, 6)])
+def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi):
+    """Sequences over a 3-token vocabulary (long repeated runs, overlapping occurrences) grown a
+    few tokens at a time under one key each, and looked up from scratch (no key): every proposal
+    is the brute-force search's."""
+    p = proposer(k=4, hi=hi, lo=lo)
+    rng = torch.Generator().manual_seed(lo * 10 + hi)
+    seqs = {key: [] for key in range(6)}
+    checked = 0
+    for _ in range(60):
+        for key, ids in seqs.items():
+            ids += torch.randint(0, 3 + key, (int(torch.randint(1, 4, (1,), generator=rng)),),
+                                 generator=rng).tolist()
+            want = _brute_force(ids, 4, lo, hi) if len(ids) >= lo + 1 else []
+            assert p.propose(ids, 9, key) == want, (key, ids)
+            assert p.propose(ids, 9) == want
+            assert p.propose(ids, 2, key) == want[:2]
+            checked += bool(want)
+    assert checked > 100  # of 360 lookups, enough that found occurrences are checked too
+    # A key whose tokens are not an extension of what it held starts over; retain forgets others.
+    fresh = [5, 6, 7, 8] * 2 + [5, 6, 7]
+    assert p.propose(fresh, 9, key=0) == _brute_force(fresh, 4, lo, hi) != []
+    p.retain({0})
+    assert set(p._histories) == {0}
+
+
 @pytest.mark.parametrize("config, message", [
     ({"method": "eagle", "num_speculative_tokens": 3},
      "speculative_config: method 'eagle' is not supported; only 'ngram' (no draft model) is."),
@@ -62,7 +96,7 @@ def _with_oracle(engine: LLMEngine, truth: dict[tuple[int, ...], list[int]], wro
     with its second token wrong, so that verification accepts all, some or none."""
     calls = {"n": 0}
 
-    def propose(token_ids, max_tokens):
+    def propose(token_ids, max_tokens, key=None):
         for prompt, out in sorted(truth.items(), key=lambda item: -len(item[0])):  # longest first
             if tuple(token_ids[:len(prompt)]) == prompt:
                 done = len(token_ids) - len(prompt)
@@ -155,7 +189,7 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     # prompt's request (a decode, as a one-token chunk, beside the others' verifications).
     _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts[:2], want[:2])}, wrong_every=3)
     oracle = llm.engine.proposer.propose
-    llm.engine.proposer.propose = lambda ids, n: [] if ids[:7] == prompts[2] else oracle(ids, n)
+    llm.engine.proposer.propose = lambda ids, n, key=None: [] if ids[:7] == prompts[2] else oracle(ids, n)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == want
     verified = [rows for decodes, rows in calls if rows is not None]
@@ -174,7 +208,7 @@ def test_a_batch_larger_than_a_verification_graph_decodes_plainly_and_pipelined(
     engine = llm.engine
     engine.max_speculating_seqs = 2
     proposed_with, propose = [], engine.proposer.propose
-    engine.proposer.propose = lambda ids, n: proposed_with.append(len(engine.scheduler.running)) or propose(ids, n)
+    engine.proposer.propose = lambda ids, n, key=None: proposed_with.append(len(engine.scheduler.running)) or propose(ids, n, key)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == want
     assert proposed_with and max(proposed_with) == 2
@@ -270,7 +304,7 @@ def test_sampled_requests_speculate_and_seeded_ones_do_not(llama_dir, monkeypatc
                         lambda probs, *a: verified.append(probs.shape[0]) or real(probs, *a))
     asked = []
     propose = llm.engine.proposer.propose
-    llm.engine.proposer.propose = lambda ids, n: asked.append(ids[:9] == prompts[1]) or propose(ids, n)
+    llm.engine.proposer.propose = lambda ids, n, key=None: asked.append(ids[:9] == prompts[1]) or propose(ids, n, key)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, [cold, seeded])]
     assert got == want
     assert verified and llm.engine.get_stats().spec_decode_num_accepted_tokens > 4
