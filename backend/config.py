@@ -127,8 +127,13 @@ class EngineArgs:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "
                              f"got {self.long_prefill_token_threshold!r}.")
         self._check_lora()
-        if self.speculative_config is not None:
-            SpeculativeConfig.from_dict(self.speculative_config)
+        self.speculative  # parses (and so checks) speculative_config
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """speculative_config, parsed; None without speculative decoding."""
+        spec = self.speculative_config
+        return None if spec is None else SpeculativeConfig.from_dict(spec)
 
     def _check_lora(self) -> None:
         _positive_int("max_lora_rank", self.max_lora_rank)

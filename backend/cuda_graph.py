@@ -136,6 +136,11 @@ class DecodeGraphs:
 # A prefill graph serves steps of at most this many prompt chunks (a burst of a few requests);
 # unused sequence slots have no tokens and cost the attention kernel one early exit per program.
 PREFILL_GRAPH_MAX_SEQS = 8
+# With speculative decoding the same graphs verify proposals: a step of up to this many
+# sequences, each its last token and k proposed ones as a chunk. Eager verification costs more
+# than it gains (row 62 of docs/performance_notes.md), so this is also the most sequences that
+# speculate.
+SPEC_GRAPH_MAX_SEQS = 32
 
 
 def prefill_capture_sizes(max_tokens: int) -> list[int]:
@@ -148,7 +153,7 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
 
 
 class PrefillGraphs:
-    """Graphs for steps that are only prompt chunks (no decodes): at most PREFILL_GRAPH_MAX_SEQS
+    """Graphs for steps that are only prompt chunks (no decodes): at most `max_seqs`
     chunks and `max_tokens` tokens, padded to the next captured size. Padding tokens store no
     KV (slot -1) and sit past the last sequence, where attention neither reads nor writes.
 
@@ -157,14 +162,15 @@ class PrefillGraphs:
 
     def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
                  device: torch.device, capture: bool = True, lora: bool = False,
-                 rows_per_seq: int = 1) -> None:
+                 rows_per_seq: int = 1, max_seqs: int = PREFILL_GRAPH_MAX_SEQS) -> None:
         """rows_per_seq: output rows a chunk may ask for (speculative decoding verifies its
-        last token and every proposed one: num_speculative_tokens + 1); 1: its last row."""
+        last token and every proposed one: num_speculative_tokens + 1); 1: its last row.
+        max_seqs: most chunks in one step."""
         self.model = model
         self.lora = lora  # as DecodeGraphs: row slots of LoRA adapters in a fifth token row
         self.sizes = prefill_capture_sizes(max_tokens)
         self.max_tokens = self.sizes[-1]
-        self.max_seqs = PREFILL_GRAPH_MAX_SEQS
+        self.max_seqs = max_seqs
         self.max_rows = self.max_seqs * rows_per_seq
         self.use_graphs = capture
         t, p = self.max_tokens, self.max_seqs

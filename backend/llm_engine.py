@@ -18,7 +18,7 @@ from .request import Request, make_logprobs_entry
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import PLACEHOLDER, Sequence
-from .spec_decode import NgramProposer, SpeculativeConfig
+from .spec_decode import NgramProposer
 from .structured_output import Grammar
 from .tokenizer import IncrementalDetokenizer, fill_decoded_tokens, find_stop_string, load_tokenizer
 
@@ -89,8 +89,8 @@ class LLMEngine:
         self._inflight = None  # the launched step whose tokens are not yet taken
         self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
         self.stats = EngineStats()
-        spec = args.speculative_config
-        self.proposer = NgramProposer(SpeculativeConfig.from_dict(spec)) if spec else None
+        spec = args.speculative
+        self.proposer = NgramProposer(spec) if spec else None
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains: H200, Llama-3-8B, 32 sequences at 0.28-0.76x of plain).
         graphs = self.runner.prefill_graphs

@@ -13,7 +13,7 @@ from kernels.validation import v_cache_shape
 
 from .compile_watch import CompileWatch
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
-from .cuda_graph import DecodeGraphs, PrefillGraphs
+from .cuda_graph import PREFILL_GRAPH_MAX_SEQS, SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import DecodeBlockRows, prepare_batch
 from .layers import ops
@@ -27,7 +27,6 @@ from .models import get_model_class
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSequence
 from .sequence import PLACEHOLDER, Sequence
-from .spec_decode import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +137,14 @@ class ModelRunner:
             self.graphs.capture()
             prefill_tokens = min(args.max_prefill_graph_tokens, max_num_batched_tokens)
             if prefill_tokens:
-                spec = args.speculative_config
-                rows = SpeculativeConfig.from_dict(spec).num_speculative_tokens + 1 if spec else 1
+                spec = args.speculative
+                rows, seqs = 1, PREFILL_GRAPH_MAX_SEQS
+                if spec:  # the graphs also verify the proposals of up to `seqs` sequences
+                    rows = spec.num_speculative_tokens + 1
+                    seqs = max(seqs, min(args.max_num_seqs, SPEC_GRAPH_MAX_SEQS))
+                    prefill_tokens = min(max(prefill_tokens, seqs * rows), max_num_batched_tokens)
                 self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
-                                                    lora=lora, rows_per_seq=rows)
+                                                    lora=lora, rows_per_seq=rows, max_seqs=seqs)
                 self.prefill_graphs.capture()
         # From here on a Triton compile stalls a step: log each one (kernels the warm-up missed).
         self.compile_watch = CompileWatch()

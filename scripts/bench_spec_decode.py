@@ -8,11 +8,13 @@ produced: every proposal right, the best case for this k) and `wrong` (every pro
 the cost of verifying for nothing). Each run's tokens are compared with the plain run's: in
 float32 they are equal (tests/engine/test_spec_decode.py); in bf16 a verification step computes
 a position in other kernels than a decode step, so a near-tie may flip a token, and the
-continuation (and an oracle's proposals after it) with it. Batches of at most 8 sequences
-verify in the prefill CUDA graphs; larger ones run eagerly.
+continuation (and an oracle's proposals after it) with it. Batches of at most
+SPEC_GRAPH_MAX_SEQS sequences (backend/cuda_graph.py) verify in the prefill CUDA graphs; larger
+ones do not speculate (1.00x). `--spec-graph-seqs` sets that limit for this run, to measure
+where speculation stops paying.
 
     python scripts/bench_spec_decode.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
-        --k 4 --batch-sizes 1,8,32 --json spec.json
+        --k 4 --batch-sizes 1,8,16,32 --json spec.json
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--batch-sizes", default="1,8,16,32")
+    ap.add_argument("--spec-graph-seqs", type=int, help="most sequences a verification graph takes "
+                    "(and so most that speculate); default backend.cuda_graph.SPEC_GRAPH_MAX_SEQS")
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="ngram,oracle,wrong")
@@ -44,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from backend import LLM, SamplingParams
+    from backend import model_runner
     from client.bench_model_repo import parse_assignments
+    if args.spec_graph_seqs:
+        model_runner.SPEC_GRAPH_MAX_SEQS = args.spec_graph_seqs
 
     # No prefix caching: every mode runs the same prompts, and later runs would skip the prefill.
     values: dict[str, Any] = {"load_format": "dummy", "dtype": "bfloat16", "enable_prefix_caching": False}
@@ -94,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                              "draft_tokens": after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens,
                              "accepted": after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens,
                              "tokens_equal_plain": got == truth})
-    print(f"\nspeculative decoding, k={args.k}, {args.input_len} in / {args.output_len} out, {args.model}")
+    graph_seqs = engine.max_speculating_seqs
+    print(f"\nspeculative decoding, k={args.k}, {args.input_len} in / {args.output_len} out, {args.model}, "
+          f"speculating up to {graph_seqs} sequences")
     print(f"{'batch':>5} {'proposals':<9} {'tok/s (mean)':>13} {'vs plain':>9} {'accepted':>14} {'same tokens':>12}")
     summary = []
     for bs in dict.fromkeys(r["batch"] for r in rows):
@@ -110,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"k": args.k, "input_len": args.input_len, "output_len": args.output_len,
-                       "model": args.model, "rows": rows, "summary": summary}, f, indent=1)
+                       "model": args.model, "max_speculating_seqs": graph_seqs, "rows": rows,
+                       "summary": summary}, f, indent=1)
     return 0
 
 

@@ -31,8 +31,9 @@
 #   part 9: speculative decoding: the GPU engine tests (verification through the Triton prefill
 #           kernel against the CPU engine), the structured-output tests (deferred sampling, now
 #           for grammars and multi-token bad words only), scripts/bench_spec_decode.py on
-#           Llama-3-8B bf16 (batches of $SPEC_BATCHES, default 1, 8 and 32; proposals from the
-#           n-gram proposer, always right, always wrong), and unless NO_TRITON is set
+#           Llama-3-8B bf16 (batches of $SPEC_BATCHES, default 1, 8, 16 and 32; proposals from the
+#           n-gram proposer, always right, always wrong; SPEC_GRAPH_SEQS: most sequences that
+#           speculate, default the engine's), and unless NO_TRITON is set
 #           Llama-3-8B bf16 A and B through Triton.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
@@ -145,8 +146,8 @@ elif [ "$PART" = 9 ]; then
     PYTHONPATH=/tmp/extras timeout 200 "$PY" -m pytest tests/engine/test_structured_output.py \
         --confcutdir=tests/engine -q -p no:cacheprovider --tb=short 2>&1 | tail -8 >> "$S"
     stamp "speculative decoding, Llama-3-8B bf16 in-process"
-    timeout 150 "$PY" scripts/bench_spec_decode.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
-        --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,32}" --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -12 >> "$S"
+    timeout 320 "$PY" scripts/bench_spec_decode.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
+        --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -20 >> "$S"
     [ -n "${NO_TRITON:-}" ] || { stamp "Llama-3-8B bf16 A and B through Triton"
                                  run llama --models "$LLAMA" --phases triton --workloads A,B; }
 elif [ "$PART" = 6 ]; then

@@ -105,3 +105,38 @@ def test_gpu_speculative_decoding_matches_the_cpu_engine(llama_dir):
     assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
     st = gpu.engine.get_stats()
     assert 0 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens
+
+
+def test_gpu_speculation_of_many_sequences_with_logprobs_and_sampling(llama_dir):
+    """More sequences than a prompt-only prefill graph takes (8) verify in one graph replay;
+    logprobs of verified positions and rejection sampling run on the device: greedy rows give
+    the CPU engine's tokens and logprobs, rows sampled at a temperature of 1e-3 (all but greedy,
+    yet verified by rejection sampling) the greedy tokens."""
+    from test_spec_decode import NGRAM, _with_oracle
+
+    from backend.cuda_graph import PREFILL_GRAPH_MAX_SEQS
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in range(9, 21)]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    cold = SamplingParams(temperature=1e-3, max_tokens=20, ignore_eos=True)
+    params = [greedy if i % 2 else cold for i in range(len(prompts))]
+    common = dict(dtype="float32", num_kv_blocks=256)
+    want = LLM(llama_dir, device="cpu", **common).generate(prompts, greedy)
+    gpu = LLM(llama_dir, device="cuda", speculative_config=NGRAM, **common)
+    assert gpu.engine.max_speculating_seqs >= len(prompts) > PREFILL_GRAPH_MAX_SEQS
+    pg = gpu.engine.runner.prefill_graphs
+    replays, run = [], pg.run
+    pg.run = lambda batch, rows=None: (rows is not None and replays.append(len(batch.prefill_cu_seqlens_q) - 1)
+                                       or run(batch, rows))
+    _with_oracle(gpu.engine, {tuple(p): w.outputs[0].token_ids for p, w in zip(prompts, want)}, wrong_every=3)
+    got = [o.outputs[0] for o in gpu.generate(prompts, params)]
+    assert [g.token_ids for g in got] == [w.outputs[0].token_ids for w in want]
+    assert max(replays) == len(prompts)  # verification steps of all twelve in one graph
+    for g, w, p in zip(got, want, params):
+        if p is greedy:
+            for mine, theirs in zip(g.logprobs, w.outputs[0].logprobs):
+                assert sorted(mine) == sorted(theirs)
+                for t in mine:
+                    assert mine[t].logprob == pytest.approx(theirs[t].logprob, abs=1e-3)
+    st = gpu.engine.get_stats()
+    assert 0 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens

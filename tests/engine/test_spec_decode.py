@@ -169,18 +169,19 @@ def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
 
 
 def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(llama_dir):
-    """On the GPU a verification step of at most 8 sequences replays a prefill graph (its
-    decodes as one-token chunks) that returns every verified row; here its padded buffers run
-    eagerly. Tokens equal plain decoding's; steps without proposals stay decodes."""
-    from backend.cuda_graph import PrefillGraphs
+    """On the GPU a verification step of at most SPEC_GRAPH_MAX_SEQS sequences replays a prefill
+    graph (its decodes as one-token chunks) that returns every verified row; here its padded
+    buffers (32 sequence slots, 3 used) run eagerly. Tokens equal plain decoding's; steps without
+    proposals stay decodes."""
+    from backend.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
     gen = torch.Generator().manual_seed(21)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (11, 26, 7)]
     params = SamplingParams(temperature=0, max_tokens=18, ignore_eos=True)
     want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
     graphs = PrefillGraphs(llm.engine.runner.model, 64, 512, torch.device("cpu"), capture=False,
-                           rows_per_seq=NGRAM["num_speculative_tokens"] + 1)
-    assert graphs.max_rows == 32
+                           rows_per_seq=NGRAM["num_speculative_tokens"] + 1, max_seqs=SPEC_GRAPH_MAX_SEQS)
+    assert graphs.max_rows == 32 * 4
     calls = []
     run = graphs.run
     graphs.run = lambda batch, rows=None: calls.append((batch.num_decodes, rows)) or run(batch, rows)
