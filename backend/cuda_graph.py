@@ -139,8 +139,9 @@ PREFILL_GRAPH_MAX_SEQS = 8
 # With speculative decoding the same graphs verify proposals: a step of up to this many
 # sequences, each its last token and k proposed ones as a chunk. Eager verification costs more
 # than it gains (row 62 of docs/performance_notes.md), so this is also the most sequences that
-# speculate.
-SPEC_GRAPH_MAX_SEQS = 32
+# speculate. H200, Llama-3-8B, k=4 (row 64): n-gram proposals 1.22x at 16 sequences, 0.96x at
+# 32, 0.86x at 64; every proposal wrong 0.72x / 0.58x / 0.50x.
+SPEC_GRAPH_MAX_SEQS = 16
 
 
 def prefill_capture_sizes(max_tokens: int) -> list[int]:

@@ -171,7 +171,7 @@ def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
 def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(llama_dir):
     """On the GPU a verification step of at most SPEC_GRAPH_MAX_SEQS sequences replays a prefill
     graph (its decodes as one-token chunks) that returns every verified row; here its padded
-    buffers (32 sequence slots, 3 used) run eagerly. Tokens equal plain decoding's; steps without
+    buffers (16 sequence slots, 3 used) run eagerly. Tokens equal plain decoding's; steps without
     proposals stay decodes."""
     from backend.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
     gen = torch.Generator().manual_seed(21)
@@ -181,7 +181,7 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
     graphs = PrefillGraphs(llm.engine.runner.model, 64, 512, torch.device("cpu"), capture=False,
                            rows_per_seq=NGRAM["num_speculative_tokens"] + 1, max_seqs=SPEC_GRAPH_MAX_SEQS)
-    assert graphs.max_rows == 32 * 4
+    assert graphs.max_rows == SPEC_GRAPH_MAX_SEQS * 4 == 64
     calls = []
     run = graphs.run
     graphs.run = lambda batch, rows=None: calls.append((batch.num_decodes, rows)) or run(batch, rows)
