@@ -35,6 +35,10 @@
 #           n-gram proposer, always right, always wrong; SPEC_GRAPH_SEQS: most sequences that
 #           speculate, default the engine's), and unless NO_TRITON is set
 #           Llama-3-8B bf16 A and B through Triton.
+#   part 10: where a verification step's time goes: scripts/profile_engine.py on Llama-3-8B bf16,
+#           32 and 16 requests of 512 -> 128 tokens, plainly and with n-gram speculation (the
+#           verification graphs sized for the batch): host time per part of a step, GPU busy
+#           time per step.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -47,7 +51,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 9}"; shift
+PART="${1:?part 1 to 10}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -150,6 +154,28 @@ elif [ "$PART" = 9 ]; then
         --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -20 >> "$S"
     [ -n "${NO_TRITON:-}" ] || { stamp "Llama-3-8B bf16 A and B through Triton"
                                  run llama --models "$LLAMA" --phases triton --workloads A,B; }
+elif [ "$PART" = 10 ]; then
+    SPEC='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+    prof() {  # name, most speculating sequences, requests, engine arguments...
+        local name=$1 seqs=$2 n=$3; shift 3
+        stamp "profile_engine: $name"
+        timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend import model_runner; \
+model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['profile_engine.py'] + sys.argv[1:]; \
+runpy.run_path('scripts/profile_engine.py', run_name='__main__')" \
+            --model "models/configs/$LLAMA" --tokenizer models/tiny-llama --num-requests "$n" --input-len 512 \
+            --output-len 128 --engine-arg enable_prefix_caching=false "$@" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+        "$PY" -c "
+import json; d = json.load(open('$OUT/$name.json'))
+print({k: d[k] for k in ('wall_s', 'output_tok_s', 'steps', 'loop_thread_cpu_s')})
+print('  gpu busy', d.get('gpu_busy_ms'), 'idle', d.get('gpu_idle_after_step_ms'), d.get('steps_by_phase'))
+print('  host ms mean', {k: round(v, 3) for k, v in d['phase_ms_mean'].items()})
+print('  host ms total', {k: round(v, 1) for k, v in d['phase_ms_total'].items()})" >> "$S" 2>&1 || tail -5 "$OUT/$name.log" >> "$S"
+        rm -f "$OUT/$name.log"
+    }
+    prof plain32 32 32
+    prof spec32 32 32 --engine-arg "speculative_config=$SPEC"
+    prof spec16 16 16 --engine-arg "speculative_config=$SPEC"
+    prof plain16 16 16
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \

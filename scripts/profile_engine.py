@@ -144,6 +144,9 @@ def main() -> None:
     engine._launch = timed("book_and_launch", engine._launch)
     engine._process_text = timed("text", engine._process_text)
     engine._take_results = timed("tokens", engine._take_results)
+    if engine.proposer is not None:  # speculative decoding: proposals, and taking verified rows
+        engine._propose = timed("propose", engine._propose)
+        engine._verify = timed("tokens.verify", engine._verify)
     model_runner.PendingStep.wait = timed("wait", model_runner.PendingStep.wait)
     # The parts of launch, to find where the host blocks in it (a hidden synchronisation)
     runner = engine.runner
@@ -156,7 +159,10 @@ def main() -> None:
         runner.prefill_graphs.run = timed("launch.prefill_graph", runner.prefill_graphs.run)
     runner._forward_eager = timed("launch.forward_eager", runner._forward_eager)
     runner.model.compute_logits = timed("launch.logits", runner.model.compute_logits)
-    runner.sampler = timed("launch.sample", runner.sampler)
+    # The sampler keeps state (its penalty counts): time its calls by a subclass, not a wrapper.
+    sampler_class = type(runner.sampler)
+    runner.sampler.__class__ = type("TimedSampler", (sampler_class,),
+                                    {"__call__": timed("launch.sample", sampler_class.__call__)})
     pending_init = model_runner.PendingStep.__init__
     model_runner.PendingStep.__init__ = timed("launch.pending_step", pending_init)
     rng = random.Random(0)

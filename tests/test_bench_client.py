@@ -336,3 +336,35 @@ def test_benchmark_sampling_options():
         parse_sampling(["repetition_penalty"])
     with pytest.raises(SystemExit, match="NAME:EVERY"):
         parse_variant("pen:0:repetition_penalty=1.2")
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
+    """The in-process probes run end to end on the tiny model: profile_engine times every part
+    of a step and the sampler still works under its timer (it once replaced the sampler, whose
+    penalty counts the runner reads, by a plain function, and every step failed);
+    bench_spec_decode gives the plain run's tokens in every mode (float32)."""
+    out = tmp_path / "profile.json"
+    args = ["--model", "models/tiny-llama", "--num-requests", "3", "--input-len", "24", "--output-len", "6",
+            "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--json", str(out)]
+    if spec:
+        args += ["--engine-arg", 'speculative_config={"method": "ngram", "num_speculative_tokens": 2}']
+    subprocess.run([sys.executable, "scripts/profile_engine.py", *args], cwd=ROOT, check=True,
+                   capture_output=True, timeout=300)
+    d = json.loads(out.read_text())
+    assert d["output_tok_s"] > 0 and d["steps"] >= 6 and len(d["lone_request_ttft_ms"]) == 3
+    assert {"schedule", "launch.sample", "wait", "tokens"} <= set(d["phase_ms_mean"])
+    assert ("propose" in d["phase_ms_mean"]) == spec
+    if not spec:
+        return
+    out = tmp_path / "spec.json"
+    subprocess.run([sys.executable, "scripts/bench_spec_decode.py", "--model", "models/tiny-llama",
+                    "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--batch-sizes", "1,3",
+                    "--input-len", "16", "--output-len", "8", "--rounds", "1", "--json", str(out)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    d = json.loads(out.read_text())
+    assert {(r["batch"], r["mode"]) for r in d["summary"]} == {
+        (b, m) for b in (1, 3) for m in ("plain", "ngram", "oracle", "wrong")}
+    assert all(r["tokens_equal_plain"] for r in d["summary"])
+    oracle = [r for r in d["rows"] if r["mode"] == "oracle"]
+    assert all(r["accepted"] == r["draft_tokens"] > 0 for r in oracle)
