@@ -46,6 +46,7 @@ class PenaltyCounts:
         self.device = device
         self.output_counts = torch.zeros((num_slots, vocab_size), dtype=dtype, device=device)
         self.in_prompt = torch.zeros((num_slots, vocab_size), dtype=torch.bool, device=device)
+        self._one = torch.ones((), dtype=dtype, device=device)  # what `count` adds to each (slot, token)
         self._free = list(range(num_slots - 1, -1, -1))
         self._slot_of: dict[int, int] = {}  # seq_id -> slot
         self._holder: dict[int, Any] = {}  # slot -> sequence
@@ -87,8 +88,7 @@ class PenaltyCounts:
 
     def count(self, slots: torch.Tensor, token_ids: torch.Tensor) -> None:
         """Add one sampled token per slot (queued on the device like the step itself)."""
-        ones = torch.ones(slots.shape, dtype=self.output_counts.dtype, device=slots.device)
-        self.output_counts.index_put_((slots, token_ids), ones, accumulate=True)
+        self.output_counts.index_put_((slots, token_ids), self._one.expand(slots.shape), accumulate=True)
 
     def _release_idle(self, exclude: set[int]) -> None:
         """Free the slots of sequences that no longer run (finished, aborted, or waiting after
