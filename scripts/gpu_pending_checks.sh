@@ -39,6 +39,8 @@
 #           32 and 16 requests of 512 -> 128 tokens, plainly and with n-gram speculation (the
 #           verification graphs sized for the batch): host time per part of a step, GPU busy
 #           time per step.
+#   part 11: the kernels of verification steps against decode steps: scripts/profile_kernels.py
+#           on Llama-3-8B bf16, 16 and 32 requests, plainly and speculating.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -51,7 +53,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 10}"; shift
+PART="${1:?part 1 to 11}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -176,6 +178,22 @@ print('  host ms total', {k: round(v, 1) for k, v in d['phase_ms_total'].items()
     prof spec32 32 32 --engine-arg "speculative_config=$SPEC"
     prof spec16 16 16 --engine-arg "speculative_config=$SPEC"
     prof plain16 16 16
+elif [ "$PART" = 11 ]; then
+    SPEC='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+    kern() {  # name, most speculating sequences, requests, engine arguments...
+        local name=$1 seqs=$2 n=$3; shift 3
+        stamp "profile_kernels: $name"
+        timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend import model_runner; \
+model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['profile_kernels.py'] + sys.argv[1:]; \
+runpy.run_path('scripts/profile_kernels.py', run_name='__main__')" \
+            --model "models/configs/$LLAMA" --tokenizer models/tiny-llama --num-requests "$n" --output-len 256 \
+            --skip-decode-steps 12 --engine-arg enable_prefix_caching=false "$@" --json "$OUT/k_$name.json" 2>&1 \
+            | grep -v "Warning\|warnings.warn" | sed -n '/== decode_phase/,$p' | cut -c1-160 >> "$S"
+    }
+    kern plain16 16 16
+    kern spec16 16 16 --engine-arg "speculative_config=$SPEC"
+    kern plain32 32 32
+    kern spec32 32 32 --engine-arg "speculative_config=$SPEC"
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \

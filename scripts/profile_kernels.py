@@ -1,7 +1,8 @@
 """Where a step's GPU time goes, kernel by kernel, on the GPU: runs workload A (256 x 512 in)
 in-process with dummy weights, records a few prefill-phase steps and a few full-batch decode
 steps with torch.profiler, and prints per-kernel totals per step. With --gemm it also times
-the model's GEMM shapes alone (the ceiling each kernel category can reach).
+the model's GEMM shapes alone (the ceiling each kernel category can reach). --num-requests and
+--output-len change the workload (with `speculative_config`, decode-phase steps verify).
 
     python3 scripts/profile_kernels.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         [--gemm] [--json out.json] [--engine-arg key=value ...]
@@ -105,6 +106,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     add_engine_arguments(ap)
     ap.add_argument("--gemm", action="store_true")
+    ap.add_argument("--num-requests", type=int, default=256, help="of 512 tokens each (workload A: 256)")
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--skip-decode-steps", type=int, default=60,
+                    help="steps after the prefill phase before the decode phase is recorded")
     ap.add_argument("--json")
     a = ap.parse_args()
     values = engine_values(a)
@@ -125,13 +130,13 @@ def main() -> None:
     add(64, 4, "warm")  # compiles every kernel variant at full-size steps
     while engine.has_unfinished_requests():
         engine.step()
-    add(256, 256, "a")
+    add(a.num_requests, a.output_len, "a")
     engine.step()  # first prefill step (nothing to overlap with)
     result["prefill_phase"], _ = profile_steps(engine, 4)
     while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
                                           for s in engine.scheduler.running):
         engine.step()
-    for _ in range(60):
+    for _ in range(a.skip_decode_steps):
         engine.step()
     result["decode_phase"], _ = profile_steps(engine, 10)
     while engine.has_unfinished_requests():
