@@ -187,8 +187,11 @@ elif [ "$PART" = 11 ]; then
 model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['profile_kernels.py'] + sys.argv[1:]; \
 runpy.run_path('scripts/profile_kernels.py', run_name='__main__')" \
             --model "models/configs/$LLAMA" --tokenizer models/tiny-llama --num-requests "$n" --output-len 256 \
-            --skip-decode-steps 12 --engine-arg enable_prefix_caching=false "$@" --json "$OUT/k_$name.json" 2>&1 \
-            | grep -v "Warning\|warnings.warn" | sed -n '/== decode_phase/,$p' | cut -c1-160 >> "$S"
+            --skip-decode-steps 12 --engine-arg enable_prefix_caching=false "$@" --json "$OUT/k_$name.json" \
+            > "$OUT/k_$name.log" 2>&1
+        if [ -s "$OUT/k_$name.json" ]; then sed -n '/== decode_phase/,$p' "$OUT/k_$name.log" | cut -c1-160 >> "$S"
+        else grep -v "Warning\|warnings.warn" "$OUT/k_$name.log" | tail -8 >> "$S"; fi
+        rm -f "$OUT/k_$name.log"
     }
     kern plain16 16 16
     kern spec16 16 16 --engine-arg "speculative_config=$SPEC"
