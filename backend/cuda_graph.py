@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -136,11 +137,11 @@ class DecodeGraphs:
 # A prefill graph serves steps of at most this many prompt chunks (a burst of a few requests);
 # unused sequence slots have no tokens and cost the attention kernel one early exit per program.
 PREFILL_GRAPH_MAX_SEQS = 8
-# With speculative decoding the same graphs verify proposals: a step of up to this many
-# sequences, each its last token and k proposed ones as a chunk. Eager verification costs more
-# than it gains (row 62 of docs/performance_notes.md), so this is also the most sequences that
-# speculate. H200, Llama-3-8B, k=4 (row 64): n-gram proposals 1.22x at 16 sequences, 0.96x at
-# 32, 0.86x at 64; every proposal wrong 0.72x / 0.58x / 0.50x.
+# With speculative decoding a second set of these graphs verifies proposals: a step of up to
+# this many sequences, each its last token and k proposed ones as a chunk. Eager verification
+# costs more than it gains (row 62 of docs/performance_notes.md), so this is also the most
+# sequences that speculate. H200, Llama-3-8B, k=4 (row 64): n-gram proposals 1.22x at 16
+# sequences, 0.96x at 32, 0.86x at 64; every proposal wrong 0.72x / 0.58x / 0.50x.
 SPEC_GRAPH_MAX_SEQS = 16
 
 
@@ -163,15 +164,18 @@ class PrefillGraphs:
 
     def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
                  device: torch.device, capture: bool = True, lora: bool = False,
-                 rows_per_seq: int = 1, max_seqs: int = PREFILL_GRAPH_MAX_SEQS) -> None:
+                 rows_per_seq: int = 1, max_seqs: int = PREFILL_GRAPH_MAX_SEQS,
+                 max_chunk: int | None = None) -> None:
         """rows_per_seq: output rows a chunk may ask for (speculative decoding verifies its
         last token and every proposed one: num_speculative_tokens + 1); 1: its last row.
-        max_seqs: most chunks in one step."""
+        max_seqs: most chunks in one step. max_chunk: most tokens in one chunk (verification
+        graphs: k + 1, which lets attention pack GQA heads into its tiles); None: any."""
         self.model = model
         self.lora = lora  # as DecodeGraphs: row slots of LoRA adapters in a fifth token row
         self.sizes = prefill_capture_sizes(max_tokens)
         self.max_tokens = self.sizes[-1]
         self.max_seqs = max_seqs
+        self.max_chunk = max_chunk
         self.max_rows = self.max_seqs * rows_per_seq
         self.use_graphs = capture
         t, p = self.max_tokens, self.max_seqs
@@ -199,7 +203,8 @@ class PrefillGraphs:
             slot_mapping=self.tokens[2, :size], num_decode_tokens=0, decode_block_tables=None,
             decode_context_lens=None, num_prefill_tokens=size,
             prefill_block_tables=self.block_tables, prefill_cu_seqlens_q=self.seq_info[:p + 1],
-            prefill_context_lens=self.seq_info[p + 1:], prefill_max_seqlen_q=size)
+            prefill_context_lens=self.seq_info[p + 1:],
+            prefill_max_seqlen_q=size if self.max_chunk is None else min(size, self.max_chunk))
 
     def _forward(self, size: int) -> torch.Tensor:
         lora = LoRAMapping(self.tokens[4, :size]) if self.lora else None
@@ -237,6 +242,7 @@ class PrefillGraphs:
         return (batch.num_decodes == 0 and 0 < batch.num_tokens <= self.max_tokens
                 and batch.prefill_cu_seqlens_q is not None
                 and len(batch.prefill_cu_seqlens_q) - 1 <= self.max_seqs
+                and (self.max_chunk is None or int(np.diff(batch.prefill_cu_seqlens_q).max()) <= self.max_chunk)
                 and batch.prefill_block_tables.shape[1] <= self.block_tables.shape[1])
 
     def run(self, batch: PreparedBatch, rows: list[int] | None = None) -> torch.Tensor:

@@ -93,7 +93,7 @@ class LLMEngine:
         self.proposer = NgramProposer(spec) if spec else None
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains: H200, Llama-3-8B, 32 sequences at 0.28-0.76x of plain).
-        graphs = self.runner.prefill_graphs
+        graphs = self.runner.verify_graphs
         self.max_speculating_seqs = graphs.max_seqs if graphs is not None else args.max_num_seqs
 
     @property

@@ -13,7 +13,7 @@ from kernels.validation import v_cache_shape
 
 from .compile_watch import CompileWatch
 from .config import CPU_KV_CACHE_BYTES, EngineArgs
-from .cuda_graph import PREFILL_GRAPH_MAX_SEQS, SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
+from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import DecodeBlockRows, prepare_batch
 from .layers import ops
@@ -130,6 +130,7 @@ class ModelRunner:
             self._compile_step_variants()
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
         if self.device.type == "cuda" and not args.enforce_eager:
             max_blocks = -(-max_model_len // self.block_size)
             lora = self.lora_manager is not None
@@ -137,15 +138,17 @@ class ModelRunner:
             self.graphs.capture()
             prefill_tokens = min(args.max_prefill_graph_tokens, max_num_batched_tokens)
             if prefill_tokens:
-                spec = args.speculative
-                rows, seqs = 1, PREFILL_GRAPH_MAX_SEQS
-                if spec:  # the graphs also verify the proposals of up to `seqs` sequences
-                    rows = spec.num_speculative_tokens + 1
-                    seqs = max(seqs, min(args.max_num_seqs, SPEC_GRAPH_MAX_SEQS))
-                    prefill_tokens = min(max(prefill_tokens, seqs * rows), max_num_batched_tokens)
                 self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
-                                                    lora=lora, rows_per_seq=rows, max_seqs=seqs)
+                                                    lora=lora)
                 self.prefill_graphs.capture()
+            spec = args.speculative
+            if spec:  # each of up to `seqs` sequences verifies its last token and k proposals
+                rows = spec.num_speculative_tokens + 1
+                seqs = min(args.max_num_seqs, SPEC_GRAPH_MAX_SEQS)
+                self.verify_graphs = PrefillGraphs(self.model, min(seqs * rows, max_num_batched_tokens),
+                                                   max_blocks, self.device, lora=lora, rows_per_seq=rows,
+                                                   max_seqs=seqs, max_chunk=rows)
+                self.verify_graphs.capture()
         # From here on a Triton compile stalls a step: log each one (kernels the warm-up missed).
         self.compile_watch = CompileWatch()
         if self.device.type == "cuda":
@@ -340,8 +343,8 @@ class ModelRunner:
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
         # A verification step of speculative decoding (rows before a sequence's last) of a few
-        # sequences runs whole through the prefill graphs, its decodes as one-token chunks.
-        pg = self.prefill_graphs
+        # sequences runs whole through the verification graphs, its decodes as one-token chunks.
+        pg = self.verify_graphs
         verify_in_graph = (sample_offsets is not None and pg is not None and not prompt_spans
                            and len(scheduled) <= pg.max_seqs and len(sample_rows) <= pg.max_rows)
         batch = prepare_batch(scheduled, self.block_size, self.decode_rows, self.lora_manager is not None,

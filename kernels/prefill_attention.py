@@ -29,6 +29,9 @@ from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, tra
 from ._launch import cdiv, check_runnable, dot_block
 
 OP = "paged_prefill_attention"
+# Chunks up to this many tokens pack GQA heads (PrefillConfig.pack_gqa): speculative decoding
+# verifies k + 1 positions per sequence, k = num_speculative_tokens <= 16.
+PACK_GQA_MAX_LEN = 17
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,14 @@ class PrefillConfig:
     num_stages: int = 3
     fp8_compute: str = "float16"  # as DecodeConfig.fp8_compute
     kv_tma: bool = False          # chunk keys/values (when passed) through TMA descriptors
+    # A program owns one KV head and packs its GROUP query heads into the tile's rows (row r:
+    # position r // GROUP, head r % GROUP), so each key and value is read once per KV head, not
+    # once per query head. For short chunks (speculative decoding's verification: k + 1 rows).
+    pack_gqa: bool = False
 
 
 def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
-                   chunk_tma: bool = False) -> PrefillConfig:
+                   chunk_tma: bool = False, group: int = 1) -> PrefillConfig:
     """16-bit inputs: 64x64 tiles, 4 warps, 2 stages were fastest on the H200 for 16 packed
     512-token prompts (161 vs 208 us for 128x64/8 warps); with the chunk read through TMA,
     158 us against 164 through the cache. Longer chunks take 128-query tiles (4 warps, 2
@@ -52,8 +59,14 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
     tiles through the cache slower than 64 (914 vs 728 us at 4096). float32 tiles are smaller
     so they fit in shared memory and registers (float32 is for tests, not serving). Short
     chunks get short M tiles. `kv_tma` applies only where the caller passes the chunk and the
-    boxes fit (`_tma_ready`)."""
-    block_m = min(64, dot_block(max_seqlen_q))
+    boxes fit (`_tma_ready`). Chunks of at most PACK_GQA_MAX_LEN tokens pack the query heads
+    that share a KV head into one tile (`pack_gqa`): verification steps of speculative
+    decoding read each sequence's keys and values once per KV head, as decode attention does."""
+    pack = group > 1 and max_seqlen_q <= PACK_GQA_MAX_LEN
+    block_m = min(64, dot_block(max_seqlen_q * (group if pack else 1)))
+    if pack:
+        return PrefillConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2, kv_tma=True,
+                             pack_gqa=True)
     if dtype == torch.float32 or head_dim > 128:
         return PrefillConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=2, kv_tma=True)
     if chunk_tma and max_seqlen_q > 1024:
@@ -63,14 +76,15 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
 
 @triton.jit
 def _attend_through_cache(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row,
-                          head_offset, v_head_offset, q_len, prefix, m0, scale_log2e, stride_cb,
+                          head_offset, v_head_offset, prefix, p_lo, p_hi, scale_log2e, stride_cb,
                           stride_ct, offs_n, offs_d, d_mask, HEAD_DIM: tl.constexpr,
-                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                           BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
                           V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr):
-    """Every key, prefix and chunk alike, read through the block table."""
-    # Keys at positions <= prefix + m0 are visible to every row of this tile: no mask at all.
-    full_end = ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N
+    """Every key, prefix and chunk alike, read through the block table. The tile's rows are at
+    chunk positions p_lo..p_hi-1."""
+    # Keys at positions <= prefix + p_lo are visible to every row of this tile: no mask at all.
+    full_end = ((prefix + p_lo + 1) // BLOCK_N) * BLOCK_N
     for n0 in range(0, full_end, BLOCK_N):
         tok = n0 + offs_n
         rows = kv_row_offsets(block_table_row, tok, tok < full_end, head_offset, stride_cb,
@@ -89,9 +103,9 @@ def _attend_through_cache(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, blo
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), 0, m_i, l_i, acc, scale_log2e,
                                     False, DOT_PRECISION)
 
-    # Diagonal tiles: causal mask. The first one holds position prefix + m0, which every row sees,
-    # so no row is fully masked on its first tile (attend_tile relies on that).
-    kv_end = prefix + tl.minimum(m0 + BLOCK_M, q_len)
+    # Diagonal tiles: causal mask. The first one holds position prefix + p_lo, which every row
+    # sees, so no row is fully masked on its first tile (attend_tile relies on that).
+    kv_end = prefix + p_hi
     for n0 in range(full_end, kv_end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < kv_end
@@ -140,13 +154,14 @@ def _chunk_kv_tile(key, value, row0, offs_n, valid, kv_head, stride_kt, stride_k
 
 @triton.jit
 def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row,
-                              head_offset, key, value, q_start, q_len, prefix, m0, kv_head,
+                              head_offset, key, value, q_start, q_len, prefix, p_lo, p_hi, kv_head,
                               scale_log2e, stride_cb, stride_ct, stride_kt, stride_kh, stride_vt,
                               stride_vh, offs_m, offs_n, offs_d, d_mask, HEAD_DIM: tl.constexpr,
                               BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
-    """The cached prefix through the block table, then the chunk's keys from `key` / `value`."""
+                              BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                              KV_TMA: tl.constexpr):
+    """The cached prefix through the block table, then the chunk's keys from `key` / `value`.
+    The tile's rows are at chunk positions `offs_m`, within p_lo..p_hi-1."""
     # The prefix (earlier chunks, prefix-cache hits) is visible to every row. Its first tile
     # holds token 0, so no row is fully masked on the first tile (attend_tile relies on that).
     for n0 in range(0, prefix, BLOCK_N):
@@ -160,17 +175,17 @@ def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_
         m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e, True,
                                     DOT_PRECISION)
 
-    # Chunk keys j <= m0 (relative to the chunk) are visible to every row of this tile.
-    full_end = ((m0 + 1) // BLOCK_N) * BLOCK_N
+    # Chunk keys j <= p_lo (relative to the chunk) are visible to every row of this tile.
+    full_end = ((p_lo + 1) // BLOCK_N) * BLOCK_N
     for j0 in range(0, full_end, BLOCK_N):
         k, v = _chunk_kv_tile(key, value, q_start + j0, offs_n, offs_n >= 0, kv_head, stride_kt,
                               stride_kh, stride_vt, stride_vh, offs_d, d_mask, HEAD_DIM, BLOCK_D,
                               False, KV_TMA)
         m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
 
-    # Diagonal tiles: causal within the chunk; the first holds key m0 (or key 0 when the tile
+    # Diagonal tiles: causal within the chunk; the first holds key p_lo (or key 0 when the tile
     # is the chunk's first), which every row sees.
-    for j0 in range(full_end, tl.minimum(m0 + BLOCK_M, q_len), BLOCK_N):
+    for j0 in range(full_end, p_hi, BLOCK_N):
         j = j0 + offs_n
         valid = j < q_len
         k, v = _chunk_kv_tile(key, value, q_start + j0, offs_n, valid, kv_head, stride_kt,
@@ -192,26 +207,43 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
-    V_RUN: tl.constexpr, KV_DIRECT: tl.constexpr, KV_TMA: tl.constexpr,
+    V_RUN: tl.constexpr, KV_DIRECT: tl.constexpr, KV_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
 ):
-    head = tl.program_id(0)  # fastest axis: heads sharing a KV head run together and share L2
+    # Fastest axis: a query head (heads sharing a KV head run together and share L2); with
+    # PACK_GQA a KV head, whose GROUP query heads are the tile's rows.
+    head = tl.program_id(0)
     m_block = tl.num_programs(1) - 1 - tl.program_id(1)  # causal: heaviest tiles start first
     seq = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    num_rows = q_len * GROUP if PACK_GQA else q_len
     m0 = m_block * BLOCK_M
-    if m0 >= q_len:
+    if m0 >= num_rows:
         return
     ctx = tl.load(context_lens_ptr + seq)
     prefix = ctx - q_len
 
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_r = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    m_mask = offs_m < q_len
+    m_mask = offs_r < num_rows
     d_mask = offs_d < HEAD_DIM
+    if PACK_GQA:
+        offs_m = offs_r // GROUP  # each row's position in the chunk
+        kv_head = head
+        q_head_offs = ((head * GROUP + offs_r % GROUP) * stride_qh)[:, None]
+        o_head_offs = ((head * GROUP + offs_r % GROUP) * stride_oh)[:, None]
+        p_lo = m0 // GROUP
+        p_hi = tl.minimum((m0 + BLOCK_M - 1) // GROUP + 1, q_len)
+    else:
+        offs_m = offs_r
+        kv_head = head // GROUP
+        q_head_offs = head * stride_qh
+        o_head_offs = head * stride_oh
+        p_lo = m0
+        p_hi = tl.minimum(m0 + BLOCK_M, q_len)
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + q_head_offs + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     if FP16_DOTS:
         q = q.to(tl.float16)  # the K/V tiles follow q's dtype below
@@ -221,26 +253,25 @@ def _prefill_kernel(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_btb
-    head_offset = (head // GROUP) * stride_ch
-    v_head_offset = (head // GROUP) * (HEAD_DIM * BLOCK_SIZE)  # transposed (FP8) V only
+    head_offset = kv_head * stride_ch
+    v_head_offset = kv_head * (HEAD_DIM * BLOCK_SIZE)  # transposed (FP8) V only
 
     if KV_DIRECT:
         m_i, l_i, acc = _attend_prefix_then_chunk(
             q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset, key, value,
-            q_start, q_len, prefix, m0, head // GROUP, scale_log2e, stride_cb, stride_ct,
+            q_start, q_len, prefix, p_lo, p_hi, kv_head, scale_log2e, stride_cb, stride_ct,
             stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
-            HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, KV_TMA)
+            HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, KV_TMA)
     else:
         m_i, l_i, acc = _attend_through_cache(
             q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
-            v_head_offset, q_len, prefix, m0, scale_log2e, stride_cb, stride_ct, offs_n, offs_d,
-            d_mask, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_M, BLOCK_N, DOT_PRECISION, V_TRANSPOSED,
-            V_RUN)
+            v_head_offset, prefix, p_lo, p_hi, scale_log2e, stride_cb, stride_ct, offs_n, offs_d,
+            d_mask, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, V_TRANSPOSED, V_RUN)
 
     o = acc / l_i[:, None]
     if SCALE_V:
         o = o * v_scale
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + o_head_offs + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
@@ -271,20 +302,24 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if not direct:
         key = value = query  # unused (KV_DIRECT is off); any pointer will do
     tma_ready = direct and _tma_ready(key, value, dot_block(head_dim))
-    cfg = config or default_config(query.dtype, head_dim, max_seqlen_q, tma_ready)
+    group = num_heads // num_kv_heads
+    cfg = config or default_config(query.dtype, head_dim, max_seqlen_q, tma_ready, group)
+    pack = cfg.pack_gqa and group > 1
     tma = tma_ready and cfg.kv_tma
     scale_log2e, v_scale, cache_constexprs = cache_launch_args(
         OP, query.dtype, k_cache, scale, k_scale, v_scale, cfg.fp8_compute, cfg.block_n)
     key_arg, value_arg = (_row_descriptor(key, cfg.block_n), _row_descriptor(value, cfg.block_n)) \
         if tma else (key, value)
-    _prefill_kernel[(num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)](
+    grid = (num_kv_heads, cdiv(max_seqlen_q * group, cfg.block_m), batch) if pack else \
+        (num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)
+    _prefill_kernel[grid](
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
         key_arg, value_arg, scale_log2e, v_scale,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        KV_DIRECT=direct, KV_TMA=tma,
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
+        KV_DIRECT=direct, KV_TMA=tma, PACK_GQA=pack,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

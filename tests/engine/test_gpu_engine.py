@@ -124,7 +124,8 @@ def test_gpu_speculation_of_many_sequences_with_logprobs_and_sampling(llama_dir)
     want = LLM(llama_dir, device="cpu", **common).generate(prompts, greedy)
     gpu = LLM(llama_dir, device="cuda", speculative_config=NGRAM, **common)
     assert gpu.engine.max_speculating_seqs >= len(prompts) > PREFILL_GRAPH_MAX_SEQS
-    pg = gpu.engine.runner.prefill_graphs
+    pg = gpu.engine.runner.verify_graphs
+    assert pg.max_chunk == NGRAM["num_speculative_tokens"] + 1 and gpu.engine.runner.prefill_graphs.max_chunk is None
     replays, run = [], pg.run
     pg.run = lambda batch, rows=None: (rows is not None and replays.append(len(batch.prefill_cu_seqlens_q) - 1)
                                        or run(batch, rows))

@@ -160,14 +160,14 @@ def test_prefill_graph_padding_changes_nothing(llama_dir):
 def test_prefill_graphs_serve_only_prefill_steps_that_fit(llama_dir):
     graphs = PrefillGraphs(torch.nn.Identity(), 64, 4, torch.device("cpu"), capture=False)
 
-    def batch(*items):  # (prompt length, tokens already computed, tokens this step)
+    def batch(*items, all_chunks=False):  # (prompt length, tokens already computed, tokens this step)
         scheduled = []
         for i, (n, done, new) in enumerate(items):
             s = Sequence(str(i), list(range(n)), n, SamplingParams())
             s.block_table = list(range(4 * i, 4 * i + -(-n // 16)))
             s.num_computed_tokens = done
             scheduled.append(ScheduledSequence(s, new))
-        return prepare_batch(scheduled, 16)
+        return prepare_batch(scheduled, 16, all_chunks=all_chunks)
 
     assert graphs.can_run(batch((40, 0, 40), (20, 0, 20)))
     assert graphs.can_run(batch((64, 0, 64)))
@@ -178,3 +178,10 @@ def test_prefill_graphs_serve_only_prefill_steps_that_fit(llama_dir):
     wide = batch((40, 0, 40))
     wide.prefill_block_tables = np.zeros((1, 32), dtype=np.int32)  # wider than the graph's 16
     assert not graphs.can_run(wide)
+    # Verification graphs (speculative decoding, k = 4): chunks of at most 5 tokens, 16 of them,
+    # and attention told so (its tiles pack GQA heads for chunks that short).
+    verify = PrefillGraphs(torch.nn.Identity(), 80, 4, torch.device("cpu"), capture=False,
+                           rows_per_seq=5, max_seqs=16, max_chunk=5)
+    assert verify.can_run(batch(*[(30, 25, 5)] * 15, (30, 29, 1), all_chunks=True))  # a decode as a chunk
+    assert not verify.can_run(batch((30, 24, 6), all_chunks=True))
+    assert verify._metadata(64).prefill_max_seqlen_q == 5 and graphs._metadata(64).prefill_max_seqlen_q == 64

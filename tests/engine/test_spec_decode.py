@@ -169,10 +169,10 @@ def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
 
 
 def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(llama_dir):
-    """On the GPU a verification step of at most SPEC_GRAPH_MAX_SEQS sequences replays a prefill
-    graph (its decodes as one-token chunks) that returns every verified row; here its padded
-    buffers (16 sequence slots, 3 used) run eagerly. Tokens equal plain decoding's; steps without
-    proposals stay decodes."""
+    """On the GPU a verification step of at most SPEC_GRAPH_MAX_SEQS sequences replays a
+    verification graph (its decodes as one-token chunks; chunks of at most k + 1 tokens) that
+    returns every verified row; here its padded buffers (16 sequence slots, 3 used) run eagerly.
+    Tokens equal plain decoding's; steps without proposals stay decodes."""
     from backend.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
     gen = torch.Generator().manual_seed(21)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (11, 26, 7)]
@@ -180,12 +180,13 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
     graphs = PrefillGraphs(llm.engine.runner.model, 64, 512, torch.device("cpu"), capture=False,
-                           rows_per_seq=NGRAM["num_speculative_tokens"] + 1, max_seqs=SPEC_GRAPH_MAX_SEQS)
+                           rows_per_seq=NGRAM["num_speculative_tokens"] + 1, max_seqs=SPEC_GRAPH_MAX_SEQS,
+                           max_chunk=NGRAM["num_speculative_tokens"] + 1)
     assert graphs.max_rows == SPEC_GRAPH_MAX_SEQS * 4 == 64
     calls = []
     run = graphs.run
     graphs.run = lambda batch, rows=None: calls.append((batch.num_decodes, rows)) or run(batch, rows)
-    llm.engine.runner.prefill_graphs = graphs
+    llm.engine.runner.verify_graphs = graphs
     # Every third request's proposals wrong from the second token on, and none for the 7-token
     # prompt's request (a decode, as a one-token chunk, beside the others' verifications).
     _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts[:2], want[:2])}, wrong_every=3)

@@ -79,6 +79,11 @@ def cases():
                        qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1, key=key, value=value,
                        config=PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=2,
                                             kv_tma=tma)))
+        # Verification chunks of speculative decoding (k + 1 = 5 rows): GQA heads packed.
+        cu5 = torch.tensor([0, 5, 10], dtype=torch.int32)
+        yield (f"prefill {dtype} chunk tma, GQA heads packed",
+               lambda: kernels.paged_prefill_attention(qp[:10], cache, cache, bt, cu5, cl, 5, 0.1,
+                                                       key=key[:10], value=value[:10]))
     h = e(16, 4096, dtype=torch.bfloat16)
     yield "rms_norm", lambda: kernels.rms_norm(h, h[0], 1e-5, h)
     yield "rotary", lambda: kernels.apply_rotary_emb(e(16, 4096, dtype=torch.bfloat16),

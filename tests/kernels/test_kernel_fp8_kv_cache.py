@@ -132,9 +132,10 @@ def test_decode_reads_fp8_cache(case, dtype):
     assert rel_err(ref, ref64) < 1e-12
 
 
+@pytest.mark.parametrize("q_lens, ctx", [([5, 40, 1, 17], [5, 70, 33, 17]),
+                                         ([5, 5, 2], [70, 5, 40])])  # short chunks: GQA heads packed
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_prefill_reads_fp8_cache(dtype):
-    q_lens, ctx = [5, 40, 1, 17], [5, 70, 33, 17]
+def test_prefill_reads_fp8_cache(dtype, q_lens, ctx):
     gen = torch.Generator().manual_seed(5)
     kv = _to_fp8(make_paged_kv(ctx, 2, 64, 16, torch.float32, gen), 0.05, 0.02)
     query = torch.randn(sum(q_lens), 8, 64, generator=gen).to(dtype)

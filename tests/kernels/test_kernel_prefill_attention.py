@@ -19,6 +19,11 @@ CASES = [
     ([23, 9], [23, 75], 1, 4, 128, 32, (16, 16, 4, 2)),      # key tile smaller than a block
     ([50, 3], [81, 3], 1, 7, 64, 16, (32, 64, 4, 2)),        # key tile spans 4 blocks
     ([64, 20], [100, 20], 2, 4, 128, 16, None),              # default tiles for the dtype
+    # GQA heads packed into the tile's rows (row r: position r // group, head r % group)
+    ([5, 5, 1, 3], [70, 5, 33, 40], 2, 4, 64, 16, (16, 16, 4, 2, "float16", False, True)),  # 20 rows: 2 tiles
+    ([5, 2], [40, 2], 1, 7, 64, 16, (32, 64, 4, 2, "float16", False, True)),  # a position split over tiles
+    ([40, 9], [90, 9], 2, 7, 128, 32, (32, 32, 4, 2, "float16", False, True)),  # long chunk, diagonal tiles
+    ([5, 17, 1], [60, 17, 20], 2, 4, 64, 16, None),  # default: chunks of <= 17 pack (16 + 1 rows)
 ]
 
 
@@ -125,12 +130,13 @@ def _poison_chunk_slots(kv, q_lens, ctx, block_size):
 
 
 @pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("fields", [None, (16, 32, 4, 2), (32, 16, 4, 2)])
+@pytest.mark.parametrize("fields", [None, (16, 32, 4, 2), (32, 16, 4, 2), (32, 16, 4, 2, "float16", False, True)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
     """Given the chunk's keys and values, a 16-bit cache is read only for the prefix (prefixes
     of 30 and 49 tokens, none for the others; key tiles that cross the prefix's end), plain or
-    through TMA descriptors. Without them the same call reads the poisoned slots: NaN."""
+    through TMA descriptors, with GQA heads packed or not. Without them the same call reads the
+    poisoned slots: NaN."""
     q_lens, ctx, hkv, group, head_dim, block_size = [40, 5, 23, 1], [70, 5, 23, 50], 2, 4, 64, 16
     kv, query, cu = _prefill_inputs(q_lens, ctx, hkv, group, head_dim, block_size, dtype, seed=11)
     query = query * 3  # peaky scores: a tile read twice or skipped moves the output
@@ -138,7 +144,8 @@ def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
     key, value = _chunk_views(q_lens, ctx, hkv, group, head_dim, kv, dtype)
     _poison_chunk_slots(kv, q_lens, ctx, block_size)
     from kernels.prefill_attention import PrefillConfig
-    config = PrefillConfig(*(fields or (64, 32 if dtype == torch.float32 else 64, 4, 2)), kv_tma=tma)
+    fields = fields or (64, 32 if dtype == torch.float32 else 64, 4, 2)
+    config = PrefillConfig(**{**PrefillConfig(*fields).__dict__, "kv_tma": tma})
     out = kernels.paged_prefill_attention(
         query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
         torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), 0.125, config=config,
@@ -168,6 +175,12 @@ def test_prefill_default_config_by_chunk_length_and_path():
     assert default_config(torch.bfloat16, 128, 4096, False) == PrefillConfig(64, 64, 4, 2, kv_tma=True)
     assert default_config(torch.bfloat16, 128, 512, True) == PrefillConfig(64, 64, 4, 2, kv_tma=True)
     assert default_config(torch.float16, 128, 20, True) == PrefillConfig(32, 64, 4, 2, kv_tma=True)
+    # Verification-length chunks pack GQA heads: 5 positions x 4 heads = 20 rows in a 32-row tile
+    assert default_config(torch.bfloat16, 128, 5, True, group=4) == PrefillConfig(
+        32, 64, 4, 2, kv_tma=True, pack_gqa=True)
+    assert default_config(torch.bfloat16, 128, 17, True, group=4).pack_gqa
+    assert not default_config(torch.bfloat16, 128, 18, True, group=4).pack_gqa
+    assert not default_config(torch.bfloat16, 128, 5, True, group=1).pack_gqa  # nothing to share
 
 
 def test_prefill_long_chunk_uses_unmasked_tiles():
