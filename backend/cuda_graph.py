@@ -140,9 +140,9 @@ PREFILL_GRAPH_MAX_SEQS = 8
 # With speculative decoding a second set of these graphs verifies proposals: a step of up to
 # this many sequences, each its last token and k proposed ones as a chunk. Eager verification
 # costs more than it gains (row 62 of docs/performance_notes.md), so this is also the most
-# sequences that speculate. H200, Llama-3-8B, k=4 (row 64): n-gram proposals 1.22x at 16
-# sequences, 0.96x at 32, 0.86x at 64; every proposal wrong 0.72x / 0.58x / 0.50x.
-SPEC_GRAPH_MAX_SEQS = 16
+# sequences that speculate. H200, Llama-3-8B, k=4, attention with GQA heads packed (row 65):
+# n-gram proposals 1.33x at 16 sequences, 1.18x at 32; every proposal wrong 0.79x at both.
+SPEC_GRAPH_MAX_SEQS = 32
 
 
 def prefill_capture_sizes(max_tokens: int) -> list[int]:

@@ -254,8 +254,9 @@ class ModelRunner:
     @torch.inference_mode()
     def _compile_step_variants(self) -> None:
         """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
-        tiles, with or without a KV split; prefill: 16/32/64-row tiles, and 128-row tiles for
-        chunks over 1,024 tokens), the LoRA expand's tile sizes, and the greedy sampler's
+        tiles, with or without a KV split; prefill: 16/32/64-row tiles, with GQA heads packed for
+        chunks of at most PACK_GQA_MAX_LEN tokens, and 128-row tiles for chunks over 1,024
+        tokens), the LoRA expand's tile sizes, and the greedy sampler's
         kernel once now, so Triton compiles them at startup and not in the middle of serving
         (seconds each, first time on a machine; `CompileWatch` logs any that is left). Writes
         only scratch KV and outputs: no block holds cached data yet."""
@@ -264,7 +265,11 @@ class ModelRunner:
         short, long_ = 16, min(1024, self.max_model_len)
         # (decodes, their context length, prompt-chunk tokens alongside)
         cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
-        cases += [(1, short, n) for n in (16, 32, 64, 1040)
+        from kernels.prefill_attention import PACK_GQA_MAX_LEN
+        group = self.attn_layers[0].num_heads // self.num_kv_heads
+        # Short chunks pack `group` heads' rows into 16-, 32- or 64-row tiles.
+        packed = {min(PACK_GQA_MAX_LEN, max(1, rows // group)) for rows in (16, 32, 64)} if group > 1 else set()
+        cases += [(1, short, n) for n in sorted({16, 32, 64, 1040} | packed)
                   if n <= min(self.max_model_len, self.max_num_batched_tokens)]
         lora = self.lora_manager is not None
         next_block = 0

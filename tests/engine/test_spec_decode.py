@@ -182,7 +182,7 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     graphs = PrefillGraphs(llm.engine.runner.model, 64, 512, torch.device("cpu"), capture=False,
                            rows_per_seq=NGRAM["num_speculative_tokens"] + 1, max_seqs=SPEC_GRAPH_MAX_SEQS,
                            max_chunk=NGRAM["num_speculative_tokens"] + 1)
-    assert graphs.max_rows == SPEC_GRAPH_MAX_SEQS * 4 == 64
+    assert graphs.max_rows == SPEC_GRAPH_MAX_SEQS * 4 == 128
     calls = []
     run = graphs.run
     graphs.run = lambda batch, rows=None: calls.append((batch.num_decodes, rows)) or run(batch, rows)
