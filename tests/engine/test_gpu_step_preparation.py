@@ -97,7 +97,10 @@ def test_start_up_kernel_variants_run_on_any_pool(llama_dir, monkeypatch):
     monkeypatch.setattr(engine.runner, "_forward_eager", lambda batch: calls.append(batch) or forward(batch))
     engine.runner._compile_step_variants()  # 8 blocks: block ids wrap around the pool
     shapes = [(b.num_decodes, b.num_tokens - b.num_decodes) for b in calls]
-    assert shapes == [(1, 0), (1, 0), (4, 0), (4, 0), (1, 16), (1, 32), (1, 64)]
+    # Prompt chunks: the tiny model has 2 query heads per KV head, so chunks of 8, 16 and 17
+    # tokens fill 16-, 32- and 64-row tiles with heads packed; 32 and 64 tokens take unpacked
+    # tiles (and 1,040 would exceed max_model_len).
+    assert shapes == [(1, 0), (1, 0), (4, 0), (4, 0), (1, 8), (1, 16), (1, 17), (1, 32), (1, 64)]
     assert all(int(b.decode_block_tables.max()) < 8 for b in calls)
     assert engine.block_manager.usage == 0.0
 
