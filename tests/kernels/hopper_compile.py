@@ -130,6 +130,9 @@ def cases():
     qp, cu = e(512, 32, 128, dtype=torch.bfloat16), torch.tensor([0, 512], dtype=torch.int32)
     yield "prefill fp8 cache", lambda: kernels.paged_prefill_attention(qp, c8, v8, bt[:1], cu, cl[:1], 512, 0.1,
                                                                        k_scale=0.5, v_scale=2.0)
+    cu5 = torch.tensor([0, 5, 10], dtype=torch.int32)
+    yield "prefill fp8 cache, GQA heads packed", lambda: kernels.paged_prefill_attention(
+        qp[:10], c8, v8, bt[:2], cu5, cl[:2], 5, 0.1, k_scale=0.5, v_scale=2.0)
 
 
 def main() -> None:

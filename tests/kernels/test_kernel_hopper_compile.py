@@ -43,6 +43,11 @@ def test_kernels_compile_for_hopper(compiled):
     assert not by_kernel[("prefill torch.bfloat16", "_prefill_kernel")]["tma"]
     assert by_kernel[("decode fp8 cache", "_decode_kernel")]["mma"]
     assert by_kernel[("prefill fp8 cache", "_prefill_kernel")]["wgmma"]
+    # Verification chunks with GQA heads packed: 32-row tiles, on tensor cores (mma), TMA boxes
+    # for a 16-bit cache's chunk.
+    packed = by_kernel[("prefill torch.bfloat16 chunk tma, GQA heads packed", "_prefill_kernel")]
+    assert packed["mma"] and packed["tma"], packed
+    assert by_kernel[("prefill fp8 cache, GQA heads packed", "_prefill_kernel")]["mma"]
     assert by_kernel[("store_kv_cache fp8", "_store_kv_kernel")]
     fp8 = by_kernel[("fp8_matmul", "_fp8_matmul_kernel")]
     assert fp8["mma"] or fp8["wgmma"], fp8  # FP8 tensor cores, not a scalar loop
