@@ -64,11 +64,10 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
     decoding read each sequence's keys and values once per KV head, as decode attention does."""
     pack = group > 1 and max_seqlen_q <= PACK_GQA_MAX_LEN
     block_m = min(64, dot_block(max_seqlen_q * (group if pack else 1)))
-    if pack:
-        return PrefillConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2, kv_tma=True,
-                             pack_gqa=True)
-    if dtype == torch.float32 or head_dim > 128:
-        return PrefillConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=2, kv_tma=True)
+    block_n = 32 if dtype == torch.float32 or head_dim > 128 else 64
+    if pack or block_n == 32:
+        return PrefillConfig(block_m=block_m, block_n=block_n, num_warps=4, num_stages=2, kv_tma=True,
+                             pack_gqa=pack)
     if chunk_tma and max_seqlen_q > 1024:
         return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2, kv_tma=True)
     return PrefillConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2, kv_tma=True)

@@ -181,6 +181,10 @@ def test_prefill_default_config_by_chunk_length_and_path():
     assert default_config(torch.bfloat16, 128, 17, True, group=4).pack_gqa
     assert not default_config(torch.bfloat16, 128, 18, True, group=4).pack_gqa
     assert not default_config(torch.bfloat16, 128, 5, True, group=1).pack_gqa  # nothing to share
+    # float32 (tests) and heads over 128 keep their 32-key tiles when packed
+    assert default_config(torch.float32, 128, 5, True, group=4) == PrefillConfig(
+        32, 32, 4, 2, kv_tma=True, pack_gqa=True)
+    assert default_config(torch.bfloat16, 256, 5, True, group=4).block_n == 32
 
 
 def test_prefill_long_chunk_uses_unmasked_tiles():
