@@ -9,7 +9,7 @@ the cost of verifying for nothing). Each run's tokens are compared with the plai
 float32 they are equal (tests/engine/test_spec_decode.py); in bf16 a verification step computes
 a position in other kernels than a decode step, so a near-tie may flip a token, and the
 continuation (and an oracle's proposals after it) with it. Batches of at most
-SPEC_GRAPH_MAX_SEQS sequences (backend/cuda_graph.py) verify in the prefill CUDA graphs; larger
+SPEC_GRAPH_MAX_SEQS sequences (backend/cuda_graph.py) verify in CUDA graphs; larger
 ones do not speculate (1.00x). `--spec-graph-seqs` sets that limit for this run, to measure
 where speculation stops paying.
 

@@ -156,16 +156,21 @@ elif [ "$PART" = 9 ]; then
         --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -20 >> "$S"
     [ -n "${NO_TRITON:-}" ] || { stamp "Llama-3-8B bf16 A and B through Triton"
                                  run llama --models "$LLAMA" --phases triton --workloads A,B; }
-elif [ "$PART" = 10 ]; then
-    SPEC='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+elif [ "$PART" = 10 ] || [ "$PART" = 11 ]; then
+  SPEC='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+  with_spec_seqs() {  # script, most speculating sequences, its arguments...: the engine's limit set
+    local script=$1 seqs=$2; shift 2
+    timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend import model_runner; \
+model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['$script'] + sys.argv[1:]; \
+runpy.run_path('scripts/$script', run_name='__main__')" --model "models/configs/$LLAMA" \
+        --tokenizer models/tiny-llama --engine-arg enable_prefix_caching=false "$@"
+  }
+  if [ "$PART" = 10 ]; then
     prof() {  # name, most speculating sequences, requests, engine arguments...
         local name=$1 seqs=$2 n=$3; shift 3
         stamp "profile_engine: $name"
-        timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend import model_runner; \
-model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['profile_engine.py'] + sys.argv[1:]; \
-runpy.run_path('scripts/profile_engine.py', run_name='__main__')" \
-            --model "models/configs/$LLAMA" --tokenizer models/tiny-llama --num-requests "$n" --input-len 512 \
-            --output-len 128 --engine-arg enable_prefix_caching=false "$@" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+        with_spec_seqs profile_engine.py "$seqs" --num-requests "$n" --input-len 512 --output-len 128 "$@" \
+            --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
         "$PY" -c "
 import json; d = json.load(open('$OUT/$name.json'))
 print({k: d[k] for k in ('wall_s', 'output_tok_s', 'steps', 'loop_thread_cpu_s')})
@@ -178,17 +183,12 @@ print('  host ms total', {k: round(v, 1) for k, v in d['phase_ms_total'].items()
     prof spec32 32 32 --engine-arg "speculative_config=$SPEC"
     prof spec16 16 16 --engine-arg "speculative_config=$SPEC"
     prof plain16 16 16
-elif [ "$PART" = 11 ]; then
-    SPEC='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+  else
     kern() {  # name, most speculating sequences, requests, engine arguments...
         local name=$1 seqs=$2 n=$3; shift 3
         stamp "profile_kernels: $name"
-        timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend import model_runner; \
-model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['profile_kernels.py'] + sys.argv[1:]; \
-runpy.run_path('scripts/profile_kernels.py', run_name='__main__')" \
-            --model "models/configs/$LLAMA" --tokenizer models/tiny-llama --num-requests "$n" --output-len 256 \
-            --skip-decode-steps 12 --engine-arg enable_prefix_caching=false "$@" --json "$OUT/k_$name.json" \
-            > "$OUT/k_$name.log" 2>&1
+        with_spec_seqs profile_kernels.py "$seqs" --num-requests "$n" --output-len 256 --skip-decode-steps 12 \
+            "$@" --json "$OUT/k_$name.json" > "$OUT/k_$name.log" 2>&1
         if [ -s "$OUT/k_$name.json" ]; then sed -n '/== decode_phase/,$p' "$OUT/k_$name.log" | cut -c1-160 >> "$S"
         else grep -v "Warning\|warnings.warn" "$OUT/k_$name.log" | tail -8 >> "$S"; fi
         rm -f "$OUT/k_$name.log"
@@ -197,6 +197,7 @@ runpy.run_path('scripts/profile_kernels.py', run_name='__main__')" \
     kern spec16 16 16 --engine-arg "speculative_config=$SPEC"
     kern plain32 32 32
     kern spec32 32 32 --engine-arg "speculative_config=$SPEC"
+  fi
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \
