@@ -166,12 +166,17 @@ def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
     assert got == want
     assert tight.engine.scheduler.num_preemptions > 0
     assert tight.engine.get_stats().spec_decode_num_drafts > 0
+    # The proposer keeps the histories of running sequences only.
+    kept = set(tight.engine.proposer._histories)
+    assert kept
+    assert tight.generate([prompts[0]], params)[0].outputs[0].token_ids == want[0]
+    assert not kept & set(tight.engine.proposer._histories)
 
 
 def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(llama_dir):
     """On the GPU a verification step of at most SPEC_GRAPH_MAX_SEQS sequences replays a
     verification graph (its decodes as one-token chunks; chunks of at most k + 1 tokens) that
-    returns every verified row; here its padded buffers (16 sequence slots, 3 used) run eagerly.
+    returns every verified row; here its padded buffers (32 sequence slots, 3 used) run eagerly.
     Tokens equal plain decoding's; steps without proposals stay decodes."""
     from backend.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
     gen = torch.Generator().manual_seed(21)
