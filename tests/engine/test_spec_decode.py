@@ -166,11 +166,8 @@ def test_ngram_speculation_through_preemption_equals_plain_decoding(llama_dir):
     assert got == want
     assert tight.engine.scheduler.num_preemptions > 0
     assert tight.engine.get_stats().spec_decode_num_drafts > 0
-    # The proposer keeps the histories of running sequences only.
-    kept = set(tight.engine.proposer._histories)
-    assert kept
-    assert tight.generate([prompts[0]], params)[0].outputs[0].token_ids == want[0]
-    assert not kept & set(tight.engine.proposer._histories)
+    # The proposer keeps the histories of running sequences only: none once all have finished.
+    assert tight.engine.proposer._histories == {}
 
 
 def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(llama_dir):
