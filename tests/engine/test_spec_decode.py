@@ -39,11 +39,15 @@ def _brute_force(ids: list[int], k: int, lo: int, hi: int) -> list[int]:
     return []
 
 
+@pytest.mark.parametrize("max_candidates", [0, 10**9])
 @pytest.mark.parametrize("lo, hi", [(1, 1), (1, 4), (2, 3), (3, 6)])
-def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi):
+def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, max_candidates, monkeypatch):
     """Sequences over a 3-token vocabulary (long repeated runs, overlapping occurrences) grown a
-    few tokens at a time under one key each, and looked up from scratch (no key): every proposal
-    is the brute-force search's."""
+    few tokens at a time under one key each (occurrences extended one by one, or the vectorised
+    pass for any number of them), and looked up from scratch (no key): every proposal is the
+    brute-force search's."""
+    from backend.spec_decode import _History
+    monkeypatch.setattr(_History, "MAX_CANDIDATES", max_candidates)
     p = proposer(k=4, hi=hi, lo=lo)
     rng = torch.Generator().manual_seed(lo * 10 + hi)
     seqs = {key: [] for key in range(6)}
@@ -59,7 +63,7 @@ def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi):
             checked += bool(want)
     assert checked > 100  # of 360 lookups, enough that found occurrences are checked too
     # A key whose tokens are not an extension of what it held starts over; retain forgets others.
-    fresh = [5, 6, 7, 8] * 2 + [5, 6, 7]
+    fresh = [1, 0, 2, 2, 1, 0, 2]  # n-grams the old history holds too, at other positions
     assert p.propose(fresh, 9, key=0) == _brute_force(fresh, 4, lo, hi) != []
     p.retain({0})
     assert set(p._histories) == {0}
