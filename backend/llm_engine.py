@@ -306,13 +306,9 @@ class LLMEngine:
             seq.append_token(PLACEHOLDER)
             seq.num_unresolved += 1
             pending.positions.append(seq.num_tokens - 1)
-            p = seq.params
             if seq.seq_id in speculating:
                 continue  # how many of its rows become tokens is known on arrival (`_verify`)
-            if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
-                    seq.num_tokens >= self.max_seq_len:
-                seq.finish_reason = "length"  # known now: free its blocks, do not schedule it again
-                self.scheduler.finish(seq)
+            self._finish_at_length_limit(seq)  # known now: free its blocks, do not schedule it again
         pending.scheduled = sched
         return pending
 
@@ -365,17 +361,20 @@ class LLMEngine:
                 self.block_manager.cache_full_blocks(seq)
             self._text_queue.append(seq)
         for seq, _, _ in pending.spec:  # length limits of speculating sequences, now known
-            p = seq.params
-            if seq.request_id in self.requests and not seq.is_finished and (
-                    (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens)
-                    or seq.num_tokens >= self.max_seq_len):
-                seq.finish_reason = "length"
-                self.scheduler.finish(seq)
+            if seq.request_id in self.requests and not seq.is_finished:
+                self._finish_at_length_limit(seq)
         for request_id, token in off_grammar.items():  # that request ends; the others carry on
             out = self.abort_request(request_id, error=f"structured_outputs: the grammar allows no "
                                                        f"continuation (sampled token {token}).")
             if out is not None:
                 outputs.append(out)
+
+    def _finish_at_length_limit(self, seq: Sequence) -> None:
+        p = seq.params
+        if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or \
+                seq.num_tokens >= self.max_seq_len:
+            seq.finish_reason = "length"
+            self.scheduler.finish(seq)
 
     def _verify(self, pending, results) -> None:
         """Speculative decoding: a sequence keeps its tokens up to the first that differs from
