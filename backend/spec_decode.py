@@ -92,8 +92,10 @@ class _History:
     """Where each n-gram of `lo` tokens ended in a sequence, for the n-grams followed by a
     token: the candidates for the suffix's occurrences."""
 
-    # Beyond this many occurrences of the last n-gram (long runs of one token), one vectorised
-    # pass over the history is cheaper than extending each occurrence in Python.
+    # Occurrences of the last n-gram extended one by one in Python, the latest first, until one
+    # matches the longest suffix (prompt_lookup_max tokens: nothing can beat it). Past this many
+    # without one (many occurrences, all matching short), one vectorised pass over the history
+    # is cheaper. In a long run of one token the latest occurrence matches at once.
     MAX_CANDIDATES = 64
 
     def __init__(self, lo: int) -> None:
@@ -113,11 +115,11 @@ class _History:
         candidates = self.ends.get(tuple(token_ids[n - lo:]))
         if not candidates:
             return []
-        if len(candidates) > self.MAX_CANDIDATES:
-            return _lookup(np.asarray(token_ids, dtype=np.int64), k, lo, hi)
         hi = min(hi, n - 1)
         best, best_end = lo - 1, -1
-        for end in reversed(candidates):  # the latest first: it wins ties
+        for tried, end in enumerate(reversed(candidates)):  # the latest first: it wins ties
+            if tried == self.MAX_CANDIDATES:
+                return _lookup(np.asarray(token_ids, dtype=np.int64), k, lo, hi)
             m = lo
             while m < hi and end - m >= 0 and token_ids[end - m] == token_ids[n - 1 - m]:
                 m += 1

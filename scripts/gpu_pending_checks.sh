@@ -41,6 +41,8 @@
 #           time per step.
 #   part 11: the kernels of verification steps against decode steps: scripts/profile_kernels.py
 #           on Llama-3-8B bf16, 16 and 32 requests, plainly and speculating.
+#   part 12: PyTorch's CUTLASS GEMM (torch._grouped_mm, one group) against cuBLAS at
+#           Llama-3-8B's shapes, M = 256 and 8192 (scripts/probe_grouped_mm.py).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -53,7 +55,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 11}"; shift
+PART="${1:?part 1 to 12}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -198,6 +200,10 @@ print('  host ms total', {k: round(v, 1) for k, v in d['phase_ms_total'].items()
     kern plain32 32 32
     kern spec32 32 32 --engine-arg "speculative_config=$SPEC"
   fi
+elif [ "$PART" = 12 ]; then
+    stamp "CUTLASS (torch._grouped_mm) against cuBLAS (F.linear) at Llama-3-8B's shapes"
+    timeout 300 "$PY" scripts/probe_grouped_mm.py --model "models/configs/$LLAMA" \
+        --json "$OUT/probe_grouped_mm.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -30 >> "$S"
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \

@@ -39,13 +39,13 @@ def _brute_force(ids: list[int], k: int, lo: int, hi: int) -> list[int]:
     return []
 
 
-@pytest.mark.parametrize("max_candidates", [0, 10**9])
+@pytest.mark.parametrize("max_candidates", [0, 2, 10**9])
 @pytest.mark.parametrize("lo, hi", [(1, 1), (1, 4), (2, 3), (3, 6)])
 def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, max_candidates, monkeypatch):
     """Sequences over a 3-token vocabulary (long repeated runs, overlapping occurrences) grown a
-    few tokens at a time under one key each (occurrences extended one by one, or the vectorised
-    pass for any number of them), and looked up from scratch (no key): every proposal is the
-    brute-force search's."""
+    few tokens at a time under one key each (occurrences extended one by one, the vectorised pass
+    after the first two that do not match the longest suffix, or the vectorised pass at once), and
+    looked up from scratch (no key): every proposal is the brute-force search's."""
     from backend.spec_decode import _History
     monkeypatch.setattr(_History, "MAX_CANDIDATES", max_candidates)
     p = proposer(k=4, hi=hi, lo=lo)
