@@ -183,11 +183,16 @@ class SamplingParams:
 
     @property
     def can_speculate(self) -> bool:
-        """Nothing changes its logits and no seed fixes its draws: its tokens can be proposed
-        ahead and verified (speculative decoding: greedy tokens by equality, sampled ones by
-        rejection sampling; logprobs come from each verified position's logits)."""
-        return bool((self.greedy or self.seed is None) and not self.has_penalties and not self.logit_bias
-                    and self.allowed_token_ids is None and not self._bad_words_token_ids
+        """No seed fixes its draws and its logits adjustments can be made for a position whose
+        earlier tokens are proposals: its tokens can be proposed ahead and verified
+        (speculative decoding: greedy tokens by equality, sampled ones by rejection sampling,
+        both after the adjustments; logprobs come from each verified position's logits).
+        logit_bias, allowed_token_ids and one-token bad words are the same at every position;
+        penalties read token counts to which each row's earlier proposals are added. Bad words
+        of several tokens and grammars are matched on the host against the tokens before the
+        position, which are not known there until the step has run."""
+        return bool((self.greedy or self.seed is None)
+                    and all(len(word) == 1 for word in self._bad_words_token_ids)
                     and self.structured_outputs is None)
 
     @property

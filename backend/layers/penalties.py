@@ -30,6 +30,25 @@ class PenaltyRows:
     frequency: torch.Tensor | None  # [Q] float32; None when no row has frequency or presence
     presence: torch.Tensor | None  # [Q] float32
     count_samples: bool  # add the tokens sampled for these rows to their counts
+    # Speculative decoding: a sequence verifying k proposals has a run of k + 1 rows, row j
+    # conditioned on proposals 0..j-1 having been taken. Its penalties read its slot's counts
+    # with those proposals added: `spec_counts` / `spec_in_prompt` [Q, V], row q's at index q
+    # (None: no row verifies a proposal; the table's slots are read). A row's sampled token is
+    # counted only when every earlier row of its run sampled its proposal, as the engine keeps
+    # it only then: `drafts` [Q] (the proposal each row verifies, -1 for none) and `run_first`
+    # [Q] (the index of its run's first row among these rows).
+    spec_counts: torch.Tensor | None = None
+    spec_in_prompt: torch.Tensor | None = None
+    drafts: torch.Tensor | None = None
+    run_first: torch.Tensor | None = None
+
+    def kept(self, sampled: torch.Tensor) -> torch.Tensor | None:
+        """Which of these rows' sampled tokens the engine keeps (None: all)."""
+        if self.drafts is None:
+            return None
+        missed = ((self.drafts >= 0) & (sampled != self.drafts)).to(torch.int32)
+        before = torch.cumsum(missed, 0) - missed  # proposals missed by the rows before each
+        return before == before[self.run_first]  # none of them in its own run
 
 
 class PenaltyCounts:
@@ -52,21 +71,23 @@ class PenaltyCounts:
         self._holder: dict[int, Any] = {}  # slot -> sequence
 
     @classmethod
-    def transient(cls, seqs: Seq[Any], vocab_size: int, device: torch.device) -> "PenaltyCounts":
+    def transient(cls, seqs: Seq[Any], vocab_size: int, device: torch.device,
+                  proposed: dict[int, int] | None = None) -> "PenaltyCounts":
         """A table for one sampling call, slot i filled from sequence i's tokens (a sampler used
-        on its own, without an engine's table)."""
+        on its own, without an engine's table), the `proposed[seq_id]` last ones left out."""
         table = cls(len(seqs), vocab_size, device)
-        table._fill(list(enumerate(seqs)))
+        table._fill(list(enumerate(seqs)), proposed)
         return table
 
     @property
     def nbytes(self) -> int:
         return self.output_counts.nbytes + self.in_prompt.nbytes
 
-    def slots_for(self, seqs: Seq[Any]) -> list[int]:
+    def slots_for(self, seqs: Seq[Any], proposed: dict[int, int] | None = None) -> list[int]:
         """Each sequence's slot; sequences without one take a free slot, filled from their
         tokens on the host (placeholders of steps in flight left out: a new slot is taken only
-        before a sequence's first sample, or after it was dropped while it waited)."""
+        before a sequence's first sample, or after it was dropped while it waited; so are the
+        `proposed[seq_id]` last tokens of a sequence verifying proposals)."""
         slots: list[int] = []
         new: list[tuple[int, Any]] = []
         for seq in seqs:
@@ -83,12 +104,28 @@ class PenaltyCounts:
                 new.append((slot, seq))
             slots.append(slot)
         if new:
-            self._fill(new)
+            self._fill(new, proposed or {})
         return slots
 
-    def count(self, slots: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """Add one sampled token per slot (queued on the device like the step itself)."""
-        self.output_counts.index_put_((slots, token_ids), self._one.expand(slots.shape), accumulate=True)
+    def count(self, slots: torch.Tensor, token_ids: torch.Tensor, kept: torch.Tensor | None = None) -> None:
+        """Add one sampled token per slot (queued on the device like the step itself); with
+        `kept` (bool per token), only those."""
+        ones = self._one.expand(slots.shape) if kept is None else kept.to(self.output_counts.dtype)
+        self.output_counts.index_put_((slots, token_ids), ones, accumulate=True)
+
+    def with_proposals(self, slots: Seq[int], before: Seq[Seq[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Counts and prompt marks per row: row q's are slot slots[q]'s with the tokens
+        before[q] (proposals it is conditioned on) added as sampled ([Q, V] copies, queued on
+        the device after the counting of every earlier step)."""
+        index = self._to_device(np.asarray(slots, dtype=np.int64))
+        counts, in_prompt = self.output_counts[index], self.in_prompt[index]
+        rows = np.concatenate([np.full(len(ids), q, dtype=np.int64) for q, ids in enumerate(before)] or [[]])
+        ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in before] or [[]]).astype(np.int64)
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        if inside.any():
+            rows, ids = self._to_device(rows[inside].astype(np.int64)), self._to_device(ids[inside])
+            counts.index_put_((rows, ids), self._one.expand(rows.shape), accumulate=True)
+        return counts, in_prompt
 
     def _release_idle(self, exclude: set[int]) -> None:
         """Free the slots of sequences that no longer run (finished, aborted, or waiting after
@@ -99,11 +136,13 @@ class PenaltyCounts:
                 del self._holder[slot], self._slot_of[seq.seq_id]
                 self._free.append(slot)
 
-    def _fill(self, new: list[tuple[int, Any]]) -> None:
+    def _fill(self, new: list[tuple[int, Any]], proposed: dict[int, int] | None = None) -> None:
         slot_list = [slot for slot, _ in new]
         prompt_rows, prompt_ids, output_rows, output_ids = [], [], [], []
         for slot, seq in new:
             tokens = np.asarray(seq.token_ids, dtype=np.int64)
+            if proposed and proposed.get(seq.seq_id):
+                tokens = tokens[:len(tokens) - proposed[seq.seq_id]]
             prompt, output = tokens[:seq.num_prompt_tokens], tokens[seq.num_prompt_tokens:]
             prompt = np.unique(prompt[(prompt >= 0) & (prompt < self.vocab_size)])
             output = output[(output >= 0) & (output < self.vocab_size)]  # no placeholders
@@ -133,5 +172,9 @@ def apply_penalties(logits: torch.Tensor, p: PenaltyRows) -> torch.Tensor:
     """Repetition (divide positive logits, multiply negative ones, for tokens in the prompt or
     output), then frequency and presence (subtract per output count, and once per token
     sampled), on the rows that have them, in place: one Triton pass on CUDA."""
+    if p.spec_counts is not None:
+        read = torch.arange(p.slots.shape[0], device=p.slots.device)
+        return ops.apply_penalties(logits, p.rows, read, p.spec_counts, p.spec_in_prompt,
+                                   p.repetition, p.frequency, p.presence)
     return ops.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
                                p.repetition, p.frequency, p.presence)

@@ -152,7 +152,7 @@ class Sampler:
             md.allowed += (_dev(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
                                 torch.int64, device),)
         md.min_tokens = min_tokens.to(device)
-        md.penalties = _penalty_rows(rows, vocab_size, device, counts)
+        md.penalties = _penalty_rows(rows, vocab_size, device, counts, drafts)
         return md
 
     def __call__(self, logits: torch.Tensor, rows: Seq[Any],
@@ -182,7 +182,8 @@ class Sampler:
         token_ids = self._sample(logits, rows, md)
         p = md.penalties
         if p is not None and p.count_samples:  # the next step's penalties see these tokens
-            p.counts.count(p.slots, token_ids if p.rows is None else token_ids[p.rows])
+            sampled = token_ids if p.rows is None else token_ids[p.rows]
+            p.counts.count(p.slots, sampled, p.kept(sampled))
         out = SamplerOutput(token_ids, raw_logprobs.gather(1, token_ids[:, None]).squeeze(1))
         if md.want_logprobs:
             if md.max_logprobs:
@@ -256,15 +257,32 @@ def _verify_drafts(probs: torch.Tensor, race: torch.Tensor, sampled: torch.Tenso
 
 
 def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
-                  counts: PenaltyCounts | None) -> PenaltyRows | None:
+                  counts: PenaltyCounts | None, drafts: Seq[int] | None = None) -> PenaltyRows | None:
     penalized = [i for i, r in enumerate(rows) if r.params.has_penalties]
     if not penalized:
         return None
     seqs = [rows[i] for i in penalized]
+    # Speculative decoding: a sequence's run of rows (the same object, consecutive), row j after
+    # proposals 0..j-1; the sequence's tokens end with its proposals during the step's launch.
+    spec = drafts is not None and any(drafts[i] >= 0 for i in penalized)
+    run_first: list[int] = []
+    before: list[list[int]] = []
+    proposed: dict[int, int] = {}
+    if spec:
+        for q, i in enumerate(penalized):
+            if q and seqs[q - 1] is seqs[q] and penalized[q - 1] == i - 1:
+                run_first.append(run_first[-1])
+                before.append(before[-1] + [drafts[i - 1]])
+            else:
+                run_first.append(q)
+                before.append([])
+            if drafts[i] >= 0:
+                proposed[seqs[q].seq_id] = proposed.get(seqs[q].seq_id, 0) + 1
     if counts is None:
-        table, slots = PenaltyCounts.transient(seqs, vocab_size, device), list(range(len(seqs)))
+        table = PenaltyCounts.transient(seqs, vocab_size, device, proposed)
+        slots = list(range(len(seqs)))
     else:
-        table, slots = counts, counts.slots_for(seqs)
+        table, slots = counts, counts.slots_for(seqs, proposed)
     params = [s.params for s in seqs]
     repetition = any(p.repetition_penalty != 1.0 for p in params)
     additive = any(p.frequency_penalty or p.presence_penalty for p in params)
@@ -272,13 +290,18 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
     def column(values: list[float]) -> torch.Tensor:
         return _dev(np.asarray(values, dtype=np.float32), None, device)
 
-    return PenaltyRows(
+    out = PenaltyRows(
         table, None if len(penalized) == len(rows) else _dev(penalized, torch.int64, device),
         _dev(slots, torch.int64, device),
         column([p.repetition_penalty for p in params]) if repetition else None,
         column([p.frequency_penalty for p in params]) if additive else None,
         column([p.presence_penalty for p in params]) if additive else None,
         count_samples=counts is not None)
+    if spec:
+        out.spec_counts, out.spec_in_prompt = table.with_proposals(slots, before)
+        out.drafts = _dev([drafts[i] for i in penalized], torch.int64, device)
+        out.run_first = _dev(run_first, torch.int64, device)
+    return out
 
 
 @dataclass

@@ -141,3 +141,25 @@ def test_gpu_speculation_of_many_sequences_with_logprobs_and_sampling(llama_dir)
                     assert mine[t].logprob == pytest.approx(theirs[t].logprob, abs=1e-3)
     st = gpu.engine.get_stats()
     assert 0 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens
+
+
+def test_gpu_speculation_with_penalties_matches_the_cpu_engine(llama_dir):
+    """Penalized rows of verification steps on the device: the Triton penalties kernel reads
+    each row's counts with its earlier proposals added, and only kept tokens are counted;
+    greedy and temperature-1e-3 rows give the CPU engine's tokens (without speculation)."""
+    from test_spec_decode import NGRAM, _with_oracle
+    gen = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 12, 15, 10)]
+    pen = dict(repetition_penalty=1.3, frequency_penalty=0.6, presence_penalty=0.4)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, **pen)
+    cold = SamplingParams(temperature=1e-3, max_tokens=24, ignore_eos=True, **pen)
+    plain = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    common = dict(dtype="float32", num_kv_blocks=256)
+    want = [o.outputs[0].token_ids for o in
+            LLM(llama_dir, device="cpu", **common).generate(prompts, [greedy, greedy, plain, greedy])]
+    gpu = LLM(llama_dir, device="cuda", speculative_config=NGRAM, **common)
+    _with_oracle(gpu.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
+    got = [o.outputs[0].token_ids for o in gpu.generate(prompts, [greedy, cold, plain, greedy])]
+    assert got == want
+    st = gpu.engine.get_stats()
+    assert 10 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens

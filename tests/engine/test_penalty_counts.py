@@ -116,8 +116,8 @@ def test_a_preempted_sequence_whose_slot_was_taken_is_refilled_with_its_output(l
 
     fills = []
     fill = penalties.PenaltyCounts._fill
-    monkeypatch.setattr(penalties.PenaltyCounts, "_fill", lambda self, new: (
-        fills.append([(slot, s.request_id, s.num_output_tokens) for slot, s in new]), fill(self, new)))
+    monkeypatch.setattr(penalties.PenaltyCounts, "_fill", lambda self, new, proposed=None: (
+        fills.append([(slot, s.request_id, s.num_output_tokens) for slot, s in new]), fill(self, new, proposed)))
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (30, 30, 12)]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, **PENALTIES)
@@ -136,3 +136,35 @@ def test_a_preempted_sequence_whose_slot_was_taken_is_refilled_with_its_output(l
     alone = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256)
     for rid, prompt in zip("abc", prompts):
         assert got[rid].outputs[0].token_ids == alone.generate([prompt], [params])[0].outputs[0].token_ids, rid
+
+
+def test_a_verification_run_is_penalized_with_its_proposals_and_counts_only_kept_tokens():
+    """One sequence verifying proposals 4 5 6 (rows 0-3 of its run): row j's frequency penalty
+    counts the proposals before it; row 1 rejects 5 (it takes 7, because 4 now counts once), so
+    rows 2 and 3 (after a proposal that did not happen) are sampled but not counted. A new slot
+    is filled from the tokens before the proposals."""
+    counts = PenaltyCounts(2, 10, torch.device("cpu"))
+    s = seq([1, 2, 3, 4, 5, 6], 2, temperature=0, frequency_penalty=1.0)  # output 3, proposals 4 5 6
+    rows, drafts = [s] * 4, [4, 5, 6, -1]
+    logits = torch.full((4, 10), -1.0)
+    logits[0, 4] = 3.0  # row 0 takes 4 (its proposal)
+    logits[1, 4], logits[1, 7] = 5.0, 4.5  # 5.0 - 1 (4 was proposed before) < 4.5: takes 7, not 5
+    logits[2, 8], logits[3, 9] = 3.0, 3.0
+    logits[:, 3] = 3.5  # 3 is in the output: 2.5 everywhere, below the rows' picks
+    md = Sampler.prepare(rows, 10, torch.device("cpu"), counts=counts, drafts=drafts)
+    assert counts.output_counts[0].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # not 4, 5, 6
+    assert Sampler(counts)(logits, rows, md).token_ids.tolist() == [4, 7, 8, 9]
+    assert counts.output_counts[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 0, 0]  # 8, 9 not kept
+    # Two runs side by side: s misses its first proposal, so only that row's token counts; t
+    # (a new slot, filled from the tokens before its proposal) takes its proposal, so both count.
+    t = seq([1, 2, 3], 1, temperature=0, presence_penalty=0.5)
+    s.token_ids[:] = [1, 2, 3, 4, 7, 0, 2]  # 4 7 kept last step; proposals 0 2
+    t.token_ids += [5]  # proposal 5
+    rows, drafts = [s, s, s, t, t], [0, 2, -1, 5, -1]
+    logits = torch.full((5, 10), -1.0)
+    logits[0, 1], logits[1, 2], logits[2, 6], logits[3, 5], logits[4, 6] = 2.0, 2.0, 2.0, 2.0, 2.0
+    md = Sampler.prepare(rows, 10, torch.device("cpu"), counts=counts, drafts=drafts)
+    assert counts.output_counts[1].tolist() == [0, 0, 1, 1, 0, 0, 0, 0, 0, 0]  # t's output 2 3, not 5
+    assert Sampler(counts)(logits, rows, md).token_ids.tolist() == [1, 2, 6, 5, 6]
+    assert counts.output_counts[0].tolist() == [0, 1, 0, 1, 1, 0, 0, 1, 0, 0]
+    assert counts.output_counts[1].tolist() == [0, 0, 1, 1, 0, 1, 1, 0, 0, 0]

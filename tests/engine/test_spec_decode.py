@@ -120,12 +120,12 @@ def test_verified_tokens_equal_plain_greedy_and_hugging_face(llama_dir):
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 24, 15)]
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     penalized = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3)
-    params = [greedy, greedy, penalized]  # the penalized one does not speculate
+    params = [greedy, greedy, penalized]
     want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, torch_dtype=torch.float32)
     assert want[:2] == hf_greedy_generate(hf, prompts[:2], 20)
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
-    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts[:2], want[:2])}, wrong_every=3)
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
     got = [o.outputs[0] for o in llm.generate(prompts, params)]
     assert [o.token_ids for o in got] == want
     assert all(o.finish_reason == "length" for o in got)
@@ -317,3 +317,74 @@ def test_sampled_requests_speculate_and_seeded_ones_do_not(llama_dir, monkeypatc
     assert got == want
     assert verified and llm.engine.get_stats().spec_decode_num_accepted_tokens > 4
     assert asked and not any(asked)  # the seeded request (prompts[1]) was never asked for proposals
+
+
+def test_position_independent_logits_adjustments_speculate_and_keep_plain_tokens(llama_dir):
+    """logit_bias, allowed_token_ids and one-token bad words change every position alike, so
+    their requests speculate, each verification row adjusted as plain decoding's would be: the
+    tokens equal plain decoding's with the same parameters (which the adjustments change)."""
+    gen = torch.Generator().manual_seed(23)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (10, 13)]
+    free = [o.token_ids for o in _plain(llama_dir, prompts, SamplingParams(temperature=0, max_tokens=16,
+                                                                          ignore_eos=True))]
+    biased = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                            logit_bias={free[0][3]: -100.0, 7: 0.5})
+    allowed = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                             allowed_token_ids=sorted(set(free[1][::2]) | {3, 4, 5}))
+    params = [biased, allowed]
+    want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
+    assert want[0] != free[0] and want[1] != free[1]  # the adjustments matter
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
+    asked = []  # for each proposal asked for: which request's
+    propose = llm.engine.proposer.propose
+    llm.engine.proposer.propose = lambda ids, n, key=None: asked.append(int(ids[:13] == prompts[1])) or propose(ids, n)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    assert asked.count(0) > 2 and asked.count(1) > 2  # both requests speculated
+    st = llm.engine.get_stats()
+    assert 8 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens  # some were wrong
+
+
+def test_which_parameters_speculate():
+    def p(**kw):
+        return SamplingParams(temperature=0, **kw)
+    one_token, two_tokens = p(), p()
+    one_token._bad_words_token_ids = [[5], [9]]
+    two_tokens._bad_words_token_ids = [[5], [9, 4]]
+    assert p().can_speculate and p(logit_bias={3: 1.0}).can_speculate and p(allowed_token_ids=[3, 4]).can_speculate
+    assert one_token.can_speculate and not two_tokens.can_speculate
+    assert p(seed=4).can_speculate  # greedy: the seed draws nothing
+    assert not SamplingParams(temperature=0.5, seed=4).can_speculate
+    assert p(repetition_penalty=1.2).can_speculate and p(presence_penalty=0.5, frequency_penalty=0.2).can_speculate
+    assert not p(structured_outputs={"regex": "a+"}).can_speculate
+
+
+def test_penalized_requests_speculate_with_counts_of_their_proposals(llama_dir):
+    """Repetition, frequency and presence penalties: a verification row is penalized with its
+    sequence's counts plus the proposals before it, and only the tokens the engine keeps are
+    counted (a rejected proposal's row sampled a token that never happened). Greedy and
+    sampled (temperature 1e-3, rejection sampling) requests with penalties, beside one without
+    and one with a seed (which does not speculate), give plain decoding's tokens."""
+    gen = torch.Generator().manual_seed(31)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 14, 11, 12)]
+    pen = dict(repetition_penalty=1.3, frequency_penalty=0.6, presence_penalty=0.4)
+    greedy_pen = SamplingParams(temperature=0, max_tokens=28, ignore_eos=True, **pen)
+    plain = SamplingParams(temperature=0, max_tokens=28, ignore_eos=True)
+    want = [o.token_ids for o in _plain(llama_dir, prompts, [greedy_pen, greedy_pen, plain, greedy_pen])]
+    free = [o.token_ids for o in _plain(llama_dir, prompts[:2], plain)]
+    assert want[0] != free[0] and want[1] != free[1]  # the penalties matter
+    cold_pen = SamplingParams(temperature=1e-3, max_tokens=28, ignore_eos=True, **pen)
+    seeded_pen = SamplingParams(temperature=1e-3, max_tokens=28, ignore_eos=True, seed=5, **pen)
+    params = [greedy_pen, cold_pen, plain, seeded_pen]
+    llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
+    asked = []
+    propose = llm.engine.proposer.propose
+    llm.engine.proposer.propose = lambda ids, n, key=None: asked.append(
+        next(i for i, p in enumerate(prompts) if ids[:len(p)] == p)) or propose(ids, n)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    assert all(asked.count(i) > 3 for i in (0, 1, 2)) and 3 not in asked  # the seeded one never
+    st = llm.engine.get_stats()
+    assert 20 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens  # some were wrong
