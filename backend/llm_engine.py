@@ -170,8 +170,8 @@ class LLMEngine:
         on the device (its sampled tokens feed N+1's inputs on the device), then wait for step
         N, take its tokens, and turn them into text and outputs while N+1 runs.
 
-        When a running request's sampling reads its previous tokens on the host (penalties, bad
-        words of several tokens, a grammar), step N+1's forward pass is launched alone and its
+        When a running request's sampling reads its previous tokens on the host (bad words of
+        several tokens, a grammar), step N+1's forward pass is launched alone and its
         sampling once step N's tokens are taken, still before N+1's forward is done. With
         `deliver`, outputs are handed over as soon as they are made (the device still busy);
         otherwise they are returned."""

@@ -183,17 +183,13 @@ class SamplingParams:
 
     @property
     def can_speculate(self) -> bool:
-        """No seed fixes its draws and its logits adjustments can be made for a position whose
-        earlier tokens are proposals: its tokens can be proposed ahead and verified
-        (speculative decoding: greedy tokens by equality, sampled ones by rejection sampling,
-        both after the adjustments; logprobs come from each verified position's logits).
-        logit_bias, allowed_token_ids and one-token bad words are the same at every position;
-        penalties read token counts to which each row's earlier proposals are added. Bad words
-        of several tokens and grammars are matched on the host against the tokens before the
-        position, which are not known there until the step has run."""
-        return bool((self.greedy or self.seed is None)
-                    and all(len(word) == 1 for word in self._bad_words_token_ids)
-                    and self.structured_outputs is None)
+        """No seed fixes its draws and no grammar constrains it: its tokens can be proposed ahead
+        and verified (speculative decoding: greedy tokens by equality, sampled ones by
+        rejection sampling, both after the logits adjustments, each verification row's made as
+        if the proposals before it had been sampled: bad words matched against them, penalties
+        counting them; logprobs come from each verified position's logits). A grammar's
+        matcher would have to advance through the proposals on the host and back."""
+        return bool((self.greedy or self.seed is None) and self.structured_outputs is None)
 
     @property
     def has_penalties(self) -> bool:

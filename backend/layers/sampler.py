@@ -136,9 +136,11 @@ class Sampler:
             md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
         allowed, banned, bias, min_tokens = _Pairs(), _Pairs(), _Pairs(1), _Pairs()
+        ahead = _proposals_ahead(rows, drafts)
         for i, r in enumerate(rows):
             p = r.params
-            tokens = r.token_ids[:len(r.token_ids) - pending_tokens] if pending_tokens else r.token_ids
+            cut = pending_tokens + ahead[i]
+            tokens = r.token_ids[:len(r.token_ids) - cut] if cut else r.token_ids
             if p.allowed_token_ids is not None:
                 allowed.add(i, set(p.allowed_token_ids))
             if p._bad_words_token_ids:
@@ -254,6 +256,20 @@ def _verify_drafts(probs: torch.Tensor, race: torch.Tensor, sampled: torch.Tenso
     accept = torch.rand(probs.shape[0], device=probs.device) < probs.gather(1, d).squeeze(1)
     residual = race.scatter(1, d, 0.0).argmax(dim=-1)
     return torch.where(has, torch.where(accept, drafts, residual), sampled)
+
+
+def _proposals_ahead(rows: Seq[Any], drafts: Seq[int] | None) -> list[int]:
+    """Per row, how many of its sequence's last tokens it must not see: a sequence verifying k
+    proposals holds them during the launch, and its run of k + 1 rows (the same object,
+    consecutive) predicts the token after proposal j - 1 at row j, so row j sees all but the
+    last k - j. 0 for every other row."""
+    ahead = [0] * len(rows)
+    if drafts is None:
+        return ahead
+    for i in range(len(rows) - 2, -1, -1):
+        if drafts[i] >= 0 and rows[i + 1] is rows[i]:
+            ahead[i] = ahead[i + 1] + 1
+    return ahead
 
 
 def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,

@@ -353,7 +353,7 @@ def test_which_parameters_speculate():
     one_token._bad_words_token_ids = [[5], [9]]
     two_tokens._bad_words_token_ids = [[5], [9, 4]]
     assert p().can_speculate and p(logit_bias={3: 1.0}).can_speculate and p(allowed_token_ids=[3, 4]).can_speculate
-    assert one_token.can_speculate and not two_tokens.can_speculate
+    assert one_token.can_speculate and two_tokens.can_speculate
     assert p(seed=4).can_speculate  # greedy: the seed draws nothing
     assert not SamplingParams(temperature=0.5, seed=4).can_speculate
     assert p(repetition_penalty=1.2).can_speculate and p(presence_penalty=0.5, frequency_penalty=0.2).can_speculate
@@ -388,3 +388,29 @@ def test_penalized_requests_speculate_with_counts_of_their_proposals(llama_dir):
     assert all(asked.count(i) > 3 for i in (0, 1, 2)) and 3 not in asked  # the seeded one never
     st = llm.engine.get_stats()
     assert 20 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens  # some were wrong
+
+
+@pytest.mark.parametrize("wrong_every", [3, 10**9])
+def test_bad_words_of_several_tokens_speculate_matched_against_the_proposals(llama_dir, wrong_every):
+    """Two-token bad words taken from the free output, at several positions (so the word's
+    first token is the last known token, a proposal in the middle of a run, or the last one):
+    a verification row whose context (the proposals before it) ends with the first token bans
+    the second, and no other row does, so the tokens equal plain decoding's with the ban
+    (which changes the output)."""
+    engine = LLMEngine(EngineArgs(model=llama_dir, device="cpu", dtype="float32", num_kv_blocks=512))
+    tok = engine.tokenizer
+    gen = torch.Generator().manual_seed(27)
+    prompt = torch.randint(3, 500, (11,), generator=gen).tolist()
+    greedy = dict(temperature=0, max_tokens=24, ignore_eos=True)
+    free = _plain(llama_dir, [prompt], SamplingParams(**greedy))[0].token_ids
+    pairs = [free[i:i + 2] for i in range(2, len(free) - 1)
+             if tok.encode(tok.decode(free[i:i + 2]).lstrip(), add_special_tokens=False) == free[i:i + 2]]
+    assert len(pairs) >= 3
+    for pair in pairs[:6]:
+        params = SamplingParams(bad_words=[tok.decode(pair)], **greedy)
+        want = _plain(llama_dir, [prompt], params)[0].token_ids
+        assert want != free and all(want[i:i + 2] != pair for i in range(len(want) - 1))
+        llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
+        _with_oracle(llm.engine, {tuple(prompt): want}, wrong_every=wrong_every)
+        assert llm.generate([prompt], params)[0].outputs[0].token_ids == want, pair
+        assert llm.engine.get_stats().spec_decode_num_accepted_tokens > 8
