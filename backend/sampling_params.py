@@ -183,13 +183,13 @@ class SamplingParams:
 
     @property
     def can_speculate(self) -> bool:
-        """No seed fixes its draws and no grammar constrains it: its tokens can be proposed ahead
-        and verified (speculative decoding: greedy tokens by equality, sampled ones by
-        rejection sampling, both after the logits adjustments, each verification row's made as
-        if the proposals before it had been sampled: bad words matched against them, penalties
-        counting them; logprobs come from each verified position's logits). A grammar's
-        matcher would have to advance through the proposals on the host and back."""
-        return bool((self.greedy or self.seed is None) and self.structured_outputs is None)
+        """No seed fixes its draws: its tokens can be proposed ahead and verified (speculative
+        decoding: greedy tokens by equality, sampled ones by rejection sampling, both after the
+        logits adjustments, each verification row's made as if the proposals before it had been
+        sampled: the grammar advanced through them, bad words matched against them, penalties
+        counting them; logprobs come from each verified position's logits). A seeded sampled
+        request's draws would depend on how many rows each step verified, so on the batch."""
+        return bool(self.greedy or self.seed is None)
 
     @property
     def has_penalties(self) -> bool:

@@ -197,6 +197,19 @@ class Grammar:
         sampled: the engine ends that request)."""
         return self.matcher.accept_token(token)
 
+    def fill_bitmasks(self, bitmask: "torch.Tensor", first_row: int, proposals: list[int]) -> None:
+        """Speculative decoding's verification rows: row first_row + j allows what the grammar
+        allows after proposals[:j]; the matcher is left where it was. Past a proposal the
+        grammar does not take, rows repeat the mask before it: the row before cannot sample
+        that proposal, so their tokens are never kept."""
+        taken = 0
+        for j in range(len(proposals) + 1):
+            self.fill_bitmask(bitmask, first_row + j)
+            if j == taken < len(proposals) and self.matcher.accept_token(proposals[j]):
+                taken += 1
+        if taken:
+            self.matcher.rollback(taken)
+
     def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         """Row `row` of an int32 bitmask [rows, ceil(vocab / 32)]: bit j of word i allows token
         32 i + j. A grammar that has taken its stop token allows everything: its sequence has

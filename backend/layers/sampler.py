@@ -128,15 +128,18 @@ class Sampler:
             md.seeded = [(i, r) for i, r in enumerate(rows) if r.params.seed is not None and not r.params.greedy]
             if drafts is not None and any(d >= 0 and not p.greedy for d, p in zip(drafts, params)):
                 md.drafts = _dev([d if not p.greedy else -1 for d, p in zip(drafts, params)], torch.int64, device)
+        ahead = _proposals_ahead(rows, drafts)
         guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
-            for j, (_, r) in enumerate(guided):  # (the engine has given each its tokens)
-                r.grammar.fill_bitmask(bitmask, j)
+            for j, (i, r) in enumerate(guided):  # (the engine has given each its tokens)
+                if i and rows[i - 1] is r:
+                    continue  # a later row of a verification run: filled with its first
+                # A run's first row: its own mask, then one per proposal, each after the ones before.
+                r.grammar.fill_bitmasks(bitmask, j, r.token_ids[len(r.token_ids) - ahead[i]:] if ahead[i] else [])
             md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
         allowed, banned, bias, min_tokens = _Pairs(), _Pairs(), _Pairs(1), _Pairs()
-        ahead = _proposals_ahead(rows, drafts)
         for i, r in enumerate(rows):
             p = r.params
             cut = pending_tokens + ahead[i]

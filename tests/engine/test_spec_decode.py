@@ -357,7 +357,7 @@ def test_which_parameters_speculate():
     assert p(seed=4).can_speculate  # greedy: the seed draws nothing
     assert not SamplingParams(temperature=0.5, seed=4).can_speculate
     assert p(repetition_penalty=1.2).can_speculate and p(presence_penalty=0.5, frequency_penalty=0.2).can_speculate
-    assert not p(structured_outputs={"regex": "a+"}).can_speculate
+    assert p(structured_outputs={"regex": "a+"}).can_speculate
 
 
 def test_penalized_requests_speculate_with_counts_of_their_proposals(llama_dir):

@@ -253,3 +253,26 @@ def test_json_object_starts_an_object_only(llm):
     allowed = unpack_bitmask(words, 512)[0]
     ids = {ch: tok.convert_tokens_to_ids(ch) for ch in ("{", "[", "1", '"')}
     assert allowed[ids["{"]] and not any(allowed[ids[ch]] for ch in ("[", "1", '"')), ids
+
+
+@pytest.mark.parametrize("temperature", [0, 1e-3])
+def test_guided_requests_speculate_and_keep_plain_tokens(llama_dir, temperature):
+    """A verification row's mask is its grammar's after the proposals before it (the matcher
+    advanced through them and rolled back); a proposal the grammar rejects cannot be sampled,
+    so the rows after it are dropped. Regex and JSON-schema requests, proposals right and
+    partly wrong (a wrong one mostly off the grammar), greedy and sampled at a temperature of
+    1e-3 (rejection sampling): the tokens are plain greedy decoding's."""
+    from test_spec_decode import NGRAM, _with_oracle
+    specs = [{"regex": r"[a-z]{3,6}( [a-z]{3,6}){4}\."}, {"json": SCHEMA, "disable_any_whitespace": True}]
+    prompts = [[1, 17, 42, 99, 7], [1, 23, 5, 88]]
+    greedy = [SamplingParams(temperature=0, max_tokens=120, structured_outputs=s) for s in specs]
+    want = [o.outputs[0] for o in LLM(llama_dir, **ENGINE).generate(prompts, greedy)]
+    assert all(w.finish_reason == "stop" for w in want)
+    llm = LLM(llama_dir, speculative_config=NGRAM, **ENGINE)
+    _with_oracle(llm.engine, {tuple(p): w.token_ids for p, w in zip(prompts, want)}, wrong_every=3)
+    params = [SamplingParams(temperature=temperature, max_tokens=120, structured_outputs=s) for s in specs]
+    got = [o.outputs[0] for o in llm.generate(prompts, params)]
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.text for g in got] == [w.text for w in want]
+    st = llm.engine.get_stats()
+    assert 10 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens
