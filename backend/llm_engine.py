@@ -203,13 +203,13 @@ class LLMEngine:
         return outputs
 
     def _propose(self) -> None:
-        """Speculative decoding: proposed tokens for each running decode that takes them (no
-        logits adjustments, no seed), at most what its length limits leave after one token."""
+        """Speculative decoding: proposed tokens for each running decode, at most what its length
+        limits leave after one token (none before min_tokens)."""
         for seq in self.scheduler.running:
             seq.spec_token_ids = []
             p = seq.params
             if (seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_unresolved or seq.finish_reason
-                    or not p.can_speculate or seq.num_output_tokens < p.min_tokens):
+                    or seq.num_output_tokens < p.min_tokens):
                 continue
             room = self.max_seq_len - seq.num_tokens
             if p.max_tokens is not None:

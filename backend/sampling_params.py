@@ -182,16 +182,6 @@ class SamplingParams:
         self._bad_words_token_ids = words
 
     @property
-    def can_speculate(self) -> bool:
-        """No seed fixes its draws: its tokens can be proposed ahead and verified (speculative
-        decoding: greedy tokens by equality, sampled ones by rejection sampling, both after the
-        logits adjustments, each verification row's made as if the proposals before it had been
-        sampled: the grammar advanced through them, bad words matched against them, penalties
-        counting them; logprobs come from each verified position's logits). A seeded sampled
-        request's draws would depend on how many rows each step verified, so on the batch."""
-        return bool(self.greedy or self.seed is None)
-
-    @property
     def has_penalties(self) -> bool:
         return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty)
 

@@ -3,8 +3,9 @@ seeded sampling and logprobs.
 
 Works on a [num_rows, vocab] float32 logits tensor; each row comes with an object carrying
 `params` (SamplingParams), `token_ids`, `num_prompt_tokens`, `index` and `generator`
-(a Sequence). Rows with a seed draw from their own generator, so their tokens do not depend
-on whatever else is in the batch. Order of processing, as in vLLM: allowed_token_ids,
+(a Sequence). Rows with a seed draw from their own generator, seeded afresh for each token from
+(seed, sample index, token position), so their tokens depend neither on whatever else is in
+the batch nor on how many positions a step samples (speculative decoding). Order of processing, as in vLLM: allowed_token_ids,
 bad_words, logit_bias, penalties, min_tokens, temperature, min_p, top_k, top_p, then sampling
 by the exponential race (argmax of p / E with E ~ Exp(1), which draws from p). Logprobs are of
 the model's raw distribution.
@@ -44,7 +45,7 @@ class SamplingMetadata:
     min_p: torch.Tensor | None = None
     top_k: torch.Tensor | None = None  # [R] int64, vocab size where disabled
     top_p: torch.Tensor | None = None
-    seeded: list[tuple[int, Any]] = field(default_factory=list)  # (row, sequence)
+    seeded: list[tuple[int, Any, int]] = field(default_factory=list)  # (row, sequence, token position)
     # Per-token adjustments of every row at once, as (rows [P], token ids [P], values [P]...)
     # over P (row, token) pairs, or None when no row has any; a row's tokens are distinct.
     min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)
@@ -113,6 +114,7 @@ class Sampler:
         counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens.
         drafts: per row, the proposed token it verifies (speculative decoding), -1 for none."""
         params = [r.params for r in rows]
+        ahead = _proposals_ahead(rows, drafts)  # a verification row's later tokens (proposals)
         md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
         md.want_logprobs = any(p.logprobs is not None for p in params)
         md.max_logprobs = max((p.logprobs or 0) for p in params)
@@ -125,10 +127,13 @@ class Sampler:
                 md.top_k = _dev([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64, device)
             if any(p.top_p < 1.0 for p in params):
                 md.top_p = _dev([p.top_p for p in params], torch.float32, device)
-            md.seeded = [(i, r) for i, r in enumerate(rows) if r.params.seed is not None and not r.params.greedy]
-            if drafts is not None and any(d >= 0 and not p.greedy for d, p in zip(drafts, params)):
-                md.drafts = _dev([d if not p.greedy else -1 for d, p in zip(drafts, params)], torch.int64, device)
-        ahead = _proposals_ahead(rows, drafts)
+            md.seeded = [(i, r, len(r.token_ids) - pending_tokens - ahead[i]) for i, r in enumerate(rows)
+                         if r.params.seed is not None and not r.params.greedy]
+            # Rejection sampling for unseeded sampled rows; a seeded row draws its token as without
+            # proposals and keeps a proposal it equals (for a proposed token, the same chance p(d)).
+            verified = [d if not p.greedy and p.seed is None else -1 for d, p in zip(drafts or (), params)]
+            if any(d >= 0 for d in verified):
+                md.drafts = _dev(verified, torch.int64, device)
         guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
@@ -237,15 +242,25 @@ class Sampler:
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         probs = torch.softmax(logits, dim=-1)
         q = torch.empty_like(probs).exponential_()
-        for i, r in md.seeded:
+        for i, r, position in md.seeded:
             if r.generator is None:
-                r.generator = torch.Generator(device=logits.device).manual_seed(r.params.seed + r.index)
+                r.generator = torch.Generator(device=logits.device)
+            r.generator.manual_seed(_draw_seed(r.params.seed, r.index, position))
             q[i].exponential_(generator=r.generator)
         race = probs / q
         sampled = race.argmax(dim=-1)
         if md.drafts is not None:
             sampled = _verify_drafts(probs, race, sampled, md.drafts)
         return torch.where(md.greedy, greedy_ids, sampled)
+
+
+def _draw_seed(seed: int, index: int, position: int) -> int:
+    """The seed of one token's draw: (request seed, sample index, token position) mixed by
+    splitmix64's finalizer into 63 bits, so nearby tuples give unrelated streams."""
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + position) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) >> 1
 
 
 def _verify_drafts(probs: torch.Tensor, race: torch.Tensor, sampled: torch.Tensor,
