@@ -5,8 +5,9 @@ Works on a [num_rows, vocab] float32 logits tensor; each row comes with an objec
 `params` (SamplingParams), `token_ids`, `num_prompt_tokens`, `index` and `generator`
 (a Sequence). Rows with a seed draw from their own generator, seeded afresh for each token from
 (seed, sample index, token position), so their tokens depend neither on whatever else is in
-the batch nor on how many positions a step samples (speculative decoding). Order of processing, as in vLLM: allowed_token_ids,
-bad_words, logit_bias, penalties, min_tokens, temperature, min_p, top_k, top_p, then sampling
+the batch nor on how many positions a step samples (speculative decoding). Order of
+processing, as in vLLM: allowed_token_ids, bad_words, logit_bias, penalties, min_tokens,
+temperature, min_p, top_k, top_p, then sampling
 by the exponential race (argmax of p / E with E ~ Exp(1), which draws from p). Logprobs are of
 the model's raw distribution.
 
@@ -114,7 +115,7 @@ class Sampler:
         counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens.
         drafts: per row, the proposed token it verifies (speculative decoding), -1 for none."""
         params = [r.params for r in rows]
-        ahead = _proposals_ahead(rows, drafts)  # a verification row's later tokens (proposals)
+        run_start, ahead = _verification_runs(rows, drafts)
         md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
         md.want_logprobs = any(p.logprobs is not None for p in params)
         md.max_logprobs = max((p.logprobs or 0) for p in params)
@@ -138,7 +139,7 @@ class Sampler:
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
             for j, (i, r) in enumerate(guided):  # (the engine has given each its tokens)
-                if i and rows[i - 1] is r:
+                if run_start[i] != i:
                     continue  # a later row of a verification run: filled with its first
                 # A run's first row: its own mask, then one per proposal, each after the ones before.
                 r.grammar.fill_bitmasks(bitmask, j, r.token_ids[len(r.token_ids) - ahead[i]:] if ahead[i] else [])
@@ -162,7 +163,7 @@ class Sampler:
             md.allowed += (_dev(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
                                 torch.int64, device),)
         md.min_tokens = min_tokens.to(device)
-        md.penalties = _penalty_rows(rows, vocab_size, device, counts, drafts)
+        md.penalties = _penalty_rows(rows, vocab_size, device, counts, drafts, run_start, ahead)
         return md
 
     def __call__(self, logits: torch.Tensor, rows: Seq[Any],
@@ -276,42 +277,35 @@ def _verify_drafts(probs: torch.Tensor, race: torch.Tensor, sampled: torch.Tenso
     return torch.where(has, torch.where(accept, drafts, residual), sampled)
 
 
-def _proposals_ahead(rows: Seq[Any], drafts: Seq[int] | None) -> list[int]:
-    """Per row, how many of its sequence's last tokens it must not see: a sequence verifying k
-    proposals holds them during the launch, and its run of k + 1 rows (the same object,
-    consecutive) predicts the token after proposal j - 1 at row j, so row j sees all but the
-    last k - j. 0 for every other row."""
-    ahead = [0] * len(rows)
+def _verification_runs(rows: Seq[Any], drafts: Seq[int] | None) -> tuple[list[int], list[int]]:
+    """Speculative decoding: a sequence verifying k proposals holds them after its known tokens
+    during the launch and has a run of k + 1 consecutive rows (the same object), row j
+    predicting the token after proposal j - 1. Per row: the index of its run's first row (its
+    own for any other row), and how many of its sequence's last tokens it must not see (k - j;
+    0 for any other row)."""
+    run_start, ahead = list(range(len(rows))), [0] * len(rows)
     if drafts is None:
-        return ahead
+        return run_start, ahead
     for i in range(len(rows) - 2, -1, -1):
         if drafts[i] >= 0 and rows[i + 1] is rows[i]:
             ahead[i] = ahead[i + 1] + 1
-    return ahead
+    for i in range(1, len(rows)):
+        if drafts[i - 1] >= 0 and rows[i - 1] is rows[i]:
+            run_start[i] = run_start[i - 1]
+    return run_start, ahead
 
 
 def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
-                  counts: PenaltyCounts | None, drafts: Seq[int] | None = None) -> PenaltyRows | None:
+                  counts: PenaltyCounts | None, drafts: Seq[int] | None = None,
+                  run_start: Seq[int] = (), ahead: Seq[int] = ()) -> PenaltyRows | None:
     penalized = [i for i, r in enumerate(rows) if r.params.has_penalties]
     if not penalized:
         return None
     seqs = [rows[i] for i in penalized]
-    # Speculative decoding: a sequence's run of rows (the same object, consecutive), row j after
-    # proposals 0..j-1; the sequence's tokens end with its proposals during the step's launch.
-    spec = drafts is not None and any(drafts[i] >= 0 for i in penalized)
-    run_first: list[int] = []
-    before: list[list[int]] = []
-    proposed: dict[int, int] = {}
-    if spec:
-        for q, i in enumerate(penalized):
-            if q and seqs[q - 1] is seqs[q] and penalized[q - 1] == i - 1:
-                run_first.append(run_first[-1])
-                before.append(before[-1] + [drafts[i - 1]])
-            else:
-                run_first.append(q)
-                before.append([])
-            if drafts[i] >= 0:
-                proposed[seqs[q].seq_id] = proposed.get(seqs[q].seq_id, 0) + 1
+    # Verification runs (`_verification_runs`): row i of a run starting at row s is penalized as
+    # if the proposals before it had been sampled, the tokens from ahead[s] to ahead[i] from the end.
+    spec = any(ahead[i] for i in penalized) if ahead else False
+    proposed = {rows[i].seq_id: ahead[i] for i in penalized if spec and run_start[i] == i and ahead[i]}
     if counts is None:
         table = PenaltyCounts.transient(seqs, vocab_size, device, proposed)
         slots = list(range(len(seqs)))
@@ -332,9 +326,12 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
         column([p.presence_penalty for p in params]) if additive else None,
         count_samples=counts is not None)
     if spec:
+        q_of = {i: q for q, i in enumerate(penalized)}  # a run's rows are all penalized (one sequence)
+        before = [seqs[q].token_ids[len(seqs[q].token_ids) - ahead[run_start[i]]:len(seqs[q].token_ids) - ahead[i]]
+                  for q, i in enumerate(penalized)]
         out.spec_counts, out.spec_in_prompt = table.with_proposals(slots, before)
         out.drafts = _dev([drafts[i] for i in penalized], torch.int64, device)
-        out.run_first = _dev(run_first, torch.int64, device)
+        out.run_first = _dev([q_of[run_start[i]] for i in penalized], torch.int64, device)
     return out
 
 
