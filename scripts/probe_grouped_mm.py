@@ -20,25 +20,16 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from backend.config import load_hf_config  # noqa: E402
-
-
-def shapes(cfg: dict) -> list[tuple[str, int, int, int]]:
-    """(name, N, K, calls per step) of each linear layer of one decoder step."""
-    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    d = cfg.get("head_dim") or h // heads
-    layers = cfg["num_hidden_layers"]
-    return [("qkv", (heads + 2 * kv) * d, h, layers), ("o", h, heads * d, layers),
-            ("gate_up", 2 * inter, h, layers), ("down", h, inter, layers),
-            ("lm_head", cfg["vocab_size"], h, 1)]
+from bench_gemm import shapes  # noqa: E402
+from probe_cublaslt import time_graph  # noqa: E402
 
 
 def cutlass_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -48,31 +39,6 @@ def cutlass_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 BACKENDS = {"cublas": F.linear, "cutlass": cutlass_linear}
-
-
-def capture(body) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()  # warm-up outside the graph (workspace, lazy init)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    torch.cuda.synchronize()
-    return graph
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
 
 
 def main() -> None:
@@ -103,12 +69,10 @@ def main() -> None:
                 for w in weights[name]:
                     f(x, w)
 
-            graphs = {b: capture(lambda f=f: calls_of(f)) for b, f in BACKENDS.items()}
             times: dict[str, list[float]] = {b: [] for b in BACKENDS}
-            for _ in range(2):
-                for b, g in graphs.items():
-                    replay_ms(g, 2)
-                    times[b] += replay_ms(g, a.reps)
+            for _ in range(2):  # alternating, so that power-cap drift hits both
+                for b, f in BACKENDS.items():
+                    times[b].append(time_graph(lambda f=f: calls_of(f), reps=a.reps))
             med = {b: statistics.median(t) for b, t in times.items()}
             best[name] = min(med, key=med.get)
             flops = 2 * m * n * k * calls
@@ -116,7 +80,7 @@ def main() -> None:
                   f"{flops / med['cublas'] / 1e9:7.0f} {flops / med['cutlass'] / 1e9:7.0f}  {err:.2e}")
             report["shapes"].append({"M": m, "gemm": name, "N": n, "K": k, "calls": calls, "rel_err": err,
                                      **{f"{b}_ms": med[b] for b in BACKENDS}})
-            del graphs, x, ref
+            del x, ref
         # A whole step's GEMMs in layer order, sustained.
         x_in = {k: torch.randn(m, k, device=dev, dtype=dt) for k in {s[2] for s in shapes(cfg)}}
         order = [(name, i) for i in range(cfg["num_hidden_layers"]) for name in ("qkv", "o", "gate_up", "down")]
@@ -128,20 +92,16 @@ def main() -> None:
             for name, i in order:
                 BACKENDS[plan[name]](x_in[k_of[name]], weights[name][i])
 
-        graphs = {p: capture(lambda plan=plan: step(plan)) for p, plan in plans.items()}
-        one = statistics.median(replay_ms(graphs["cublas"], 3))
+        one = time_graph(lambda: step(plans["cublas"]), reps=3)
         reps = max(3, int(a.step_seconds * 1000 / one))
-        results: dict[str, list[float]] = {p: [] for p in plans}
+        line: dict[str, list[float]] = {p: [] for p in plans}
         for _ in range(2):
-            for p, g in graphs.items():
-                t0 = time.perf_counter()
-                results[p].append(statistics.median(replay_ms(g, reps)))
-                results[p].append(time.perf_counter() - t0)
-        line = {p: [round(v, 3) for v in r[0::2]] for p, r in results.items()}
+            for p, plan in plans.items():
+                line[p].append(round(time_graph(lambda plan=plan: step(plan), reps=reps), 3))
         print(f"M={m} whole step's GEMMs, ms per step (sustained {reps} replays, two rounds): {line}; "
               f"best per shape: {best}")
         report["steps"].append({"M": m, "ms_per_step": line, "best": best, "reps": reps})
-        del graphs, x_in
+        del x_in
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
