@@ -335,9 +335,9 @@ def test_seeded_requests_speculate_and_draw_the_tokens_they_draw_without(llama_d
 
 
 def test_position_independent_logits_adjustments_speculate_and_keep_plain_tokens(llama_dir):
-    """logit_bias, allowed_token_ids and one-token bad words change every position alike, so
-    their requests speculate, each verification row adjusted as plain decoding's would be: the
-    tokens equal plain decoding's with the same parameters (which the adjustments change)."""
+    """logit_bias and allowed_token_ids change every position alike: their requests speculate,
+    each verification row adjusted as plain decoding's would be, and the tokens equal plain
+    decoding's with the same parameters (which the adjustments change)."""
     gen = torch.Generator().manual_seed(23)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (10, 13)]
     free = [o.token_ids for o in _plain(llama_dir, prompts, SamplingParams(temperature=0, max_tokens=16,
