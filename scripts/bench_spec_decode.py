@@ -11,7 +11,9 @@ a position in other kernels than a decode step, so a near-tie may flip a token, 
 continuation (and an oracle's proposals after it) with it. Batches of at most
 SPEC_GRAPH_MAX_SEQS sequences (backend/cuda_graph.py) verify in CUDA graphs; larger
 ones do not speculate (1.00x). `--spec-graph-seqs` sets that limit for this run, to measure
-where speculation stops paying.
+where speculation stops paying. `--params` adds sampling parameters to the greedy requests
+(penalties, a seed with a temperature, bad words, a grammar): every kind speculates, and a
+seeded request's tokens are its plain run's.
 
     python scripts/bench_spec_decode.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         --k 4 --batch-sizes 1,8,16,32 --json spec.json
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="ngram,oracle,wrong")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--params", default="{}", help="JSON object of sampling parameters for every "
+                    "request, over the default greedy, ignore_eos and max_tokens=--output-len")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -62,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(args.model, speculative_config=spec, **values)
     engine = llm.engine
     proposer, real_propose = engine.proposer, engine.proposer.propose
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    params = SamplingParams(**{"temperature": 0, "max_tokens": args.output_len, "ignore_eos": True,
+                               **json.loads(args.params)})
     rows: list[dict[str, Any]] = []
 
     def timed(prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                              "tokens_equal_plain": got == truth})
     graph_seqs = engine.max_speculating_seqs
     print(f"\nspeculative decoding, k={args.k}, {args.input_len} in / {args.output_len} out, {args.model}, "
-          f"speculating up to {graph_seqs} sequences")
+          f"speculating up to {graph_seqs} sequences, parameters {args.params}")
     print(f"{'batch':>5} {'proposals':<9} {'tok/s (mean)':>13} {'vs plain':>9} {'accepted':>14} {'same tokens':>12}")
     summary = []
     for bs in dict.fromkeys(r["batch"] for r in rows):
@@ -119,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"k": args.k, "input_len": args.input_len, "output_len": args.output_len,
+                       "params": json.loads(args.params),
                        "model": args.model, "max_speculating_seqs": graph_seqs, "rows": rows,
                        "summary": summary}, f, indent=1)
     return 0

@@ -368,3 +368,13 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
     assert all(r["tokens_equal_plain"] for r in d["summary"])
     oracle = [r for r in d["rows"] if r["mode"] == "oracle"]
     assert all(r["accepted"] == r["draft_tokens"] > 0 for r in oracle)
+    # Seeded sampling with penalties: each token drawn as in the plain run, so the plain run's
+    # tokens again, and an oracle of them always right.
+    subprocess.run([sys.executable, "scripts/bench_spec_decode.py", "--model", "models/tiny-llama",
+                    "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--batch-sizes", "3",
+                    "--input-len", "16", "--output-len", "8", "--rounds", "1", "--modes", "oracle,wrong",
+                    "--params", '{"temperature": 1.0, "seed": 5, "repetition_penalty": 1.2}', "--json", str(out)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    d = json.loads(out.read_text())
+    assert d["params"]["seed"] == 5 and all(r["tokens_equal_plain"] for r in d["summary"])
+    assert all(r["accepted"] == r["draft_tokens"] > 0 for r in d["rows"] if r["mode"] == "oracle")
