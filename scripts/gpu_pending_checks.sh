@@ -33,7 +33,8 @@
 #           for grammars and multi-token bad words only), scripts/bench_spec_decode.py on
 #           Llama-3-8B bf16 (batches of $SPEC_BATCHES, default 1, 8, 16 and 32; proposals from the
 #           n-gram proposer, always right, always wrong; SPEC_GRAPH_SEQS: most sequences that
-#           speculate, default the engine's), and unless NO_TRITON is set
+#           speculate, default the engine's; SPEC_PARAMS: JSON sampling parameters for every
+#           request, e.g. '{"repetition_penalty": 1.1}'), and unless NO_TRITON is set
 #           Llama-3-8B bf16 A and B through Triton.
 #   part 10: where a verification step's time goes: scripts/profile_engine.py on Llama-3-8B bf16,
 #           32 and 16 requests of 512 -> 128 tokens, plainly and with n-gram speculation (the
@@ -155,7 +156,8 @@ elif [ "$PART" = 9 ]; then
         --confcutdir=tests/engine -q -p no:cacheprovider --tb=short 2>&1 | tail -8 >> "$S"
     stamp "speculative decoding, Llama-3-8B bf16 in-process"
     timeout 320 "$PY" scripts/bench_spec_decode.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
-        --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -20 >> "$S"
+        --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} \
+        ${SPEC_PARAMS:+--params "$SPEC_PARAMS"} --json "$OUT/bench_spec_decode.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -20 >> "$S"
     [ -n "${NO_TRITON:-}" ] || { stamp "Llama-3-8B bf16 A and B through Triton"
                                  run llama --models "$LLAMA" --phases triton --workloads A,B; }
 elif [ "$PART" = 10 ] || [ "$PART" = 11 ]; then
