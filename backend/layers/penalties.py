@@ -31,14 +31,13 @@ class PenaltyRows:
     presence: torch.Tensor | None  # [Q] float32
     count_samples: bool  # add the tokens sampled for these rows to their counts
     # Speculative decoding: a sequence verifying k proposals has a run of k + 1 rows, row j
-    # conditioned on proposals 0..j-1 having been taken. Its penalties read its slot's counts
-    # with those proposals added: `spec_counts` / `spec_in_prompt` [Q, V], row q's at index q
-    # (None: no row verifies a proposal; the table's slots are read). A row's sampled token is
-    # counted only when every earlier row of its run sampled its proposal, as the engine keeps
-    # it only then: `drafts` [Q] (the proposal each row verifies, -1 for none) and `run_first`
-    # [Q] (the index of its run's first row among these rows).
-    spec_counts: torch.Tensor | None = None
-    spec_in_prompt: torch.Tensor | None = None
+    # conditioned on proposals 0..j-1 having been taken, so its penalties count them too:
+    # `proposed` = (q [E], token ids [E], times [E]): row q's token is counted `times` more than
+    # its slot says (None: no row follows a proposal). A row's sampled token is counted only
+    # when every earlier row of its run sampled its proposal, as the engine keeps it only then:
+    # `drafts` [Q] (the proposal each row verifies, -1 for none) and `run_first` [Q] (the index
+    # of its run's first row among these rows).
+    proposed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     drafts: torch.Tensor | None = None
     run_first: torch.Tensor | None = None
 
@@ -113,20 +112,6 @@ class PenaltyCounts:
         ones = self._one.expand(slots.shape) if kept is None else kept.to(self.output_counts.dtype)
         self.output_counts.index_put_((slots, token_ids), ones, accumulate=True)
 
-    def with_proposals(self, slots: Seq[int], before: Seq[Seq[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Counts and prompt marks per row: row q's are slot slots[q]'s with the tokens
-        before[q] (proposals it is conditioned on) added as sampled ([Q, V] copies, queued on
-        the device after the counting of every earlier step)."""
-        index = self._to_device(np.asarray(slots, dtype=np.int64))
-        counts, in_prompt = self.output_counts[index], self.in_prompt[index]
-        rows = np.concatenate([np.full(len(ids), q, dtype=np.int64) for q, ids in enumerate(before)] or [[]])
-        ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in before] or [[]]).astype(np.int64)
-        inside = (ids >= 0) & (ids < self.vocab_size)
-        if inside.any():
-            rows, ids = self._to_device(rows[inside].astype(np.int64)), self._to_device(ids[inside])
-            counts.index_put_((rows, ids), self._one.expand(rows.shape), accumulate=True)
-        return counts, in_prompt
-
     def _release_idle(self, exclude: set[int]) -> None:
         """Free the slots of sequences that no longer run (finished, aborted, or waiting after
         preemption: those are filled again when they next sample). A sequence of the step being
@@ -172,9 +157,24 @@ def apply_penalties(logits: torch.Tensor, p: PenaltyRows) -> torch.Tensor:
     """Repetition (divide positive logits, multiply negative ones, for tokens in the prompt or
     output), then frequency and presence (subtract per output count, and once per token
     sampled), on the rows that have them, in place: one Triton pass on CUDA."""
-    if p.spec_counts is not None:
-        read = torch.arange(p.slots.shape[0], device=p.slots.device)
-        return ops.apply_penalties(logits, p.rows, read, p.spec_counts, p.spec_in_prompt,
+    if p.proposed is None:
+        return ops.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
                                    p.repetition, p.frequency, p.presence)
-    return ops.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
-                               p.repetition, p.frequency, p.presence)
+    # Verification rows: every row from its slot's counts, then the tokens proposed before a
+    # row recomputed from their logits as they were, with the proposals counted: the kernel's
+    # operations in its order, so the same roundings. Such a token has been sampled (count >= 1),
+    # so the repetition penalty and the presence penalty both apply.
+    q, ids, times = p.proposed
+    rows = q if p.rows is None else p.rows[q]
+    raw = logits[rows, ids]
+    ops.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
+                        p.repetition, p.frequency, p.presence)
+    counts = p.counts.output_counts[p.slots[q], ids].to(torch.float32) + times
+    x = raw
+    if p.repetition is not None:
+        rep = p.repetition[q]
+        x = torch.where(x > 0, x / rep, x * rep)
+    if p.frequency is not None:
+        x = x - (p.frequency[q] * counts + p.presence[q])
+    logits[rows, ids] = x
+    return logits

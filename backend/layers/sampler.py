@@ -327,9 +327,14 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
         count_samples=counts is not None)
     if spec:
         q_of = {i: q for q, i in enumerate(penalized)}  # a run's rows are all penalized (one sequence)
-        before = [seqs[q].token_ids[len(seqs[q].token_ids) - ahead[run_start[i]]:len(seqs[q].token_ids) - ahead[i]]
-                  for q, i in enumerate(penalized)]
-        out.spec_counts, out.spec_in_prompt = table.with_proposals(slots, before)
+        pairs = _Pairs(1)
+        for q, i in enumerate(penalized):
+            tokens = seqs[q].token_ids
+            before = np.asarray(tokens[len(tokens) - ahead[run_start[i]]:len(tokens) - ahead[i]], dtype=np.int64)
+            ids, times = np.unique(before[(before >= 0) & (before < vocab_size)], return_counts=True)
+            pairs.add(q, ids, times)
+        sent = pairs.to(device)
+        out.proposed = sent if sent is None else (sent[0], sent[1], sent[2])
         out.drafts = _dev([drafts[i] for i in penalized], torch.int64, device)
         out.run_first = _dev([q_of[run_start[i]] for i in penalized], torch.int64, device)
     return out

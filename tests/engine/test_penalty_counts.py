@@ -168,3 +168,34 @@ def test_a_verification_run_is_penalized_with_its_proposals_and_counts_only_kept
     assert Sampler(counts)(logits, rows, md).token_ids.tolist() == [1, 2, 6, 5, 6]
     assert counts.output_counts[0].tolist() == [0, 1, 0, 1, 1, 0, 0, 1, 0, 0]
     assert counts.output_counts[1].tolist() == [0, 0, 1, 1, 0, 1, 1, 0, 0, 0]
+
+
+def test_verification_rows_are_penalized_as_if_their_proposals_had_been_sampled():
+    """Each penalized row of a batch with verification runs gets exactly the logits the
+    reference gives it with its slot's counts plus the proposals before it: positive and
+    negative logits, a token proposed twice, a proposal already in the prompt, penalized rows
+    after an unpenalized one (rows of the batch != rows among the penalized)."""
+    from kernels.reference import apply_penalties_ref
+    counts = PenaltyCounts(4, 12, torch.device("cpu"))
+    plain = seq([1, 2, 3], 2, temperature=0)
+    a = seq([1, 2, 5, 5, 7, 9, 7, 1], 3, temperature=0, **PENALTIES)  # prompt 1 2 5, output 5 7, proposals 9 7 1
+    b = seq([4, 6, 8, 6], 2, temperature=0, presence_penalty=0.5, frequency_penalty=0.25)
+    rows, drafts = [plain, a, a, a, a, b], [-1, 9, 7, 1, -1, -1]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 12, generator=g) * 3
+    logits[2, 9], logits[3, 7], logits[4, 7], logits[4, 1] = 2.5, -1.5, 1.25, -2.0
+    md = Sampler.prepare(rows, 12, torch.device("cpu"), counts=counts, drafts=drafts)
+    from backend.layers.penalties import apply_penalties
+    out = apply_penalties(logits.clone(), md.penalties)
+    known = {1: [5, 7], 2: [5, 7, 9], 3: [5, 7, 9, 7], 4: [5, 7, 9, 7, 1], 5: [8, 6]}
+    prompts = {1: [1, 2, 5], 2: [1, 2, 5], 3: [1, 2, 5], 4: [1, 2, 5], 5: [4, 6]}
+    params = {r: rows[r].params for r in known}
+    want = logits.clone()
+    for r, output in known.items():
+        c = torch.bincount(torch.tensor(output), minlength=12)[None].to(torch.int32)
+        p = torch.zeros(1, 12, dtype=torch.bool)
+        p[0, prompts[r]] = True
+        ps = params[r]
+        apply_penalties_ref(want[r:r + 1], None, torch.tensor([0]), c, p, torch.tensor([ps.repetition_penalty]),
+                            torch.tensor([ps.frequency_penalty]), torch.tensor([ps.presence_penalty]))
+    assert torch.equal(out, want)
