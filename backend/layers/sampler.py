@@ -333,8 +333,7 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
             before = np.asarray(tokens[len(tokens) - ahead[run_start[i]]:len(tokens) - ahead[i]], dtype=np.int64)
             ids, times = np.unique(before[(before >= 0) & (before < vocab_size)], return_counts=True)
             pairs.add(q, ids, times)
-        sent = pairs.to(device)
-        out.proposed = sent if sent is None else (sent[0], sent[1], sent[2])
+        out.proposed = pairs.to(device)  # (rows among the penalized, token ids, times)
         out.drafts = _dev([drafts[i] for i in penalized], torch.int64, device)
         out.run_first = _dev([q_of[run_start[i]] for i in penalized], torch.int64, device)
     return out
