@@ -301,3 +301,27 @@ def test_samples_of_one_request_share_its_adapter(llama_dir, llama_adapters):
     assert [c.token_ids for c in outs[0].outputs] == [_hf(llama_dir, llama_adapters["mlp"], [prompt])[0]] * 3
     assert [c.token_ids for c in outs[1].outputs] == [_hf(llama_dir, llama_adapters["qv"], [prompt])[0]] * 3
     assert llm.engine.scheduler.lora_slots.refs == [0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_speculating_requests_keep_their_adapters(llama_dir, llama_adapters, device):
+    """Verification steps carry each row's adapter (on the GPU through the verification graphs'
+    LoRA row): with proposals right and partly wrong, requests of three adapters and of the
+    base model give the tokens they give without speculation."""
+    from test_spec_decode import NGRAM, _with_oracle
+    prompts = _prompts(4, seed=6)
+    names = [None, "qv", "all", "mlp"]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, lora_modules=llama_adapters,
+                  max_lora_rank=16)
+    cpu = LLM(llama_dir, device="cpu", **common)
+    want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, lora_request=names)]
+    base = [o.outputs[0].token_ids for o in cpu.generate(prompts, params)]
+    assert base[0] == want[0] and all(b != w for b, w in zip(base[1:], want[1:]))  # the adapters matter
+    llm = LLM(llama_dir, device=device, speculative_config=NGRAM, **common)
+    _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=names)]
+    assert got == want
+    st = llm.engine.get_stats()
+    assert 12 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens
