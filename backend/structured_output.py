@@ -204,8 +204,11 @@ class Grammar:
         that proposal, so their tokens are never kept."""
         taken = 0
         for j in range(len(proposals) + 1):
+            if j > taken:  # past a rejected proposal: the mask before it, not asked for again
+                bitmask[first_row + j] = bitmask[first_row + j - 1]
+                continue
             self.fill_bitmask(bitmask, first_row + j)
-            if j == taken < len(proposals) and self.matcher.accept_token(proposals[j]):
+            if j < len(proposals) and self.matcher.accept_token(proposals[j]):
                 taken += 1
         if taken:
             self.matcher.rollback(taken)

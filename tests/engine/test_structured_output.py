@@ -276,3 +276,35 @@ def test_guided_requests_speculate_and_keep_plain_tokens(llama_dir, temperature)
     assert [g.text for g in got] == [w.text for w in want]
     st = llm.engine.get_stats()
     assert 10 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens
+
+
+def test_verification_masks_follow_the_proposals_and_leave_the_matcher_in_place(llm):
+    """Grammar.fill_bitmasks: row j's mask is a fresh matcher's after proposals[:j]; past a
+    proposal the grammar rejects, rows repeat the mask before it; the matcher is where it was."""
+    from backend.layers.sampler import bitmask_words
+    from backend.structured_output import Grammar
+    tok = llm.engine.tokenizer
+    ids = {c: tok.encode(c, add_special_tokens=False) for c in "abc"}
+    assert all(len(v) == 1 for v in ids.values())
+    a, b, c = ids["a"][0], ids["b"][0], ids["c"][0]
+    compiled = llm.engine.input_processor.structured.compile({"regex": "a(b|c)b+"})
+    words = bitmask_words(llm.engine.runner.vocab_size)
+
+    def mask_after(tokens):
+        g = Grammar(compiled)
+        for t in tokens:
+            assert g.accept(t)
+        m = torch.zeros((1, words), dtype=torch.int32)
+        g.fill_bitmask(m, 0)
+        return m[0]
+
+    g = Grammar(compiled)
+    assert g.accept(a)
+    got = torch.zeros((5, words), dtype=torch.int32)
+    g.fill_bitmasks(got, 1, [c, b, a])  # rows 1-4: after a; a c; a c b; then a is rejected
+    assert torch.equal(got[1], mask_after([a])) and torch.equal(got[2], mask_after([a, c]))
+    assert torch.equal(got[3], mask_after([a, c, b])) and not torch.equal(got[2], got[3])
+    assert torch.equal(got[4], got[3])  # the row after the rejected proposal
+    again = torch.zeros((1, words), dtype=torch.int32)
+    g.fill_bitmask(again, 0)
+    assert torch.equal(again[0], mask_after([a]))  # rolled back to where it was
