@@ -28,7 +28,7 @@
 #           e.g. a `git archive` of an older commit); with TESTS=1 then the sampling kernel tests and
 #           the engine tests in $TEST_FILES (default: sampling, GPU engine, structured
 #           outputs) on CUDA (xgrammar from gpu_extras/).
-#   part 9: speculative decoding: the GPU engine tests (verification through the Triton prefill
+#   part 9: speculative decoding: the GPU engine tests and LoRA speculation (verification through the Triton prefill
 #           kernel against the CPU engine), the structured-output tests (deferred sampling, now
 #           for grammars and multi-token bad words only), scripts/bench_spec_decode.py on
 #           Llama-3-8B bf16 (batches of $SPEC_BATCHES, default 1, 8, 16 and 32; proposals from the
@@ -146,8 +146,9 @@ elif [ "$PART" = 8 ]; then
             -q -p no:cacheprovider --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -40 | cut -c1-900 >> "$S"
     fi
 elif [ "$PART" = 9 ]; then
-    stamp "GPU tests: the engine (speculative decoding, penalties, no compile while serving)"
-    timeout 200 "$PY" -m pytest tests/engine/test_gpu_engine.py --confcutdir=tests/engine -q -p no:cacheprovider \
+    stamp "GPU tests: the engine (speculative decoding, penalties, LoRA, no compile while serving)"
+    timeout 240 "$PY" -m pytest tests/engine/test_gpu_engine.py "tests/engine/test_lora.py::test_speculating_requests_keep_their_adapters" \
+        --confcutdir=tests/engine -q -p no:cacheprovider \
         --tb=short 2>&1 | grep -v "^  warnings.warn\|Warning" | tail -30 | cut -c1-900 >> "$S"
     stamp "GPU tests: structured outputs (xgrammar from gpu_extras)"
     "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
