@@ -76,8 +76,8 @@ class EngineArgs:
     # from disk again when needed; default: every adapter. At least max_loras.
     max_cpu_loras: int | None = None
     # Speculative decoding by n-gram lookup (vLLM's form): {"method": "ngram",
-    # "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}; requests without
-    # logits adjustments or a seed speculate (backend/spec_decode.py). Steps then do not overlap.
+    # "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}; every running
+    # decode speculates while few run (backend/spec_decode.py). Steps then do not overlap.
     speculative_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

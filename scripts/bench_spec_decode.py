@@ -33,6 +33,16 @@ sys.path.insert(0, ROOT)
 from client.workloads import make_prompts  # noqa: E402
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object of sampling parameters, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -46,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="ngram,oracle,wrong")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--params", default="{}", help="JSON object of sampling parameters for every "
+    ap.add_argument("--params", type=_json_object, default={}, help="JSON object of sampling parameters for every "
                     "request, over the default greedy, ignore_eos and max_tokens=--output-len")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -67,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = llm.engine
     proposer, real_propose = engine.proposer, engine.proposer.propose
     params = SamplingParams(**{"temperature": 0, "max_tokens": args.output_len, "ignore_eos": True,
-                               **json.loads(args.params)})
+                               **args.params})
     rows: list[dict[str, Any]] = []
 
     def timed(prompts: list[list[int]]) -> tuple[float, list[list[int]]]:
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                              "tokens_equal_plain": got == truth})
     graph_seqs = engine.max_speculating_seqs
     print(f"\nspeculative decoding, k={args.k}, {args.input_len} in / {args.output_len} out, {args.model}, "
-          f"speculating up to {graph_seqs} sequences, parameters {args.params}")
+          f"speculating up to {graph_seqs} sequences, parameters {json.dumps(args.params)}")
     print(f"{'batch':>5} {'proposals':<9} {'tok/s (mean)':>13} {'vs plain':>9} {'accepted':>14} {'same tokens':>12}")
     summary = []
     for bs in dict.fromkeys(r["batch"] for r in rows):
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"k": args.k, "input_len": args.input_len, "output_len": args.output_len,
-                       "params": json.loads(args.params),
+                       "params": args.params,
                        "model": args.model, "max_speculating_seqs": graph_seqs, "rows": rows,
                        "summary": summary}, f, indent=1)
     return 0

@@ -29,8 +29,8 @@
 #           the engine tests in $TEST_FILES (default: sampling, GPU engine, structured
 #           outputs) on CUDA (xgrammar from gpu_extras/).
 #   part 9: speculative decoding: the GPU engine tests and LoRA speculation (verification through the Triton prefill
-#           kernel against the CPU engine), the structured-output tests (deferred sampling, now
-#           for grammars and multi-token bad words only), scripts/bench_spec_decode.py on
+#           kernel against the CPU engine), the structured-output tests (deferred sampling, and
+#           guided requests speculating), scripts/bench_spec_decode.py on
 #           Llama-3-8B bf16 (batches of $SPEC_BATCHES, default 1, 8, 16 and 32; proposals from the
 #           n-gram proposer, always right, always wrong; SPEC_GRAPH_SEQS: most sequences that
 #           speculate, default the engine's; SPEC_PARAMS: JSON sampling parameters for every

@@ -378,3 +378,20 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
     d = json.loads(out.read_text())
     assert d["params"]["seed"] == 5 and all(r["tokens_equal_plain"] for r in d["summary"])
     assert all(r["accepted"] == r["draft_tokens"] > 0 for r in d["rows"] if r["mode"] == "oracle")
+
+
+def test_bench_ngram_proposer_runs_every_kind_of_output(tmp_path):
+    out = tmp_path / "proposer.json"
+    subprocess.run([sys.executable, "scripts/bench_ngram_proposer.py", "--seqs", "2", "--prompt-lens", "64,128",
+                    "--steps", "5", "--json", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    d = json.loads(out.read_text())
+    assert [(r["prompt_len"], r["outputs"]) for r in d["rows"]] == [
+        (n, kind) for n in (64, 128) for kind in ("run", "cycle3", "random")]
+    assert all(r["ms_per_step"] > 0 and r["first_step_ms"] > 0 for r in d["rows"])
+
+
+def test_bench_spec_decode_refuses_params_that_are_not_a_json_object():
+    for bad, message in (("[1]", "a JSON object of sampling parameters, got '[1]'"), ("{bad", "not JSON")):
+        r = subprocess.run([sys.executable, "scripts/bench_spec_decode.py", "--model", "x", "--params", bad],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and f"argument --params: {message}" in r.stderr, r.stderr
