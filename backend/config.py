@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .spec_decode import SpeculativeConfig
+from .engine.spec_decode import SpeculativeConfig
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -69,7 +69,7 @@ class EngineArgs:
     enable_lora: bool = False
     lora_modules: dict[str, str] | None = None  # adapter name -> directory
     # Adapter slots on the device, i.e. most adapters in one step (vLLM's meaning); default: one
-    # per listed adapter (none listed: 1). With fewer, adapters take turns (backend/lora_slots.py).
+    # per listed adapter (none listed: 1). With fewer, adapters take turns (backend/engine/lora_slots.py).
     max_loras: int | None = None
     max_lora_rank: int = 16
     # Adapters kept in host memory (vLLM's name), the least recently used dropped first and read
@@ -77,7 +77,7 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     # Speculative decoding by n-gram lookup (vLLM's form): {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}; every running
-    # decode speculates while few run (backend/spec_decode.py). Steps then do not overlap.
+    # decode speculates while few run (backend/engine/spec_decode.py). Steps then do not overlap.
     speculative_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

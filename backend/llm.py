@@ -5,10 +5,10 @@ import itertools
 from typing import Any, Sequence as Seq
 
 from .config import EngineArgs
-from .llm_engine import LLMEngine
+from .engine.llm_engine import LLMEngine
 from .lora_request import LoRARequest
 from .outputs import RequestOutput
-from .request import accumulate
+from .engine.request import accumulate
 from .sampling_params import SamplingParams
 
 Prompt = str | list[int]

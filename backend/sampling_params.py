@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .structured_output import check_spec
+from .engine.structured_output import check_spec
 
 # Larger requests for top logprobs are rejected: every one costs a sort over the vocabulary.
 MAX_LOGPROBS = 20
@@ -57,7 +57,7 @@ class SamplingParams:
     # The output follows a JSON schema, any JSON object, a regex, one of some strings or an EBNF
     # grammar: exactly one of {"json", "json_object", "regex", "choice", "grammar"}, plus
     # "disable_any_whitespace" (vLLM's StructuredOutputsParams as a dict; `from_dict` also
-    # takes it under its older name, guided_decoding). See backend/structured_output.py.
+    # takes it under its older name, guided_decoding). See backend/engine/structured_output.py.
     structured_outputs: dict[str, Any] | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)

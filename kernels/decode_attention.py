@@ -90,7 +90,7 @@ def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int
 
 
 # The block table's width changes from step to step: specialising on it (1, divisible by 16)
-# would compile new variants mid-serving (backend/compile_watch.py).
+# would compile new variants mid-serving (backend/worker/compile_watch.py).
 @triton.jit(do_not_specialize=["stride_btb"])
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,

@@ -1,4 +1,4 @@
-"""Workload A through the engine process alone (backend/engine_process.py, as the Triton stub
+"""Workload A through the engine process alone (backend/engine/engine_process.py, as the Triton stub
 drives it, text included) without tritonserver: separates the engine process's own cost from
 the server's. Prints output tok/s; the engine process logs its step loop's wall and CPU time at
 shutdown (stderr).
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine_cli import add_engine_arguments, engine_values  # noqa: E402
 from backend import EngineArgs, SamplingParams  # noqa: E402
-from backend.engine_process import EngineProcess  # noqa: E402
+from backend.engine.engine_process import EngineProcess  # noqa: E402
 
 
 class Counter:

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from backend.spec_decode import NgramProposer, SpeculativeConfig  # noqa: E402
+from backend.engine.spec_decode import NgramProposer, SpeculativeConfig  # noqa: E402
 
 KINDS = ("run", "cycle3", "random")
 

@@ -30,7 +30,7 @@ from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, Workload, mak
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from backend.config import EngineArgs
-    from backend.triton_config import engine_args_from_model_config
+    from backend.serving.triton_config import engine_args_from_model_config
 
     if args.model_config:
         with open(args.model_config, encoding="utf-8") as f:

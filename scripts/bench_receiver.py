@@ -18,9 +18,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backend import SamplingParams  # noqa: E402
-from backend.engine_process import EngineProcess, OutputDetokenizer, pack_output  # noqa: E402
+from backend.engine.engine_process import EngineProcess, OutputDetokenizer, pack_output  # noqa: E402
 from backend.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from backend.tokenizer import load_tokenizer  # noqa: E402
+from backend.engine.tokenizer import load_tokenizer  # noqa: E402
 
 
 def receiver(tokenizer, streams: int) -> EngineProcess:

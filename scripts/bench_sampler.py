@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from backend.layers.penalties import PenaltyCounts  # noqa: E402
 from backend.layers.sampler import Sampler  # noqa: E402
 from backend.sampling_params import SamplingParams  # noqa: E402
-from backend.sequence import Sequence, SequenceStatus  # noqa: E402
+from backend.engine.sequence import Sequence, SequenceStatus  # noqa: E402
 
 CASES = {
     "repetition + frequency + presence": dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2),

@@ -9,7 +9,7 @@ the cost of verifying for nothing). Each run's tokens are compared with the plai
 float32 they are equal (tests/engine/test_spec_decode.py); in bf16 a verification step computes
 a position in other kernels than a decode step, so a near-tie may flip a token, and the
 continuation (and an oracle's proposals after it) with it. Batches of at most
-SPEC_GRAPH_MAX_SEQS sequences (backend/cuda_graph.py) verify in CUDA graphs; larger
+SPEC_GRAPH_MAX_SEQS sequences (backend/worker/cuda_graph.py) verify in CUDA graphs; larger
 ones do not speculate (1.00x). `--spec-graph-seqs` sets that limit for this run, to measure
 where speculation stops paying. `--params` adds sampling parameters to the greedy requests
 (penalties, a seed with a temperature, bad words, a grammar): every kind speculates, and a
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--batch-sizes", default="1,8,16,32")
     ap.add_argument("--spec-graph-seqs", type=int, help="most sequences a verification graph takes "
-                    "(and so most that speculate); default backend.cuda_graph.SPEC_GRAPH_MAX_SEQS")
+                    "(and so most that speculate); default backend.worker.cuda_graph.SPEC_GRAPH_MAX_SEQS")
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="ngram,oracle,wrong")

@@ -16,7 +16,7 @@
 #   part 5: LoRA through the real server: Llama-3-8B bf16 workload A through Triton without
 #           adapters, with requests spread over 4 random rank-16 adapters (one device slot each),
 #           the same with max_loras=2 (adapters take turns), and without adapters again;
-#   part 6: kernel variants compiled while serving (backend/compile_watch.py): the attention and
+#   part 6: kernel variants compiled while serving (backend/worker/compile_watch.py): the attention and
 #           LoRA kernel tests, the GPU engine tests (one asserts no compile after start-up), the
 #           LoRA expand's row blocks at 16, 64 and 256 tokens, and Llama-3-8B bf16 A and B
 #           through Triton twice (the first server compiles on an empty cache);

@@ -310,7 +310,7 @@ def test_bench_tokenizer_has_text_for_every_id_of_the_vocabulary(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import build_bench_tokenizer
 
-    from backend.tokenizer import IncrementalDetokenizer, load_tokenizer
+    from backend.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
     build_bench_tokenizer.build(str(tmp_path), 700)
     tok = load_tokenizer(str(tmp_path))
     assert len(tok) == 700

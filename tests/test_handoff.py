@@ -1,10 +1,10 @@
-"""backend.handoff.Handoff: what the Triton stub's sender thread is fed through."""
+"""backend.serving.handoff.Handoff: what the Triton stub's sender thread is fed through."""
 from __future__ import annotations
 
 import threading
 import time
 
-from backend.handoff import Handoff
+from backend.serving.handoff import Handoff
 
 
 def test_every_item_arrives_once_in_each_producers_order():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from backend.outputs import CompletionOutput, Logprob, RequestOutput
-from backend.triton_request import ParsedRequest, ResponseBuilder, parse_request
+from backend.serving.triton_request import ParsedRequest, ResponseBuilder, parse_request
 from backend.sampling_params import SamplingParams
 
 
@@ -251,7 +251,7 @@ def test_parsed_request_is_plain_data():
 
 def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_objects():
     from backend.outputs import CompletionOutput, RequestOutput
-    from backend.triton_request import fold_outputs
+    from backend.serving.triton_request import fold_outputs
 
     def delta(rid, text, ids, finished=False):
         return RequestOutput(rid, None, [1, 2], [CompletionOutput(0, text, ids, -1.0, None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..forward_context import get_attention_metadata
+from .forward_context import get_attention_metadata
 from . import ops
 
 

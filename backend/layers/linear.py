@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..forward_context import get_lora_mapping
+from .forward_context import get_lora_mapping
 from . import ops
 from .parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
 
@@ -32,7 +32,7 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.tp_dim = tp_dim  # which weight dim is sharded: 0 rows (column parallel), 1 cols
         self.in_features, self.out_features = in_features, out_features  # this rank's shard
-        self.lora = None  # LoRAWeights when LoRA adapters target this projection (backend/lora.py)
+        self.lora = None  # LoRAWeights when LoRA adapters target this projection (backend/worker/lora.py)
         self.linear_method = linear_method or LinearMethod()
         self.linear_method.create_weights(self, in_features, out_features, dtype)
         if bias:

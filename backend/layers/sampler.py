@@ -403,7 +403,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
 
 
 def bitmask_words(vocab_size: int) -> int:
-    """Words of a grammar bitmask row (backend/structured_output.py)."""
+    """Words of a grammar bitmask row (backend/engine/structured_output.py)."""
     return (vocab_size + 31) // 32
 
 

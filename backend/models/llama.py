@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..forward_context import select_lora_rows
+from ..layers.forward_context import select_lora_rows
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.block_manager import BlockManager, hash_block_tokens
+from backend.engine.block_manager import BlockManager, hash_block_tokens
 from backend.sampling_params import SamplingParams
-from backend.sequence import Sequence
+from backend.engine.sequence import Sequence
 
 P = SamplingParams()
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from backend import LLM, EngineArgs, EngineProcess, EngineShutdownError, SamplingParams
-from backend.request import accumulate
+from backend.engine.request import accumulate
 
 
 class Collector:
@@ -94,8 +94,8 @@ def test_the_stub_side_of_the_engine_does_not_import_torch():
     hundreds of MB per model load) belongs to that process only."""
     import subprocess
     import sys
-    code = ("import sys; import backend, backend.engine_process, backend.triton_request, "
-            "backend.triton_metrics, backend.triton_config, backend.request; "
+    code = ("import sys; import backend, backend.engine.engine_process, backend.serving.triton_request, "
+            "backend.serving.triton_metrics, backend.serving.triton_config, backend.engine.request; "
             "from backend import EngineProcess, EngineShutdownError, SamplingParams; "
             "print(sorted(m for m in ('torch', 'triton', 'kernels') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -177,7 +177,7 @@ def test_outbox_sends_in_order_and_merges_queued_outputs():
     import socket
     from multiprocessing.connection import Connection
 
-    from backend.engine_core import Outbox
+    from backend.engine.engine_core import Outbox
     from backend.outputs import CompletionOutput, RequestOutput
 
     a, b = socket.socketpair()
@@ -208,7 +208,7 @@ def test_outbox_sends_in_order_and_merges_queued_outputs():
 def test_packed_outputs_round_trip():
     """What crosses the socket: the common one-token output as a 4-tuple, anything else in
     full; unpacking gives back the same fields either way."""
-    from backend.engine_process import pack_output, unpack_output
+    from backend.engine.engine_process import pack_output, unpack_output
     from backend.outputs import CompletionOutput, Logprob, RequestOutput
 
     def out(completions, finished=False, error=None, prompt_logprobs=None):
@@ -243,9 +243,9 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     before it."""
     from transformers import AutoTokenizer
 
-    from backend.engine_process import OutputDetokenizer, pack_output
+    from backend.engine.engine_process import OutputDetokenizer, pack_output
     from backend.outputs import CompletionOutput, RequestOutput
-    from backend.tokenizer import IncrementalDetokenizer
+    from backend.engine.tokenizer import IncrementalDetokenizer
     tok = AutoTokenizer.from_pretrained(llama_dir)
     ids = tok("日本語 🚀 ok", add_special_tokens=False)["input_ids"][:6]
     eng = EngineProcess.__new__(EngineProcess)

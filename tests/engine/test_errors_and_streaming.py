@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from backend import LLM, EngineArgs, EngineShutdownError, SamplingParams, StreamingEngine
-from backend.request import accumulate
+from backend.engine.request import accumulate
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -200,7 +200,7 @@ def test_stream_interval_groups_the_streamed_tokens(llama_dir, interval):
     and the rest with the finish; text and tokens add up to the output of an ungrouped stream.
     Every sample of n=2 counts on its own."""
     from backend import EngineArgs, LLMEngine, SamplingParams
-    from backend.request import accumulate
+    from backend.engine.request import accumulate
     engine = LLMEngine(EngineArgs(model=llama_dir, stream_interval=interval))
     engine.add_request("one", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=11, ignore_eos=True))
     engine.add_request("two", list(range(30, 40)), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6,

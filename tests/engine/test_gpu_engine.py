@@ -114,7 +114,7 @@ def test_gpu_speculation_of_many_sequences_with_logprobs_and_sampling(llama_dir)
     yet verified by rejection sampling) the greedy tokens."""
     from test_spec_decode import NGRAM, _with_oracle
 
-    from backend.cuda_graph import PREFILL_GRAPH_MAX_SEQS
+    from backend.worker.cuda_graph import PREFILL_GRAPH_MAX_SEQS
     gen = torch.Generator().manual_seed(13)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in range(9, 21)]
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)

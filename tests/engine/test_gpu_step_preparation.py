@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from backend import EngineArgs, LLMEngine
-from backend.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
-from backend.block_manager import BlockManager
-from backend.input_batch import DecodeBlockRows, prepare_batch
-from backend.scheduler import ScheduledSequence
+from backend.worker.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
+from backend.engine.block_manager import BlockManager
+from backend.worker.input_batch import DecodeBlockRows, prepare_batch
+from backend.engine.scheduler import ScheduledSequence
 from backend.sampling_params import SamplingParams
-from backend.sequence import Sequence
+from backend.engine.sequence import Sequence
 
 
 def test_block_tables_are_padded_to_a_multiple_of_16():

@@ -10,7 +10,7 @@ from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from backend import LLM, EngineArgs, LLMEngine, SamplingParams
-from backend.request import accumulate
+from backend.engine.request import accumulate
 
 MAX_NEW = 20
 SHARED_PREFIX = ("The scheduler computes the next word for every user while others run. "

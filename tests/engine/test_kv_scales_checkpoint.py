@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from backend import LLM, SamplingParams
-from backend.loader import KV_SCALE_SUFFIXES, _kv_scale_target
+from backend.models.loader import KV_SCALE_SUFFIXES, _kv_scale_target
 from kernels import reference
 
 PROMPTS = [[1, 17, 42, 99, 7, 300, 12], list(range(3, 40)), [5]]

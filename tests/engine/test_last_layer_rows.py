@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from backend import EngineArgs, LLMEngine
-from backend.input_batch import prepare_batch
+from backend.worker.input_batch import prepare_batch
 from backend.sampling_params import SamplingParams
-from backend.scheduler import ScheduledSequence
-from backend.sequence import Sequence
+from backend.engine.scheduler import ScheduledSequence
+from backend.engine.sequence import Sequence
 
 
 def _prompt_batch(lengths: list[int], block_size: int = 16):

@@ -268,10 +268,10 @@ def test_a_projection_adds_the_delta_of_each_rows_adapter(quantization):
     """Whatever computes the projection (16/32-bit or FP8 weights), LoRA adds each row's delta
     to its output, from the unquantized input, and rows without an adapter stay as they were;
     the last layer's narrowing to sampled rows narrows the adapters too."""
-    from backend.forward_context import LoRAMapping, select_lora_rows, set_lora_mapping
+    from backend.layers.forward_context import LoRAMapping, select_lora_rows, set_lora_mapping
     from backend.layers.linear import ReplicatedLinear
     from backend.layers.quantization import get_linear_method, process_weights_after_loading
-    from backend.lora import LoRAWeights
+    from backend.worker.lora import LoRAWeights
     from kernels.reference import add_lora_ref
 
     gen = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import torch
 from backend import LLM, SamplingParams
 from backend.layers.penalties import PenaltyCounts
 from backend.layers.sampler import Sampler
-from backend.sequence import PLACEHOLDER, Sequence, SequenceStatus
+from backend.engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 PENALTIES = dict(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3)
 
@@ -111,7 +111,7 @@ def test_a_preempted_sequence_whose_slot_was_taken_is_refilled_with_its_output(l
     slot b held while it waited, and b, admitted again with 19 tokens out, gets a slot filled
     from its host tokens. Every output equals that request's alone."""
     from backend.layers import penalties
-    from backend.request import accumulate
+    from backend.engine.request import accumulate
     from backend import LLMEngine, EngineArgs
 
     fills = []

@@ -9,8 +9,8 @@ import torch
 
 from backend import LLM, LLMEngine, EngineArgs, SamplingParams
 from backend.layers.sampler import Sampler
-from backend.sequence import PLACEHOLDER
-from backend.request import accumulate
+from backend.engine.sequence import PLACEHOLDER
+from backend.engine.request import accumulate
 
 
 def row(params: SamplingParams, token_ids=(1, 2, 3), num_prompt_tokens=3, index=0):

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from backend.block_manager import BlockManager
+from backend.engine.block_manager import BlockManager
 from backend.sampling_params import SamplingParams
-from backend.scheduler import Scheduler
-from backend.sequence import Sequence, SequenceStatus
+from backend.engine.scheduler import Scheduler
+from backend.engine.sequence import Sequence, SequenceStatus
 
 
 def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=16, chunked=True, caching=True):
@@ -219,7 +219,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
     """Two device slots, three adapters: a request whose adapter finds no slot waits while
     later ones go ahead; a slot changes adapter (the least recently used one, reported to the
     runner once) only when no running sequence uses it; preemption and finishing release."""
-    from backend.lora_slots import LoRASlots
+    from backend.engine.lora_slots import LoRASlots
     slots = LoRASlots(2, ["a", "b"])
     bm = BlockManager(32, 4, True)
     sched = Scheduler(bm, 8, 64, True, lora_slots=slots)
@@ -247,7 +247,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
 
 
 def test_lora_slots_choose_an_empty_slot_then_the_least_recently_used():
-    from backend.lora_slots import LoRASlots
+    from backend.engine.lora_slots import LoRASlots
     slots = LoRASlots(3, ["a", "b"])
     assert slots.acquire("c") == 2  # the empty slot
     slots.release(slots.acquire("b"))

@@ -1,4 +1,4 @@
-"""Speculative decoding by n-gram lookup (backend/spec_decode.py): the proposer, the config, and
+"""Speculative decoding by n-gram lookup (backend/engine/spec_decode.py): the proposer, the config, and
 the engine's verification: whatever is proposed, the tokens are exactly plain greedy decoding's
 (checked against Hugging Face), and proposals are accepted up to the first wrong one."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backend import LLM, EngineArgs, LLMEngine, SamplingParams
-from backend.spec_decode import NgramProposer, SpeculativeConfig
+from backend.engine.spec_decode import NgramProposer, SpeculativeConfig
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
@@ -46,7 +46,7 @@ def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, ma
     few tokens at a time under one key each (occurrences extended one by one, the vectorised pass
     after the first two that do not match the longest suffix, or the vectorised pass at once), and
     looked up from scratch (no key): every proposal is the brute-force search's."""
-    from backend.spec_decode import _History
+    from backend.engine.spec_decode import _History
     monkeypatch.setattr(_History, "MAX_CANDIDATES", max_candidates)
     p = proposer(k=4, hi=hi, lo=lo)
     rng = torch.Generator().manual_seed(lo * 10 + hi)
@@ -179,7 +179,7 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     verification graph (its decodes as one-token chunks; chunks of at most k + 1 tokens) that
     returns every verified row; here its padded buffers (32 sequence slots, 3 used) run eagerly.
     Tokens equal plain decoding's; steps without proposals stay decodes."""
-    from backend.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
+    from backend.worker.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
     gen = torch.Generator().manual_seed(21)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (11, 26, 7)]
     params = SamplingParams(temperature=0, max_tokens=18, ignore_eos=True)
@@ -225,7 +225,7 @@ def test_a_batch_larger_than_a_verification_graph_decodes_plainly_and_pipelined(
 def test_requests_arriving_mid_speculation_stop_it_without_losing_a_token(llama_dir):
     """A step verified proposals; the next one, with more sequences than max_speculating_seqs,
     must take it first (its token count is known only then) before decoding pipelined."""
-    from backend.request import accumulate
+    from backend.engine.request import accumulate
     gen = torch.Generator().manual_seed(8)
     prompts = [torch.randint(3, 500, (6,), generator=gen).tolist() * 3 for _ in range(3)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

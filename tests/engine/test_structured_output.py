@@ -13,7 +13,7 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.layers.sampler import unpack_bitmask
-from backend.structured_output import check_spec
+from backend.engine.structured_output import check_spec
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -126,7 +126,7 @@ def test_a_token_off_the_grammar_ends_that_request_alone(llama_dir, monkeypatch)
     """Should a sampled token ever break its grammar (here a mask that allows everything), that
     request ends with an error naming the token, and the others in its batch carry on."""
     from backend import EngineArgs, LLMEngine
-    from backend.structured_output import Grammar
+    from backend.engine.structured_output import Grammar
     engine = LLMEngine(EngineArgs(model=llama_dir, **ENGINE))
     prompt = list(range(5, 25))
     first = LLM(llama_dir, **ENGINE).generate([prompt], SamplingParams(temperature=0, max_tokens=1))
@@ -209,7 +209,7 @@ def test_a_process_exiting_during_the_warm_up_waits_for_it(llama_dir, monkeypatc
     compiler (CI saw one) must not kill that thread inside C++, which aborts the process."""
     import threading
     from backend import structured_output
-    from backend.tokenizer import load_tokenizer
+    from backend.engine.tokenizer import load_tokenizer
     started = []
 
     class Recorded(threading.Thread):
@@ -223,8 +223,8 @@ def test_a_process_exiting_during_the_warm_up_waits_for_it(llama_dir, monkeypatc
 
 
 def test_without_xgrammar_a_structured_request_is_refused(llama_dir, monkeypatch):
-    from backend.structured_output import StructuredOutputManager
-    from backend.tokenizer import load_tokenizer
+    from backend.engine.structured_output import StructuredOutputManager
+    from backend.engine.tokenizer import load_tokenizer
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
     manager = StructuredOutputManager(load_tokenizer(llama_dir), 512, (1,), llama_dir)
     manager.warm_up_in_background()  # quietly does nothing
@@ -244,7 +244,7 @@ def test_unpacked_bitmask_matches_xgrammar():
 def test_json_object_starts_an_object_only(llm):
     """json_object is any JSON object, not any JSON value (on a GPU the random model once
     opened an array): a fresh grammar allows "{" and no "[", digit or quote."""
-    from backend.structured_output import Grammar
+    from backend.engine.structured_output import Grammar
     tok = llm.tokenizer
     manager = llm.engine.input_processor.structured
     grammar = Grammar(manager.compile(check_spec({"json_object": True})))
@@ -282,7 +282,7 @@ def test_verification_masks_follow_the_proposals_and_leave_the_matcher_in_place(
     """Grammar.fill_bitmasks: row j's mask is a fresh matcher's after proposals[:j]; past a
     proposal the grammar rejects, rows repeat the mask before it; the matcher is where it was."""
     from backend.layers.sampler import bitmask_words
-    from backend.structured_output import Grammar
+    from backend.engine.structured_output import Grammar
     tok = llm.engine.tokenizer
     ids = {c: tok.encode(c, add_special_tokens=False) for c in "abc"}
     assert all(len(v) == 1 for v in ids.values())

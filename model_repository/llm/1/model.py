@@ -28,7 +28,7 @@ def _repo_root() -> str:
         return os.environ["TRITIUM_ROOT"]
     d = os.path.dirname(os.path.realpath(__file__))
     while d != os.path.dirname(d):
-        if os.path.isfile(os.path.join(d, "backend", "triton_request.py")):
+        if os.path.isfile(os.path.join(d, "backend", "serving", "triton_request.py")):
             return d
         d = os.path.dirname(d)
     raise RuntimeError("cannot find the Tritium repository: set TRITIUM_ROOT")
@@ -55,7 +55,7 @@ _STOP = object()
 class _InFlight:
     request_id: str
     sender: Any  # pb_utils.InferenceResponseSender
-    builder: Any  # backend.triton_request.ResponseBuilder
+    builder: Any  # backend.serving.triton_request.ResponseBuilder
     cancelled: bool = False
     unloading: bool = False  # aborted because the model is being unloaded
     failure: str | None = None  # set when building its responses failed
@@ -64,8 +64,8 @@ class _InFlight:
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         from backend import EngineProcess, triton_metrics, triton_request
-        from backend.handoff import Handoff
-        from backend.triton_config import engine_args_from_model_config
+        from backend.serving.handoff import Handoff
+        from backend.serving.triton_config import engine_args_from_model_config
 
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):

@@ -1,8 +1,8 @@
 """Request: one client request (n samples), its timing, and how its new output is reported."""
 from __future__ import annotations
 
-from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from .sampling_params import SamplingParams
+from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from ..sampling_params import SamplingParams
 from .sequence import Sequence
 from .tokenizer import partial_stop_suffix_len
 

@@ -11,14 +11,14 @@ import queue
 import threading
 from typing import Any
 
-from .config import EngineArgs
-from .errors import EngineShutdownError, OutputCallback
+from ..config import EngineArgs
+from ..errors import EngineShutdownError, OutputCallback
 from .llm_engine import LLMEngine
-from .lora_request import LoRARequest
+from ..lora_request import LoRARequest
 from .metrics import EngineStats
-from .outputs import CompletionOutput, RequestOutput
+from ..outputs import CompletionOutput, RequestOutput
 from .request import Request
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

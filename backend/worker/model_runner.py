@@ -12,21 +12,21 @@ import torch
 from kernels.validation import v_cache_shape
 
 from .compile_watch import CompileWatch
-from .config import CPU_KV_CACHE_BYTES, EngineArgs
+from ..config import CPU_KV_CACHE_BYTES, EngineArgs
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
-from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
+from ..layers.forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import DecodeBlockRows, prepare_batch
-from .layers import ops
-from .layers.attention import Attention
-from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
-from .layers.penalties import PenaltyCounts
-from .layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
-from .loader import load_dummy, load_safetensors
+from ..layers import ops
+from ..layers.attention import Attention
+from ..layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
+from ..layers.penalties import PenaltyCounts
+from ..layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
+from ..models.loader import load_dummy, load_safetensors
 from .lora import LoRAManager
-from .models import get_model_class
-from .sampling_params import SamplingParams
-from .scheduler import ScheduledSequence
-from .sequence import PLACEHOLDER, Sequence
+from ..models import get_model_class
+from ..sampling_params import SamplingParams
+from ..engine.scheduler import ScheduledSequence
+from ..engine.sequence import PLACEHOLDER, Sequence
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import os
 import time
 from typing import Callable
 
-from .lora_request import LoRARequest, lora_name_of
+from ..lora_request import LoRARequest, lora_name_of
 from .request import Request
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .structured_output import StructuredOutputManager
 
 

@@ -10,7 +10,7 @@ nothing). The fused projections hold their parts side by side: q, k and v (or ga
 each own R of the stacked ranks and their own rows of B, so an adapter that targets only
 q_proj leaves k and v alone. By default there is one slot per listed adapter; with fewer,
 adapters take turns: the scheduler gives a slot to an adapter when a request needs it and no
-running sequence uses the slot's adapter (`backend/lora_slots.py`), and the manager copies it
+running sequence uses the slot's adapter (`backend/engine/lora_slots.py`), and the manager copies it
 in from host memory, which keeps `max_cpu_loras` adapters (by default all) and reads a dropped
 one from its directory again. In-process, a request may bring an adapter the engine does not
 serve yet (vLLM's `LoRARequest(name, id, path)`).
@@ -30,8 +30,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .layers.linear import LinearBase
-from .layers.parallel_state import get_tp_size
+from ..layers.linear import LinearBase
+from ..layers.parallel_state import get_tp_size
 
 # Checkpoint module -> (our projection, which part of it). Phi-3 checkpoints are already fused.
 _PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .forward_context import AttentionMetadata, LoRAMapping, set_attention_metadata, set_lora_mapping
+from ..layers.forward_context import AttentionMetadata, LoRAMapping, set_attention_metadata, set_lora_mapping
 from .input_batch import TABLE_WIDTH_MULTIPLE, PreparedBatch
 
 logger = logging.getLogger(__name__)

@@ -5,10 +5,10 @@ import enum
 import itertools
 from typing import TYPE_CHECKING
 
-from .outputs import Logprob
+from ..outputs import Logprob
 
 if TYPE_CHECKING:
-    from .sampling_params import SamplingParams
+    from ..sampling_params import SamplingParams
     from .structured_output import Grammar
     from .tokenizer import IncrementalDetokenizer
 

@@ -3,7 +3,7 @@
 A server's threads (receiving requests, sending responses, metrics) and the engine's step loop
 share one GIL when they share a process; under load the engine then waits for the GIL while the
 GPU waits for the engine. Here the parent only validates and tokenizes requests and hands
-outputs to callbacks; the child (`python -m backend.engine_process FD`) runs the step loop.
+outputs to callbacks; the child (`python -m backend.engine.engine_process FD`) runs the step loop.
 They talk over a socket pair: commands one way, one message of outputs per step the other.
 The child exits when told to, and on its own when the parent goes away (the socket closes).
 """
@@ -21,17 +21,17 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from .config import EngineArgs
+from ..config import EngineArgs
 from .input_processor import InputProcessor
-from .lora_request import LoRARequest
+from ..lora_request import LoRARequest
 from .metrics import EngineStats
-from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
-from .errors import EngineShutdownError, OutputCallback
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import SamplingParams
+from ..errors import EngineShutdownError, OutputCallback
 from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, load_tokenizer
 
 logger = logging.getLogger(__name__)
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STATS_TIMEOUT_S = 30.0
 # A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
 _GRAMMAR_CHECK_TIMEOUT_S = 60.0
@@ -120,7 +120,7 @@ class EngineProcess:
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([_python(), "-m", "backend.engine_process", str(child.fileno())],
+        self._proc = subprocess.Popen([_python(), "-m", "backend.engine.engine_process", str(child.fileno())],
                                       pass_fds=[child.fileno()], env=env, cwd=_ROOT)
         child.close()
         self._conn = Connection(parent.detach())

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from backend.metrics import EngineStats
+from backend.engine.metrics import EngineStats
 
 
 @dataclass(frozen=True)

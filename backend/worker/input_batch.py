@@ -7,8 +7,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .forward_context import AttentionMetadata
-from .scheduler import ScheduledSequence
+from ..layers.forward_context import AttentionMetadata
+from ..engine.scheduler import ScheduledSequence
 
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 

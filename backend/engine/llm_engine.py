@@ -6,16 +6,16 @@ import time
 from typing import Callable
 
 from .block_manager import BlockManager
-from .config import EngineArgs, load_hf_config
+from ..config import EngineArgs, load_hf_config
 from .input_processor import InputProcessor, load_eos_token_ids
-from .lora_request import LoRARequest
+from ..lora_request import LoRARequest
 from .lora_slots import LoRASlots
 from .metrics import EngineStats
-from .model_runner import ModelRunner
-from .models import context_limit, longrope_original_length
-from .outputs import RequestOutput
+from ..worker.model_runner import ModelRunner
+from ..models import context_limit, longrope_original_length
+from ..outputs import RequestOutput
 from .request import Request, make_logprobs_entry
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import PLACEHOLDER, Sequence
 from .spec_decode import NgramProposer

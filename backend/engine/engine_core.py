@@ -11,10 +11,10 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from .config import EngineArgs
+from ..config import EngineArgs
 from .engine_process import pack_output
 from .llm_engine import LLMEngine
-from .outputs import CompletionOutput, RequestOutput
+from ..outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from backend.outputs import CompletionOutput, RequestOutput
-from backend.request import accumulate
+from backend.engine.request import accumulate
 from backend.sampling_params import SamplingParams
 
 # Optional BOOL inputs; each may also arrive as a request parameter (the HTTP generate endpoint
