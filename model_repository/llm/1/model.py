@@ -63,7 +63,8 @@ class _InFlight:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        from backend import EngineProcess, triton_metrics, triton_request
+        from backend import EngineProcess
+        from backend.serving import triton_metrics, triton_request
         from backend.serving.handoff import Handoff
         from backend.serving.triton_config import engine_args_from_model_config
 
