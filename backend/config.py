@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -19,6 +20,18 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler reads of the engine arguments (resolved: the token budget is set)."""
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    # While others wait, one prompt's chunk takes at most this many tokens of a step; 0: half
+    # the token budget.
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
 
 
 @dataclass
@@ -184,6 +197,13 @@ class EngineArgs:
             kwargs[key] = _parse_string(key, raw, str(types[key]))
         return cls(**kwargs)
 
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        if self.max_num_batched_tokens is None:
+            raise ValueError("scheduler_config needs resolved engine arguments (max_num_batched_tokens)")
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
+                               self.long_prefill_token_threshold, self.scheduling_policy)
+
     def replace(self, **changes: Any) -> "EngineArgs":
         return dataclasses.replace(self, **changes)
 
@@ -233,6 +253,61 @@ def _parse_string(key: str, raw: str, type_name: str) -> Any:
         return text
     except ValueError:
         raise ValueError(f"engine argument {key}: cannot parse {raw!r} as {type_name}.") from None
+
+
+# The token budget of a step with chunked prefill, when max_num_batched_tokens is not set.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine arguments resolved against the model (`args.max_model_len` and
+    `args.max_num_batched_tokens` are set), with the model's config.json: what every part of
+    the engine is built from."""
+    args: EngineArgs
+    hf_config: dict[str, Any]
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> "EngineConfig":
+        """Resolve the defaults that depend on the model; ValueError when they conflict."""
+        from .models import context_limit, longrope_original_length  # torch: the engine's side only
+        hf_config = load_hf_config(args.model)
+        max_pos = int(hf_config.get("max_position_embeddings") or 4096)
+        limit = f"the model's max_position_embeddings={max_pos}"
+        exact = context_limit(hf_config)
+        if exact is not None and exact[0] < max_pos:
+            max_pos, limit = exact
+            logger.warning("Serving sequences of at most %d tokens: %s", max_pos, limit)
+        if args.max_model_len is not None and args.max_model_len > max_pos:
+            raise ValueError(f"max_model_len={args.max_model_len} is larger than {limit}.")
+        max_model_len = args.max_model_len or max_pos
+        original = longrope_original_length(hf_config)
+        if original is not None and args.max_model_len is None and max_model_len > original:
+            max_model_len = original
+            logger.warning("LongRoPE: max_model_len defaults to original_max_position_embeddings=%d "
+                           "(its short factors, as transformers uses them up to there); a larger "
+                           "max_model_len uses the long factors at every position", original)
+        elif original is not None and max_model_len > original:
+            logger.warning("LongRoPE: max_model_len=%d passes original_max_position_embeddings=%d, so "
+                           "the long factors apply at every position (vLLM's rule; transformers uses "
+                           "the short ones while a sequence is shorter)", max_model_len, original)
+        budget = args.max_num_batched_tokens or (
+            DEFAULT_MAX_NUM_BATCHED_TOKENS if args.enable_chunked_prefill
+            else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS))
+        if not args.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_model_len="
+                             f"{max_model_len}; without chunked prefill a whole prompt must fit "
+                             f"in one step. Raise max_num_batched_tokens or enable_chunked_prefill.")
+        return cls(args.replace(max_model_len=max_model_len, max_num_batched_tokens=budget), hf_config)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the built engine knows that request validation needs: the vocabulary, the most
+    tokens the KV cache holds, the EOS ids."""
+    vocab_size: int
+    kv_capacity_tokens: int
+    eos_token_ids: tuple[int, ...]
 
 
 def load_hf_config(model_dir: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ again. Sequences forked for n > 1 share blocks; writing into a shared partial bl
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from .sequence import Sequence
 
@@ -24,6 +25,15 @@ class KVCacheBlock:
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """A prefix-cache lookup: the cached blocks a prompt starts with, the tokens they hold, and
+    the tokens looked up (counted in the cache's statistics once the blocks are taken)."""
+    blocks: list[KVCacheBlock] = field(default_factory=list)
+    num_tokens: int = 0
+    num_queried: int = 0
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -41,16 +51,26 @@ class BlockManager:
         # Blocks with ref_cnt == 0, least recently freed first: allocation pops from the front.
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self.cached_blocks: dict[int, KVCacheBlock] = {}  # block hash -> block
-        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) copy-on-write this step
+        self._pending_copies: list[tuple[int, int]] = []  # (src, dst) copy-on-write this step
         self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks
-        self.prefix_cache_queries = 0  # tokens
-        self.prefix_cache_hits = 0  # tokens
+        self._prefix_cache_queries = 0  # tokens
+        self._prefix_cache_hits = 0  # tokens
 
     # ---- queries ----------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now (never used, or cached and evictable)."""
         return len(self.free_queue)
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache by admitted sequences."""
+        return self._prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Of those, tokens found cached."""
+        return self._prefix_cache_hits
 
     @property
     def usage(self) -> float:
@@ -69,11 +89,11 @@ class BlockManager:
             hashes.append(hash_block_tokens(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return hashes
 
-    def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, seq: Sequence) -> PrefixHit:
         """Longest cached prefix of full blocks, never covering the last token (its logits are
-        needed). Returns the blocks and the number of tokens they hold; counts the query."""
+        needed). The lookup counts in the statistics when `allocate_slots` takes the hit."""
         if not self.enable_prefix_caching:
-            return [], 0
+            return PrefixHit()
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
         for block_hash in self._block_hashes(seq)[:max_blocks]:
@@ -81,20 +101,17 @@ class BlockManager:
             if block is None:
                 break
             hits.append(block)
-        num_hit_tokens = len(hits) * self.block_size
-        self.prefix_cache_queries += seq.num_tokens
-        self.prefix_cache_hits += num_hit_tokens
-        return hits, num_hit_tokens
+        return PrefixHit(hits, len(hits) * self.block_size, seq.num_tokens)
 
     # ---- allocation -------------------------------------------------------------------------
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
-                       computed_blocks: list[KVCacheBlock] | None = None) -> bool:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None) -> bool:
         """Make the block table cover `num_computed_tokens + num_new_tokens` tokens.
 
-        `computed_blocks` (prefix-cache hits, only for a sequence with an empty table) are taken
-        first. Returns False, changing nothing, when there are not enough free blocks.
+        A prefix-cache `hit` (only for a sequence with an empty table) is taken first, and its
+        lookup counted. Returns False, changing nothing, when there are not enough free blocks.
         """
-        if not computed_blocks:  # the common case, a running sequence: usually nothing to do
+        computed_blocks = hit.blocks if hit is not None else None
+        if not computed_blocks and hit is None:  # the common case, a running sequence: usually nothing to do
             table = seq.block_table
             num_computed = seq.num_computed_tokens
             needed = -(-(num_computed + num_new_tokens) // self.block_size) - len(table)
@@ -112,6 +129,9 @@ class BlockManager:
         reclaimed = sum(1 for b in computed_blocks if b.ref_cnt == 0)
         if needed + int(cow) + reclaimed > len(self.free_queue):
             return False
+        if hit is not None:
+            self._prefix_cache_queries += hit.num_queried
+            self._prefix_cache_hits += hit.num_tokens
         for block in computed_blocks:
             self._touch(block)
             seq.block_table.append(block.block_id)
@@ -134,7 +154,7 @@ class BlockManager:
         dst = self._pop_free()
         src.ref_cnt -= 1
         seq.block_table[idx] = dst.block_id
-        self.pending_copies.append((src.block_id, dst.block_id))
+        self._pending_copies.append((src.block_id, dst.block_id))
 
     def _touch(self, block: KVCacheBlock) -> None:
         if block.ref_cnt == 0:
@@ -160,7 +180,11 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks. Tail blocks are freed first so that they are evicted
-        before the (more widely shared) head of a prefix."""
+        before the (more widely shared) head of a prefix. A copy-on-write into one of them that
+        no step has made yet is dropped: its destination is free again."""
+        if self._pending_copies:
+            mine = set(seq.block_table)
+            self._pending_copies = [c for c in self._pending_copies if c[1] not in mine]
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             assert block.ref_cnt > 0, f"double free of block {block_id}"
@@ -194,7 +218,7 @@ class BlockManager:
             self.cached_blocks[hashes[i]] = block
 
     def take_copies(self) -> list[tuple[int, int]]:
-        copies, self.pending_copies = self.pending_copies, []
+        copies, self._pending_copies = self._pending_copies, []
         return copies
 
     def reset_prefix_cache(self) -> None:

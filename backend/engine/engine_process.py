@@ -3,7 +3,7 @@
 A server's threads (receiving requests, sending responses, metrics) and the engine's step loop
 share one GIL when they share a process; under load the engine then waits for the GIL while the
 GPU waits for the engine. Here the parent only validates and tokenizes requests and hands
-outputs to callbacks; the child (`python -m backend.engine.engine_process FD`) runs the step loop.
+outputs to callbacks; the child (`python -m backend.engine.process_main FD`) runs the step loop (an EngineCore).
 They talk over a socket pair: commands one way, one message of outputs per step the other.
 The child exits when told to, and on its own when the parent goes away (the socket closes).
 """
@@ -19,15 +19,19 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Callable
 
 from ..config import EngineArgs
-from .input_processor import InputProcessor
+from ..errors import EngineShutdownError, OutputCallback
 from ..lora_request import LoRARequest
-from .metrics import EngineStats
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
-from ..errors import EngineShutdownError, OutputCallback
+from .input_processor import InputProcessor
+from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, GetStats, GrammarChecked,
+                       Outputs, Ready, Reply, Shutdown, StartupFailed, StatsReply, unpack_output)
+from .metrics import EngineStats
+from .output_detokenizer import OutputDetokenizer
+from .request import Request
 from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -46,73 +50,6 @@ def _python() -> str:
     return candidate if os.path.exists(candidate) else (shutil.which("python3") or "python3")
 
 
-def pack_output(out: RequestOutput) -> tuple:
-    """A RequestOutput as plain tuples: pickling them costs a fraction of the dataclasses.
-    The common case, one new token of a single sample with nothing else to say (no text,
-    logprobs or end), is a 4-tuple (request id, token, cumulative logprob, cached tokens);
-    anything else is the full 6-tuple. `unpack_output` reverses both."""
-    completions = out.outputs
-    if len(completions) == 1 and not out.finished and out.error is None and out.prompt_logprobs is None:
-        c = completions[0]
-        if (c.index == 0 and len(c.token_ids) == 1 and not c.text and c.logprobs is None
-                and c.finish_reason is None):
-            return (out.request_id, c.token_ids[0], c.cumulative_logprob, out.num_cached_tokens)
-    return (out.request_id, out.finished, out.error, out.num_cached_tokens,
-            [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
-              c.stop_reason) for c in completions], out.prompt_logprobs)
-
-
-def unpack_output(packed: tuple) -> tuple[str, bool, str | None, int, list[CompletionOutput], list | None]:
-    """(request id, finished, error, cached tokens, completions, prompt logprobs) from
-    `pack_output`'s tuple."""
-    if len(packed) == 4:
-        request_id, token, cumulative_logprob, num_cached = packed
-        return (request_id, False, None, num_cached,
-                [CompletionOutput(0, "", [token], cumulative_logprob, None)], None)
-    request_id, finished, error, num_cached, completions, prompt_logprobs = packed
-    return (request_id, finished, error, num_cached, [CompletionOutput(*c) for c in completions],
-            prompt_logprobs)
-
-
-class OutputDetokenizer:
-    """Text for one request's outputs, made in the parent from the token ids the engine process
-    sends (it detokenizes only requests with stop strings): the step loop does not wait for it.
-    Same rules as the engine's own detokenization: a token that stops the sequence has no text,
-    and what an incomplete character held back comes out with the final output."""
-
-    def __init__(self, tokenizer, req) -> None:
-        self._tokenizer = tokenizer
-        self._req = req
-        self._samples: dict[int, IncrementalDetokenizer] = {}
-
-    def _sample(self, index: int) -> IncrementalDetokenizer:
-        det = self._samples.get(index)
-        if det is None:
-            p = self._req.params
-            det = self._samples[index] = IncrementalDetokenizer(
-                self._tokenizer, self._req.prompt_token_ids, p.skip_special_tokens,
-                p.spaces_between_special_tokens)
-        return det
-
-    def one_token(self, outputs: list[CompletionOutput]) -> IncrementalDetokenizer | None:
-        """The detokenizer of the common output (one sample, one new token, not the last),
-        whose text `detokenize_many` makes together with other streams'; else None."""
-        if len(outputs) == 1 and outputs[0].finish_reason is None and len(outputs[0].token_ids) == 1:
-            return self._sample(outputs[0].index)
-        return None
-
-    def fill(self, outputs: list[CompletionOutput]) -> None:
-        for c in outputs:
-            det = self._sample(c.index)
-            ids = c.token_ids
-            if c.finish_reason is None:  # (one token of one sample goes through one_token instead)
-                c.text = "".join([det.add_token(t) for t in ids])
-                continue
-            if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and ids:
-                ids = ids[:-1]  # the stop token
-            c.text = "".join([det.add_token(t) for t in ids]) + det.flush()
-
-
 class EngineProcess:
     """StreamingEngine's interface (add_request, abort, get_stats, shutdown), engine elsewhere."""
 
@@ -120,39 +57,35 @@ class EngineProcess:
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([_python(), "-m", "backend.engine.engine_process", str(child.fileno())],
+        self._proc = subprocess.Popen([_python(), "-m", "backend.engine.process_main", str(child.fileno())],
                                       pass_fds=[child.fileno()], env=env, cwd=_ROOT)
         child.close()
         self._conn = Connection(parent.detach())
         self._send_lock = threading.Lock()
         self._conn.send(args)
         try:
-            kind, payload = self._conn.recv()
+            reply: Reply = self._conn.recv()
         except EOFError:
             self._proc.wait()
             raise RuntimeError(f"the engine process exited during start-up (code {self._proc.returncode})") from None
-        if kind == "error":
+        if isinstance(reply, StartupFailed):
             self._proc.wait()
-            raise ValueError(payload)
-        self.engine_args: EngineArgs = payload["engine_args"]
+            raise ValueError(reply.message)
+        assert isinstance(reply, Ready), reply
+        self.engine_args: EngineArgs = reply.engine_args
         self.tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
         # The receiver thread's own copy, for output text: a Rust tokenizer borrowed by two
         # threads at once (an encode that releases the GIL, a decode) raises "Already borrowed".
         self._output_tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
-        self._processor = InputProcessor(self.tokenizer, payload["vocab_size"],
-                                         self.engine_args.max_model_len, payload["kv_capacity_tokens"],
-                                         self.engine_args.max_num_seqs, self.engine_args.max_logprobs,
-                                         payload["eos_token_ids"], self.engine_args.scheduling_policy,
-                                         check_structured_outputs=self._check_structured_outputs,
-                                         lora_names=tuple(self.engine_args.lora_modules or ()),
-                                         lora_enabled=self.engine_args.enable_lora)
+        self._processor = InputProcessor(self.engine_args, self.tokenizer, reply.limits,
+                                         check_structured_outputs=self._check_structured_outputs)
         self._lock = threading.Lock()
         # Structured-output specs checked by the engine's process: id -> error (None: it compiles)
         self._grammar_checks: dict[int, str | None] = {}
         self._grammar_check_ids = itertools.count()
         self._grammar_checked = threading.Condition(self._lock)
         # id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
-        self._requests: dict[str, tuple[Any, OutputCallback, OutputDetokenizer | None]] = {}
+        self._requests: dict[str, tuple[Request, OutputCallback, OutputDetokenizer | None]] = {}
         self._stopped = False
         self._stats: EngineStats | None = None
         self._stats_ready = threading.Condition(self._lock)
@@ -175,10 +108,10 @@ class EngineProcess:
                 raise ValueError(f"Request id {request_id!r} is already in use.")
             detok = None if req.params.stop else OutputDetokenizer(self._output_tokenizer, req)
             self._requests[request_id] = (req, on_output, detok)
-        self._send(("add", req))
+        self._send(AddRequest(req))
 
     def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
     def _check_structured_outputs(self, spec: dict) -> None:
         """Has the engine's process compile the spec (xgrammar needs torch, which this side
@@ -186,7 +119,7 @@ class EngineProcess:
         the request is refused before it is accepted. The compiled spec stays in that
         process's cache for the request itself."""
         token = next(self._grammar_check_ids)
-        self._send(("check_grammar", (token, spec)))
+        self._send(CheckGrammar(token, spec))
         with self._lock:
             self._grammar_checked.wait_for(
                 lambda: token in self._grammar_checks or self._stopped, _GRAMMAR_CHECK_TIMEOUT_S)
@@ -202,7 +135,7 @@ class EngineProcess:
     def get_stats(self) -> EngineStats:
         with self._lock:
             self._stats = None
-        self._send(("stats", None))
+        self._send(GetStats())
         with self._lock:
             if not self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped,
                                               _STATS_TIMEOUT_S) or self._stats is None:
@@ -217,7 +150,7 @@ class EngineProcess:
             self._stopped = True
             self._stats_ready.notify_all()
             self._grammar_checked.notify_all()
-        self._send(("stop", None))
+        self._send(Shutdown())
         self._receiver.join()
         try:
             self._proc.wait(timeout=60)
@@ -226,7 +159,7 @@ class EngineProcess:
             self._proc.wait()
         self._conn.close()
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Command) -> None:
         try:
             with self._send_lock:
                 self._conn.send(message)
@@ -237,38 +170,38 @@ class EngineProcess:
     def _receive_loop(self) -> None:
         while True:
             try:
-                kind, payload = self._conn.recv()
+                reply: Reply = self._conn.recv()
             except (EOFError, OSError):
                 self._fail_all("The engine process exited.")
                 return
-            if kind == "out":
+            if isinstance(reply, Outputs):
                 start = time.perf_counter()
-                self._deliver(payload)
+                self._deliver(reply.outputs)
                 stats = self.receiver_stats
                 stats["busy_s"] += time.perf_counter() - start
                 stats["messages"] += 1
-                stats["outputs"] += len(payload)
-            elif kind == "stats":
+                stats["outputs"] += len(reply.outputs)
+            elif isinstance(reply, StatsReply):
                 with self._lock:
-                    self._stats = payload
+                    self._stats = reply.stats
                     self._stats_ready.notify_all()
-            elif kind == "grammar_checked":
+            elif isinstance(reply, GrammarChecked):
                 with self._lock:
-                    token, error = payload
-                    self._grammar_checks[token] = error
+                    self._grammar_checks[reply.token] = reply.error
                     self._grammar_checked.notify_all()
-            elif kind == "bye":
+            elif isinstance(reply, Bye):
                 self._fail_all("The engine is shutting down.")
                 return
 
-    def _deliver(self, payload: list[tuple]) -> None:
+    def _deliver(self, payload: list) -> None:
         """One message's outputs (one or more engine steps), in order per request, to their
         callbacks. The common outputs' text is made in batches (`detokenize_many`: one Rust
         decode per batch, without the GIL); a request's next output waits for its batch."""
         outputs = [unpack_output(p) for p in payload]
         with self._lock:  # once per message: finished requests leave the table
             requests = self._requests
-            entries = [requests.pop(o[0], None) if o[1] else requests.get(o[0]) for o in outputs]
+            entries = [requests.pop(o.request_id, None) if o.finished else requests.get(o.request_id)
+                       for o in outputs]
         batch: list[tuple[IncrementalDetokenizer, int]] = []
         waiting: list[tuple[CompletionOutput, Callable[[RequestOutput], None], RequestOutput]] = []
         in_batch: set[int] = set()  # id() of the OutputDetokenizers with a token in the batch
@@ -281,13 +214,15 @@ class EngineProcess:
             waiting.clear()
             in_batch.clear()
 
-        for (request_id, finished, error, num_cached, completions, prompt_logprobs), entry in zip(outputs, entries):
+        for o, entry in zip(outputs, entries):
             if entry is None:
                 continue
             req, callback, detok = entry
-            out = RequestOutput(request_id, req.prompt, req.prompt_token_ids, completions, finished,
-                                num_cached_tokens=num_cached, error=error, metrics=req.metrics,
-                                prompt_logprobs=prompt_logprobs)
+            completions = o.completions
+            out = RequestOutput(o.request_id, req.prompt, req.prompt_token_ids, completions, o.finished,
+                                num_cached_tokens=o.num_cached_tokens, error=o.error, metrics=req.metrics,
+                                prompt_logprobs=o.prompt_logprobs)
+            prompt_logprobs = o.prompt_logprobs
             if prompt_logprobs or any(c.logprobs for c in completions):
                 fill_decoded_tokens(self._output_tokenizer, out.logprob_entries())
             if detok is not None:
@@ -320,15 +255,3 @@ def _call(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None
         callback(out)
     except Exception:  # a broken callback must not stop the others' outputs
         logger.exception("output callback for request %s failed", out.request_id)
-
-
-def _child_main(fd: int) -> int:
-    """The engine's side: build the engine, then run its loop until told to stop."""
-    from .engine_core import run_engine_core
-    conn = Connection(fd)
-    return run_engine_core(conn, conn.recv())
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    sys.exit(_child_main(int(sys.argv[1])))

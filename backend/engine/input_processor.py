@@ -6,6 +6,7 @@ import os
 import time
 from typing import Callable
 
+from ..config import EngineArgs, EngineLimits
 from ..lora_request import LoRARequest, lora_name_of
 from .request import Request
 from ..sampling_params import SamplingParams
@@ -32,28 +33,25 @@ class InputProcessor:
     """Turns (prompt, SamplingParams) into a Request, or raises ValueError with a message a
     client can act on. Reads only the tokenizer and fixed limits, so any thread may call it."""
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
-                 max_num_seqs: int, max_logprobs: int, eos_token_ids: tuple[int, ...],
-                 scheduling_policy: str = "fcfs", tokenizer_path: str | None = None,
-                 check_structured_outputs: Callable[[dict], None] | None = None,
-                 lora_names: tuple[str, ...] = (), lora_enabled: bool | None = None) -> None:
-        """tokenizer_path: where `tokenizer` came from, for structured outputs' warm-up.
-        check_structured_outputs: raises ValueError when a spec does not compile; by default
-        it is compiled here (EngineProcess has the engine's process do it).
-        lora_names: the LoRA adapters a request may name (more may join: `lora_names` grows).
-        lora_enabled: the engine serves LoRA adapters (by default: when some are named)."""
-        self.lora_names = tuple(lora_names)
-        self.lora_enabled = bool(lora_names) if lora_enabled is None else lora_enabled
+    def __init__(self, args: EngineArgs, tokenizer, limits: EngineLimits,
+                 check_structured_outputs: Callable[[dict], None] | None = None) -> None:
+        """args: the resolved engine arguments (max_model_len set). limits: what the built
+        engine knows (vocabulary, KV capacity, EOS ids). check_structured_outputs: raises
+        ValueError when a spec does not compile; by default it is compiled here (EngineProcess
+        has the engine's process do it). The LoRA adapters a request may name are `lora_modules`;
+        more may join (`lora_names` grows)."""
+        self.lora_names = tuple(args.lora_modules or ())
+        self.lora_enabled = args.enable_lora
         self.tokenizer = tokenizer
-        self.tokenizer_path = tokenizer_path
+        self.tokenizer_path = args.tokenizer or args.model
         self._check_structured_outputs = check_structured_outputs
-        self.scheduling_policy = scheduling_policy
-        self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.max_num_seqs = max_num_seqs
-        self.max_logprobs = max_logprobs
-        self.eos_token_ids = eos_token_ids
+        self.scheduling_policy = args.scheduling_policy
+        self.vocab_size = limits.vocab_size
+        self.max_model_len = args.max_model_len
+        self.kv_capacity_tokens = limits.kv_capacity_tokens
+        self.max_num_seqs = args.max_num_seqs
+        self.max_logprobs = args.max_logprobs
+        self.eos_token_ids = limits.eos_token_ids
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

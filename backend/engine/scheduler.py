@@ -14,47 +14,30 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
+from ..config import SchedulerConfig
 from .block_manager import BlockManager
 from .lora_slots import LoRASlots
+from .scheduler_output import (Fork, PromptSpan, SampleRow, ScheduledSequence, SchedulerOutput,
+                               SpecRun)
 from .sequence import Sequence, SequenceStatus
 
 
-@dataclass
-class ScheduledSequence:
-    seq: Sequence
-    num_new_tokens: int  # tokens computed for it this step, from seq.num_computed_tokens on
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
-    num_batched_tokens: int = 0
-    preempted: list[Sequence] = field(default_factory=list)
-    lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter) to load first
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
-                 policy: str = "fcfs", lora_slots: LoRASlots | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 lora_slots: LoRASlots | None = None) -> None:
         """lora_slots: with LoRA adapters, the device's adapter slots; a waiting sequence is
         admitted only when its adapter is in a slot or can take one."""
+        self.config = config
         self.block_manager = block_manager
         self.lora_slots = lora_slots
-        self.policy = policy
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = config.policy
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.enable_chunked_prefill = config.enable_chunked_prefill
         # While others wait, one prompt's chunk takes at most this many tokens of a step, so a
         # newcomer is admitted at once instead of waiting for a long prompt to finish.
-        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
@@ -110,8 +93,15 @@ class Scheduler:
         return list(self.running) + list(self.waiting)
 
     # ---- the step ----------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, proposals: dict[int, list[int]] | None = None,
+                 step_in_flight: bool = False) -> SchedulerOutput:
+        """One step's plan. proposals: speculative decoding's proposed tokens per running
+        decode (seq_id -> tokens), verified in this step as far as the budget and the cache
+        allow. step_in_flight: the previous step's tokens are not on the host yet."""
         out = SchedulerOutput()
+        # A row whose sampling reads its sequence's tokens on the host waits for them.
+        out.defer_sampling = step_in_flight and any(s.params.needs_output_on_host for s in self.running)
+        proposals = proposals or {}
         budget = self.max_num_batched_tokens
 
         # 1. Running sequences: decodes first, so a long prompt's chunks never stall them,
@@ -125,21 +115,21 @@ class Scheduler:
                     continue  # the other pass's, or preempted earlier in this loop
                 # A decode with proposed tokens (speculative decoding) verifies them in this step,
                 # as many as the budget leaves room for.
-                num_new = min(remaining + len(seq.spec_token_ids), budget)
-                del seq.spec_token_ids[max(0, num_new - 1):]
+                spec = proposals.get(seq.seq_id, []) if decodes else []
+                num_new = min(remaining + len(spec), budget)
+                spec = spec[:max(0, num_new - 1)]
                 if num_new > 1 and self.waiting and not decodes:
                     num_new = min(num_new, self._chunk_cap())
                 while not self.block_manager.allocate_slots(seq, num_new):
-                    if seq.spec_token_ids:  # proposed tokens go before anyone is preempted
-                        seq.spec_token_ids = []
-                        num_new = 1
+                    if spec:  # proposed tokens go before anyone is preempted
+                        spec, num_new = [], 1
                         continue
                     victim = self._victim()
                     budget += self._preempt(victim, out)
                     if victim is seq:
                         break
                 else:
-                    out.scheduled.append(ScheduledSequence(seq, num_new))
+                    out.scheduled.append(ScheduledSequence(seq, num_new, spec))
                     budget -= num_new
 
         # 2. Waiting sequences, unless this step had to preempt (memory is tight). A sequence of
@@ -157,7 +147,8 @@ class Scheduler:
             # A prompt whose logprobs are asked for is computed in full: cached positions
             # would have no logits (vLLM does the same).
             looked_up = self.block_manager.enable_prefix_caching and not seq.needs_prompt_logprobs
-            computed_blocks, num_hit = self.block_manager.get_computed_blocks(seq) if looked_up else ([], 0)
+            hit = self.block_manager.get_computed_blocks(seq) if looked_up else None
+            num_hit = hit.num_tokens if hit is not None else 0
             num_new = seq.num_tokens - num_hit
             if len(self.waiting) > 1 and self.enable_chunked_prefill:
                 num_new = min(num_new, self._chunk_cap())
@@ -165,10 +156,7 @@ class Scheduler:
                 if not self.enable_chunked_prefill:
                     break
                 num_new = budget
-            if not self.block_manager.allocate_slots(seq, num_new, computed_blocks):
-                if looked_up:  # undo the query count: the same lookup happens again next step
-                    self.block_manager.prefix_cache_queries -= seq.num_tokens
-                    self.block_manager.prefix_cache_hits -= num_hit
+            if not self.block_manager.allocate_slots(seq, num_new, hit):
                 break
             del self.waiting[index]
             self._take_lora_slot(seq)
@@ -187,7 +175,36 @@ class Scheduler:
         if self.lora_slots is not None:
             out.lora_loads = self.lora_slots.take_loads()
         out.num_batched_tokens = self.max_num_batched_tokens - budget
+        self._plan_samples(out)
         return out
+
+    def _plan_samples(self, out: SchedulerOutput) -> None:
+        """The rows the step samples: one for each sequence whose new tokens reach its end (and
+        one for each sibling it forks into), one per position of a speculating sequence; and
+        the prompt positions whose logprobs it computes."""
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.needs_prompt_logprobs:
+                # The rows of positions c..c+n-1 predict tokens c+1..c+n.
+                c = seq.num_computed_tokens
+                first = max(c + 1, seq.next_prompt_logprob)
+                end = min(c + item.num_new_tokens + 1, seq.num_prompt_tokens)
+                if first < end:
+                    out.prompt_spans.append(PromptSpan(item, first, end))
+            if item.spec_token_ids:
+                # Its last token and each proposed one: a row per position, verified on arrival.
+                k = len(item.spec_token_ids)
+                out.spec_runs.append(SpecRun(seq, item.spec_token_ids, len(out.sample_rows)))
+                out.sample_rows.extend(SampleRow(seq, seq.seq_id, k - j, d)
+                                       for j, d in enumerate(item.spec_token_ids + [-1]))
+                continue
+            if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
+                continue  # a prompt chunk that does not reach the end: nothing to sample
+            out.sample_rows.append(SampleRow(seq, seq.seq_id))
+            if seq.num_forks_pending:
+                children = [seq.fork(i) for i in range(1, seq.params.n)]
+                out.forks.append(Fork(seq, children))
+                out.sample_rows.extend(SampleRow(child, seq.seq_id) for child in children)
 
     def _victim(self) -> Sequence:
         if self.policy == "priority":  # the last of the latest among the lowest priority
@@ -208,15 +225,10 @@ class Scheduler:
                 returned = item.num_new_tokens
                 del out.scheduled[i]
                 break
-        if returned:  # drop its copy-on-write: the copy's destination is freed below
-            mine = set(seq.block_table)
-            self.block_manager.pending_copies = [
-                c for c in self.block_manager.pending_copies if c[1] not in mine]
         self.running.remove(seq)
         self._drop_lora_slot(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
-        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         if self.policy == "priority":
             self._insert_by_priority(seq)
@@ -227,10 +239,20 @@ class Scheduler:
         return returned
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """The model computed the scheduled tokens: advance and publish full blocks."""
+        """The step is launched: its tokens count as computed (proposals only once verified),
+        full blocks join the prefix cache, prompt logprobs are not computed again, and forked
+        siblings join the running set sharing their parent's blocks."""
         for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            item.seq.num_computed_tokens += item.num_known_tokens
             self.block_manager.cache_full_blocks(item.seq)
+        for span in out.prompt_spans:
+            span.item.seq.next_prompt_logprob = span.end
+        for fork in out.forks:
+            fork.parent.num_forks_pending = 0
+            for child in fork.children:
+                child.num_computed_tokens = fork.parent.num_computed_tokens
+                self.block_manager.fork(fork.parent, child)
+                self.add_running(child)
 
     def num_wasted_slots(self) -> int:
         """Allocated KV slots not holding a computed token; under one block per sequence."""

@@ -78,9 +78,6 @@ class Sequence:
         self.lora_name: str | None = None
         self.lora_slot = -1
         self.cache_salt: int | None = None
-        # Speculative decoding: tokens proposed for its next step, verified there (the
-        # scheduler may cut them to the step's token budget); [] when it does not speculate.
-        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:
@@ -124,6 +121,12 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def add_placeholder(self) -> int:
+        """A token a launched step samples; returns its position (filled in on arrival)."""
+        self.token_ids.append(PLACEHOLDER)
+        self.num_unresolved += 1
+        return len(self.token_ids) - 1
 
     def fork(self, index: int) -> "Sequence":
         """A sibling sample sharing everything computed so far (the block manager shares blocks)."""

@@ -1,24 +1,25 @@
-"""StreamingEngine: the LLMEngine on its own thread, for servers.
+"""StreamingEngine: the thread driver, an EngineCore on a thread of the caller's process.
 
 Requests and aborts from any thread are queued and picked up between steps; outputs are
 delivered, as deltas, through each request's callback on the engine thread (callbacks must be
-quick: a server hands them to its own sender thread).
+quick: a server hands them to its own sender thread). `EngineProcess` is the same interface
+with the core in a process of its own.
 """
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from typing import Any
 
 from ..config import EngineArgs
 from ..errors import EngineShutdownError, OutputCallback
-from .llm_engine import LLMEngine
 from ..lora_request import LoRARequest
-from .metrics import EngineStats
-from ..outputs import CompletionOutput, RequestOutput
-from .request import Request
+from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from .core import EngineCore
+from .llm_engine import LLMEngine
+from .messages import AbortRequest, AddRequest, GetStats, Shutdown
+from .metrics import EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +29,13 @@ class StreamingEngine:
         self.engine = LLMEngine(args)
         self.engine_args = self.engine.args
         self.tokenizer = self.engine.tokenizer
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._callbacks: dict[str, OutputCallback] = {}
-        self._ids_in_use: set[str] = set()
-        self._lock = threading.Lock()  # engine state: held during a step and while applying the inbox
-        self._ids_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="tritium-engine", daemon=True)
+        self._stats: EngineStats | None = None
+        self._stats_ready = threading.Condition(self._lock)
+        self._core = EngineCore(self.engine, self)
+        self._thread = threading.Thread(target=self._core.run, name="tritium-engine", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -48,107 +49,53 @@ class StreamingEngine:
         """Validate now (ValueError with a clear message), then queue for the engine thread."""
         req = self.engine.make_request(request_id, prompt, params, priority=priority,
                                        lora_request=lora_request)
-        with self._ids_lock:
+        with self._lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")
-            if request_id in self._ids_in_use:
+            if request_id in self._callbacks:
                 raise ValueError(f"Request id {request_id!r} is already in use.")
-            self._ids_in_use.add(request_id)
-        self._inbox.put(("add", (req, on_output)))
+            self._callbacks[request_id] = on_output
+        self._core.submit(AddRequest(req))
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._core.submit(AbortRequest(request_id))
 
     def get_stats(self) -> EngineStats:
+        """Asked of the engine thread, answered between two steps."""
         with self._lock:
-            return self.engine.get_stats()
+            if self._stopped:
+                return EngineStats()
+            self._stats = None
+            self._core.submit(GetStats())
+            self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped)
+            return self._stats or EngineStats()
 
     def shutdown(self) -> None:
         """Finish every request with an error, stop and join the engine thread."""
-        with self._ids_lock:
+        with self._lock:
             if self._stopped:
                 return
             self._stopped = True
-        self._inbox.put(("stop", None))
+            self._stats_ready.notify_all()
+        self._core.submit(Shutdown())
         self._thread.join()
 
-    # ---- the engine thread ------------------------------------------------------------------------
-    def _loop(self) -> None:
-        engine = self.engine
-        while True:
-            block = not engine.has_unfinished_requests()
-            if not self._drain(block):
-                break
-            if not engine.has_unfinished_requests():
-                continue
-            with self._lock:
-                outputs = engine.step(self._deliver_all)
-            self._deliver_all(outputs)
-        for rid in list(engine.requests):
-            out = engine.abort_request(rid, error="The engine is shutting down.")
-            if out is not None:
-                self._deliver(out)
-        while True:  # requests queued after the last step: they end with the same error
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "add":
-                req, callback = payload
-                self._fail_unstarted(req, callback)
-
-    def _drain(self, block: bool) -> bool:
-        """Apply queued adds and aborts; False when asked to stop."""
-        while True:
-            try:
-                item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-            except queue.Empty:
-                if block:
-                    continue
-                return True
-            block = False
-            if not self._apply(*item):
-                return False
-            del item  # an idle engine must not keep the last request (and its callback) alive
-
-    def _apply(self, kind: str, payload: Any) -> bool:
-        if kind == "stop":
-            return False
-        with self._lock:
-            if kind == "add":
-                req, callback = payload
-                self._callbacks[req.request_id] = callback
-                self.engine.add_request(req.request_id, req)
-            elif kind == "abort":
-                out = self.engine.abort_request(payload)
-                if out is not None:
-                    self._deliver(out)
-        return True
-
-    def _deliver_all(self, outputs: list[RequestOutput]) -> None:
+    # ---- CoreSink: called on the engine thread ------------------------------------------------------
+    def outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            self._deliver(out)
+            if out.finished:
+                with self._lock:
+                    callback = self._callbacks.pop(out.request_id, None)
+            else:
+                callback = self._callbacks.get(out.request_id)
+            if callback is None:
+                continue
+            try:
+                callback(out)
+            except Exception:  # a broken callback must not take the engine down
+                logger.exception("output callback for request %s failed", out.request_id)
 
-    def _deliver(self, out: RequestOutput) -> None:
-        callback = self._callbacks.get(out.request_id)
-        if out.finished:
-            self._callbacks.pop(out.request_id, None)
-            with self._ids_lock:
-                self._ids_in_use.discard(out.request_id)
-        if callback is None:
-            return
-        try:
-            callback(out)
-        except Exception:  # a broken callback must not take the engine down
-            logger.exception("output callback for request %s failed", out.request_id)
-
-    def _fail_unstarted(self, req: Request, callback: OutputCallback) -> None:
-        out = RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
-                            [CompletionOutput(0, "", [], None, None, "abort")], finished=True,
-                            error="The engine is shutting down.", metrics=req.metrics)
-        with self._ids_lock:
-            self._ids_in_use.discard(req.request_id)
-        try:
-            callback(out)
-        except Exception:
-            logger.exception("output callback for request %s failed", req.request_id)
+    def stats(self, stats: EngineStats) -> None:
+        with self._lock:
+            self._stats = stats
+            self._stats_ready.notify_all()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import collections
 import socket
+import threading
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from backend.engine.metrics import EngineStats
 
@@ -213,6 +215,50 @@ class MetricsPublisher:
         self._families.clear()
         self.is_open = False
         self._lock.release()
+
+
+_METRICS_INTERVAL_S = 0.2
+
+
+class MetricsLoop:
+    """A thread that publishes the engine's statistics every interval while the model lives.
+    Metrics exist once the previous instance of the model has released its own (a reload)."""
+
+    def __init__(self, pb_utils: Any, labels: dict[str, str], lock_name: str,
+                 get_stats: Callable[[], EngineStats]) -> None:
+        self._pb = pb_utils
+        self._publisher = MetricsPublisher(pb_utils, labels, lock_name)
+        self._get_stats = get_stats
+        self._stop = threading.Event()
+        try:  # now, so that the metrics exist when the model reports ready (the loop retries)
+            self._publisher.open()
+        except pb_utils.TritonModelException:
+            pass  # metrics are off: the loop says so and stops
+        self._thread = threading.Thread(target=self._loop, name="tritium-metrics")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._publisher.close()
+
+    def _loop(self) -> None:
+        pb, waiting_logged = self._pb, False
+        while not self._stop.wait(_METRICS_INTERVAL_S):
+            try:
+                if not self._publisher.open():
+                    if not waiting_logged:
+                        waiting_logged = True
+                        pb.Logger.log_info("tritium: metrics start once the previous "
+                                           "instance of the model has unloaded")
+                    continue
+                self._publisher.publish(self._get_stats())
+            except pb.TritonModelException as e:  # e.g. the server runs with --allow-metrics=false
+                pb.Logger.log_warn(f"tritium: no metrics: {e}")
+                self._publisher.close()
+                return
+            except Exception:
+                pb.Logger.log_error(f"tritium: metrics failed: {traceback.format_exc()}")
 
 
 class _AbstractSocketLock:

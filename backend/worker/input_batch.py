@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..layers.forward_context import AttentionMetadata
-from ..engine.scheduler import ScheduledSequence
+from ..engine.scheduler_output import ScheduledSequence
 
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
@@ -141,7 +141,9 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
         start, end = s.num_computed_tokens, s.num_computed_tokens + it.num_new_tokens
         p = np.arange(start, end, dtype=np.int64)
         bt = np.asarray(s.block_table, dtype=np.int64)
-        parts_ids.append(np.asarray(s.token_ids[start:end], dtype=np.int64))
+        # A speculating sequence's proposals follow its last token (they are not its tokens yet).
+        tokens = s.token_ids[start:] + it.spec_token_ids if it.spec_token_ids else s.token_ids[start:end]
+        parts_ids.append(np.asarray(tokens, dtype=np.int64))
         parts_pos.append(p)
         parts_slots.append(bt[p // block_size] * block_size + p % block_size)
         offset += it.num_new_tokens

@@ -16,8 +16,9 @@ def seq(tokens: list[int], rid: str = "r") -> Sequence:
 
 def admit(bm: BlockManager, s: Sequence) -> int:
     """What the scheduler does for a waiting sequence: look up, allocate, compute everything."""
-    hits, n = bm.get_computed_blocks(s)
-    assert bm.allocate_slots(s, s.num_tokens - n, hits)
+    hit = bm.get_computed_blocks(s)
+    hits, n = hit.blocks, hit.num_tokens
+    assert bm.allocate_slots(s, s.num_tokens - n, hit)
     s.num_computed_tokens = s.num_tokens
     bm.cache_full_blocks(s)
     return n
@@ -48,24 +49,31 @@ def test_prefix_hit_shares_full_blocks_but_never_the_last_token():
     admit(bm, a)  # blocks 0,1 full and cached; block 2 partial
     assert a.block_table == [0, 1, 2]
     b = seq(list(range(8)) + [99, 98], "b")
-    hits, n = bm.get_computed_blocks(b)
+    hit = bm.get_computed_blocks(b)
+    hits, n = hit.blocks, hit.num_tokens
     assert [h.block_id for h in hits] == [0, 1] and n == 8
-    assert bm.allocate_slots(b, 2, hits)
+    assert bm.allocate_slots(b, 2, hit)
     assert b.block_table == [0, 1, 3]
     assert [bm.blocks[i].ref_cnt for i in range(4)] == [2, 2, 1, 1]
     # A prompt that is exactly two full blocks hits only the first: the last token is recomputed.
     c = seq(list(range(8)), "c")
-    hits, n = bm.get_computed_blocks(c)
+    hit = bm.get_computed_blocks(c)
+    hits, n = hit.blocks, hit.num_tokens
     assert [h.block_id for h in hits] == [0] and n == 4
+    # A lookup counts once its blocks are taken (a sequence that cannot be admitted looks up
+    # again at the next step).
+    assert bm.prefix_cache_queries == 10 + 10 and bm.prefix_cache_hits == 0 + 8
+    assert bm.allocate_slots(c, 4, hit)
     assert bm.prefix_cache_queries == 10 + 10 + 8 and bm.prefix_cache_hits == 0 + 8 + 4
-    bm.check_integrity([a, b])
+    bm.check_integrity([a, b, c])
 
 
 def test_chained_hash_depends_on_the_whole_prefix():
     bm = BlockManager(num_blocks=8, block_size=2)
     admit(bm, seq([1, 2, 3, 4, 5]))
     other = seq([9, 9, 3, 4, 5], "o")  # same second block, different first block
-    hits, n = bm.get_computed_blocks(other)
+    hit = bm.get_computed_blocks(other)
+    hits, n = hit.blocks, hit.num_tokens
     assert hits == [] and n == 0
     assert hash_block_tokens(None, (1, 2)) != hash_block_tokens(None, (9, 9))
 
@@ -79,9 +87,10 @@ def test_freed_blocks_stay_cached_and_are_evicted_lru():
     assert list(bm.free_queue) == [3, 2, 1, 0]
     assert bm.usage == 0.0 and len(bm.cached_blocks) == 2
     b = seq([1, 2, 3, 4, 7], "b")  # hits both cached blocks even though a is gone
-    hits, n = bm.get_computed_blocks(b)
+    hit = bm.get_computed_blocks(b)
+    hits, n = hit.blocks, hit.num_tokens
     assert [h.block_id for h in hits] == [0, 1] and n == 4
-    assert bm.allocate_slots(b, 1, hits)
+    assert bm.allocate_slots(b, 1, hit)
     assert b.block_table == [0, 1, 3]
     bm.free(b)
     assert list(bm.free_queue) == [2, 3, 1, 0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import pickle
 import threading
 
 import pytest
@@ -177,7 +178,8 @@ def test_outbox_sends_in_order_and_merges_queued_outputs():
     import socket
     from multiprocessing.connection import Connection
 
-    from backend.engine.engine_core import Outbox
+    from backend.engine.messages import Bye, Outputs, StatsReply
+    from backend.engine.process_main import Outbox
     from backend.outputs import CompletionOutput, RequestOutput
 
     a, b = socket.socketpair()
@@ -190,25 +192,25 @@ def test_outbox_sends_in_order_and_merges_queued_outputs():
     # Queue everything before the thread can drain: hold its queue's mutex meanwhile.
     with outbox._queue.mutex:
         for i in range(5):
-            outbox._queue.queue.append(("out", [out(i)]))
-        outbox._queue.queue.append(("stats", "S"))
-        outbox._queue.queue.append(("out", [out(5), out(6)]))
-        outbox._queue.queue.append(("bye", None))
+            outbox._queue.queue.append([out(i)])
+        outbox._queue.queue.append(StatsReply("S"))
+        outbox._queue.queue.append([out(5), out(6)])
+        outbox._queue.queue.append(Bye())
         outbox._queue.not_empty.notify()
     received = []
-    while not received or received[-1][0] != "bye":
+    while not received or not isinstance(received[-1], Bye):
         received.append(rx.recv())
     outbox.close()
-    assert [m[0] for m in received] == ["out", "stats", "out", "bye"]
-    assert [p[0] for p in received[0][1]] == ["r0", "r1", "r2", "r3", "r4"]
-    assert [p[0] for p in received[2][1]] == ["r5", "r6"]
+    assert [type(m) for m in received] == [Outputs, StatsReply, Outputs, Bye]
+    assert [p.request_id for p in received[0].outputs] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [p.request_id for p in received[2].outputs] == ["r5", "r6"]
     assert outbox.stats["messages"] == 2 and outbox.stats["outputs"] == 7
 
 
 def test_packed_outputs_round_trip():
-    """What crosses the socket: the common one-token output as a 4-tuple, anything else in
-    full; unpacking gives back the same fields either way."""
-    from backend.engine.engine_process import pack_output, unpack_output
+    """What crosses the socket: the common one-token output as a TokenDelta, anything else as a
+    PackedOutput; unpacking gives back the same fields either way."""
+    from backend.engine.messages import PackedOutput, TokenDelta, pack_output, unpack_output
     from backend.outputs import CompletionOutput, Logprob, RequestOutput
 
     def out(completions, finished=False, error=None, prompt_logprobs=None):
@@ -216,24 +218,25 @@ def test_packed_outputs_round_trip():
                              prompt_logprobs=prompt_logprobs)
 
     cases = [
-        (out([CompletionOutput(0, "", [7], -1.5, None)]), 4),
-        (out([CompletionOutput(0, "hi", [7], -1.5, None)]), 6),  # text made in the engine
-        (out([CompletionOutput(0, "", [7, 8], -1.5, None)]), 6),  # two tokens
-        (out([CompletionOutput(0, "", [7], -1.5, [{7: -1.5}])]), 6),  # logprobs
-        (out([CompletionOutput(0, "", [7], -1.5, None, "length")], finished=True), 6),
-        (out([CompletionOutput(0, "", [], None, None, "abort")], finished=True, error="boom"), 6),
-        (out([CompletionOutput(0, "", [7], -1.0, None), CompletionOutput(1, "", [9], -2.0, None)]), 6),
-        (out([CompletionOutput(1, "", [7], -1.0, None)]), 6),  # the second sample alone
+        (out([CompletionOutput(0, "", [7], -1.5, None)]), TokenDelta),
+        (out([CompletionOutput(0, "hi", [7], -1.5, None)]), PackedOutput),  # text made in the engine
+        (out([CompletionOutput(0, "", [7, 8], -1.5, None)]), PackedOutput),  # two tokens
+        (out([CompletionOutput(0, "", [7], -1.5, [{7: -1.5}])]), PackedOutput),  # logprobs
+        (out([CompletionOutput(0, "", [7], -1.5, None, "length")], finished=True), PackedOutput),
+        (out([CompletionOutput(0, "", [], None, None, "abort")], finished=True, error="boom"), PackedOutput),
+        (out([CompletionOutput(0, "", [7], -1.0, None), CompletionOutput(1, "", [9], -2.0, None)]), PackedOutput),
+        (out([CompletionOutput(1, "", [7], -1.0, None)]), PackedOutput),  # the second sample alone
         (out([CompletionOutput(0, "", [7], -1.5, None)],  # the first token and the prompt's logprobs
-             prompt_logprobs=[None, {3: Logprob(-0.5, rank=2)}]), 6),
+             prompt_logprobs=[None, {3: Logprob(-0.5, rank=2)}]), PackedOutput),
     ]
-    for original, size in cases:
+    for original, kind in cases:
         packed = pack_output(original)
-        assert len(packed) == size, original
-        request_id, finished, error, num_cached, completions, prompt_logprobs = unpack_output(packed)
-        assert (request_id, finished, error, num_cached) == ("r", original.finished, original.error, 16)
-        assert completions == original.outputs
-        assert prompt_logprobs == original.prompt_logprobs
+        assert type(packed) is kind, original
+        got = unpack_output(pickle.loads(pickle.dumps(packed)))
+        assert (got.request_id, got.finished, got.error, got.num_cached_tokens) == (
+            "r", original.finished, original.error, 16)
+        assert got.completions == original.outputs
+        assert got.prompt_logprobs == original.prompt_logprobs
 
 
 def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
@@ -243,7 +246,8 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     before it."""
     from transformers import AutoTokenizer
 
-    from backend.engine.engine_process import OutputDetokenizer, pack_output
+    from backend.engine.messages import pack_output
+    from backend.engine.output_detokenizer import OutputDetokenizer
     from backend.outputs import CompletionOutput, RequestOutput
     from backend.engine.tokenizer import IncrementalDetokenizer
     tok = AutoTokenizer.from_pretrained(llama_dir)

@@ -83,9 +83,9 @@ def test_fp8_cache_forks_copy_on_write_like_one_request(llama_dir, monkeypatch):
     llm = LLM(llama_dir, kv_cache_dtype="fp8", k_scale=K_SCALE, v_scale=V_SCALE)
     runner = llm.engine.runner
     copies = []
-    launch = runner.launch
-    monkeypatch.setattr(runner, "launch", lambda scheduled, block_copies, *a, **k: (
-        copies.extend(block_copies), launch(scheduled, block_copies, *a, **k))[1])
+    execute = runner.execute_model
+    monkeypatch.setattr(runner, "execute_model", lambda step: (
+        copies.extend(step.block_copies), execute(step))[1])
     params = dict(temperature=0, max_tokens=8, ignore_eos=True)
     one = llm.generate([[0, 3, 5]], SamplingParams(**params))[0].outputs[0].token_ids
     many = llm.generate([[0, 3, 5]], SamplingParams(n=3, **params))[0].outputs

@@ -55,7 +55,7 @@ def test_gpu_prompt_logprobs_match_the_cpu_engine(llama_dir, budget):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_no_triton_compile_while_serving(llama_dir, tmp_path, lora):
-    """Start-up compiles every kernel variant a step can need (`_compile_step_variants`, graph
+    """Start-up compiles every kernel variant a step can need (`warmup.compile_step_variants`, graph
     capture); a compile later stalls the step loop in front of clients (a first compile on a
     machine takes seconds). Steps of many shapes (eager and graph decodes of 1-40 rows, prompt
     chunks of 5 to 1,100 tokens, chunks after a cached prefix, n > 1, penalties; with a LoRA adapter

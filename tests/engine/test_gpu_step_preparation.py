@@ -11,7 +11,8 @@ from backend import EngineArgs, LLMEngine
 from backend.worker.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
 from backend.engine.block_manager import BlockManager
 from backend.worker.input_batch import DecodeBlockRows, prepare_batch
-from backend.engine.scheduler import ScheduledSequence
+from backend.worker.warmup import compile_step_variants
+from backend.engine.scheduler_output import ScheduledSequence
 from backend.sampling_params import SamplingParams
 from backend.engine.sequence import Sequence
 
@@ -93,9 +94,9 @@ def test_start_up_kernel_variants_run_on_any_pool(llama_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls = []
-    forward = engine.runner._forward_eager
-    monkeypatch.setattr(engine.runner, "_forward_eager", lambda batch: calls.append(batch) or forward(batch))
-    engine.runner._compile_step_variants()  # 8 blocks: block ids wrap around the pool
+    forward = engine.runner.forward_eager
+    monkeypatch.setattr(engine.runner, "forward_eager", lambda batch: calls.append(batch) or forward(batch))
+    compile_step_variants(engine.runner)  # 8 blocks: block ids wrap around the pool
     shapes = [(b.num_decodes, b.num_tokens - b.num_decodes) for b in calls]
     # Prompt chunks: the tiny model has 2 query heads per KV head, so chunks of 8, 16 and 17
     # tokens fill 16-, 32- and 64-row tiles with heads packed; 32 and 64 tokens take unpacked

@@ -7,7 +7,7 @@ import torch
 from backend import EngineArgs, LLMEngine
 from backend.worker.input_batch import prepare_batch
 from backend.sampling_params import SamplingParams
-from backend.engine.scheduler import ScheduledSequence
+from backend.engine.scheduler_output import ScheduledSequence
 from backend.engine.sequence import Sequence
 
 
@@ -27,16 +27,16 @@ def test_logits_indices_give_those_rows_and_store_every_key(model_dir):
     args = EngineArgs(model=model_dir, num_kv_blocks=16, max_num_seqs=4, max_model_len=128)
     full, pruned = LLMEngine(args).runner, LLMEngine(args).runner
     batch = _prompt_batch([5, 17, 30])
-    want = full._forward_eager(batch)
+    want = full.forward_eager(batch)
     # out of order and with a repeat (two samples from one sequence), as launch may ask
     rows = [51, 4, 21, 4]
-    got = pruned._forward_eager(batch, logits_indices=torch.tensor(rows))
+    got = pruned.forward_eager(batch, logits_indices=torch.tensor(rows))
     assert got.shape == (4, want.shape[1])
     torch.testing.assert_close(got, want[rows], atol=1e-5, rtol=1e-5)
     assert torch.equal(pruned.kv_cache, full.kv_cache)
     # a step that samples nothing (a prompt chunk that does not end its prompt)
     empty = LLMEngine(args).runner
-    assert empty._forward_eager(batch, logits_indices=torch.tensor([], dtype=torch.int64)).shape[0] == 0
+    assert empty.forward_eager(batch, logits_indices=torch.tensor([], dtype=torch.int64)).shape[0] == 0
     assert torch.equal(empty.kv_cache, full.kv_cache)
 
 

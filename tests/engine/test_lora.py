@@ -83,8 +83,8 @@ def test_more_adapters_than_device_slots(llama_dir, llama_adapters, monkeypatch)
 
     stats = []
 
-    def recording():
-        out = schedule()
+    def recording(*args, **kwargs):
+        out = schedule(*args, **kwargs)
         steps.append([it.seq.lora_name for it in out.scheduled])
         stats.append(llm.engine.get_stats())
         return out

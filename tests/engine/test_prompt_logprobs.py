@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from backend import EngineArgs, LLMEngine, SamplingParams
-from backend import model_runner
+from backend.worker import model_runner
 from backend.engine.request import accumulate
 
 PREFIX = "The scheduler computes the next word for every user while others run. A client streams "
@@ -65,13 +65,13 @@ def test_prompt_logprobs_match_hf_with_chunks_and_a_cached_prefix(model_dir, bud
     engine = LLMEngine(EngineArgs(model=model_dir, dtype="float32", max_num_batched_tokens=budget,
                                   block_size=16, num_kv_blocks=64, enable_prefix_caching=True))
     spans: list = []
-    launch = engine.runner.launch
+    execute = engine.runner.execute_model
 
-    def launch_and_record(scheduled, copies, rows, sources, previous=None, prompt_spans=(), *rest):
-        spans.extend((item.num_new_tokens, first, end) for item, first, end in prompt_spans)
-        return launch(scheduled, copies, rows, sources, previous, prompt_spans, *rest)
+    def execute_and_record(step):
+        spans.extend((span.item.num_new_tokens, span.first, span.end) for span in step.prompt_spans)
+        return execute(step)
 
-    engine.runner.launch = launch_and_record
+    engine.runner.execute_model = execute_and_record
     greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)
     requests = {"warm": (prompts[2], SamplingParams(**greedy))}  # puts the shared prefix in the cache
     ks = {"p0": 3, "p1": 0, "p2": 5, "p3": 2}

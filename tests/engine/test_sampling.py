@@ -361,13 +361,14 @@ def test_penalties_read_the_previous_token_while_steps_overlap(llama_dir, monkey
     assert want != plain  # the penalty changes the output: the test can tell
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=128)
     runner, deferred, overlapped = llm.engine.runner, [], []
-    sample, launch = runner.sample, runner.launch
-    monkeypatch.setattr(runner, "sample", lambda pending: (deferred.append(len(pending.rows)), sample(pending)))
+    execute = runner.execute_model
 
-    def watch_launch(scheduled, *args, **kwargs):  # a placeholder input: the previous step is in flight
-        overlapped.append(any(PLACEHOLDER in item.seq.token_ids for item in scheduled))
-        return launch(scheduled, *args, **kwargs)
-    monkeypatch.setattr(runner, "launch", watch_launch)
+    def watch_execute(step):  # a placeholder input: the previous step is in flight
+        overlapped.append(any(PLACEHOLDER in item.seq.token_ids for item in step.scheduled))
+        if step.defer_sampling:
+            deferred.append(len(step.sample_rows))
+        return execute(step)
+    monkeypatch.setattr(runner, "execute_model", watch_execute)
     penalty = SamplingParams(temperature=0, max_tokens=12, min_tokens=12, repetition_penalty=1.8)
     greedy = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
     outs = llm.generate(prompts + prompts, [penalty] * 3 + [greedy] * 3)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from backend.config import SchedulerConfig
 from backend.engine.block_manager import BlockManager
 from backend.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
@@ -14,7 +15,7 @@ from backend.engine.sequence import Sequence, SequenceStatus
 
 def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=16, chunked=True, caching=True):
     bm = BlockManager(num_blocks, block_size, caching)
-    return Scheduler(bm, max_num_seqs, budget, chunked), bm
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, chunked), bm), bm
 
 
 def seq(n: int, rid: str, start: int = 0, params: SamplingParams | None = None) -> Sequence:
@@ -109,7 +110,7 @@ def test_random_workload_keeps_integrity(policy):
     """Random arrivals (random priorities under "priority"), forks, aborts and preemptions."""
     rng = random.Random(1234)
     bm = BlockManager(24, 4, True)
-    sched = Scheduler(bm, 6, 12, True, 0, policy)
+    sched = Scheduler(SchedulerConfig(6, 12, True, 0, policy), bm)
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
     live: dict[str, list[Sequence]] = {}
     counter = 0
@@ -130,17 +131,14 @@ def test_random_workload_keeps_integrity(policy):
                     sched.finish(s)
         out = sched.schedule()
         bm.check_integrity(sched.all_sequences())
-        done = [it.seq for it in out.scheduled
-                if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
+        assert [row.seq for row in out.sample_rows] == [
+            s for it in out.scheduled if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens
+            for s in [it.seq] + next((f.children for f in out.forks if f.parent is it.seq), [])]
         sched.update_after_step(out)
-        for s in done:
-            if s.num_forks_pending:
-                s.num_forks_pending = 0
-                for i in range(1, s.params.n):
-                    child = s.fork(i)
-                    bm.fork(s, child)
-                    sched.add_running(child)
-                    live[s.request_id].append(child)
+        for fork in out.forks:  # the siblings run from now on, sharing the parent's blocks
+            assert len(fork.children) == fork.parent.params.n - 1 and fork.parent.num_forks_pending == 0
+            assert all(c.status == SequenceStatus.RUNNING for c in fork.children)
+            live[fork.parent.request_id].extend(fork.children)
         for s in [c for group in live.values() for c in group if c.status == SequenceStatus.RUNNING
                   and c.num_computed_tokens == c.num_tokens]:
             s.append_token(rng.randrange(50))
@@ -161,7 +159,7 @@ def pseq(n: int, rid: str, start: int, priority: int, arrival: float) -> Sequenc
 
 def test_priority_policy_admits_by_priority_then_arrival():
     bm = BlockManager(32, 4, False)
-    sched = Scheduler(bm, 2, 64, True, 0, "priority")
+    sched = Scheduler(SchedulerConfig(2, 64, True, 0, "priority"), bm)
     for rid, priority, arrival in (("late-low", 5, 3.0), ("early-low", 5, 1.0), ("high", 0, 2.0),
                                    ("mid", 1, 0.5)):
         sched.add(pseq(4, rid, 10 * len(sched.waiting), priority, arrival))
@@ -177,7 +175,7 @@ def test_priority_policy_admits_by_priority_then_arrival():
 
 def test_priority_policy_preempts_the_lowest_priority_and_requeues_it_by_priority():
     bm = BlockManager(4, 4, False)
-    sched = Scheduler(bm, 8, 64, True, 0, "priority")
+    sched = Scheduler(SchedulerConfig(8, 64, True, 0, "priority"), bm)
     low, high = pseq(8, "low", 0, 3, 1.0), pseq(8, "high", 100, 0, 2.0)
     sched.add(low)
     sched.add(high)
@@ -197,7 +195,7 @@ def test_priority_policy_victim_is_not_simply_the_newest():
     the highest (priority, arrival), here the one admitted first."""
     for policy, plan, victim in (("fcfs", [("a", 1)], "b"), ("priority", [("b", 1)], "a")):
         bm = BlockManager(4, 4, False)
-        sched = Scheduler(bm, 8, 64, True, 0, policy)
+        sched = Scheduler(SchedulerConfig(8, 64, True, 0, policy), bm)
         a = pseq(7, "a", 0, 2 if policy == "priority" else 0, 1.0)
         b = pseq(8, "b", 100, 0, 2.0)
         sched.add(a)
@@ -222,7 +220,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
     from backend.engine.lora_slots import LoRASlots
     slots = LoRASlots(2, ["a", "b"])
     bm = BlockManager(32, 4, True)
-    sched = Scheduler(bm, 8, 64, True, lora_slots=slots)
+    sched = Scheduler(SchedulerConfig(8, 64, True), bm, slots)
     for rid, adapter in (("a1", "a"), ("b1", "b"), ("c1", "c"), ("base", None), ("a2", "a")):
         sched.add(_lora_seq(4, rid, adapter, start=10 * len(sched.waiting)))
     out = sched.schedule()

@@ -208,7 +208,7 @@ def test_a_process_exiting_during_the_warm_up_waits_for_it(llama_dir, monkeypatc
     """The warm-up thread is not a daemon: an engine process shut down while xgrammar builds its
     compiler (CI saw one) must not kill that thread inside C++, which aborts the process."""
     import threading
-    from backend import structured_output
+    from backend.engine import structured_output
     from backend.engine.tokenizer import load_tokenizer
     started = []
 

@@ -1,0 +1,150 @@
+"""What travels between an engine driver and the engine core: typed commands in, typed
+replies out. The process driver pickles them over its socket; the thread driver hands the
+commands over in memory and receives the replies as calls (`CoreSink`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, Union
+
+from ..config import EngineArgs, EngineLimits
+from ..outputs import CompletionOutput, RequestOutput
+from .metrics import EngineStats
+from .request import Request
+
+
+# ---- commands: driver -> core ------------------------------------------------------------------
+@dataclass(frozen=True)
+class AddRequest:
+    request: Request  # validated and tokenized by the driver (InputProcessor)
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class GetStats:
+    pass
+
+
+@dataclass(frozen=True)
+class CheckGrammar:
+    """Compile a structured-output spec in the engine's process, before its request is taken."""
+    token: int
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Command = Union[AddRequest, AbortRequest, GetStats, CheckGrammar, Shutdown]
+
+
+# ---- replies: core -> driver -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    engine_args: EngineArgs  # resolved (max_model_len etc.)
+    limits: EngineLimits
+
+
+@dataclass(frozen=True)
+class StartupFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """One or more steps' outputs, in order."""
+    outputs: list["TokenDelta | PackedOutput"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StatsReply:
+    stats: EngineStats
+
+
+@dataclass(frozen=True)
+class GrammarChecked:
+    token: int
+    error: str | None  # None: the spec compiles
+
+
+@dataclass(frozen=True)
+class Bye:
+    pass
+
+
+Reply = Union[Ready, StartupFailed, Outputs, StatsReply, GrammarChecked, Bye]
+
+
+class CoreSink(Protocol):
+    """Where an engine core's replies go (the thread driver itself, or the process's Outbox)."""
+
+    def outputs(self, outputs: list[RequestOutput]) -> None: ...
+
+    def stats(self, stats: EngineStats) -> None: ...
+
+
+# ---- outputs on the wire -------------------------------------------------------------------------
+class TokenDelta(NamedTuple):
+    """The common output: one new token of a request's only sample, nothing else to say (no
+    text, logprobs or end). Named tuples pickle at a fraction of a dataclass's cost."""
+    request_id: str
+    token_id: int
+    cumulative_logprob: float | None
+    num_cached_tokens: int
+
+
+class PackedCompletion(NamedTuple):
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: Any
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class PackedOutput(NamedTuple):
+    """Any other output, without the prompt (the driver has it)."""
+    request_id: str
+    finished: bool
+    error: str | None
+    num_cached_tokens: int
+    completions: list[PackedCompletion]
+    prompt_logprobs: Any
+
+
+@dataclass
+class EngineOutput:
+    """An output as the driver rebuilds it (it adds the prompt and the request's metrics)."""
+    request_id: str
+    finished: bool
+    error: str | None
+    num_cached_tokens: int
+    completions: list[CompletionOutput]
+    prompt_logprobs: Any = None
+
+
+def pack_output(out: RequestOutput) -> TokenDelta | PackedOutput:
+    completions = out.outputs
+    if len(completions) == 1 and not out.finished and out.error is None and out.prompt_logprobs is None:
+        c = completions[0]
+        if (c.index == 0 and len(c.token_ids) == 1 and not c.text and c.logprobs is None
+                and c.finish_reason is None):
+            return TokenDelta(out.request_id, c.token_ids[0], c.cumulative_logprob, out.num_cached_tokens)
+    return PackedOutput(out.request_id, out.finished, out.error, out.num_cached_tokens,
+                        [PackedCompletion(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
+                                          c.finish_reason, c.stop_reason) for c in completions],
+                        out.prompt_logprobs)
+
+
+def unpack_output(packed: TokenDelta | PackedOutput) -> EngineOutput:
+    if isinstance(packed, TokenDelta):
+        return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens,
+                            [CompletionOutput(0, "", [packed.token_id], packed.cumulative_logprob, None)])
+    return EngineOutput(packed.request_id, packed.finished, packed.error, packed.num_cached_tokens,
+                        [CompletionOutput(*c) for c in packed.completions], packed.prompt_logprobs)

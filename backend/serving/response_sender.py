@@ -1,0 +1,228 @@
+"""ResponseSender: the one thread that sends every Triton response of a model.
+
+Sending from several threads, even with each request owned by one thread, broke the 2.51
+python backend: responses went missing, a model sometimes could not unload (a request left
+unreleased), and asking is_cancelled() while another thread sent that request's FINAL response
+crashed the server. So engine outputs and rejected requests are handed to this thread
+(`Handoff`), which builds and sends the responses and, between sends, aborts requests whose
+client cancelled or went away. Every request gets exactly one FINAL response.
+
+`pb_utils` (triton_python_backend_utils) is passed in by model.py: nothing here imports it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ..outputs import RequestOutput
+from .handoff import Handoff
+from .triton_request import ResponseBuilder, fold_outputs
+
+_CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
+_UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded
+_CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
+_MAX_DRAIN = 4096  # queue items folded into one round of sends
+
+
+@dataclass
+class InFlight:
+    request_id: str
+    sender: Any  # pb_utils.InferenceResponseSender
+    builder: ResponseBuilder
+    cancelled: bool = False
+    unloading: bool = False  # aborted because the model is being unloaded
+    failure: str | None = None  # set when building its responses failed
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A request refused before it reached the engine: one FINAL error response."""
+    sender: Any
+    message: str
+    code: Any  # pb_utils.TritonError code
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    request_id: str
+    output: RequestOutput
+
+
+class _Stop:
+    pass
+
+
+class ResponseSender:
+    def __init__(self, pb_utils: Any, engine: Any, model: tuple[str, str]) -> None:
+        """engine: EngineProcess or StreamingEngine (abort). model: (name, version), to tell
+        when the model is being unloaded."""
+        self._pb = pb_utils
+        self._engine = engine
+        self._model = model
+        self._lock = threading.Lock()
+        self._inflight: dict[str, InFlight] = {}
+        # Engine outputs (one per token of every stream), rejections, the stop mark; a put is
+        # a deque append, not a lock and a notify.
+        self._pending = Handoff()
+        self._cancel_cursor = 0
+        self._stopping = False
+        self.closing = False  # the model is unloading: engine errors are "unavailable"
+        # Where the thread's time goes, logged at unload (rounds of sends; time building and
+        # sending; of it, inside pb_utils' send of non-final responses).
+        self.stats = {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0}
+        self._thread = threading.Thread(target=self._loop, name="tritium-sender")
+        self._thread.start()
+
+    # ---- from any thread -------------------------------------------------------------------------
+    def track(self, state: InFlight) -> None:
+        with self._lock:
+            self._inflight[state.request_id] = state
+
+    def untrack(self, request_id: str) -> None:
+        with self._lock:
+            self._inflight.pop(request_id, None)
+
+    def reject(self, sender: Any, message: str, code: Any) -> None:
+        self._pending.put(Rejection(sender, message, code))
+
+    def on_output(self, request_id: str, output: RequestOutput) -> None:
+        # On the engine's thread: only enqueue. Holding the id, not the response sender, means
+        # an engine that keeps a finished request's callback a while never keeps a Triton
+        # request (and with it the model, at unload) alive.
+        self._pending.put(EngineOutput(request_id, output))
+
+    def stop(self) -> list[InFlight]:
+        """Send what is queued, stop the thread; returns the requests that got no FINAL."""
+        self._pending.put(_Stop())
+        self._thread.join()
+        with self._lock:
+            leftover, self._inflight = list(self._inflight.values()), {}
+        return leftover
+
+    def send_error(self, sender: Any, message: str, code: Any) -> None:
+        pb = self._pb
+        sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    # ---- the sender thread -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_check = next_unload_check = 0.0
+        log_error = self._pb.Logger.log_error
+        while True:
+            item = self._pending.take(_CANCEL_CHECK_S)
+            if item is not None:
+                start = time.perf_counter()
+                for merged in self._coalesce(item):
+                    try:
+                        self._handle(merged)
+                    except Exception:
+                        log_error(f"tritium: sending failed: {traceback.format_exc()}")
+                self.stats["rounds"] += 1
+                self.stats["busy_s"] += time.perf_counter() - start
+                if self._stopping:
+                    return
+            now = time.monotonic()
+            if now >= next_check:
+                check_unload = now >= next_unload_check
+                try:
+                    self._abort_cancelled(check_unload)
+                except Exception:  # this thread must live on: it sends every response
+                    log_error(f"tritium: abort check failed: {traceback.format_exc()}")
+                next_check = now + _CANCEL_CHECK_S
+                if check_unload:
+                    next_unload_check = now + _UNLOAD_CHECK_S
+
+    def _coalesce(self, first: Any) -> list[Rejection | EngineOutput]:
+        """`first` and everything queued behind it, with each request's outputs folded into one
+        (in order): a send costs far more than a token, so when this thread falls behind, a
+        response carries several tokens instead of the backlog growing."""
+        items = [first] + self._pending.drain(_MAX_DRAIN - 1)
+        outputs, rejected = [], []
+        for item in items:
+            if isinstance(item, _Stop):
+                self._stopping = True
+            elif isinstance(item, Rejection):
+                rejected.append(item)
+            else:
+                outputs.append((item.request_id, item.output))
+        return rejected + [EngineOutput(rid, out) for rid, out in fold_outputs(outputs)]
+
+    def _handle(self, item: Rejection | EngineOutput) -> None:
+        pb = self._pb
+        if isinstance(item, Rejection):
+            self.send_error(item.sender, item.message, item.code)
+            return
+        output = item.output
+        with self._lock:
+            state = self._inflight.get(item.request_id)
+        if state is None:
+            return
+        response = None
+        if state.failure is None:
+            try:
+                response = state.builder.add(output)
+            except Exception as e:  # this request fails; the engine and the others carry on
+                pb.Logger.log_error(f"tritium: bad engine output: {traceback.format_exc()}")
+                state.failure = f"internal error: {e}"
+                self._engine.abort(state.request_id)
+        if state.failure is not None:
+            if output.finished:
+                self.untrack(state.request_id)
+                self.send_error(state.sender, state.failure, pb.TritonError.INTERNAL)
+            return
+        if response is None:
+            return
+        if not response.final:
+            if response.outputs:
+                start = time.perf_counter()
+                state.sender.send(self._response(response.outputs))
+                self.stats["send_s"] += time.perf_counter() - start
+                self.stats["responses"] += 1
+            return
+        self.untrack(state.request_id)
+        if state.cancelled:
+            self.send_error(state.sender, "Request was cancelled", pb.TritonError.CANCELLED)
+        elif state.unloading:
+            self.send_error(state.sender, "The model is being unloaded.", pb.TritonError.UNAVAILABLE)
+        elif response.error is not None:
+            code = pb.TritonError.UNAVAILABLE if self.closing else pb.TritonError.INTERNAL
+            self.send_error(state.sender, response.error, code)
+        else:
+            state.sender.send(self._response(response.outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _response(self, outputs: dict) -> Any:
+        pb = self._pb
+        return pb.InferenceResponse(output_tensors=[pb.Tensor(name, array) for name, array in outputs.items()])
+
+    def _abort_cancelled(self, check_unload: bool) -> None:
+        """Abort the requests whose client cancelled or went away; with check_unload, all of
+        them when the model is being unloaded (Triton finalizes the model only after every
+        request has ended, so in-flight requests would otherwise delay the unload)."""
+        with self._lock:
+            states = [s for s in self._inflight.values() if not (s.cancelled or s.unloading)]
+        if not states:
+            return
+        unloading = check_unload and self._being_unloaded()
+        if not unloading:
+            # is_cancelled() is an IPC round trip: look at a few requests per round, in turn,
+            # so that checking never crowds out sending.
+            start = self._cancel_cursor % len(states)
+            states = (states[start:] + states[:start])[:_CANCEL_CHECKS_PER_ROUND]
+            self._cancel_cursor = start + len(states)
+        for state in states:
+            if unloading:
+                state.unloading = True
+                self._engine.abort(state.request_id)  # its final "abort" output ends it
+            elif state.sender.is_cancelled():
+                state.cancelled = True
+                self._engine.abort(state.request_id)
+
+    def _being_unloaded(self) -> bool:
+        name, version = self._model
+        try:
+            return not self._pb.is_model_ready(model_name=name, model_version=version)
+        except Exception:  # cannot tell: keep serving
+            return False

@@ -1,0 +1,48 @@
+"""Where and in what precision the model runs, resolved from the engine arguments."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..config import EngineArgs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(args: EngineArgs) -> torch.device:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was requested but no CUDA device is available.")
+    if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_dtype(args: EngineArgs, hf_config: dict, device: torch.device) -> torch.dtype:
+    if args.dtype != "auto":
+        return _DTYPES[args.dtype]
+    if device.type == "cpu":
+        return torch.float32  # CPU bf16 matmuls are slow and inexact; tests compare in float32
+    config_dtype = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16")
+    return _DTYPES.get(config_dtype, torch.bfloat16) if config_dtype != "float32" else torch.bfloat16
+
+
+def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
+    """`quantization`, or what the checkpoint's config.json declares, as vLLM reads it: an FP8
+    checkpoint (quant_method "fp8", or "compressed-tensors" with 8-bit float weights) is served
+    in FP8. Other quantized formats are refused here rather than failing in the loader."""
+    declared = hf_config.get("quantization_config")
+    if not declared or args.quantization is not None:
+        return args.quantization
+    method = str(declared.get("quant_method", "")).lower()
+    groups = list((declared.get("config_groups") or {}).values())
+    fp8_weights = all(isinstance(g, dict) and (g.get("weights") or {}).get("type") == "float"
+                      and (g.get("weights") or {}).get("num_bits") == 8 for g in groups)
+    if method == "fp8" or (method == "compressed-tensors" and groups and fp8_weights):
+        logger.info("The checkpoint is FP8 (quant_method %r): serving it with quantization=fp8", method)
+        return "fp8"
+    raise ValueError(f"model: the checkpoint is quantized with {method or declared!r}, which "
+                     f"Tritium does not read; FP8 checkpoints (quant_method 'fp8' or FP8 "
+                     f"compressed-tensors) are supported")

@@ -1,0 +1,131 @@
+"""A launched step and its typed result (`ModelRunnerOutput`)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..engine.scheduler_output import SchedulerOutput
+from ..engine.sequence import Sequence
+from ..layers.sampler import PromptLogprobsOutput, SamplerOutput
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None  # requested top logprobs: (token id, logprob)
+    rank: int | None
+
+
+@dataclass
+class PromptLogprobsResult:
+    """A prompt span's logprobs: one result per position from `first` on."""
+    seq: Sequence
+    first: int
+    results: list[SampleResult]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What a step produced: a result per sample row of its SchedulerOutput, in order, and the
+    prompt logprobs of its prompt spans."""
+    sampled: list[SampleResult] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobsResult] = field(default_factory=list)
+
+
+class PendingStep:
+    """A launched step, owned by the runner. The sampled tokens stay on the device (the next
+    step reads them there) and travel to pinned host memory without blocking; `wait()` blocks
+    on a CUDA event, which releases the GIL so that other threads (the server's response
+    sender) run meanwhile."""
+
+    def __init__(self, step: SchedulerOutput, prompt: PromptLogprobsOutput | None = None) -> None:
+        self.step = step
+        self.rows = step.sampled_sequences
+        self.row_of = {row.seq.seq_id: i for i, row in enumerate(step.sample_rows)}
+        self.waited_s = 0.0  # how long wait() blocked on the device
+        # The sampling of a deferred step: queued by sample() once the host knows what it reads.
+        self._deferred: Callable[[], SamplerOutput] | None = None
+        self._prompt = prompt
+        self.event = None
+        self.token_ids: torch.Tensor | None = None  # on the device: the next step reads them
+        self.host = self.prompt_host = None
+        self.has_ranks = False
+
+    @property
+    def deferred(self) -> bool:
+        return self._deferred is not None
+
+    def defer(self, sample: Callable[[], SamplerOutput]) -> None:
+        self._deferred = sample
+
+    def sample(self) -> None:
+        """Queue the deferred sampling (the previous step's tokens are on the host now)."""
+        sample, self._deferred = self._deferred, None
+        self.finish(sample())
+
+    def finish(self, out: SamplerOutput | None) -> None:
+        """Start the copies of the sampled tokens (and prompt logprobs) to the host."""
+        prompt, self._prompt = self._prompt, None
+        self.token_ids = out.token_ids if out is not None else None
+        on_device = []
+        if out is not None:
+            packed = [out.token_ids.double(), out.logprobs.double()]
+            if out.ranks is not None:
+                packed.append(out.ranks.double())
+            self.host = [torch.stack(packed)] + [t for t in (out.top_logprobs, out.top_token_ids) if t is not None]
+            self.has_ranks = out.ranks is not None
+            on_device.append(self.host)
+        if prompt is not None:
+            self.prompt_host = [torch.stack([prompt.token_logprobs.double(), prompt.ranks.double()])]
+            if prompt.top_logprobs is not None:
+                self.prompt_host += [prompt.top_logprobs, prompt.top_token_ids]
+            on_device.append(self.prompt_host)
+        if on_device and on_device[0][0].is_cuda:
+            for tensors in on_device:
+                tensors[:] = [t.to("cpu", non_blocking=True) for t in tensors]
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def wait(self) -> ModelRunnerOutput:
+        if self.event is not None:
+            start = time.perf_counter()
+            self.event.synchronize()
+            self.waited_s = time.perf_counter() - start
+        out = ModelRunnerOutput()
+        if self.prompt_host is not None:
+            out.prompt_logprobs = self._prompt_logprobs()
+        if self.host is None:
+            return out
+        main = self.host[0].tolist()
+        token_ids, logprobs = main[0], main[1]
+        ranks = main[2] if self.has_ranks else None
+        top_vals = self.host[1].tolist() if len(self.host) > 1 else None
+        top_ids = self.host[2].tolist() if len(self.host) > 2 else None
+        for i, row in enumerate(self.rows):
+            k = row.params.logprobs
+            top = None
+            if k is not None:
+                top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k and top_ids else []
+            out.sampled.append(SampleResult(int(token_ids[i]), logprobs[i], top,
+                                            int(ranks[i]) if k is not None else None))
+        return out
+
+    def _prompt_logprobs(self) -> list[PromptLogprobsResult]:
+        main = self.prompt_host[0].tolist()
+        top_vals = self.prompt_host[1].tolist() if len(self.prompt_host) > 1 else None
+        top_ids = self.prompt_host[2].tolist() if len(self.prompt_host) > 1 else None
+        row, out = 0, []
+        for span in self.step.prompt_spans:
+            seq = span.item.seq
+            k = seq.params.prompt_logprobs
+            results = []
+            for position in range(span.first, span.end):
+                top = list(zip(top_ids[row][:k], top_vals[row][:k])) if k else None
+                results.append(SampleResult(seq.token_ids[position], main[0][row], top, int(main[1][row])))
+                row += 1
+            out.append(PromptLogprobsResult(seq, span.first, results))
+        return out

@@ -1,0 +1,121 @@
+"""Start-up work on the GPU: sizing the KV cache by a memory profile, and compiling every
+kernel variant a step can pick before serving starts (a compile mid-serving stalls a step)."""
+from __future__ import annotations
+
+import gc
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..engine.scheduler_output import ScheduledSequence
+from ..engine.sequence import Sequence
+from ..layers import ops
+from ..sampling_params import SamplingParams
+from .input_batch import prepare_batch
+
+if TYPE_CHECKING:
+    from .model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_PROFILE_PARAMS = SamplingParams(max_tokens=1)
+
+
+@torch.inference_mode()
+def profile_num_blocks(runner: "ModelRunner") -> int:
+    """Run a forward pass at the token budget, see the peak memory, give the rest of
+    gpu_memory_utilization to the KV cache."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    others = total - free - torch.cuda.memory_reserved()  # other processes, CUDA context
+    num_tokens = runner.max_num_batched_tokens
+    seq_len = min(runner.max_model_len, num_tokens)
+    lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+    blocks_per_seq = -(-seq_len // runner.block_size)
+    scratch = runner.allocate_cache(blocks_per_seq * len(lens), zero=False)
+    runner.bind_cache(scratch)
+    seqs = []
+    for j, n in enumerate(lens):
+        s = Sequence(f"profile-{j}", [0] * n, n, _PROFILE_PARAMS)
+        s.block_table = list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq))
+        seqs.append(ScheduledSequence(s, n))
+    hidden = runner.forward_eager(prepare_batch(seqs, runner.block_size))
+    rows = min(runner.args.max_num_seqs, num_tokens)
+    logits = runner.model.compute_logits(hidden[:rows])
+    torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's worst case
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del scratch, hidden, logits
+    for layer in runner.attn_layers:
+        layer.k_cache = layer.v_cache = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    available = total * runner.args.gpu_memory_utilization - others - peak
+    num_blocks = int(available // runner.block_bytes)
+    logger.info("KV cache: %d blocks (%.2f GiB of %s); peak activation+weights %.2f GiB",
+                num_blocks, num_blocks * runner.block_bytes / 2**30,
+                str(runner.cache_dtype).removeprefix("torch."), peak / 2**30)
+    if num_blocks < 1:
+        raise ValueError("gpu_memory_utilization: no memory is left for the KV cache "
+                         f"(weights and activations peak at {peak / 2**30:.2f} GiB of "
+                         f"{total / 2**30:.2f} GiB); raise it or lower max_num_batched_tokens.")
+    return num_blocks
+
+
+@torch.inference_mode()
+def compile_step_variants(runner: "ModelRunner") -> None:
+    """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
+    tiles, with or without a KV split; prefill: 16/32/64-row tiles, with GQA heads packed for
+    chunks of at most PACK_GQA_MAX_LEN tokens, and 128-row tiles for chunks over 1,024
+    tokens), the LoRA expand's tile sizes, and the greedy sampler's
+    kernel once now, so Triton compiles them at startup and not in the middle of serving
+    (seconds each, first time on a machine; `CompileWatch` logs any that is left). Writes
+    only scratch KV and outputs: no block holds cached data yet."""
+    sms = torch.cuda.get_device_properties(runner.device).multi_processor_count
+    full_batch = min(-(-sms // runner.num_kv_heads), runner.args.max_num_seqs)
+    short, long_ = 16, min(1024, runner.max_model_len)
+    # (decodes, their context length, prompt-chunk tokens alongside)
+    cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
+    from kernels.prefill_attention import PACK_GQA_MAX_LEN
+    group = runner.attn_layers[0].num_heads // runner.num_kv_heads
+    # Short chunks pack `group` heads' rows into 16-, 32- or 64-row tiles.
+    packed = {min(PACK_GQA_MAX_LEN, max(1, rows // group)) for rows in (16, 32, 64)} if group > 1 else set()
+    cases += [(1, short, n) for n in sorted({16, 32, 64, 1040} | packed)
+              if n <= min(runner.max_model_len, runner.max_num_batched_tokens)]
+    lora = runner.lora_manager is not None
+    next_block = 0
+
+    def fake(n: int) -> Sequence:
+        nonlocal next_block
+        s = Sequence("warm-up", [0] * n, n, _PROFILE_PARAMS)
+        s.lora_slot = 0 if lora else -1  # slot 0's delta goes into the discarded output
+        blocks = -(-n // runner.block_size)
+        s.block_table = [(next_block + i) % runner.num_blocks for i in range(blocks)]
+        next_block += blocks
+        return s
+
+    for decodes, context, chunk in cases:
+        items = []
+        for _ in range(decodes):
+            s = fake(context)
+            s.num_computed_tokens = context - 1
+            items.append(ScheduledSequence(s, 1))
+        if chunk:
+            items.append(ScheduledSequence(fake(chunk), chunk))
+        hidden = runner.forward_eager(prepare_batch(items, runner.block_size, lora=lora))
+    # The greedy sampler's kernel (the memory profile samples at temperature 1).
+    greedy = Sequence("warm-up", [0], 1, SamplingParams(temperature=0, max_tokens=1))
+    runner.sampler(runner.model.compute_logits(hidden[-2:]), [greedy, greedy])
+    # The penalties' kernel, each variant: all rows or some; repetition, additive or both
+    # (it reads slot 0's counts, still zero, and writes scratch logits).
+    counts = runner.sampler.counts
+    logits = torch.zeros((2, runner.vocab_size), dtype=torch.float32, device=runner.device)
+    two = torch.zeros(2, dtype=torch.int64, device=runner.device)
+    ones = torch.ones(2, dtype=torch.float32, device=runner.device)
+    for rows in (None, two):
+        for rep, add in ((ones, ones), (ones, None), (None, ones)):
+            ops.apply_penalties(logits, rows, two, counts.output_counts, counts.in_prompt, rep, add, add)
+    torch.cuda.synchronize()
