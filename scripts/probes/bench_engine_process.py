@@ -3,23 +3,17 @@ drives it, text included) without tritonserver: separates the engine process's o
 the server's. Prints output tok/s; the engine process logs its step loop's wall and CPU time at
 shutdown (stderr).
 
-    python3 scripts/bench_engine_process.py --model models/configs/qwen2.5-1.5b --tokenizer DIR
+    python3 -m scripts.probes.bench_engine_process --model models/configs/qwen2.5-1.5b --tokenizer DIR
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from engine_cli import add_engine_arguments, engine_values  # noqa: E402
+from scripts.engine_cli import add_engine_arguments, engine_values
 from backend import EngineArgs, SamplingParams  # noqa: E402
 from backend.engine_process import EngineProcess  # noqa: E402
 

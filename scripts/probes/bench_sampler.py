@@ -3,20 +3,16 @@ for a full batch, as the engine runs them, best of several runs: `Sampler.prepar
 sequence's first step (its penalty counts filled from its tokens on the host) and at later
 steps (the counts already on the device), and `Sampler._apply_penalties` (the device work).
 
-    python scripts/bench_sampler.py --rows 256 --history 640 --vocab 128256 [--device cuda] [--json out.json]
+    python3 -m scripts.probes.bench_sampler --rows 256 --history 640 --vocab 128256 [--device cuda] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
+import torch
 
 from backend.layers.penalties import PenaltyCounts  # noqa: E402
 from backend.layers.sampler import Sampler  # noqa: E402

@@ -7,26 +7,21 @@ scripts/sweep_attention.py). The kernel runs --iters times, so `ncu --launch-ski
 --launch-count 1` profiles a warm launch:
 
     ncu --clock-control none -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats python3 scripts/ncu_attention.py fp8_decode
+        --section SpeedOfLight --section WarpStateStats python3 -m scripts.probes.ncu_attention fp8_decode
 With --time it then prints the kernel's median time (triton.testing.do_bench).
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-import bench_kernels as bk  # noqa: E402
-import kernels  # noqa: E402
-from kernels.decode_attention import DecodeConfig  # noqa: E402
-from kernels.prefill_attention import PrefillConfig  # noqa: E402
-from sweep_attention import _caches  # noqa: E402
+from scripts import bench_kernels as bk
+import kernels
+from kernels.decode_attention import DecodeConfig
+from kernels.prefill_attention import PrefillConfig
+from scripts.sweep_attention import _caches
 
 
 def decode_call(fp8: bool, config: DecodeConfig | None, sequential: bool):

@@ -6,9 +6,9 @@
 # model_repository/llm/config.pbtxt while it runs and restores it. Run from a checkout with
 # `make venv model` done:
 #
-#   ROUNDS=2 scripts/bench_stream_interval.sh 1 16
+#   ROUNDS=2 scripts/probes/bench_stream_interval.sh 1 16
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROUNDS="${ROUNDS:-2}" PORT="${PORT:-18000}"
 cfg=model_repository/llm/config.pbtxt
 orig=$(mktemp)

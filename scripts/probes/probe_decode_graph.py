@@ -4,28 +4,23 @@ fusing kernels or programmatic dependent launch could win. Runs workload A in-pr
 the decode phase, then replays the graph of the last decode step: a few replays after an idle
 pause (full clocks), a sustained run (the power cap), and a profiled burst (kernel durations).
 
-    python3 scripts/probe_decode_graph.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+    python3 -m scripts.probes.probe_decode_graph --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         [--json out.json] [--engine-arg key=value ...]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
-import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-from engine_cli import add_engine_arguments, engine_values  # noqa: E402
+from scripts.engine_cli import add_engine_arguments, engine_values
 from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 
 
