@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Attention diagnostics on the GPU: timings of variants, then Nsight Compute sections per case.
 # Run from anywhere with $OUT set: bash scripts/gpu_probe_attention.sh (about two minutes).
-# (Its first run, at 720135a, timed single launches with events, which counted the wrapper's
-# host time; the ncu durations in docs/results/h200_ncu_attention_720135a.txt are the kernels'.)
+# --time uses do_bench through the kernel's Python wrapper, so short kernels include its host
+# time; the ncu durations are the kernels' own.
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 T=$OUT/attention_timings.txt
