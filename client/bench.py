@@ -2,8 +2,7 @@
 
 One gRPC stream per request, as interactive clients do. Requests are spread over a few worker
 processes (`--procs`), each with one channel and one asyncio loop, because a single Python
-process spends ~0.1-0.2 ms of CPU per streamed response (measured on the CPU machine) and would
-itself become the bottleneck above a few thousand tokens/s. Prompts are token ids (`input_ids`): the tokenizer is not on the
+process's CPU time per streamed response would make the client itself the bottleneck. Prompts are token ids (`input_ids`): the tokenizer is not on the
 measured path.
 
     python client/bench.py --workload A --url localhost:8001 --model llm --json a.json
@@ -241,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)
     ap.add_argument("--concurrency", type=int, default=0, help="requests in flight; 0 = all at once")
-    # Half the cores, up to 8: at ~0.15 ms of client CPU per streamed response, 8 processes keep
-    # each under half busy at 20k tokens/s, and leave the server its share of the machine.
+    # Half the cores, up to 8: enough processes that none is the bottleneck at the small models'
+    # streaming rates, and the server keeps its share of the machine.
     ap.add_argument("--procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                     help="client worker processes (default: half the cores, at most 8)")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)

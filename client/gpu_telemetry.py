@@ -2,8 +2,8 @@
 keeps with `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active
 --format=csv,noheader -lms 200`.
 
-An H200 runs workload A at its 700 W cap with the SM clock well below its maximum (notes row 43),
-and machines differ; so every run records, per phase, the SM clock and power while the GPU
+Workload A runs at the GPU's power cap with the SM clock well below its maximum, and machines
+differ; so every run records, per phase, the SM clock and power while the GPU
 worked, and how often the software power cap held the clock down.
 """
 from __future__ import annotations

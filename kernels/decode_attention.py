@@ -49,16 +49,15 @@ class DecodeConfig:
 
 def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
                    fp8_cache: bool = False) -> DecodeConfig:
-    """Full batches: 64-token tiles, 4 warps, 3 stages (174 vs 180 us at 256 x ~640 tokens and
-    258 vs 280 us at 256 x 1k on the H200, against 2 stages); an FP8 cache's half-size tiles
-    with 2 warps (110 vs 117 us at 256 x ~640 for 128 tokens and 4 warps).
+    """The fastest configs of the attention sweep at the engine's shapes
+    (scripts/sweep_attention.py; figures in docs/kernels.md). Full batches: 64-token tiles,
+    4 warps, 3 stages; an FP8 cache's half-size tiles want 2 warps.
 
     When batch x KV heads leaves SMs idle, the sequences are cut into as many splits as there
-    are tiles, up to MAX_SPLITS (the engine's decode graphs size them for their context bucket,
-    so most of a short sequence's splits return at once): bf16 1 x 640 tokens in a 2,048 bucket
-    11.0 vs 13.1 us, 16 x 600 24.8 vs 30.0, 4 x 16k in a 32k bucket 83 vs 105; FP8 4 x 16k 59
-    vs 85 (graph-timed sweeps of a970806 and 2ebcffa). scripts/sweep_attention.py measures
-    both. float32 (tests) keeps 2 stages of 64-token tiles, which fit in shared memory."""
+    are tiles, up to MAX_SPLITS: single-tile splits, because the engine's decode graphs size
+    the splits for their context bucket, and with longer splits a short sequence would walk
+    few of them while the rest return at once. float32 (tests) keeps 2 stages of 64-token
+    tiles, which fit in shared memory."""
     if dtype == torch.float32:
         return DecodeConfig(num_stages=2)
     if batch * num_kv_heads < sms:

@@ -68,7 +68,7 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
     if t == 0 or s == 0 or r == 0 or n == 0:
         return y
     block_r = max(16, triton.next_power_of_2(r))
-    if block_n is None:  # 64x64 tiles up to 512 tokens, 64x128 beyond: H200 sweeps (docs/kernels.md)
+    if block_n is None:  # 64x64 tiles up to 512 tokens, 64x128 beyond: the sweeps in docs/kernels.md
         block_n = 64 if t <= 512 else 128
     ieee = x.dtype == torch.float32  # fp32 models (tests) must not round through TF32
     # The shrink for every adapter at once, one GEMM: x @ [A_0; ...; A_S-1]^T, rounded to x's

@@ -50,13 +50,12 @@ class PrefillConfig:
 
 def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
                    chunk_tma: bool = False, group: int = 1) -> PrefillConfig:
-    """16-bit inputs: 64x64 tiles, 4 warps, 2 stages were fastest on the H200 for 16 packed
-    512-token prompts (161 vs 208 us for 128x64/8 warps); with the chunk read through TMA,
-    158 us against 164 through the cache. Longer chunks take 128-query tiles (4 warps, 2
-    stages, TMA): 2 x 4096 in 614 us against 724 through the cache, 1 x 8192 in 1172 against
-    1407 (sweep of 720135a; scripts/sweep_attention.py --chunk-kv cache,direct,tma). Plain
-    loads of the chunk (no TMA) were slower than the cache path at 512 (176 us), and 128-query
-    tiles through the cache slower than 64 (914 vs 728 us at 4096). float32 tiles are smaller
+    """The fastest configs of the attention sweep at the engine's shapes
+    (scripts/sweep_attention.py --chunk-kv cache,direct,tma; figures in docs/kernels.md and
+    docs/performance_notes.md). 16-bit inputs: 64x64 tiles, 4 warps, 2 stages for packed
+    512-token prompts, the chunk read through TMA. Longer chunks take 128-query tiles (4 warps,
+    2 stages) through TMA; plain loads of the chunk lost to the cache path at 512 tokens, and
+    128-query tiles lose to 64 when read through the cache. float32 tiles are smaller
     so they fit in shared memory and registers (float32 is for tests, not serving). Short
     chunks get short M tiles. `kv_tma` applies only where the caller passes the chunk and the
     boxes fit (`_tma_ready`). Chunks of at most PACK_GQA_MAX_LEN tokens pack the query heads

@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device, "attn": args.attn, "load_s": load_s, "seed": args.seed,
         "vocab_range": [low, high], "transformers": transformers.__version__, "torch": torch.__version__,
         "workloads": {}}
-    # Warm-up: kernels, cuBLAS handles and allocator pools, at the batch size used below (a
-    # smaller warm-up left the first timed batch 3-4x slower than the next ones on the H200).
+    # Warm-up: kernels, cuBLAS handles and allocator pools, at the batch size used below (after a
+    # smaller warm-up the first timed batch ran several times slower than the next ones).
     input_len = args.input_len or WORKLOADS["A"].input_len
     generate(model, make_prompts(args.batch_size, input_len, args.seed, "warmup", low, high), 32,
              args.device)

@@ -172,7 +172,7 @@ def warm_compile(jobs: int, quick: bool) -> None:
 class Bench:
     """Timings: triton.testing.do_bench medians, or with `graphs` the median replay of a CUDA
     graph of the call, each after an L2 flush. do_bench launches through the kernel's Python
-    wrapper, whose host time (~50-100 us for the attention wrappers) shows in the timing once
+    wrapper, whose host time shows in the timing once
     the kernel takes less than the flush before it; the engine runs decode and small prefills
     in CUDA graphs, so `graphs` is what it sees."""
 
@@ -221,8 +221,8 @@ class Bench:
 
 
 def measure_ceilings(b: Bench) -> dict:
-    # do_bench, not a graph: captured, the copy becomes a memcpy node on the copy engines
-    # (~2.8 TB/s against the copy kernel's ~4.3)
+    # do_bench, not a graph: captured, the copy becomes a memcpy node on the copy engines,
+    # which are slower than the copy kernel
     plain = Bench(quick=b.warmup == 10)
     src = torch.randint(0, 255, (2 << 30,), dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)

@@ -88,9 +88,8 @@ def main() -> None:
         write_adapter(os.path.join(args.work, f"a{i}"), args.model, TARGETS, args.rank, 2 * args.rank,
                       seed=i, scale=0.01)
     results = []
-    # The engine without LoRA first and again last: a run's place in the sequence moved its
-    # figure by 4-8% on the H200 (the first process was the slowest), more than some variants
-    # differ.
+    # The engine without LoRA first and again last: a run's place in the sequence of processes
+    # moves its figure (the first is the slowest) by more than some variants differ.
     for variant in (*range(len(VARIANTS)), 0):
         child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", str(variant)],
                                capture_output=True, text=True)

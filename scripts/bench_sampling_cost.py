@@ -20,7 +20,6 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from bench_offline import engine_kwargs, parse_sampling, run_throughput  # noqa: E402
 from client.workloads import DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, parse_vocab_range, with_overrides  # noqa: E402

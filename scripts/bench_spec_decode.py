@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from backend import LLM, SamplingParams
-    from backend import model_runner
+    from backend.worker import model_runner
     from client.bench_model_repo import parse_assignments
     if args.spec_graph_seqs:
         model_runner.SPEC_GRAPH_MAX_SEQS = args.spec_graph_seqs

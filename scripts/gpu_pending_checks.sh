@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# One device call for what the CPU machine cannot measure, in two parts (prefill attention
-# reading the chunk's keys and values directly, session of 2026-12-01, eighth):
+# One device call for what the CPU machine cannot measure, one part per call:
 #   part 1: the GPU tests of the attention kernels (TMA boxes on the real hardware); the prefill
 #           sweep over the three ways of reading the chunk (cache, direct, tma) at 16 x 512,
 #           2 x 4096 and 1 x 8192; Llama-3-8B bf16 in-process (A and B);
@@ -23,7 +22,7 @@
 #   part 7: after part 6's fixes: the LoRA kernel tests and GPU engine tests again, what LoRA
 #           adapters cost in-process (bench_lora.py) and Llama-3-8B bf16 A and B through Triton.
 #   part 8: what sampling parameters cost the batch (penalties on every request, on one in
-#           eight): scripts/bench_sampler.py on CUDA, then scripts/bench_sampling_cost.py on
+#           eight): scripts/probes/bench_sampler.py on CUDA, then scripts/bench_sampling_cost.py on
 #           Llama-3-8B bf16 in-process for this tree and each source tree in $TREES (carried,
 #           e.g. a `git archive` of an older commit); with TESTS=1 then the sampling kernel tests and
 #           the engine tests in $TEST_FILES (default: sampling, GPU engine, structured
@@ -42,10 +41,8 @@
 #           time per step.
 #   part 11: the kernels of verification steps against decode steps: scripts/profile_kernels.py
 #           on Llama-3-8B bf16, 16 and 32 requests, plainly and speculating.
-#   part 12: PyTorch's CUTLASS GEMM (torch._grouped_mm, one group) against cuBLAS at
-#           Llama-3-8B's shapes, M = 256 and 8192 (scripts/probe_grouped_mm.py).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
-#   COMMIT=<sha> bash scripts/gpu_pending_checks.sh 1|2
+#   COMMIT=<sha> bash scripts/gpu_pending_checks.sh PART
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
 # rehearses on the CPU machine, e.g. LLAMA=models/tiny-llama QWEN=models/tiny-llama
 #   QWEN7=models/tiny-llama IMAGE_PYTHON=.venv/bin/python TRITIUM_BUNDLE=/tmp/bundle311
@@ -56,7 +53,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 12}"; shift
+PART="${1:?part 1 to 11}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -121,7 +118,7 @@ elif [ "$PART" = 7 ]; then
     run llama --models "$LLAMA" --phases triton --workloads A,B
 elif [ "$PART" = 8 ]; then
     stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
-    timeout 120 "$PY" scripts/bench_sampler.py --device "${SAMPLER_DEVICE:-cuda}" --json "$OUT/bench_sampler_cuda.json" 2>&1 | tail -12 >> "$S"
+    timeout 120 "$PY" -m scripts.probes.bench_sampler --device "${SAMPLER_DEVICE:-cuda}" --json "$OUT/bench_sampler_cuda.json" 2>&1 | tail -12 >> "$S"
     HERE=$(pwd)
     for tree in . ${TREES:-}; do
         name=this; [ "$tree" = . ] || name=$(basename "$tree")
@@ -165,7 +162,7 @@ elif [ "$PART" = 10 ] || [ "$PART" = 11 ]; then
   SPEC='{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
   with_spec_seqs() {  # script, most speculating sequences, its arguments...: the engine's limit set
     local script=$1 seqs=$2; shift 2
-    timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend import model_runner; \
+    timeout 150 "$PY" -c "import sys, runpy; sys.path.insert(0, 'scripts'); from backend.worker import model_runner; \
 model_runner.SPEC_GRAPH_MAX_SEQS = $seqs; sys.argv = ['$script'] + sys.argv[1:]; \
 runpy.run_path('scripts/$script', run_name='__main__')" --model "models/configs/$LLAMA" \
         --tokenizer models/tiny-llama --engine-arg enable_prefix_caching=false "$@"
@@ -203,10 +200,6 @@ print('  host ms total', {k: round(v, 1) for k, v in d['phase_ms_total'].items()
     kern plain32 32 32
     kern spec32 32 32 --engine-arg "speculative_config=$SPEC"
   fi
-elif [ "$PART" = 12 ]; then
-    stamp "CUTLASS (torch._grouped_mm) against cuBLAS (F.linear) at Llama-3-8B's shapes"
-    timeout 300 "$PY" scripts/probe_grouped_mm.py --model "models/configs/$LLAMA" \
-        --json "$OUT/probe_grouped_mm.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -30 >> "$S"
 elif [ "$PART" = 6 ]; then
     stamp "GPU tests: attention and LoRA kernels"
     timeout 240 "$PY" -m pytest tests/kernels/test_kernel_decode_attention.py tests/kernels/test_kernel_prefill_attention.py \

@@ -1,5 +1,6 @@
-"""Where an engine step's time goes, on the GPU: schedule, launch (host side), text work
-(overlapped), wait for the device, token processing. Runs a throughput workload in-process
+"""Where an engine step's time goes, on the GPU: scheduling, booking and launching (host side),
+text work (overlapped), waiting for the device, taking the tokens, and with speculative decoding
+the proposals and their verification. Runs a throughput workload in-process
 with dummy weights and prints a table; writes JSON with --json.
 
     python3 scripts/profile_engine.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
@@ -22,7 +23,6 @@ sys.path.insert(0, ROOT)
 
 from engine_cli import add_engine_arguments, engine_values  # noqa: E402
 from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
-from backend import model_runner  # noqa: E402
 
 
 def _lone_ttft(engine, rng, input_len: int, tag: str) -> list[float]:
@@ -93,6 +93,68 @@ def _sync_report(caught: list) -> list:
     return [[m, where, n] for (m, where), n in sorted(counts.items(), key=lambda kv: -kv[1])]
 
 
+class TimedEngine(LLMEngine):
+    """LLMEngine that records the host time of each part of its step and brackets each launch
+    with CUDA events. A subclass, so the engine's classes and the runner stay as they are."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        super().__init__(args)
+        import torch
+        self._torch = torch
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.events: list = []  # (before, after, prefill tokens in the step) per launch, CUDA only
+        self.last: dict[str, int] = {}  # the latest launched step's batched tokens and decodes
+        process = self.output_processor.process
+        self.output_processor.process = lambda requests: self._timed("text", process, requests)
+
+    def _timed(self, name: str, fn, *args, **kw):
+        s = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.times[name].append(time.perf_counter() - s)
+
+    def step(self, deliver=None):
+        parts = ("propose", "book_and_launch", "tokens", "sample_deferred", "text")
+        before = sum(sum(self.times[k]) for k in parts)
+        s = time.perf_counter()
+        out = super().step(deliver)
+        # What the parts below do not cover: the scheduler, mostly.
+        inner = sum(sum(self.times[k]) for k in parts) - before
+        self.times["schedule_and_rest"].append(time.perf_counter() - s - inner)
+        return out
+
+    def _propose(self):
+        return self._timed("propose", super()._propose)
+
+    def _launch(self, sched, outputs):
+        torch = self._torch
+        self.last = {"tokens": sched.num_batched_tokens,
+                     "decodes": sum(1 for it in sched.scheduled if it.num_new_tokens == 1)}
+        if not torch.cuda.is_available():
+            return self._timed("book_and_launch", super()._launch, sched, outputs)
+        before = torch.cuda.Event(enable_timing=True)
+        before.record()
+        out = self._timed("book_and_launch", super()._launch, sched, outputs)
+        after = torch.cuda.Event(enable_timing=True)
+        after.record()
+        self.events.append((before, after, sum(it.num_new_tokens for it in sched.scheduled
+                                               if it.num_new_tokens > 1)))
+        return out
+
+    def _take_results(self, inflight, outputs):
+        waited = self.device_wait_s
+        out = self._timed("tokens", super()._take_results, inflight, outputs)
+        self.times["wait"].append(self.device_wait_s - waited)  # inside "tokens"
+        return out
+
+    def _verify(self, inflight, results):
+        return self._timed("tokens.verify", super()._verify, inflight, results)
+
+    def _sample_deferred(self, inflight, outputs):
+        return self._timed("sample_deferred", super()._sample_deferred, inflight, outputs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_engine_arguments(ap)
@@ -103,68 +165,10 @@ def main() -> None:
     a = ap.parse_args()
     values = engine_values(a)
     t0 = time.perf_counter()
-    engine = LLMEngine(EngineArgs.from_strings(values))
+    engine = TimedEngine(EngineArgs.from_strings(values))
     startup = time.perf_counter() - t0
     import torch
-    times: dict[str, list[float]] = defaultdict(list)
-
-    def timed(name, fn):
-        def wrapper(*args, **kw):
-            s = time.perf_counter()
-            r = fn(*args, **kw)
-            times[name].append(time.perf_counter() - s)
-            return r
-        return wrapper
-
-    last = {}
-    schedule = timed("schedule", engine.scheduler.schedule)
-
-    def schedule_and_record():
-        out = schedule()
-        last["tokens"] = out.num_batched_tokens
-        last["decodes"] = sum(1 for it in out.scheduled if it.num_new_tokens == 1)
-        return out
-
-    engine.scheduler.schedule = schedule_and_record
-    events: list = []  # (before, after, prefill tokens in the step) per launch, CUDA only
-    launch = timed("launch", engine.runner.launch)
-
-    def launch_with_events(scheduled, *args, **kw):
-        if not torch.cuda.is_available():
-            return launch(scheduled, *args, **kw)
-        before = torch.cuda.Event(enable_timing=True)
-        before.record()
-        out = launch(scheduled, *args, **kw)
-        after = torch.cuda.Event(enable_timing=True)
-        after.record()
-        events.append((before, after, sum(it.num_new_tokens for it in scheduled if it.num_new_tokens > 1)))
-        return out
-
-    engine.runner.launch = launch_with_events
-    engine._launch = timed("book_and_launch", engine._launch)
-    engine._process_text = timed("text", engine._process_text)
-    engine._take_results = timed("tokens", engine._take_results)
-    if engine.proposer is not None:  # speculative decoding: proposals, and taking verified rows
-        engine._propose = timed("propose", engine._propose)
-        engine._verify = timed("tokens.verify", engine._verify)
-    model_runner.PendingStep.wait = timed("wait", model_runner.PendingStep.wait)
-    # The parts of launch, to find where the host blocks in it (a hidden synchronisation)
-    runner = engine.runner
-    model_runner.prepare_batch = timed("launch.prepare_batch", model_runner.prepare_batch)
-    runner.to_device = timed("launch.to_device", runner.to_device)
-    model_runner.Sampler.prepare = staticmethod(timed("launch.sampler_prepare", model_runner.Sampler.prepare))
-    if runner.graphs is not None:
-        runner.graphs.run = timed("launch.decode_graph", runner.graphs.run)
-    if runner.prefill_graphs is not None:
-        runner.prefill_graphs.run = timed("launch.prefill_graph", runner.prefill_graphs.run)
-    runner._forward_eager = timed("launch.forward_eager", runner._forward_eager)
-    runner.model.compute_logits = timed("launch.logits", runner.model.compute_logits)
-    # The sampler keeps state (its penalty counts): time its calls by a subclass, not a wrapper.
-    sampler_class = type(runner.sampler)
-    runner.sampler.__class__ = type("TimedSampler", (sampler_class,),
-                                    {"__call__": timed("launch.sample", sampler_class.__call__)})
-    pending_init = model_runner.PendingStep.__init__
-    model_runner.PendingStep.__init__ = timed("launch.pending_step", pending_init)
+    times, events = engine.times, engine.events
     rng = random.Random(0)
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
     # warm-up (compiles kernels outside the timed region)
@@ -189,7 +193,7 @@ def main() -> None:
             s = time.perf_counter()
             compiles["step"] = len(steps)
             engine.step()
-            steps.append((last.get("tokens", 0), last.get("decodes", 0), time.perf_counter() - s))
+            steps.append((engine.last.get("tokens", 0), engine.last.get("decodes", 0), time.perf_counter() - s))
     wall = time.perf_counter() - start
     loop_cpu = time.thread_time() - start_cpu
     ttft_after = _lone_ttft(engine, rng, a.input_len, "after")  # the same, with a full cache

@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-import bench_kernels as bk  # noqa: E402
+from scripts import bench_kernels as bk  # noqa: E402
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.decode_attention import DecodeConfig  # noqa: E402

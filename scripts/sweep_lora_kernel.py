@@ -1,6 +1,6 @@
 """Time kernels.add_lora (multi-LoRA shrink + expand) per launch config at one model's
 projection shapes, against the projection's own GEMM, as CUDA-graph replays after an L2 flush
-(bench_kernels.Bench; the results of commit 6f7288f came from triton's do_bench_cudagraph).
+(bench_kernels.Bench).
 
     python scripts/sweep_lora_kernel.py --model models/configs/llama-3-8b --rank 16 --adapters 4 \
         --tokens 256,8192 --json sweep_lora.json
@@ -21,7 +21,6 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 CONFIGS = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 64, 4), (128, 128, 8), (64, 256, 8)]
 
