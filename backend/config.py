@@ -10,6 +10,8 @@ from typing import Any
 
 from .engine.spec_decode import SpeculativeConfig
 
+logger = logging.getLogger(__name__)
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")

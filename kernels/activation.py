@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import validation, validation_ops
 from ._launch import cdiv, check_runnable
 
 OP = "silu_and_mul"
@@ -30,7 +30,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.co
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, block: int = 1024,
                  num_warps: int = 4) -> torch.Tensor:
     """x [T, 2*I] -> out [T, I]."""
-    inter = validation.check_silu_and_mul(OP, x, out, validation.HALF_AND_FLOAT)
+    inter = validation_ops.check_silu_and_mul(OP, x, out, validation.HALF_AND_FLOAT)
     check_runnable(OP, x)
     if out is None:
         out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from . import FP8_MATMUL_MAX_ROWS as MAX_ROWS
-from . import validation
+from . import validation_ops
 from ._launch import cdiv, check_runnable, num_sms
 
 OP = "fp8_matmul_few_rows"
@@ -135,7 +135,7 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
                         config: Fp8MatmulConfig | None = None) -> torch.Tensor:
     """x_q [M, K] float8_e4m3fn with M <= 16, x_scale [M, 1] float32, weight [N, K]
     float8_e4m3fn, weight_scale [1, N] float32 -> out [M, N] in out_dtype."""
-    validation.check_fp8_matmul(OP, x_q, x_scale, weight, weight_scale, out_dtype, MAX_ROWS)
+    validation_ops.check_fp8_matmul(OP, x_q, x_scale, weight, weight_scale, out_dtype, MAX_ROWS)
     check_runnable(OP, x_q)
     m, k = x_q.shape
     n = weight.shape[0]

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import validation, validation_ops
 from ._launch import cdiv, check_runnable
 
 OP = "add_lora"
@@ -60,7 +60,7 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
     """y [T, N] += for each row t with slots[t] = s >= 0: (x[t] @ lora_a[s].T) @ lora_b[s].T,
     in place. x [T, K]; lora_a [S, R, K]; lora_b [S, N, R]; slots [T] int32/int64, -1: no
     adapter. Matches kernels.reference.add_lora_ref's rounding."""
-    validation.check_add_lora(OP, y, x, lora_a, lora_b, slots, validation.HALF_AND_FLOAT)
+    validation_ops.check_add_lora(OP, y, x, lora_a, lora_b, slots, validation.HALF_AND_FLOAT)
     check_runnable(OP, x)
     t, k = x.shape
     s, r, _ = lora_a.shape

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import validation, validation_ops
 from ._launch import check_runnable, next_pow2
 
 OP = "rms_norm"
@@ -43,7 +43,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None, *, num_warps: int | None = None):
     """out = rmsnorm(x) * weight, or with residual: (rmsnorm(x + residual) * weight, x + residual).
     Returns new tensors; x and residual are not modified."""
-    validation.check_rms_norm(OP, x, weight, residual, validation.HALF_AND_FLOAT)
+    validation_ops.check_rms_norm(OP, x, weight, residual, validation.HALF_AND_FLOAT)
     check_runnable(OP, x)
     num_tokens, hidden = x.shape
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)

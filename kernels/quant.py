@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import validation, validation_ops
 from ._launch import check_runnable, next_pow2
 from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
@@ -44,7 +44,7 @@ def quantize_fp8_per_token(x: torch.Tensor, *, block: int = 2048,
                            num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] (16-bit or float32) -> (q [T, K] float8_e4m3fn, scale [T, 1] float32) with
     x ~= q * scale."""
-    validation.check_quantize(OP, x, validation.HALF_AND_FLOAT)
+    validation_ops.check_quantize(OP, x, validation.HALF_AND_FLOAT)
     check_runnable(OP, x)
     rows, cols = x.shape
     q = torch.empty(rows, cols, dtype=FP8_DTYPE, device=x.device)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from . import FP8_MATMUL_MAX_ROWS
 from . import validation as v
+from . import validation_ops as vo
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -160,7 +161,7 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None):
-    v.check_rms_norm("rms_norm", x, weight, residual, v.REFERENCE_DTYPES)
+    vo.check_rms_norm("rms_norm", x, weight, residual, v.REFERENCE_DTYPES)
     if residual is not None:
         x = x + residual  # rounded to x.dtype, as Hugging Face's residual stream is
     h = x.to(_compute_dtype(x.dtype))
@@ -180,12 +181,12 @@ def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torc
     """In place, neox / rotate-half style: the first rotary_dim dims of each head rotate. With
     the norm weights, each head is first RMS-normalised (rms_norm_ref over head_size). With the
     cache arguments, the rotated keys and the values are then stored (store_kv_cache_ref)."""
-    head_size, rotary_dim, num_heads, num_kv_heads = v.check_rotary(
+    head_size, rotary_dim, num_heads, num_kv_heads = vo.check_rotary(
         "apply_rotary_emb", query, key, positions, cos_sin_cache, head_size, v.REFERENCE_DTYPES)
-    store = v.check_rotary_store("apply_rotary_emb", key, value, k_cache, v_cache, slot_mapping,
+    store = vo.check_rotary_store("apply_rotary_emb", key, value, k_cache, v_cache, slot_mapping,
                                  k_scale, v_scale, head_size, v.REFERENCE_DTYPES)
     num_tokens = query.shape[0]
-    if v.check_head_norm("apply_rotary_emb", query, q_norm_weight, k_norm_weight, head_size, rotary_dim):
+    if vo.check_head_norm("apply_rotary_emb", query, q_norm_weight, k_norm_weight, head_size, rotary_dim):
         for x, heads, weight in ((query, num_heads, q_norm_weight), (key, num_kv_heads, k_norm_weight)):
             view = x.view(num_tokens, heads, head_size)
             view.copy_(rms_norm_ref(view.reshape(-1, head_size), weight, eps).view(view.shape))
@@ -204,7 +205,7 @@ def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torc
 
 
 def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    inter = v.check_silu_and_mul("silu_and_mul", x, out, v.REFERENCE_DTYPES)
+    inter = vo.check_silu_and_mul("silu_and_mul", x, out, v.REFERENCE_DTYPES)
     result = F.silu(x[:, :inter]) * x[:, inter:]
     if out is None:
         return result
@@ -222,14 +223,14 @@ def fp8_matmul_few_rows_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: to
                             weight_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """(x_q @ weight^T) * x_scale * weight_scale in float32, in the kernel's order: the FP8 values
     multiply exactly and accumulate in float32, then both scales apply."""
-    v.check_fp8_matmul("fp8_matmul_few_rows", x_q, x_scale, weight, weight_scale, out_dtype,
+    vo.check_fp8_matmul("fp8_matmul_few_rows", x_q, x_scale, weight, weight_scale, out_dtype,
                        FP8_MATMUL_MAX_ROWS)
     return ((x_q.float() @ weight.float().t()) * x_scale * weight_scale).to(out_dtype)
 
 
 def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] -> (q float8_e4m3fn [T, K], scale float32 [T, 1]); x ~= q * scale."""
-    v.check_quantize("quantize_fp8_per_token", x, v.REFERENCE_DTYPES)
+    vo.check_quantize("quantize_fp8_per_token", x, v.REFERENCE_DTYPES)
     xf = x.float()
     scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
     # Multiply by the reciprocal, as the kernel does, so both round the same values.
@@ -240,7 +241,7 @@ def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def greedy_sample_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [R, V] -> (first argmax per row int64 [R], its log-softmax value [R], float32;
     float64 for float64 logits)."""
-    v.check_greedy_sample("greedy_sample", logits, v.REFERENCE_DTYPES)
+    vo.check_greedy_sample("greedy_sample", logits, v.REFERENCE_DTYPES)
     lf = logits.to(_compute_dtype(logits.dtype))
     token_ids = lf.argmax(dim=-1)
     logprobs = torch.log_softmax(lf, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
@@ -252,7 +253,7 @@ def apply_penalties_ref(logits: torch.Tensor, rows: torch.Tensor | None, slots: 
                         repetition: torch.Tensor | None, frequency: torch.Tensor | None,
                         presence: torch.Tensor | None) -> torch.Tensor:
     """kernels.apply_penalties in PyTorch ops (dense over the rows that have penalties)."""
-    v.check_penalties("apply_penalties", logits, rows, slots, output_counts, in_prompt, repetition,
+    vo.check_penalties("apply_penalties", logits, rows, slots, output_counts, in_prompt, repetition,
                       frequency, presence)
     if slots.shape[0] == 0 or (repetition is None and frequency is None):
         return logits
@@ -277,7 +278,7 @@ def add_lora_ref(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b:
     with slots[t] = s >= 0 gets (x[t] @ lora_a[s].T) @ lora_b[s].T; rows with -1 are left alone.
     Rounding as kernels/lora.py: the shrink in float32, rounded to x.dtype, the expand in float32
     added to y in float32, then rounded once."""
-    v.check_add_lora("add_lora", y, x, lora_a, lora_b, slots, v.REFERENCE_DTYPES)
+    vo.check_add_lora("add_lora", y, x, lora_a, lora_b, slots, v.REFERENCE_DTYPES)
     f = torch.float64 if x.dtype == torch.float64 else torch.float32
     for s in range(lora_a.shape[0]):
         rows = (slots == s).nonzero().flatten()

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import validation, validation_ops
 from ._launch import check_runnable, next_pow2
 from .kv_store import store_token_rows
 
@@ -116,10 +116,10 @@ def apply_rotary_emb(query: torch.Tensor, key: torch.Tensor, positions: torch.Te
     the norm weights ([D] each), every head is RMS-normalised (eps) before it rotates. With value
     (key's layout), k_cache, v_cache and slot_mapping, the rotated key and the value are also
     stored as store_kv_cache stores them (slot -1: skipped; slots not range-checked)."""
-    head_size, rotary_dim, num_heads, num_kv_heads = validation.check_rotary(
+    head_size, rotary_dim, num_heads, num_kv_heads = validation_ops.check_rotary(
         OP, query, key, positions, cos_sin_cache, head_size, validation.HALF_AND_FLOAT)
-    has_norm = validation.check_head_norm(OP, query, q_norm_weight, k_norm_weight, head_size, rotary_dim)
-    store = validation.check_rotary_store(OP, key, value, k_cache, v_cache, slot_mapping, k_scale,
+    has_norm = validation_ops.check_head_norm(OP, query, q_norm_weight, k_norm_weight, head_size, rotary_dim)
+    store = validation_ops.check_rotary_store(OP, key, value, k_cache, v_cache, slot_mapping, k_scale,
                                           v_scale, head_size, validation.HALF_AND_FLOAT)
     check_runnable(OP, query)
     num_tokens = query.shape[0]

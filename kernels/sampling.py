@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation
+from . import validation, validation_ops
 from ._launch import check_runnable, next_pow2
 
 OP = "greedy_sample"
@@ -49,7 +49,7 @@ def greedy_sample(logits: torch.Tensor, *, block: int = 4096,
                   num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [R, V] -> (token_ids int64 [R], logprobs float32 [R]): the first argmax of each
     row and its log-softmax value, computed in float32."""
-    validation.check_greedy_sample(OP, logits, validation.HALF_AND_FLOAT)
+    validation_ops.check_greedy_sample(OP, logits, validation.HALF_AND_FLOAT)
     check_runnable(OP, logits)
     rows, vocab = logits.shape
     token_ids = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -93,7 +93,7 @@ def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, slots: torc
     (bool). repetition [Q] divides positive logits and multiplies negative ones of tokens in
     the prompt or output; then frequency [Q] per count and presence [Q] once per sampled token
     are subtracted (both or neither given)."""
-    validation.check_penalties(OP_PENALTIES, logits, rows, slots, output_counts, in_prompt, repetition,
+    validation_ops.check_penalties(OP_PENALTIES, logits, rows, slots, output_counts, in_prompt, repetition,
                                frequency, presence)
     check_runnable(OP_PENALTIES, logits)
     num_rows, vocab = slots.shape[0], logits.shape[1]

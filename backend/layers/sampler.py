@@ -19,7 +19,7 @@ sequences' lengths and needs none of the previous step's tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence as Seq
 
 import numpy as np
@@ -27,77 +27,7 @@ import torch
 
 from . import ops
 from .penalties import PenaltyCounts, PenaltyRows, apply_penalties
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: torch.Tensor  # [R] int64
-    logprobs: torch.Tensor  # [R] float32, log p(sampled token) under the raw distribution
-    top_logprobs: torch.Tensor | None = None  # [R, K] values, K = max requested
-    top_token_ids: torch.Tensor | None = None  # [R, K]
-    ranks: torch.Tensor | None = None  # [R] rank of the sampled token (1 = most likely)
-
-
-@dataclass
-class SamplingMetadata:
-    all_greedy: bool
-    greedy: torch.Tensor | None = None  # [R] bool
-    temperature: torch.Tensor | None = None  # [R]
-    min_p: torch.Tensor | None = None
-    top_k: torch.Tensor | None = None  # [R] int64, vocab size where disabled
-    top_p: torch.Tensor | None = None
-    seeded: list[tuple[int, Any, int]] = field(default_factory=list)  # (row, sequence, token position)
-    # Per-token adjustments of every row at once, as (rows [P], token ids [P], values [P]...)
-    # over P (row, token) pairs, or None when no row has any; a row's tokens are distinct.
-    min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)
-    allowed: tuple[torch.Tensor, ...] | None = None  # allowed_token_ids; then the rows, once each
-    banned: tuple[torch.Tensor, ...] | None = None  # bad words' next tokens
-    logit_bias: tuple[torch.Tensor, ...] | None = None  # ids; bias
-    # Rows with repetition, frequency or presence penalties: their token counts on the device
-    penalties: PenaltyRows | None = None
-    # Rows with a grammar (structured_outputs) and their allowed tokens, as a bitmask
-    grammar_rows: torch.Tensor | None = None  # [G] int64
-    grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
-    max_logprobs: int = 0
-    want_logprobs: bool = False
-    # Speculative decoding: the proposed token each random (not greedy) row verifies, -1 where
-    # none; None when no such row has one
-    drafts: torch.Tensor | None = None  # [R] int64
-
-
-def _dev(values, dtype, device) -> torch.Tensor:
-    """A list (as dtype) or a numpy array (as it is) on the device."""
-    t = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return t
-    # From pinned memory: a pageable copy would wait for the step still running on the device.
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-class _Pairs:
-    """(row, token id, values...) pairs of one kind for all rows of a step, sent to the device
-    in one copy per field (a copy and a few kernels per row cost more than the work)."""
-
-    def __init__(self, num_values: int = 0) -> None:
-        self.rows: list[np.ndarray] = []
-        self.ids: list[np.ndarray] = []
-        self.values: list[list[np.ndarray]] = [[] for _ in range(num_values)]
-
-    def add(self, row: int, ids, *values) -> None:
-        """ids: distinct token ids; each value an array (one per id) or one for all of them."""
-        ids = np.asarray(list(ids) if isinstance(ids, (set, dict)) else ids, dtype=np.int64)
-        if not len(ids):
-            return
-        self.rows.append(np.full(len(ids), row, dtype=np.int64))
-        self.ids.append(ids)
-        for column, value in zip(self.values, values):
-            column.append(np.asarray(value, dtype=np.float32) if np.ndim(value)
-                          else np.full(len(ids), value, dtype=np.float32))
-
-    def to(self, device: torch.device) -> tuple[torch.Tensor, ...] | None:
-        if not self.rows:
-            return None
-        return tuple(_dev(np.concatenate(parts), None, device) for parts in (self.rows, self.ids, *self.values))
+from .sampling_metadata import SamplerOutput, SamplingMetadata, host_to_device, TokenPairs
 
 
 class Sampler:
@@ -120,21 +50,21 @@ class Sampler:
         md.want_logprobs = any(p.logprobs is not None for p in params)
         md.max_logprobs = max((p.logprobs or 0) for p in params)
         if not md.all_greedy:
-            md.greedy = _dev([p.greedy for p in params], torch.bool, device)
-            md.temperature = _dev([1.0 if p.greedy else p.temperature for p in params], torch.float32, device)
+            md.greedy = host_to_device([p.greedy for p in params], torch.bool, device)
+            md.temperature = host_to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, device)
             if any(p.min_p for p in params):
-                md.min_p = _dev([p.min_p for p in params], torch.float32, device)
+                md.min_p = host_to_device([p.min_p for p in params], torch.float32, device)
             if any(p.top_k > 0 for p in params):
-                md.top_k = _dev([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64, device)
+                md.top_k = host_to_device([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64, device)
             if any(p.top_p < 1.0 for p in params):
-                md.top_p = _dev([p.top_p for p in params], torch.float32, device)
+                md.top_p = host_to_device([p.top_p for p in params], torch.float32, device)
             md.seeded = [(i, r, len(r.token_ids) - pending_tokens - ahead[i]) for i, r in enumerate(rows)
                          if r.params.seed is not None and not r.params.greedy]
             # Rejection sampling for unseeded sampled rows; a seeded row draws its token as without
             # proposals and keeps a proposal it equals (for a proposed token, the same chance p(d)).
             verified = [d if not p.greedy and p.seed is None else -1 for d, p in zip(drafts or (), params)]
             if any(d >= 0 for d in verified):
-                md.drafts = _dev(verified, torch.int64, device)
+                md.drafts = host_to_device(verified, torch.int64, device)
         guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
         if guided:
             bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
@@ -143,9 +73,9 @@ class Sampler:
                     continue  # a later row of a verification run: filled with its first
                 # A run's first row: its own mask, then one per proposal, each after the ones before.
                 r.grammar.fill_bitmasks(bitmask, j, r.token_ids[len(r.token_ids) - ahead[i]:] if ahead[i] else [])
-            md.grammar_rows = _dev([i for i, _ in guided], torch.int64, device)
+            md.grammar_rows = host_to_device([i for i, _ in guided], torch.int64, device)
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
-        allowed, banned, bias, min_tokens = _Pairs(), _Pairs(), _Pairs(1), _Pairs()
+        allowed, banned, bias, min_tokens = TokenPairs(), TokenPairs(), TokenPairs(1), TokenPairs()
         for i, r in enumerate(rows):
             p = r.params
             cut = pending_tokens + ahead[i]
@@ -160,7 +90,7 @@ class Sampler:
                 min_tokens.add(i, {t for t in p.all_stop_token_ids if t < vocab_size})
         md.allowed, md.banned, md.logit_bias = allowed.to(device), banned.to(device), bias.to(device)
         if md.allowed is not None:  # the rows to clear, listed here (unique() on the device syncs)
-            md.allowed += (_dev(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
+            md.allowed += (host_to_device(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
                                 torch.int64, device),)
         md.min_tokens = min_tokens.to(device)
         md.penalties = _penalty_rows(rows, vocab_size, device, counts, drafts, run_start, ahead)
@@ -316,26 +246,26 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
     additive = any(p.frequency_penalty or p.presence_penalty for p in params)
 
     def column(values: list[float]) -> torch.Tensor:
-        return _dev(np.asarray(values, dtype=np.float32), None, device)
+        return host_to_device(np.asarray(values, dtype=np.float32), None, device)
 
     out = PenaltyRows(
-        table, None if len(penalized) == len(rows) else _dev(penalized, torch.int64, device),
-        _dev(slots, torch.int64, device),
+        table, None if len(penalized) == len(rows) else host_to_device(penalized, torch.int64, device),
+        host_to_device(slots, torch.int64, device),
         column([p.repetition_penalty for p in params]) if repetition else None,
         column([p.frequency_penalty for p in params]) if additive else None,
         column([p.presence_penalty for p in params]) if additive else None,
         count_samples=counts is not None)
     if spec:
         q_of = {i: q for q, i in enumerate(penalized)}  # a run's rows are all penalized (one sequence)
-        pairs = _Pairs(1)
+        pairs = TokenPairs(1)
         for q, i in enumerate(penalized):
             tokens = seqs[q].token_ids
             before = np.asarray(tokens[len(tokens) - ahead[run_start[i]]:len(tokens) - ahead[i]], dtype=np.int64)
             ids, times = np.unique(before[(before >= 0) & (before < vocab_size)], return_counts=True)
             pairs.add(q, ids, times)
         out.proposed = pairs.to(device)  # (rows among the penalized, token ids, times)
-        out.drafts = _dev([drafts[i] for i in penalized], torch.int64, device)
-        out.run_first = _dev([q_of[run_start[i]] for i in penalized], torch.int64, device)
+        out.drafts = host_to_device([drafts[i] for i in penalized], torch.int64, device)
+        out.run_first = host_to_device([q_of[run_start[i]] for i in penalized], torch.int64, device)
     return out
 
 

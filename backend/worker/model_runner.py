@@ -1,7 +1,9 @@
 """ModelRunner: owns the model, the KV cache pool and the sampler; runs one scheduled step."""
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -27,6 +29,20 @@ from .pending_step import PendingStep
 from .warmup import compile_step_variants, profile_num_blocks
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _proposals_appended(step: SchedulerOutput) -> Iterator[None]:
+    """While the sampler prepares a verification step, each speculating sequence's tokens end
+    with its proposals: a row's bad words, grammar, penalties and seeded draw read the tokens
+    before its position, the proposals ahead of it included."""
+    for run in step.spec_runs:
+        run.seq.token_ids.extend(run.proposed)
+    try:
+        yield
+    finally:
+        for run in step.spec_runs:
+            del run.seq.token_ids[len(run.seq.token_ids) - len(run.proposed):]
 
 
 class ModelRunner:
@@ -225,9 +241,11 @@ class ModelRunner:
             row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
             prompt_index.extend(range(row_of_position_0 + span.first - 1, row_of_position_0 + span.end - 1))
             prompt_targets.extend(seq.token_ids[span.first:span.end])
-        sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
-                                   drafts=[r.draft for r in rows] if speculative else None) \
-            if rows and not step.defer_sampling else None
+        sampling = None
+        if rows and not step.defer_sampling:
+            with _proposals_appended(step):
+                sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
+                                           drafts=[r.draft for r in rows] if speculative else None)
         gather = None
         prompt_hidden = None
         if self.graphs is not None and self.graphs.can_run(batch):
