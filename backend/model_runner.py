@@ -18,6 +18,7 @@ from .forward_context import LoRAMapping, set_attention_metadata, set_lora_mappi
 from .input_batch import DecodeBlockRows, prepare_batch
 from .layers import ops
 from .layers.attention import Attention
+from .layers.int4 import INT4_METHODS
 from .layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from .layers.penalties import PenaltyCounts
 from .layers.sampler import PromptLogprobsOutput, Sampler, SamplerOutput, compute_prompt_logprobs
@@ -53,11 +54,23 @@ def resolve_dtype(args: EngineArgs, hf_config: dict, device: torch.device) -> to
 def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
     """`quantization`, or what the checkpoint's config.json declares, as vLLM reads it: an FP8
     checkpoint (quant_method "fp8", or "compressed-tensors" with 8-bit float weights) is served
-    in FP8. Other quantized formats are refused here rather than failing in the loader."""
+    in FP8, an AWQ or GPTQ one with its own packed weights. Other quantized formats are refused
+    here rather than failing in the loader."""
     declared = hf_config.get("quantization_config")
+    method = str((declared or {}).get("quant_method", "")).lower()
+    if method in INT4_METHODS and args.quantization not in (None, method):
+        raise ValueError(f"quantization={args.quantization!r}, but the checkpoint is quantized "
+                         f"with {method!r}: leave quantization unset or set it to {method!r}")
+    if args.quantization in INT4_METHODS and method != args.quantization and args.load_format != "dummy":
+        raise ValueError(f"quantization={args.quantization!r} reads {args.quantization.upper()} "
+                         f"checkpoints (their config.json declares it in quantization_config); "
+                         f"for random weights use load_format=dummy")
     if not declared or args.quantization is not None:
         return args.quantization
-    method = str(declared.get("quant_method", "")).lower()
+    if method in INT4_METHODS:
+        logger.info("The checkpoint is %s: serving its packed weights with quantization=%s",
+                    method.upper(), method)
+        return method
     groups = list((declared.get("config_groups") or {}).values())
     fp8_weights = all(isinstance(g, dict) and (g.get("weights") or {}).get("type") == "float"
                       and (g.get("weights") or {}).get("num_bits") == 8 for g in groups)
@@ -65,8 +78,8 @@ def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
         logger.info("The checkpoint is FP8 (quant_method %r): serving it with quantization=fp8", method)
         return "fp8"
     raise ValueError(f"model: the checkpoint is quantized with {method or declared!r}, which "
-                     f"Tritium does not read; FP8 checkpoints (quant_method 'fp8' or FP8 "
-                     f"compressed-tensors) are supported")
+                     f"Tritium does not read; FP8 (quant_method 'fp8' or FP8 compressed-tensors), "
+                     f"AWQ and GPTQ checkpoints are supported")
 
 
 @dataclass
@@ -92,8 +105,8 @@ class ModelRunner:
         torch.manual_seed(args.seed)
         model_cls = get_model_class(hf_config)
         self.quantization = resolve_quantization(args, hf_config)
-        linear_method = get_linear_method(self.quantization)
-        if linear_method is not None:
+        linear_method = get_linear_method(self.quantization, hf_config.get("quantization_config"))
+        if self.quantization == "fp8":
             check_fp8_supported(self.device)
         self.cache_dtype = self.dtype if args.kv_cache_dtype == "auto" else torch.float8_e4m3fn
         if args.kv_cache_dtype != "auto":

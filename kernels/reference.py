@@ -302,7 +302,7 @@ def w4a16_dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
     w = (q.to(compute) - zeros.to(compute)[groups]) * scales.to(compute)[groups]
     if perm is not None:
         w = torch.empty_like(w).index_copy_(0, perm.long(), w)
-    return w.t().to(dtype)
+    return w.t().to(dtype).contiguous()  # F.linear's operand as a checkpoint's [N, K] weight
 
 
 def w4a16_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
