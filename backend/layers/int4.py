@@ -133,7 +133,8 @@ class Int4LinearMethod(LinearMethod):
         def param(name: str, shape: tuple, tensor_dtype: torch.dtype, to_rows, fill) -> None:
             p = nn.Parameter(torch.empty(shape, dtype=tensor_dtype), requires_grad=False)
             p.weight_loader = layer.weight_loader
-            p.checkpoint_rows = lambda ckpt_name, t: to_rows(ckpt_name, t, layer)
+            # Unpacking runs where the parameter lives (the GPU: milliseconds, not seconds).
+            p.checkpoint_rows = lambda ckpt_name, t: to_rows(ckpt_name, t.to(p.device), layer)
             p.dummy_fill = lambda: fill(p)
             setattr(layer, name, p)
 
