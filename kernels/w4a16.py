@@ -125,12 +125,34 @@ def choose_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: 
 
 
 @triton.jit
+def _field(q, J: tl.constexpr, BITS: tl.constexpr):
+    """Value J of each word as the bits of the float32 2^23 + value (a constant shift)."""
+    return ((q >> (J * BITS)) & ((1 << BITS) - 1)) | 0x4B000000  # q uint32: logical shifts
+
+
+@triton.jit
+def _widen(q, BITS: tl.constexpr):
+    """[R, W] words -> [R, W * 32 / BITS]: column P * w + j holds value j of word w. Joins add a
+    minor dimension inside each thread (no data moves between threads), and every shift is a
+    constant."""
+    if BITS == 4:
+        w = tl.join(tl.join(tl.join(_field(q, 0, BITS), _field(q, 4, BITS)),
+                            tl.join(_field(q, 2, BITS), _field(q, 6, BITS))),
+                    tl.join(tl.join(_field(q, 1, BITS), _field(q, 5, BITS)),
+                            tl.join(_field(q, 3, BITS), _field(q, 7, BITS))))
+    else:
+        w = tl.join(tl.join(_field(q, 0, BITS), _field(q, 2, BITS)),
+                    tl.join(_field(q, 1, BITS), _field(q, 3, BITS)))
+    return tl.reshape(w, (q.shape[0], q.shape[1] * (32 // BITS)))
+
+
+@triton.jit
 def _w4a16_kernel(
     x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
     stride_xm, stride_qk, stride_sg, stride_os, stride_om,
     GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
     pid = tl.program_id(0)
@@ -151,7 +173,6 @@ def _w4a16_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     w_mask = offs_w < N // PACK
-    shifts = (tl.arange(0, BLOCK_N) % PACK) * BITS
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
@@ -163,16 +184,17 @@ def _w4a16_kernel(
         x = tl.load(x_rows + kx[None, :], mask=m_mask[:, None], other=0.0)
         q = tl.load(qw_ptr + k[:, None].to(tl.int64) * stride_qk + offs_w[None, :],
                     mask=w_mask[None, :], other=0)
-        q = tl.interleave(q, q)
-        q = tl.interleave(q, q)
-        if PACK == 8:
-            q = tl.interleave(q, q)  # [BLOCK_K, BLOCK_N]: each word once per column it holds
         g = k0 // GROUP
         scale = tl.load(scale_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         zero = tl.load(zero_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        bits = ((q >> shifts[None, :]) & ((1 << BITS) - 1)) | 0x4B000000
-        w = (bits.to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]) * scale[None, :]
-        acc = tl.dot(x, w.to(x.dtype), acc)
+        # (2^23 + q) - (2^23 + zero) = q - zero exactly: a small integer, exact in bf16/fp16.
+        w = _widen(q.to(tl.uint32, bitcast=True), BITS).to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
+        if SCALE_AFTER_DOT:
+            # One group per K step: its scales multiply the step's [BLOCK_M, BLOCK_N] sums
+            # instead of every weight (a 16-row tile has 8x fewer sums than a step has weights).
+            acc += tl.dot(x, w.to(x.dtype)) * scale[None, :]
+        else:
+            acc = tl.dot(x, (w * scale[None, :]).to(x.dtype), acc)
     out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
@@ -201,6 +223,6 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
-        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out[0] if split == 1 else out.sum(dim=0).to(x.dtype)
