@@ -334,3 +334,31 @@ def test_a_16_bit_checkpoint_with_quantization_awq_is_refused(llama_dir):
             "quantization='awq' reads AWQ checkpoints (their config.json declares it in "
             "quantization_config); for random weights use load_format=dummy") + "$"):
         LLM(llama_dir, device="cpu", quantization="awq")
+
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["awq-g32", "gptq-g32-act-order"])
+def test_gpu_projections_run_the_kernel_on_the_loaded_layout(llama_dir, tmp_path, case, dtype):
+    """On CUDA each loaded projection (fused parts, act-order rows) multiplies through
+    kernels.w4a16_matmul as the dequantized float32 weight does, for decode and prefill rows;
+    and the engine with CUDA graphs generates."""
+    fmt, bits, group, sym, desc_act = FORMATS[case]
+    qdir, ddir, packed = make_checkpoints(llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
+    llm = LLM(qdir, device="cuda", dtype=str(dtype).split(".")[1], num_kv_blocks=256)
+    model = llm.engine.runner.model
+    for layer in model.model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                       layer.mlp.down_proj):
+            w = w4a16_dequantize_ref(linear.qweight, linear.scales, linear.zeros, linear.group_size,
+                                     linear.perm, bits=bits)
+            for m in (1, 5, 40, 300):
+                x = torch.randn(m, linear.in_features, device="cuda").to(dtype)
+                got = linear.linear_method.apply(linear, x, None).float()
+                want = x.float() @ w.t()
+                assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, linear)
+    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == MAX_NEW for o in out)
