@@ -11,12 +11,14 @@ Layout (backend/layers/int4.py repacks AWQ and GPTQ checkpoints into it at load)
           and the activations are gathered in the same order as they are loaded.
 
 Packing along N lets a [BLOCK_K, BLOCK_N / P] tile of words be loaded once, in contiguous runs,
-and widened in registers: tl.interleave repeats each word P times along N (no data moves between
-threads), then each column shifts out its own bits. The integer becomes a float with the
-2^23 trick (its bits OR 0x4B000000 read as float32 are 2^23 + q; subtracting 2^23 + zero is
-exact), then one multiply by the scale, rounded once to the activations' dtype: the weight the
-tensor cores see is exactly (q - z) * s rounded to bf16/fp16, as a dequantized checkpoint holds it.
-No integer-to-float conversion instruction (quarter rate) runs per weight.
+and widened in registers: each word's P fields are cut with constant shifts and joined into a new
+minor dimension (inside each thread: no data moves between threads). A field becomes a float
+with the 2^23 trick (its bits OR 0x4B000000 read as float32 are 2^23 + q; subtracting 2^23 + zero
+is exact), so no integer-to-float conversion runs per weight; q - zero is a small integer, exact
+in bf16 and fp16. BLOCK_K divides the group size, so one group's scales serve a K step: a 16-row
+tile multiplies the step's float32 sums by them (8x fewer products than weights), larger tiles
+multiply the weights before the dot (rounded once to the activations' dtype), so the wgmma
+accumulator is not touched between steps.
 
 Few rows (decode): one 16-row tile holds all of them, so each weight word is read once; K is cut
 in SPLIT_K slices so that about two programs run per SM, the slices' float32 partial sums reduced
