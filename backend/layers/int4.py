@@ -85,8 +85,12 @@ class Int4Config:
             raise ValueError(f"model: {method!r} is not a 4-bit format Tritium reads ({INT4_METHODS})")
         if not isinstance(group, int) or not (group == -1 or (group >= 16 and group & (group - 1) == 0)):
             raise _field_error("group_size", group, "it must be -1 or a power of two of at least 16")
-        if c.get("modules_to_not_convert") or c.get("dynamic"):
-            field = "modules_to_not_convert" if c.get("modules_to_not_convert") else "dynamic"
+        # Modules left in 16 bits are fine where Tritium keeps them so anyway (lm_head, a vision
+        # tower); not when they are decoder projections.
+        kept = [m for m in c.get("modules_to_not_convert") or [] if any(
+            part in str(m) for part in ("layers", "self_attn", "mlp", "_proj"))]
+        if kept or c.get("dynamic"):
+            field = "modules_to_not_convert" if kept else "dynamic"
             raise _field_error(field, c.get(field), "Tritium quantizes every decoder projection alike")
         return cls(method, bits, group, desc_act)
 

@@ -234,6 +234,13 @@ def _assert_engine_weights(model, packed, fmt, bits, group) -> None:
     assert checked == 4 * len(model.model.layers)
 
 
+def test_modules_kept_in_16_bits_outside_the_decoder_are_accepted(llama_dir, tmp_path):
+    qdir, ddir, _ = make_checkpoints(llama_dir, str(tmp_path), "awq", 4, 32, declare={
+        "quant_method": "awq", "bits": 4, "group_size": 32, "version": "GEMM",
+        "modules_to_not_convert": ["lm_head", "visual"]})
+    assert engine_tokens(qdir) == hf_tokens(ddir)
+
+
 def test_an_explicit_quantization_argument_reads_the_declared_layout(llama_dir, tmp_path):
     qdir, ddir, _ = make_checkpoints(llama_dir, str(tmp_path), "gptq", 4, 64, False, True)
     assert engine_tokens(qdir, quantization="gptq") == hf_tokens(ddir)
