@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
-QUANTIZATIONS = ("fp8",)
+QUANTIZATIONS = ("fp8", "awq", "gptq")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's names: auto = the model's dtype; fp8 and fp8_e4m3 = float8 e4m3 with per-tensor scales.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -63,6 +63,8 @@ class EngineArgs:
     max_logprobs: int = 20
     # fp8: FP8 weights (per-channel scales) and per-token dynamic FP8 activations in the decoder's
     # linear layers, quantized at load from a 16-bit checkpoint. Needs compute capability 8.9+.
+    # awq / gptq: 4-bit (GPTQ: or 8-bit) weights of an AWQ / GPTQ checkpoint, 16-bit activations
+    # (backend/layers/int4.py); a checkpoint's config.json selects these (and fp8) by itself.
     quantization: str | None = None
     # fp8: the KV cache holds float8 e4m3 (half the bytes of bf16: twice the tokens in the same
     # memory, half the reads in decode attention); keys and values are stored divided by the

@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
            "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "fp8_matmul_few_rows",
-           "greedy_sample", "apply_penalties", "add_lora"]
+           "greedy_sample", "apply_penalties", "add_lora", "w4a16_matmul"]
 
 # fp8_matmul_few_rows serves at most this many rows (one MMA tile); more go to torch._scaled_mm.
 FP8_MATMUL_MAX_ROWS = 16
@@ -101,3 +101,10 @@ def apply_penalties(logits: torch.Tensor, rows: torch.Tensor | None, slots: torc
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
              slots: torch.Tensor, **options) -> torch.Tensor:
     return _impl("lora", "add_lora")(y, x, lora_a, lora_b, slots, **options)
+
+
+def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 group_size: int, perm: torch.Tensor | None = None, *, bits: int = 4,
+                 **options) -> torch.Tensor:
+    return _impl("w4a16", "w4a16_matmul")(x, qweight, scales, zeros, group_size, perm, bits=bits,
+                                          **options)

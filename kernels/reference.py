@@ -287,3 +287,32 @@ def add_lora_ref(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b:
         u = (x[rows].to(f) @ lora_a[s].to(f).t()).to(x.dtype)
         y[rows] = (y[rows].to(f) + u.to(f) @ lora_b[s].to(f).t()).to(y.dtype)
     return y
+
+
+def w4a16_dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                         group_size: int, perm: torch.Tensor | None = None, *, bits: int = 4,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The [N, K] weight that kernels/w4a16.py's layout holds, columns in the activations' order
+    (perm undone), in `dtype`: (q - zero) * scale, exact in float32 for fp16 scales."""
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=qweight.device)
+    q = (qweight[:, :, None] >> shifts) & ((1 << bits) - 1)          # [K, N / P, P]
+    q = q.reshape(qweight.shape[0], qweight.shape[1] * per_word)      # [K, N]
+    groups = torch.arange(q.shape[0], device=q.device) // group_size
+    compute = _compute_dtype(dtype)
+    w = (q.to(compute) - zeros.to(compute)[groups]) * scales.to(compute)[groups]
+    if perm is not None:
+        w = torch.empty_like(w).index_copy_(0, perm.long(), w)
+    return w.t().to(dtype).contiguous()  # F.linear's operand as a checkpoint's [N, K] weight
+
+
+def w4a16_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                     zeros: torch.Tensor, group_size: int, perm: torch.Tensor | None = None, *,
+                     bits: int = 4, **_options) -> torch.Tensor:
+    """x @ W^T with W dequantized in float32 (float64 for float64 x) in the activations' order:
+    the same matrix, and so the same sums, as F.linear on a dequantized checkpoint."""
+    vo.check_w4a16("w4a16_matmul", x, qweight, scales, zeros, group_size, bits, perm,
+                  v.REFERENCE_DTYPES)
+    compute = _compute_dtype(x.dtype)
+    w = w4a16_dequantize_ref(qweight, scales, zeros, group_size, perm, bits=bits, dtype=compute)
+    return F.linear(x.to(compute), w).to(x.dtype)

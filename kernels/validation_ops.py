@@ -213,3 +213,37 @@ def check_penalties(op: str, logits, rows, slots, output_counts, in_prompt, repe
                                              ("output_counts", output_counts), ("in_prompt", in_prompt),
                                              ("repetition", repetition), ("frequency", frequency),
                                              ("presence", presence)) if t is not None})
+
+
+def check_w4a16(op: str, x, qweight, scales, zeros, group_size: int, bits: int, perm,
+                dtypes: tuple[torch.dtype, ...]) -> None:
+    """The packed layout of kernels/w4a16.py: qweight [K, N * bits / 32] int32 (column n in bits
+    (n % (32 / bits)) * bits of its word), scales and zeros [K / group_size, N], perm [K] or None."""
+    if bits not in (4, 8):
+        fail(op, f"bits must be 4 or 8, got {bits}")
+    check_tensor(op, "x", x, "[M, K]", dtypes)
+    check_last_dim_contiguous(op, "x", x)
+    check_tensor(op, "qweight", qweight, "[K, N * bits / 32]", (torch.int32,))
+    check_contiguous(op, "qweight", qweight)
+    k = x.shape[1]
+    if qweight.shape[0] != k:
+        fail(op, f"qweight [K, N * bits / 32] has K = {qweight.shape[0]} but x has K = {k}")
+    n = qweight.shape[1] * (32 // bits)
+    if not isinstance(group_size, int) or group_size < 16 or group_size & (group_size - 1) and group_size != k:
+        fail(op, f"group_size must be a power of two of at least 16, or K, got {group_size}")
+    if k % group_size:
+        fail(op, f"K = {k} is not a multiple of group_size {group_size}")
+    check_tensor(op, "scales", scales, "[G, N]", HALF_AND_FLOAT)
+    check_shape(op, "scales", scales, (k // group_size, n), "[K / group_size, N]")
+    check_contiguous(op, "scales", scales)
+    check_tensor(op, "zeros", zeros, "[G, N]", HALF_AND_FLOAT)
+    check_shape(op, "zeros", zeros, (k // group_size, n), "[K / group_size, N]")
+    check_contiguous(op, "zeros", zeros)
+    tensors = {"x": x, "qweight": qweight, "scales": scales, "zeros": zeros}
+    if perm is not None:
+        check_tensor(op, "perm", perm, "[K]", (torch.int32,))
+        check_shape(op, "perm", perm, (k,), "[K]")
+        check_contiguous(op, "perm", perm)
+        tensors["perm"] = perm
+    check_same_device(op, tensors)
+

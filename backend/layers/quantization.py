@@ -18,6 +18,7 @@ from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 from ..config import QUANTIZATIONS
 from . import ops
+from .int4 import INT4_METHODS, Int4Config, Int4LinearMethod
 from .linear import LinearBase, LinearMethod
 
 
@@ -70,17 +71,27 @@ class Fp8LinearMethod(LinearMethod):
         return out if bias is None else out + bias
 
 
-def get_linear_method(quantization: str | None) -> LinearMethod | None:
+def get_linear_method(quantization: str | None, quantization_config: dict | None = None
+                      ) -> LinearMethod | None:
+    """`quantization_config`: config.json's, for the formats that read their layout from it."""
     if quantization is None:
         return None
     if quantization == "fp8":
         return Fp8LinearMethod()
+    if quantization in INT4_METHODS:
+        return Int4LinearMethod(Int4Config.from_config(quantization, quantization_config))
     raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}")
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
+    methods = {}
     for module in model.modules():
         if isinstance(module, LinearBase):
             hook = getattr(module.linear_method, "process_weights_after_loading", None)
             if hook is not None:
                 hook(module)
+                methods[id(module.linear_method)] = module.linear_method
+    for method in methods.values():
+        done = getattr(method, "loading_done", None)  # e.g. to log what repacking cost
+        if done is not None:
+            done()

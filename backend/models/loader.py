@@ -167,9 +167,16 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
                 if param is None:
                     raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")
                 loader = getattr(param, "weight_loader", None)
+                # Packed formats (layers/int4.py) keep the outputs of a tensor elsewhere than in
+                # its rows: the parameter turns it into rows; a tensor of the whole input
+                # (GPTQ's g_idx) is the same for every part.
+                to_rows = getattr(param, "checkpoint_rows", None)
+                if to_rows is not None:
+                    tensor = to_rows(name, tensor)
                 # A tensor the checkpoint already fuses goes in part by part (each part's rows).
                 parts = [(shard_id, None)]
-                if shard_id is None and loader is not None and hasattr(model, "checkpoint_shards"):
+                if (shard_id is None and loader is not None and hasattr(model, "checkpoint_shards")
+                        and not getattr(param, "whole_input", False)):
                     parts = model.checkpoint_shards(name) or parts
                 with torch.no_grad():
                     start = 0
@@ -197,7 +204,10 @@ def load_dummy(model: nn.Module, seed: int) -> None:
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            fill = getattr(param, "dummy_fill", None)  # packed integer weights fill themselves
+            if fill is not None:
+                fill()
+            elif "norm" in name:
                 param.fill_(1.0)
             else:
                 param.uniform_(-1e-2, 1e-2)

@@ -6,6 +6,7 @@ import logging
 import torch
 
 from ..config import EngineArgs
+from ..layers.int4 import INT4_METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +33,23 @@ def resolve_dtype(args: EngineArgs, hf_config: dict, device: torch.device) -> to
 def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
     """`quantization`, or what the checkpoint's config.json declares, as vLLM reads it: an FP8
     checkpoint (quant_method "fp8", or "compressed-tensors" with 8-bit float weights) is served
-    in FP8. Other quantized formats are refused here rather than failing in the loader."""
+    in FP8, an AWQ or GPTQ one with its own packed weights. Other quantized formats are refused
+    here rather than failing in the loader."""
     declared = hf_config.get("quantization_config")
+    method = str((declared or {}).get("quant_method", "")).lower()
+    if method in INT4_METHODS and args.quantization not in (None, method):
+        raise ValueError(f"quantization={args.quantization!r}, but the checkpoint is quantized "
+                         f"with {method!r}: leave quantization unset or set it to {method!r}")
+    if args.quantization in INT4_METHODS and method != args.quantization and args.load_format != "dummy":
+        raise ValueError(f"quantization={args.quantization!r} reads {args.quantization.upper()} "
+                         f"checkpoints (their config.json declares it in quantization_config); "
+                         f"for random weights use load_format=dummy")
     if not declared or args.quantization is not None:
         return args.quantization
-    method = str(declared.get("quant_method", "")).lower()
+    if method in INT4_METHODS:
+        logger.info("The checkpoint is %s: serving its packed weights with quantization=%s",
+                    method.upper(), method)
+        return method
     groups = list((declared.get("config_groups") or {}).values())
     fp8_weights = all(isinstance(g, dict) and (g.get("weights") or {}).get("type") == "float"
                       and (g.get("weights") or {}).get("num_bits") == 8 for g in groups)
@@ -44,5 +57,5 @@ def resolve_quantization(args: EngineArgs, hf_config: dict) -> str | None:
         logger.info("The checkpoint is FP8 (quant_method %r): serving it with quantization=fp8", method)
         return "fp8"
     raise ValueError(f"model: the checkpoint is quantized with {method or declared!r}, which "
-                     f"Tritium does not read; FP8 checkpoints (quant_method 'fp8' or FP8 "
-                     f"compressed-tensors) are supported")
+                     f"Tritium does not read; FP8 (quant_method 'fp8' or FP8 compressed-tensors), "
+                     f"AWQ and GPTQ checkpoints are supported")

@@ -65,8 +65,8 @@ class ModelRunner:
         torch.manual_seed(args.seed)
         model_cls = get_model_class(hf_config)
         self.quantization = resolve_quantization(args, hf_config)
-        linear_method = get_linear_method(self.quantization)
-        if linear_method is not None:
+        linear_method = get_linear_method(self.quantization, hf_config.get("quantization_config"))
+        if self.quantization == "fp8":
             check_fp8_supported(self.device)
         self.cache_dtype = self.dtype if args.kv_cache_dtype == "auto" else torch.float8_e4m3fn
         if args.kv_cache_dtype != "auto":

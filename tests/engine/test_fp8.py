@@ -76,7 +76,7 @@ def test_per_token_quantization_reference():
 
 
 def test_unknown_quantization_is_a_clear_error(llama_dir):
-    with pytest.raises(ValueError, match=r"^quantization must be one of fp8; got 'int4'\.$"):
+    with pytest.raises(ValueError, match=r"^quantization must be one of fp8, awq, gptq; got 'int4'\.$"):
         EngineArgs(model=llama_dir, quantization="int4")
     args = EngineArgs.from_strings({"model": llama_dir, "quantization": "none"})
     assert args.quantization is None

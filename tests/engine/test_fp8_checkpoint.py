@@ -166,11 +166,25 @@ def test_a_declared_fp8_checkpoint_is_served_in_fp8(llama_dir, tmp_path, declare
     assert _outputs(fp8_dir) == _outputs(wide_dir, quantization="fp8")
 
 
-def test_other_quantized_checkpoints_are_refused(llama_dir, tmp_path):
-    model = str(tmp_path / "gptq")
+@pytest.mark.parametrize("declared, message", [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True},
+     "model: the checkpoint is quantized with 'bitsandbytes', which Tritium does not read; FP8 "
+     "(quant_method 'fp8' or FP8 compressed-tensors), AWQ and GPTQ checkpoints are supported"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128},
+     "model: quantization_config.bits is 3; Tritium serves GPTQ checkpoints of 4 or 8 bits"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"},
+     "model: quantization_config.checkpoint_format is 'marlin'; Tritium reads the GPTQ (v1) layout "
+     "that AutoGPTQ and GPTQModel write by default, not marlin, bitblas, exllama-v2-only or "
+     "gptq_v2 layouts"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "exllama"},
+     "model: quantization_config.version is 'exllama'; Tritium reads AutoAWQ's GEMM layout "
+     "('gemm'); re-export the checkpoint with version='gemm'"),
+], ids=["bitsandbytes", "gptq-3bit", "gptq-marlin", "awq-exllama"])
+def test_other_quantized_checkpoints_are_refused(llama_dir, tmp_path, declared, message):
+    """AWQ and GPTQ are served (tests/engine/test_awq_gptq.py); other formats and variants are
+    refused before loading, naming what the checkpoint declares."""
+    model = str(tmp_path / "quantized")
     shutil.copytree(llama_dir, model)
-    _declare(model, {"quant_method": "gptq", "bits": 4})
-    with pytest.raises(ValueError, match="^" + re.escape(
-            "model: the checkpoint is quantized with 'gptq', which Tritium does not read; FP8 "
-            "checkpoints (quant_method 'fp8' or FP8 compressed-tensors) are supported") + "$"):
+    _declare(model, declared)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         LLM(model, device="cpu")

@@ -1,0 +1,230 @@
+"""W4A16 (and W8A16) matmul: out = x @ dequant(qweight)^T for 4-bit AWQ / GPTQ weights, with
+16-bit activations. One kernel serves every batch size; a config per row count picks the tile.
+
+Layout (backend/layers/int4.py repacks AWQ and GPTQ checkpoints into it at load):
+  qweight [K, N * bits / 32] int32: packed along the output dimension, column n of row k in bits
+          (n % P) * bits of word [k, n // P] (P = 32 / bits values a word, in order)
+  scales, zeros [K / group_size, N]: weight[n, k] = (q[k, n] - zeros[g, n]) * scales[g, n],
+          g = k // group_size (zeros hold integers: GPTQ's +1 is applied at load)
+  perm [K] int32 or None: row k of qweight multiplies x[:, perm[k]]. GPTQ's desc_act puts input
+          channels of one group anywhere; sorting the rows by group makes groups contiguous again,
+          and the activations are gathered in the same order as they are loaded.
+
+Packing along N lets a [BLOCK_K, BLOCK_N / P] tile of words be loaded once, in contiguous runs,
+and widened in registers: each word's P fields are cut with constant shifts and joined into a new
+minor dimension (inside each thread: no data moves between threads). A field becomes a float
+with the 2^23 trick (its bits OR 0x4B000000 read as float32 are 2^23 + q; subtracting 2^23 + zero
+is exact), so no integer-to-float conversion runs per weight; q - zero is a small integer, exact
+in bf16 and fp16. BLOCK_K divides the group size, so one group's scales serve a K step: a 16-row
+tile multiplies the step's float32 sums by them (8x fewer products than weights), larger tiles
+multiply the weights before the dot (rounded once to the activations' dtype), so the wgmma
+accumulator is not touched between steps.
+
+Few rows (decode): one 16-row tile holds all of them, so each weight word is read once; K is cut
+in SPLIT_K slices so that about two programs run per SM, the slices' float32 partial sums reduced
+in a fixed order afterwards (no atomics: the result does not depend on timing). Many rows
+(prefill): 64- or 128-row tiles, grouped along M so neighbouring programs share weight tiles in L2.
+A table of measured configs per GPU, weight shape and row bucket (kernels/configs/w4a16.json,
+written by scripts/bench_w4a16.py --write-configs) overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation, validation_ops
+from ._launch import cdiv, check_runnable, num_sms
+
+OP = "w4a16_matmul"
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
+# Row buckets: a config per bucket (each a Triton specialization, compiled once).
+ROW_BUCKETS = (16, 64, 256)  # and "more"
+
+
+@dataclass(frozen=True)
+class W4A16Config:
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 128  # at most the group size (one group's scales per K step)
+    split_k: int = 0  # 0: enough K slices for about two programs per SM
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+DEFAULT_CONFIGS = {
+    16: W4A16Config(16, 64, 128, 0, 1, 4, 4),
+    64: W4A16Config(64, 64, 128, 0, 8, 4, 4),
+    256: W4A16Config(64, 128, 64, 0, 8, 4, 4),
+    0: W4A16Config(128, 128, 64, 1, 8, 8, 3),  # more than 256 rows
+}
+
+TUNED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "w4a16.json")
+
+
+def row_bucket(m: int) -> int:
+    """The smallest bucket holding m rows, 0 for more than the largest."""
+    return next((b for b in ROW_BUCKETS if m <= b), 0)
+
+
+def config_key(n: int, k: int, bits: int, group_size: int, bucket: int) -> str:
+    return f"{n}x{k}/w{bits}g{group_size}/m{bucket or 'big'}"
+
+
+@functools.lru_cache(maxsize=None)
+def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, W4A16Config]]:
+    """{GPU name: {config_key: config}} from the table; empty when there is none."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    out = {}
+    for gpu, entries in table.get("configs", {}).items():
+        out[gpu] = {}
+        for key, entry in entries.items():
+            try:
+                out[gpu][key] = W4A16Config(**entry)
+            except TypeError as e:
+                raise ValueError(f"{path}: {gpu} {key}: {e}") from None
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def choose_config(m: int, n: int, k: int, bits: int, group_size: int, device: torch.device
+                  ) -> W4A16Config:
+    bucket = row_bucket(m)
+    table = load_tuned_configs(TUNED_CONFIGS).get(_device_name(device), {})
+    return table.get(config_key(n, k, bits, group_size, bucket), DEFAULT_CONFIGS[bucket])
+
+
+def block_k_for(cfg: W4A16Config, group_size: int) -> int:
+    """The config's K step, shrunk to divide the group size (one group per step)."""
+    bk = cfg.block_k
+    while bk > 16 and group_size % bk:
+        bk //= 2
+    return bk
+
+
+def choose_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: int) -> int:
+    """Slices of K so that about two programs run per SM, each still walking at least four
+    BLOCK_K steps (shorter walks cannot hide the load latency)."""
+    if cfg.split_k:
+        return cfg.split_k
+    programs = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    wanted = cdiv(2 * sms, programs)
+    return max(1, min(wanted, k // (4 * block_k)))
+
+
+@triton.jit
+def _field(q, J: tl.constexpr, BITS: tl.constexpr):
+    """Value J of each word as the bits of the float32 2^23 + value (a constant shift)."""
+    return ((q >> (J * BITS)) & ((1 << BITS) - 1)) | 0x4B000000  # q uint32: logical shifts
+
+
+@triton.jit
+def _widen(q, BITS: tl.constexpr):
+    """[R, W] words -> [R, W * 32 / BITS]: column P * w + j holds value j of word w. Joins add a
+    minor dimension inside each thread (no data moves between threads), and every shift is a
+    constant."""
+    if BITS == 4:
+        w = tl.join(tl.join(tl.join(_field(q, 0, BITS), _field(q, 4, BITS)),
+                            tl.join(_field(q, 2, BITS), _field(q, 6, BITS))),
+                    tl.join(tl.join(_field(q, 1, BITS), _field(q, 5, BITS)),
+                            tl.join(_field(q, 3, BITS), _field(q, 7, BITS))))
+    else:
+        w = tl.join(tl.join(_field(q, 0, BITS), _field(q, 2, BITS)),
+                    tl.join(_field(q, 1, BITS), _field(q, 3, BITS)))
+    return tl.reshape(w, (q.shape[0], q.shape[1] * (32 // BITS)))
+
+
+@triton.jit
+def _w4a16_kernel(
+    x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
+    stride_xm, stride_qk, stride_sg, stride_os, stride_om,
+    GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+):
+    PACK: tl.constexpr = 32 // BITS
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # Programs in groups of GROUP_M row tiles walk the column tiles together (L2 reuse).
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_w = pid_n * (BLOCK_N // PACK) + tl.arange(0, BLOCK_N // PACK)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    w_mask = offs_w < N // PACK
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        k = k0 + offs_k  # K is a multiple of BLOCK_K: no mask
+        if HAS_PERM:
+            kx = tl.load(perm_ptr + k)
+        else:
+            kx = k
+        x = tl.load(x_rows + kx[None, :], mask=m_mask[:, None], other=0.0)
+        q = tl.load(qw_ptr + k[:, None].to(tl.int64) * stride_qk + offs_w[None, :],
+                    mask=w_mask[None, :], other=0)
+        g = k0 // GROUP
+        scale = tl.load(scale_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        zero = tl.load(zero_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        # (2^23 + q) - (2^23 + zero) = q - zero exactly: a small integer, exact in bf16/fp16.
+        w = _widen(q.to(tl.uint32, bitcast=True), BITS).to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
+        if SCALE_AFTER_DOT:
+            # One group per K step: its scales multiply the step's [BLOCK_M, BLOCK_N] sums
+            # instead of every weight (a 16-row tile has 8x fewer sums than a step has weights).
+            acc += tl.dot(x, w.to(x.dtype)) * scale[None, :]
+        else:
+            acc = tl.dot(x, (w * scale[None, :]).to(x.dtype), acc)
+    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 group_size: int, perm: torch.Tensor | None = None, *, bits: int = 4,
+                 config: W4A16Config | None = None) -> torch.Tensor:
+    """x [M, K] bf16/fp16 -> out [M, N] in x's dtype; see the module docstring for the layout."""
+    validation_ops.check_w4a16(OP, x, qweight, scales, zeros, group_size, bits, perm, ACTIVATION_DTYPES)
+    check_runnable(OP, x)
+    m, k = x.shape
+    n = qweight.shape[1] * (32 // bits)
+    cfg = config or choose_config(m, n, k, bits, group_size, x.device)
+    block_k = block_k_for(cfg, group_size)
+    if group_size % block_k or block_k < 16:
+        validation.fail(OP, f"group_size {group_size} needs a K step of at least 16 that divides it")
+    if m == 0 or n == 0:
+        return torch.empty(m, n, dtype=x.dtype, device=x.device)
+    split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))
+    # One slice: the kernel writes the output. Several: float32 partial sums, summed after.
+    out = (torch.empty(1, m, n, dtype=x.dtype, device=x.device) if split == 1 else
+           torch.empty(split, m, n, dtype=torch.float32, device=x.device))
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
+    _w4a16_kernel[grid](
+        x, qweight, scales, zeros, qweight if perm is None else perm, out, m, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
+        GROUP=group_size, BITS=bits, HAS_PERM=perm is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
+        GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out[0] if split == 1 else out.sum(dim=0).to(x.dtype)

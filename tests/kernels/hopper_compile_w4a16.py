@@ -1,0 +1,55 @@
+"""Compile w4a16_matmul for sm_90 without a GPU, as hopper_compile.py does for the other kernels:
+the default config of every row bucket at Llama-3-8B's shapes (4 bits, groups of 128), with a
+shuffled input order, 8 bits, fp16, and every tuned config in kernels/configs/w4a16.json. One
+JSON line per launch. Run without TRITON_INTERPRET."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hopper_compile  # noqa: E402  (also puts the repository root on sys.path)
+
+
+def cases():
+    import kernels
+    from kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
+    e = torch.empty
+    n, k, group = 6144, 4096, 128
+    w = e(k, n // 8, dtype=torch.int32)
+    s, z = e(k // group, n, dtype=torch.float16), e(k // group, n, dtype=torch.float16)
+    perm = e(k, dtype=torch.int32)
+    for m in (1, 16, 64, 256, 4096):
+        yield f"w4a16 m={m}", lambda m=m: kernels.w4a16_matmul(e(m, k, dtype=torch.bfloat16), w, s, z, group)
+    yield "w4a16 m=1 act-order", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group, perm)
+    yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul(e(4096, k, dtype=torch.float16), w, s, z, group)
+    w8 = e(k, n // 4, dtype=torch.int32)
+    yield "w8a16 m=16", lambda: kernels.w4a16_matmul(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)
+    for gpu, entries in load_tuned_configs(TUNED_CONFIGS).items():
+        for key, cfg in entries.items():
+            shape, wg, _ = key.split("/")
+            tn, tk = (int(v) for v in shape.split("x"))
+            bits, tg = (int(v) for v in wg[1:].split("g"))
+            yield (f"w4a16 tuned {gpu} {key}", lambda tn=tn, tk=tk, bits=bits, tg=tg, cfg=cfg: kernels.w4a16_matmul(
+                e(cfg.block_m, tk, dtype=torch.bfloat16), e(tk, tn * bits // 32, dtype=torch.int32),
+                e(tk // tg, tn, dtype=torch.float16), e(tk // tg, tn, dtype=torch.float16), tg, bits=bits, config=cfg))
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
+    JITFunction.run = hopper_compile._record
+    import kernels.w4a16
+    kernels.w4a16.check_runnable = lambda op, t: None
+    for label, call in cases():
+        hopper_compile.launches.clear()
+        call()
+        for fn, args, kwargs in hopper_compile.launches:
+            print(json.dumps({"case": label, **hopper_compile.compile_launch(fn, args, kwargs)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

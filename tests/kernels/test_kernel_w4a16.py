@@ -1,0 +1,112 @@
+"""w4a16_matmul (AWQ / GPTQ linear layers) against a float64 product built from the integer
+weights themselves (this file packs them; nothing here unpacks): 4 and 8 bits, group sizes
+16-128 and one group over K, shuffled input order (GPTQ desc_act), row counts for the decode
+tile and the prefill tiles, split and unsplit K; the reference; and the argument errors."""
+
+import re
+
+import pytest
+import torch
+from kernel_checks import BF16_ON_GPU_ONLY, DEVICE, ON_GPU, rel_err
+
+import kernels
+from kernels import reference
+
+
+def _pack_along_n(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """[K, N] integers -> [K, N * bits / 32] int32 words, column 8c + j (4 bits) in bits 4j.."""
+    per_word = 32 // bits
+    k, n = q.shape
+    words = torch.zeros(k, n // per_word, dtype=torch.int64)
+    for j in range(per_word):
+        words |= q[:, j::per_word].long() << (bits * j)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _case(m, n, k, group, bits, shuffled, seed, dtype):
+    """Inputs and the float64 oracle: x @ W^T with W[n, perm[k]] = (q - z) * s rounded to the
+    activations' dtype (the kernel's tensor-core operand), summed in float64."""
+    g = torch.Generator().manual_seed(seed)
+    top = 2**bits
+    q = torch.randint(0, top, (k, n), generator=g)
+    groups = k // group
+    zeros = torch.randint(0, top, (groups, n), generator=g).to(torch.float16)
+    scales = (torch.rand(groups, n, generator=g) * 2e-2 + 1e-3).to(torch.float16)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    perm = torch.randperm(k, generator=g).to(torch.int32) if shuffled else None
+    gi = torch.arange(k) // group
+    w_sorted = ((q.double() - zeros.double()[gi]) * scales.double()[gi]).to(dtype).double()  # [K, N]
+    w = torch.empty_like(w_sorted)
+    w[perm.long() if shuffled else torch.arange(k)] = w_sorted
+    oracle = x.double() @ w
+    args = [t.to(DEVICE) if t is not None else None
+            for t in (x, _pack_along_n(q, bits), scales, zeros)]
+    return args, (perm.to(DEVICE) if shuffled else None), oracle
+
+
+# (rows, N, K, group size, bits, shuffled, block_m, block_n, block_k, split_k)
+CASES = [(1, 64, 128, 32, 4, False, 16, 32, 32, 0), (3, 96, 256, 64, 4, True, 16, 32, 64, 2),
+         (16, 40, 128, 128, 4, False, 16, 32, 64, 1), (5, 64, 96, 96, 4, True, 16, 64, 32, 0),
+         (2, 48, 128, 16, 8, True, 16, 16, 16, 3), (37, 72, 64, 32, 4, False, 32, 32, 32, 1),
+         (70, 128, 128, 64, 8, False, 64, 64, 64, 2)]
+DTYPES = [torch.float16,
+          pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=BF16_ON_GPU_ONLY))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "m{}-n{}-k{}-g{}-w{}{}".format(
+    *c[:5], "-perm" if c[5] else ""))
+def test_matches_float64(case, dtype):
+    from kernels.w4a16 import W4A16Config
+    m, n, k, group, bits, shuffled, bm, bn, bk, split = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
+    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
+        block_m=bm, block_n=bn, block_k=bk, split_k=split, group_m=2, num_stages=2))
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, oracle) < 2e-3
+
+
+def test_default_configs_at_decode_and_prefill_rows():
+    for m in (1, 20, 300):
+        (x, qweight, scales, zeros), perm, oracle = _case(m, 64, 256, 128, 4, True, m, torch.float16)
+        out = kernels.w4a16_matmul(x, qweight, scales, zeros, 128, perm)
+        assert rel_err(out, oracle) < 2e-3, m
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_reference_matches_float64(shuffled):
+    (x, qweight, scales, zeros), perm, oracle = _case(6, 48, 128, 32, 4, shuffled, 7, torch.float64)
+    ref = reference.w4a16_matmul_ref(x.cpu(), qweight.cpu(), scales.cpu(), zeros.cpu(), 32,
+                                     None if perm is None else perm.cpu())
+    assert ref.dtype == torch.float64 and rel_err(ref, oracle) < 1e-12
+
+
+def test_automatic_split_fills_the_gpu_and_walks_four_steps():
+    from kernels.w4a16 import DEFAULT_CONFIGS, block_k_for, choose_split_k
+    cfg = DEFAULT_CONFIGS[16]
+    bk = block_k_for(cfg, 128)
+    assert choose_split_k(1, 6144, 4096, cfg, bk, 132) == 3     # 96 column tiles -> 288 programs
+    assert choose_split_k(1, 28672, 4096, cfg, bk, 132) == 1    # 448 column tiles
+    assert choose_split_k(1, 4096, 14336, cfg, bk, 132) == 5
+    assert choose_split_k(1, 64, 512, cfg, bk, 132) == 1        # four 128-steps at most
+    assert block_k_for(cfg, 32) == 32 and block_k_for(cfg, 96) == 32
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(bits=3), "bits must be 4 or 8, got 3"),
+    (lambda a: a.update(x=a["x"].float()),
+     "x must have dtype torch.float16 or torch.bfloat16, got torch.float32"),
+    (lambda a: a.update(qweight=a["qweight"][:64]),
+     "qweight [K, N * bits / 32] has K = 64 but x has K = 128"),
+    (lambda a: a.update(group_size=48), "group_size must be a power of two of at least 16, or K, got 48"),
+    (lambda a: a.update(scales=a["scales"][:, :8]),
+     "scales must have shape [K / group_size, N] = (4, 64), got (4, 8)"),
+    (lambda a: a.update(perm=torch.arange(128, device=DEVICE)),
+     "perm must have dtype torch.int32, got torch.int64"),
+])
+def test_argument_errors(change, message):
+    (x, qweight, scales, zeros), _, _ = _case(2, 64, 128, 32, 4, False, 0, torch.float16)
+    args = dict(x=x, qweight=qweight, scales=scales, zeros=zeros, group_size=32, perm=None, bits=4)
+    change(args)
+    with pytest.raises(ValueError, match="^" + re.escape("w4a16_matmul: " + message) + "$"):
+        kernels.w4a16_matmul(**args)
