@@ -35,7 +35,7 @@ BAD_GRPC = [  # (inputs, the exact error message)
     (grpc_inputs("x", sampling={"temperature": -1}), "temperature must be non-negative, got -1.0."),
     (grpc_inputs("x", sampling={"top_p": 1.5}), "top_p must be in (0, 1], got 1.5."),
     (grpc_inputs("x", sampling={"logprobs": 50}), "logprobs must be in [0, 20], got 50."),
-    (grpc_inputs("x", sampling={"n": 65}), "n must be at most 64 (the model's max_num_seqs), got 65."),
+    (grpc_inputs("x", sampling={"n": 65}), "n=65 is larger than max_num_seqs=64."),
     (grpc_inputs(""), "text_input must not be empty."),
     (grpc_inputs("word " * 1100), "tokens, but max_model_len is 1024: "
                                  "prompt plus at least one generated token must fit."),

@@ -114,8 +114,6 @@ def test_input_ids_prompt():
      "temperature must be non-negative, got -1.0."),
     ({"text_input": s("x"), "sampling_parameters": s('{"top_p": 0}')}, None,
      "top_p must be in (0, 1], got 0.0."),
-    ({"text_input": s("x"), "sampling_parameters": s('{"n": 65}')}, None,
-     "n must be at most 64 (the model's max_num_seqs), got 65."),
     ({"text_input": s("x"), "stream": b(True), "exclude_input_in_output": b(False)}, None,
      "exclude_input_in_output=false is not allowed when streaming: a stream sends only the new text."),
     ({"text_input": s("x"), "stream": np.array([1], dtype=np.int32)}, None,
@@ -131,7 +129,7 @@ def test_input_ids_prompt():
 ])
 def test_bad_requests_raise_clear_errors(inputs, parameters, message):
     with pytest.raises(ValueError) as e:
-        parse_request(inputs, parameters, max_n=64)
+        parse_request(inputs, parameters)
     assert str(e.value) == message
 
 

@@ -41,6 +41,11 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    @property
+    def part_sizes(self) -> list[int]:
+        """Output rows of each part of a fused projection (one part when not fused)."""
+        return [self.out_features]
+
     def _shard(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
         dim = self.tp_dim
         # Nothing to cut when the tensor already has the shard's size along `dim` (one rank, or
@@ -96,6 +101,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(in_features, sum(output_sizes), bias, dtype, False, linear_method)
 
+    @property
+    def part_sizes(self) -> list[int]:
+        return list(self.output_sizes)
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         tp = self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // tp
@@ -118,6 +127,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_heads = max(1, num_kv_heads // tp)
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
         super().__init__(hidden_size, out, bias, dtype, False, linear_method)
+
+    @property
+    def part_sizes(self) -> list[int]:
+        kv = self.num_kv_heads * self.head_dim
+        return [self.num_heads * self.head_dim, kv, kv]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str = "q") -> None:
         q_size = self.num_heads * self.head_dim

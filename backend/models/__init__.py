@@ -2,26 +2,23 @@
 from __future__ import annotations
 
 from ..layers.rotary import rope_type
+from .interface import CausalLM
 from .llama import LlamaArgs, LlamaForCausalLM
 
-MODEL_REGISTRY = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,  # same blocks; Qwen2 adds the qkv bias (from its config)
-    "Qwen3ForCausalLM": LlamaForCausalLM,  # and Qwen3 an RMSNorm per query and key head
-    "MistralForCausalLM": LlamaForCausalLM,
-    # Phi-3: its checkpoints hold q/k/v and gate/up already fused; partial rotary
-    "Phi3ForCausalLM": LlamaForCausalLM,
-}
+# Every architecture class (models/interface.py says what one provides).
+MODEL_CLASSES: tuple[type[CausalLM], ...] = (LlamaForCausalLM,)
+MODEL_REGISTRY = {arch: cls for cls in MODEL_CLASSES for arch in cls.architectures}
 
 
-def get_model_class(hf_config: dict) -> type:
+def get_model_class(hf_config: dict) -> type[CausalLM]:
     archs = hf_config.get("architectures") or []
     for arch in archs:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
     model_type = hf_config.get("model_type")
-    if model_type in ("llama", "qwen2", "qwen3", "mistral", "phi3"):
-        return LlamaForCausalLM
+    for cls in MODEL_CLASSES:
+        if model_type in cls.model_types:
+            return cls
     raise ValueError(f"model: architecture {archs or model_type!r} is not supported; "
                      f"supported: {', '.join(MODEL_REGISTRY)}")
 

@@ -3,6 +3,7 @@ serving: packed tokens of many sequences, paged attention, fused qkv and gate/up
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -12,9 +13,10 @@ from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.layernorm import RMSNorm
-from ..layers.linear import (LinearMethod, MergedColumnParallelLinear, QKVParallelLinear,
+from ..layers.linear import (LinearBase, LinearMethod, MergedColumnParallelLinear, QKVParallelLinear,
                              RowParallelLinear)
 from ..layers.rotary import RotaryEmbedding, rope_type
+from .interface import CausalLM
 
 
 @dataclass
@@ -98,7 +100,7 @@ class LlamaAttention(nn.Module):
         """`rows`: project only these rows' attention outputs (see LlamaModel.forward)."""
         qkv = self.qkv_proj(hidden)
         # Strided views into qkv: rotary works in place and the attention kernels take row
-        # strides, so no copies (they cost ~2% of a prefill step).
+        # strides, so no copies.
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # One kernel applies rotary (after Qwen3's head norms) and stores every row's keys and
         # values; then attention.
@@ -180,12 +182,20 @@ class LlamaModel(nn.Module):
         return hidden
 
 
-class LlamaForCausalLM(nn.Module):
-    # checkpoint name fragment -> (fused parameter fragment, shard id)
+class LlamaForCausalLM(CausalLM):
+    # Same blocks: Qwen2 adds the qkv bias (from its config), Qwen3 an RMSNorm per query and key
+    # head; Phi-3's checkpoints hold q/k/v and gate/up already fused, with partial rotary.
+    architectures = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                     "Phi3ForCausalLM")
+    model_types = ("llama", "qwen2", "qwen3", "mistral", "phi3")
     packed_modules = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
+    lora_modules = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                    "qkv_proj": ("qkv_proj", None), "o_proj": ("o_proj", 0),
+                    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+                    "gate_up_proj": ("gate_up_proj", None), "down_proj": ("down_proj", 0)}
 
     def checkpoint_shards(self, param_name: str) -> list[tuple[str | int, int]] | None:
         """For a checkpoint tensor that is already fused (Phi-3's qkv_proj and gate_up_proj):
@@ -223,3 +233,10 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+    def lora_projections(self) -> Iterator[tuple[tuple[int, str], LinearBase]]:
+        for index, layer in enumerate(self.model.layers):
+            yield (index, "qkv_proj"), layer.self_attn.qkv_proj
+            yield (index, "o_proj"), layer.self_attn.o_proj
+            yield (index, "gate_up_proj"), layer.mlp.gate_up_proj
+            yield (index, "down_proj"), layer.mlp.down_proj

@@ -47,12 +47,12 @@ class ParsedRequest:
     lora_name: str | None = None
 
 
-def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[str, Any] | None = None,
-                  *, max_n: int | None = None) -> ParsedRequest:
+def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[str, Any] | None = None
+                  ) -> ParsedRequest:
     """Parse a request's decoded input tensors and its request parameters (JSON or dict).
 
-    Raises ValueError with a message meant for the client when the request is malformed.
-    `max_n` bounds the `n` sampling parameter (the engine's max_num_seqs).
+    Raises ValueError with a message meant for the client when the request is malformed; what
+    depends on the engine (n against max_num_seqs, the prompt's length) the engine checks.
     """
     unknown = sorted(set(inputs) - set(INPUT_NAMES))
     if unknown:
@@ -84,8 +84,6 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
         raise ValueError(f"lora_name must be a non-empty string, got {lora_name!r}.")
     params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
-    if max_n is not None and params.n > max_n:
-        raise ValueError(f"n must be at most {max_n} (the model's max_num_seqs), got {params.n}.")
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
                          exclude_input_in_output=exclude, priority=priority, lora_name=lora_name,

@@ -139,9 +139,8 @@ class DecodeGraphs:
 PREFILL_GRAPH_MAX_SEQS = 8
 # With speculative decoding a second set of these graphs verifies proposals: a step of up to
 # this many sequences, each its last token and k proposed ones as a chunk. Eager verification
-# costs more than it gains (row 62 of docs/performance_notes.md), so this is also the most
-# sequences that speculate. H200, Llama-3-8B, k=4, attention with GQA heads packed (row 65):
-# n-gram proposals 1.33x at 16 sequences, 1.18x at 32; every proposal wrong 0.79x at both.
+# costs more than it gains, so this is also the most sequences that speculate (measured in
+# docs/performance.md, speculative decoding).
 SPEC_GRAPH_MAX_SEQS = 32
 
 

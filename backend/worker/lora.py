@@ -24,7 +24,6 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -33,12 +32,6 @@ from torch import nn
 from ..layers.linear import LinearBase
 from ..layers.parallel_state import get_tp_size
 
-# Checkpoint module -> (our projection, which part of it). Phi-3 checkpoints are already fused.
-_PARTS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "qkv_proj": ("qkv_proj", None), "o_proj": ("o_proj", 0),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-          "gate_up_proj": ("gate_up_proj", None), "down_proj": ("down_proj", 0)}
-_NUM_PARTS = {"qkv_proj": 3, "o_proj": 1, "gate_up_proj": 2, "down_proj": 1}
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 
 
@@ -46,7 +39,9 @@ class LoRAAdapter:
     """One PEFT adapter directory (adapter_config.json + adapter_model.safetensors): its
     scaling, and for each (layer, checkpoint module) its A [r, in] and B [out, r]."""
 
-    def __init__(self, name: str, path: str, num_layers: int, max_lora_rank: int) -> None:
+    def __init__(self, name: str, path: str, num_layers: int, max_lora_rank: int,
+                 targets: dict[str, tuple[str, int | None]]) -> None:
+        """targets: the module names the model lets adapters target (`CausalLM.lora_modules`)."""
         self.name, self.path = name, path
         config_path = os.path.join(path, "adapter_config.json")
         weights_path = os.path.join(path, "adapter_model.safetensors")
@@ -76,9 +71,9 @@ class LoRAAdapter:
         with safe_open(weights_path, framework="pt") as f:
             for key in f.keys():
                 match = _KEY.search(key)
-                if match is None or match.group(2) not in _PARTS:
+                if match is None or match.group(2) not in targets:
                     raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA weight "
-                                     f"of a supported projection ({', '.join(_PARTS)}).")
+                                     f"of a supported projection ({', '.join(targets)}).")
                 layer = int(match.group(1))
                 if layer >= num_layers:
                     raise ValueError(f"LoRA adapter {name!r}: {key!r} names layer {layer}, but the "
@@ -120,7 +115,9 @@ class LoRAManager:
         if get_tp_size() != 1:
             raise ValueError("LoRA adapters with tensor parallelism are not supported.")
         modules = modules or {}
-        self._layers = model.model.layers
+        self._model = model
+        self._parts = model.lora_modules  # adapter module -> (our projection, its part)
+        self._num_layers = len(model.attention_layers())
         self.rank = max_lora_rank
         self.dtype = dtype
         # Listed adapters: one slot each unless max_loras says otherwise; none listed: vLLM's 1.
@@ -133,15 +130,15 @@ class LoRAManager:
         # step loop loads them: the cache's bookkeeping is under this lock, disk reads are not.
         self._lock = threading.Lock()
         # Each projection's input features and its parts' output rows, to check adapters against.
-        self._shapes = {key: (linear.in_features, _part_rows(linear, key[1]))
-                        for key, linear in _projections(self._layers)}
+        self._shapes = {key: (linear.in_features, linear.part_sizes)
+                        for key, linear in model.lora_projections()}
         # Every listed adapter is read and checked now; only those host memory keeps (the first
         # max_cpu_loras) stay read, so start-up holds no more than that at once.
         keep = len(modules) if max_cpu_loras is None else max_cpu_loras
         adapters, targets = [], set()
         for i, (name, path) in enumerate(modules.items()):
             ad = self._read(name, path)
-            targets |= {(layer, _PARTS[module][0]) for layer, module in ad.weights}
+            targets |= {(layer, self._parts[module][0]) for layer, module in ad.weights}
             self.paths[name] = ad.path
             if i < keep:
                 adapters.append(ad)  # checked as it is stacked below (`_stack_all`)
@@ -150,10 +147,11 @@ class LoRAManager:
         # Slots on the projections the listed adapters target (no kernel work on the others);
         # with none listed, on every projection, for adapters that requests bring.
         self._slots: list[tuple[int, str, LinearBase, list[int]]] = []  # (layer, proj, linear, part rows)
-        for (index, proj), linear in _projections(self._layers):
+        for (index, proj), linear in model.lora_projections():
             if modules and (index, proj) not in targets:
                 continue
-            parts, (in_features, rows) = _NUM_PARTS[proj], self._shapes[(index, proj)]
+            in_features, rows = self._shapes[(index, proj)]
+            parts = len(rows)
             shape_a, shape_b = (parts * self.rank, in_features), (sum(rows), parts * self.rank)
             linear.lora = LoRAWeights(torch.zeros(self.num_slots, *shape_a, dtype=dtype, device=device),
                                       torch.zeros(self.num_slots, *shape_b, dtype=dtype, device=device))
@@ -216,7 +214,7 @@ class LoRAManager:
         return list(self._host)
 
     def _read(self, name: str, path: str) -> LoRAAdapter:
-        ad = LoRAAdapter(name, path, len(self._layers), self.rank)
+        ad = LoRAAdapter(name, path, self._num_layers, self.rank, self._parts)
         with self._lock:
             self.disk_reads += 1
         return ad
@@ -236,7 +234,7 @@ class LoRAManager:
         self._check_shapes(ad)
         slotted = {(index, proj) for index, proj, _, _ in self._slots}
         missing = sorted({f"layer {layer} {module}" for layer, module in ad.weights
-                          if (layer, _PARTS[module][0]) not in slotted})
+                          if (layer, self._parts[module][0]) not in slotted})
         if missing:
             raise ValueError(f"LoRA adapter {ad.name!r} targets {', '.join(missing[:4])}"
                              f"{', ...' if len(missing) > 4 else ''}, which no adapter listed at "
@@ -250,7 +248,7 @@ class LoRAManager:
 
     def _check_shapes(self, ad: LoRAAdapter) -> None:
         for (layer, module), pair in ad.weights.items():
-            proj, part = _PARTS[module]
+            proj, part = self._parts[module]
             in_features, rows = self._shapes[(layer, proj)]
             count = sum(rows) if part is None else rows[part]
             if pair["A"].shape[1] != in_features or pair["B"].shape[0] != count:
@@ -261,35 +259,17 @@ class LoRAManager:
     def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int],
                in_features: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The adapter's A and B for one projection in the slot layout, or None if it has none."""
-        r, parts, out_features = self.rank, _NUM_PARTS[proj], sum(rows)
+        r, parts, out_features = self.rank, len(rows), sum(rows)
         a = b = None
         for (layer, module), pair in ad.weights.items():
-            if layer != index or _PARTS[module][0] != proj:
+            if layer != index or self._parts[module][0] != proj:
                 continue
             if a is None:
                 a = torch.zeros(parts * r, in_features, dtype=self.dtype)
                 b = torch.zeros(out_features, parts * r, dtype=self.dtype)
-            part = _PARTS[module][1]
+            part = self._parts[module][1]
             first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
             col = (part or 0) * r
             a[col:col + ad.rank] = pair["A"].to(self.dtype)
             b[first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(self.dtype)
         return None if a is None else (a, b)
-
-
-def _projections(layers: nn.ModuleList) -> Iterator[tuple[tuple[int, str], LinearBase]]:
-    for index, layer in enumerate(layers):
-        yield (index, "qkv_proj"), layer.self_attn.qkv_proj
-        yield (index, "o_proj"), layer.self_attn.o_proj
-        yield (index, "gate_up_proj"), layer.mlp.gate_up_proj
-        yield (index, "down_proj"), layer.mlp.down_proj
-
-
-def _part_rows(linear: LinearBase, proj: str) -> list[int]:
-    """Output rows of each part of a (fused) projection."""
-    if proj == "qkv_proj":
-        q, kv = linear.num_heads * linear.head_dim, linear.num_kv_heads * linear.head_dim
-        return [q, kv, kv]
-    if proj == "gate_up_proj":
-        return list(linear.output_sizes)
-    return [linear.out_features]

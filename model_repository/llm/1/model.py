@@ -62,7 +62,6 @@ class TritonPythonModel:
         else:
             from backend import StreamingEngine  # imports torch into this process
             self._engine = StreamingEngine(engine_args)
-        self._max_n = self._engine.engine_args.max_num_seqs
         self._ids = itertools.count()
         # The engine thread must get the GIL back quickly from the sender and metrics threads
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
@@ -87,7 +86,7 @@ class TritonPythonModel:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
-            parsed = self._requests.parse_request(inputs, request.parameters(), max_n=self._max_n)
+            parsed = self._requests.parse_request(inputs, request.parameters())
             # Clients' request ids may be empty or repeat: the engine gets its own.
             state = self._in_flight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed))
             self._sender.track(state)
