@@ -103,6 +103,7 @@ class _Reply:
     async def events(self, first: Chunk | None, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         n, prompt_tokens, completion_tokens = self.req.n, 0, 0
         finished = [False] * n
+        continuous = self.req.stream_options is not None and self.req.stream_options.continuous
         opening = ({"role": "assistant", "content": ""} if self.tool is None else
                    {"role": "assistant", "content": None, "tool_calls": [
                        {"index": 0, "id": self.call_id, "type": "function",
@@ -124,7 +125,8 @@ class _Reply:
                     if self.req.logprobs and chunk.logprobs is not None and chunk.logprobs[i]:
                         logprobs = {"content": chat_logprobs(chunk.logprobs[i], self.k, text)}
                     yield self._chunk([{"index": i, "delta": self._delta(text) if text else {},
-                                        "logprobs": logprobs, "finish_reason": reason if ends else None}])
+                                        "logprobs": logprobs, "finish_reason": reason if ends else None}],
+                                      usage(prompt_tokens, completion_tokens) if continuous else None)
                 chunk = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event
             yield sse(e.body())

@@ -108,6 +108,7 @@ class _Reply:
     async def events(self, first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str]:
         n = self.req.n
         with_usage = self.req.stream_options is not None and self.req.stream_options.include_usage
+        continuous = with_usage and self.req.stream_options.continuous
         extra = {"usage": None} if with_usage else {}
         prompt_tokens = [0] * len(self.parts)
         completion_tokens = 0
@@ -137,6 +138,8 @@ class _Reply:
                         if chunk.logprobs is not None and chunk.logprobs[j]:
                             lp.add_output(chunk.logprobs[j], self.k, chunk.texts[j])
                         choice_lp = lp.as_dict(start)
+                    if continuous:
+                        extra = {"usage": usage(sum(prompt_tokens), completion_tokens)}
                     yield sse(self._obj([{"index": p * n + j, "text": text, "logprobs": choice_lp,
                                           "finish_reason": reason if ends else None}], **extra))
                 item = await anext(rest, None)

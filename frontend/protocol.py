@@ -19,6 +19,11 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: the usage so far in every chunk
+
+    @property
+    def continuous(self) -> bool:
+        return self.include_usage and self.continuous_usage_stats
 
 
 class SamplingFields(_Body):
