@@ -70,11 +70,21 @@ class Completions:
             logprobs=req.logprobs is not None)) for i, part in enumerate(parts)]
         reply = _Reply(req, response_id, parts)
         if not req.stream:
-            totals = await until_disconnected(request, asyncio.gather(*(collect(s, req.n) for s in streams)))
+            totals = await until_disconnected(request, _collect_all(streams, req.n))
             return JSONResponse(reply.complete(totals))
         events = merge(streams)
         first = await until_disconnected(request, anext(events, None))
         return StreamingResponse(reply.events(first, events), media_type="text/event-stream")
+
+
+async def _collect_all(streams: list, n: int) -> list[Totals]:
+    """Every prompt's totals; one failing (a 400) cancels the others' generations."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(collect(s, n)) for s in streams]
+    except ExceptionGroup as eg:  # the first failure is the client's answer
+        raise eg.exceptions[0] from None
+    return [t.result() for t in tasks]
 
 
 class _Reply:

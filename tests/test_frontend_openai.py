@@ -105,6 +105,12 @@ def test_completions_text_and_token_ids_equal_offline(client, offline):
                                        stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices) == out_ids.text
 
+    # Several prompts: choice i is prompt i's.
+    r = client.completions.create(model="llm", prompt=[prompt, ids], temperature=0, max_tokens=MAX_TOKENS)
+    assert [c.text for c in r.choices] == [out.text, out_ids.text]
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == 2 * MAX_TOKENS
+
     # echo: the prompt, then the completion; logprobs cover both (the first token has none).
     r = client.completions.create(model="llm", prompt=prompt, temperature=0, max_tokens=MAX_TOKENS,
                                   echo=True, logprobs=2)
