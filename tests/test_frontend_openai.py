@@ -190,3 +190,19 @@ def test_named_tool_call_arguments_validate(client):
                 arguments += tc.function.arguments or ""
     assert names == ["get_weather"]
     assert arguments == call.function.arguments
+
+
+def test_bench_client_through_the_frontend(stack, tmp_path):
+    """client/bench.py --openai: every request streams exactly its tokens, counted per event."""
+    import subprocess
+    import sys
+    from triton_server import ROOT
+    out = tmp_path / "openai.json"
+    subprocess.run([sys.executable, "client/bench.py", "--openai", stack[1].url + "/v1",
+                    "--num-requests", "8", "--input-len", "32", "--output-len", "16", "--procs", "2",
+                    "--warmup", "1", "--no-progress", "--json", str(out)], cwd=ROOT, check=True, timeout=120)
+    result = json.loads(out.read_text())
+    assert result["runner"] == "openai-completions-stream"
+    s = result["summary"]
+    assert (s["completed"], s["failed"], s["output_tokens"], s["wrong_length_requests"]) == (8, 0, 128, 0)
+    assert result["per_request"]["output_tokens"] == [16] * 8
