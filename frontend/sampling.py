@@ -67,8 +67,9 @@ def completion_sampling(req: CompletionRequest) -> dict[str, Any]:
 
 def named_tool(req: ChatCompletionRequest) -> dict[str, Any] | None:
     """The function a named tool_choice forces (its definition), or None."""
-    choice = req.tool_choice
-    if choice is None or choice == "none":
+    # OpenAI's default with tools is "auto" (and "none" without).
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
+    if choice == "none":
         return None
     if isinstance(choice, str):
         if not req.tools:
