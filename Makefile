@@ -26,6 +26,7 @@ models/tiny-llama/config.json: | $(STAMP)
 # Its chat template (a model built before the template existed gets it added).
 models/tiny-llama/chat_template.jinja: models/tiny-llama/config.json scripts/build_default_model.py
 	$(PY) scripts/build_default_model.py --out models/tiny-llama
+	touch $@
 
 # perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
 perf-analyzer: .perf_analyzer/perf_analyzer
