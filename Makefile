@@ -7,6 +7,7 @@ MODEL_REPOSITORY ?= model_repository
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 PYTEST_ARGS ?= --timeout=600
 
 .PHONY: venv model serve test perf-analyzer clean
@@ -19,9 +20,13 @@ $(STAMP): requirements.txt
 	touch $@
 
 # The embedded default model: a tiny random-weight Llama, built offline when missing.
-model: models/tiny-llama/config.json
+model: models/tiny-llama/config.json models/tiny-llama/chat_template.jinja
 models/tiny-llama/config.json: | $(STAMP)
 	$(PY) scripts/build_default_model.py --out models/tiny-llama
+# Its chat template (a model built before the template existed gets it added).
+models/tiny-llama/chat_template.jinja: models/tiny-llama/config.json scripts/build_default_model.py
+	$(PY) scripts/build_default_model.py --out models/tiny-llama
+	touch $@
 
 # perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
 perf-analyzer: .perf_analyzer/perf_analyzer
@@ -29,12 +34,19 @@ perf-analyzer: .perf_analyzer/perf_analyzer
 	scripts/install_perf_analyzer.sh
 
 serve: venv model
-	@echo "Starting tritonserver with $(MODEL_REPOSITORY)/ (model 'llm'). Once it logs"
-	@echo "'Started GRPCInferenceService', query it from another shell:"
+	@echo "Starting tritonserver with $(MODEL_REPOSITORY)/ (model 'llm') and, beside it, the"
+	@echo "OpenAI-compatible frontend on port $(OPENAI_PORT). Once the model is ready, from another shell:"
+	@echo "  curl -s localhost:$(OPENAI_PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "       -d '{\"model\": \"llm\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 16}'"
+	@echo "  (or the openai package: OpenAI(api_key=\"none\", base_url=\"http://localhost:$(OPENAI_PORT)/v1\"))"
 	@echo "  $(PY) -m client --url localhost:$(GRPC_PORT) \"The capital of France is\""
 	@echo "  curl -s localhost:$(HTTP_PORT)/v2/models/llm/generate -d '{\"text_input\": \"Hello\", \"max_tokens\": 16}'"
 	@echo "  curl -s localhost:$(METRICS_PORT)/metrics | grep vllm:"
 	@echo "(The default model has random weights: its output is not meaningful text.)"
+	@# The frontend waits for Triton by itself (/health says 503 until the model is ready) and
+	@# goes down with the server: it is killed when tritonserver exits.
+	$(PY) -m frontend --triton-grpc localhost:$(GRPC_PORT) --port $(OPENAI_PORT) & FRONTEND=$$!; \
+	trap 'kill $$FRONTEND 2>/dev/null' EXIT INT TERM; \
 	scripts/tritonserver --model-repository=$(MODEL_REPOSITORY) --http-port=$(HTTP_PORT) \
 		--grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
 

@@ -118,6 +118,10 @@ async def _run_shard(url: str, model: str, output_len: int, prompts: list[list[i
                      concurrency: int, send_text_input: bool, tag: str, loras: list[str | None],
                      counters: _Counters | None, barrier: Any) -> tuple[list[RequestTrace], float]:
     """One worker's requests; returns their traces and the CPU seconds spent while sending."""
+    if url.startswith(("http://", "https://")):  # --openai: through the OpenAI frontend
+        from client.bench_openai import run_openai_shard
+        return await run_openai_shard(url, model, output_len, prompts, first_index, concurrency,
+                                      tag, counters, barrier)
     import tritonclient.grpc.aio as aioclient
 
     # Built before the clock starts: tensor packing is client work, not serving time.
@@ -234,6 +238,9 @@ def clean_json(obj: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
+    ap.add_argument("--openai", metavar="URL",
+                    help="instead of gRPC: the OpenAI frontend's base URL (http://host:9000/v1), "
+                         "driven with streaming completions of the same token-id prompts")
     ap.add_argument("--model", default="llm")
     ap.add_argument("--workload", choices=["A", "B"], help="named workload (sizes below override it)")
     ap.add_argument("--num-requests", type=int)
@@ -260,8 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     workload = resolve_workload(args.workload, args.num_requests, args.input_len, args.output_len)
     low, high = parse_vocab_range(args.vocab_range)
     concurrency = args.concurrency or workload.num_requests
+    if args.openai:
+        if args.lora_names or args.send_text_input:
+            ap.error("--openai takes neither --lora-names nor --send-text-input")
+        args.url = args.openai.rstrip("/")
     if args.wait_ready > 0:
-        asyncio.run(wait_ready(args.url, args.model, args.wait_ready))
+        if args.openai:
+            from client.bench_openai import wait_ready_openai
+            asyncio.run(wait_ready_openai(args.url, args.wait_ready))
+        else:
+            asyncio.run(wait_ready(args.url, args.model, args.wait_ready))
 
     if args.warmup > 0:
         warm_prompts = make_prompts(args.warmup, workload.input_len, args.seed, "warmup", low, high)
@@ -282,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if summary["completed"]:
         summary["client_cpu_fraction_max"] = max(cpus) / summary["wall_s"]
     errors = sorted({t.error for t in traces if t.error})
-    print(format_summary(f"triton-grpc workload {workload.name}", summary))
+    runner = "openai-completions-stream" if args.openai else "triton-grpc-stream"
+    print(format_summary(f"{'openai-frontend' if args.openai else 'triton-grpc'} workload {workload.name}", summary))
     for e in errors[:5]:
         print(f"  error: {e}")
     if summary.get("client_cpu_fraction_max", 0) > 0.8:
@@ -290,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.json:
         result = {
-            "runner": "triton-grpc-stream",
+            "runner": runner,
             "workload": vars(workload) | {"vocab_range": [low, high], "seed": args.seed,
                                           "concurrency": concurrency, "procs": len(cpus)},
             "url": args.url, "model": args.model, "lora_names": names,

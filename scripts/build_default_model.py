@@ -14,6 +14,24 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "data", "corpus.txt")
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+# The default model's chat template (the frontend applies it): each turn as <|role|>, its text
+# and EOS; tools and tool calls as JSON; the assistant's turn opened by add_generation_prompt.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|tools|>\n{{ tools | tojson }}{{ eos_token }}\n{% endif %}"
+    "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content or '' }}"
+    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def add_chat_template(out_dir: str) -> str:
+    """Write chat_template.jinja (where transformers looks for it) unless the model has one."""
+    path = os.path.join(out_dir, "chat_template.jinja")
+    if not os.path.exists(path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(CHAT_TEMPLATE)
+    return path
 
 
 def build_tokenizer(out_dir: str, vocab_size: int = 512, add_bos: bool = True):
@@ -86,6 +104,7 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 p.normal_(1.0, 0.2)  # Qwen3's per-head norms: not all ones, so that they matter
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out_dir, **kwargs)
+    add_chat_template(out_dir)
     return out_dir
 
 
@@ -96,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
     args = parser.parse_args(argv)
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:
+        add_chat_template(args.out)  # a model built before the template existed gets it
         print(f"{args.out} already exists")
         return 0
     build_model(args.out, arch=args.arch)

@@ -10,6 +10,8 @@
 #                      [--tokenizer vocab|DIR] [--device cuda] [--dtype bfloat16]
 #                      [--num-requests N --input-len N --output-len N]   (smaller runs, all runners)
 #                      [--lora-names a,b]   (Triton runner only: requests spread over these adapters)
+#   Phase `frontend` (not in the default list): scripts/bench_frontend.sh, gRPC direct then the
+#   OpenAI frontend in one server (FRONTEND_WORKERS, default 6; BENCH_PROCS client processes, 4).
 #
 # A model is a directory name under models/configs or a path to a model directory.
 # Writes $OUT/results.json (every figure, ratios, targets) and $OUT/logs.tar.gz (all logs and
@@ -94,6 +96,11 @@ setup() {  # once per machine: server unpacked into a venv whose numpy is 1.26
     image_site=$("$IMAGE_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     "$V/bin/python" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
         "$BUNDLE"/numpy-1.26.4-*.whl "$BUNDLE"/tritonclient-*.whl "$BUNDLE"/python_rapidjson-*.whl || return 1
+    # The OpenAI frontend and aiohttp (the frontend phase), when the bundle has them.
+    if ls "$BUNDLE"/frontend-wheels/*.whl >/dev/null 2>&1; then
+        "$V/bin/python" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+            "$BUNDLE"/frontend-wheels/*.whl || return 1
+    fi
     # The image's packages (torch, triton, transformers) after the venv's own: numpy 1.26 wins.
     echo "import site; site.addsitedir('$image_site')" >"$site/zz_image_site.pth"
     # Python's tarfile rather than tar -J: the image need not have xz.
@@ -185,6 +192,10 @@ for spec in ${MODELS//,/ }; do
             triton) phase "$m" triton 420 bash scripts/bench_triton.sh --repo "$REPO" \
                 --out-dir "$WORK/$m" --workloads "$WORKLOADS" --log "$LOGS/$m-tritonserver.log" \
                 --port-base "$PORT" -- "${SIZES[@]}" "${LORA_ARGS[@]}" ;;
+            frontend) phase "$m" frontend 480 bash scripts/bench_frontend.sh --repo "$REPO" \
+                --out-dir "$WORK/$m" --workloads "$WORKLOADS" --log "$LOGS/$m-frontend-tritonserver.log" \
+                --port-base "$PORT" --frontend-workers "${FRONTEND_WORKERS:-6}" -- "${SIZES[@]}" \
+                --procs "${BENCH_PROCS:-4}" --no-progress ;;
             offline) phase "$m" offline 300 "$V/bin/python" scripts/bench_offline.py \
                 --model-config "$REPO/llm/config.pbtxt" --workloads "$WORKLOADS" "${SIZES[@]}" \
                 --json "$WORK/$m/offline.json" ;;

@@ -15,6 +15,11 @@
 #   gpu_bundle/tritonclient-2.51.0-*.whl           the client without its 20 MB perf_analyzer
 #   gpu_bundle/python_rapidjson-*-cp312-*.whl      tritonclient's JSON dependency
 #   gpu_bundle/perf_analyzer-2.51.0.tar.xz         perf_analyzer + Debian's libb64
+#   gpu_bundle/frontend-wheels/*.whl               the OpenAI frontend's packages (fastapi,
+#                                                  uvicorn, httptools, pydantic, ...) and aiohttp
+#                                                  for client/bench.py --openai, with their
+#                                                  dependencies; not uvloop (4.5 MB would pass the
+#                                                  limit): uvicorn then runs asyncio's own loop
 #   gpu_bundle/MANIFEST.txt                        sizes and sha256
 #
 # Downloads are cached in $TRITIUM_WHEEL_CACHE (default ~/.cache/tritium-gpu-wheels); each
@@ -29,7 +34,8 @@ CP="cp${PYVER/./}"
 CACHE="${TRITIUM_WHEEL_CACHE:-$HOME/.cache/tritium-gpu-wheels}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-LIMIT_MIB=55
+# The working tree (~3 MiB) travels too, within the device call's 64 MiB.
+LIMIT_MIB=58
 FORCE=0
 [ "${1:-}" = "--force" ] && FORCE=1
 
@@ -53,6 +59,18 @@ fetch_wheel "$PYTRITON_WHL" nvidia-pytriton==0.7.0
 fetch_wheel "$NUMPY_WHL" numpy==1.26.4
 fetch_wheel "$CLIENT_WHL" tritonclient==2.51.0
 fetch_wheel "$RAPIDJSON_WHL" python-rapidjson==1.25
+# The frontend's pins in requirements.txt, resolved with their dependencies for the target Python.
+FRONTEND_WANT=(fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 aiohttp==3.14.5
+               pydantic==2.14.4)
+FRONTEND_CACHE="$CACHE/frontend-$CP-$(echo "${FRONTEND_WANT[*]}" | sha256sum | cut -c1-12)"
+if [ ! -f "$FRONTEND_CACHE/.complete" ]; then
+    echo "downloading the frontend's wheels"
+    rm -rf "$FRONTEND_CACHE" && mkdir -p "$FRONTEND_CACHE"
+    "$PY" -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$FRONTEND_CACHE" "${FRONTEND_WANT[@]}"
+    touch "$FRONTEND_CACHE/.complete"
+fi
 if ! ls "$CACHE"/libb64-0d_*_amd64.deb >/dev/null 2>&1; then
     echo "downloading Debian's libb64-0d"
     (cd "$CACHE" && apt-get download libb64-0d:amd64) || {
@@ -120,15 +138,18 @@ if need "$PA_TAR"; then
     mv "$OUT/$PA_TAR.part" "$OUT/$PA_TAR"
 fi
 
+rm -rf "$OUT/frontend-wheels" && mkdir -p "$OUT/frontend-wheels"
+cp "$FRONTEND_CACHE"/*.whl "$OUT/frontend-wheels/"
+
 # Anything else in gpu_bundle/ (older versions) would travel too: remove it.
 for f in "$OUT"/*; do
     case "$(basename "$f")" in
-        "$SERVER_TAR"|"$NUMPY_WHL"|"$RAPIDJSON_WHL"|"$CLIENT_WHL"|"$PA_TAR"|MANIFEST.txt) ;;
+        "$SERVER_TAR"|"$NUMPY_WHL"|"$RAPIDJSON_WHL"|"$CLIENT_WHL"|"$PA_TAR"|MANIFEST.txt|frontend-wheels) ;;
         *) echo "removing stale $(basename "$f")"; rm -rf "$f" ;;
     esac
 done
 
-(cd "$OUT" && for f in "$SERVER_TAR" "$NUMPY_WHL" "$CLIENT_WHL" "$RAPIDJSON_WHL" "$PA_TAR"; do
+(cd "$OUT" && for f in "$SERVER_TAR" "$NUMPY_WHL" "$CLIENT_WHL" "$RAPIDJSON_WHL" "$PA_TAR" frontend-wheels/*.whl; do
     printf '%s  %10d  %s\n' "$(sha256sum "$f" | cut -d' ' -f1)" "$(stat -c %s "$f")" "$f"
 done) > "$OUT/MANIFEST.txt"
 cat "$OUT/MANIFEST.txt"

@@ -1,0 +1,160 @@
+"""POST /v1/completions: one generation per prompt (a string, token ids, or a list of either)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from frontend.errors import OpenAIError, bad_request
+from frontend.logprobs import CompletionLogprobs
+from frontend.model_registry import ServedModel
+from frontend.protocol import CompletionRequest, parse_body
+from frontend.sampling import completion_sampling
+from frontend.serving import (SSE_DONE, Totals, collect, merge, new_id, sse, until_disconnected,
+                              usage)
+from frontend.triton_gateway import GenerationRequest, TritonGateway
+from frontend.model_registry import ModelRegistry
+
+
+def prompts_of(req: CompletionRequest) -> list[str | list[int]]:
+    p = req.prompt
+    if isinstance(p, str):
+        prompts: list = [p]
+    elif p and all(isinstance(t, int) for t in p):
+        prompts = [p]
+    else:
+        prompts = list(p)
+    if not prompts or any(len(x) == 0 for x in prompts):
+        raise bad_request("prompt must not be empty", "prompt")
+    return prompts
+
+
+class _Prompt:
+    """One prompt of the request: what is sent, and what echo and prompt logprobs need."""
+
+    def __init__(self, model: ServedModel, prompt: str | list[int], req: CompletionRequest) -> None:
+        self.model, self.prompt, self.req = model, prompt, req
+        # A model without an input_ids input (Triton's vLLM backend) gets the ids as text.
+        self.sent = prompt if isinstance(prompt, str) or model.takes_input_ids else model.decode(prompt)
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.model.decode(self.prompt, skip_special_tokens=True)
+
+    def echo_logprobs(self, entries: list | None, k: int) -> CompletionLogprobs:
+        lp = CompletionLogprobs()
+        # The engine's tokenization of a text prompt is the tokenizer's, with special tokens.
+        ids = self.prompt if isinstance(self.prompt, list) else self.model.encode(self.prompt, True)
+        # Special tokens decode to nothing, as in the echoed text, so that text_offset matches it.
+        lp.add_prompt(ids, [self.model.decode([t], skip_special_tokens=True) for t in ids], entries or [None] * len(ids), k)
+        return lp
+
+
+class Completions:
+    """Serves completions, streamed or not; choice i * n + j is prompt i's sample j."""
+
+    def __init__(self, gateway: TritonGateway, registry: ModelRegistry) -> None:
+        self.gateway, self.registry = gateway, registry
+
+    async def create(self, body: Any, request: Request) -> Response:
+        req = parse_body(CompletionRequest, body)
+        sampling = completion_sampling(req)
+        prompts = prompts_of(req)
+        model = await self.registry.get(req.model)
+        parts = [_Prompt(model, p, req) for p in prompts]
+        response_id = new_id("cmpl")
+        streams = [self.gateway.generate(GenerationRequest(
+            req.model, f"{response_id}-{i}", part.sent, sampling, stream=req.stream,
+            logprobs=req.logprobs is not None)) for i, part in enumerate(parts)]
+        reply = _Reply(req, response_id, parts)
+        if not req.stream:
+            totals = await until_disconnected(request, _collect_all(streams, req.n))
+            return JSONResponse(reply.complete(totals))
+        events = merge(streams)
+        first = await until_disconnected(request, anext(events, None))
+        return StreamingResponse(reply.events(first, events), media_type="text/event-stream")
+
+
+async def _collect_all(streams: list, n: int) -> list[Totals]:
+    """Every prompt's totals; one failing (a 400) cancels the others' generations."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(collect(s, n)) for s in streams]
+    except ExceptionGroup as eg:  # the first failure is the client's answer
+        raise eg.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+class _Reply:
+    def __init__(self, req: CompletionRequest, response_id: str, parts: list[_Prompt]) -> None:
+        self.req, self.id, self.parts = req, response_id, parts
+        self.created = int(time.time())
+        self.k = req.logprobs or 0
+
+    def _obj(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.req.model, "choices": choices, **extra}
+
+    def complete(self, all_totals: list[Totals]) -> dict[str, Any]:
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for p, (part, totals) in enumerate(zip(self.parts, all_totals)):
+            prompt_tokens += totals.prompt_tokens
+            completion_tokens += totals.completion_tokens
+            for j in range(self.req.n):
+                text = totals.text(j)
+                logprobs = None
+                if self.req.logprobs is not None:
+                    lp = (part.echo_logprobs(totals.prompt_logprobs, self.k) if self.req.echo
+                          else CompletionLogprobs())
+                    lp.add_output(totals.logprobs[j], self.k, text)
+                    logprobs = lp.as_dict()
+                choices.append({"index": p * self.req.n + j,
+                                "text": (part.text() if self.req.echo else "") + text,
+                                "logprobs": logprobs, "finish_reason": totals.finish_reasons[j]})
+        return self._obj(choices, usage=usage(prompt_tokens, completion_tokens))
+
+    async def events(self, first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str]:
+        n = self.req.n
+        with_usage = self.req.stream_options is not None and self.req.stream_options.include_usage
+        continuous = with_usage and self.req.stream_options.continuous
+        extra = {"usage": None} if with_usage else {}
+        prompt_tokens = [0] * len(self.parts)
+        completion_tokens = 0
+        finished = [[False] * n for _ in self.parts]
+        logprobs = [[CompletionLogprobs() for _ in range(n)] for _ in self.parts]
+        echoed = [[not self.req.echo] * n for _ in self.parts]
+        try:
+            item = first
+            while item is not None:
+                p, chunk = item
+                prompt_tokens[p] = chunk.num_input_tokens or prompt_tokens[p]
+                completion_tokens += sum(chunk.num_output_tokens)
+                for j in range(n):
+                    text, reason = chunk.texts[j], chunk.finish_reasons[j]
+                    lp, start = logprobs[p][j], len(logprobs[p][j].tokens)
+                    if not echoed[p][j]:  # the prompt goes first, with the first tokens
+                        echoed[p][j] = True
+                        if self.req.logprobs is not None:
+                            lp = logprobs[p][j] = self.parts[p].echo_logprobs(chunk.prompt_logprobs, self.k)
+                        text = self.parts[p].text() + text
+                    ends = reason is not None and not finished[p][j]
+                    if not text and not ends:
+                        continue
+                    finished[p][j] = finished[p][j] or ends
+                    choice_lp = None
+                    if self.req.logprobs is not None:
+                        if chunk.logprobs is not None and chunk.logprobs[j]:
+                            lp.add_output(chunk.logprobs[j], self.k, chunk.texts[j])
+                        choice_lp = lp.as_dict(start)
+                    if continuous:
+                        extra = {"usage": usage(sum(prompt_tokens), completion_tokens)}
+                    yield sse(self._obj([{"index": p * n + j, "text": text, "logprobs": choice_lp,
+                                          "finish_reason": reason if ends else None}], **extra))
+                item = await anext(rest, None)
+        except OpenAIError as e:  # the status is sent already: the error goes as an event
+            yield sse(e.body())
+        if with_usage:
+            yield sse(self._obj([], usage=usage(sum(prompt_tokens), completion_tokens)))
+        yield SSE_DONE

@@ -1,0 +1,116 @@
+"""What the frontend knows about each served model: whether it takes token ids, and its
+tokenizer and chat template, found from the model's own config (its `tokenizer` or `model`
+parameter), so nothing is configured twice."""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from frontend.errors import OpenAIError
+from frontend.triton_gateway import TritonGateway
+
+# Tritium's config.pbtxt takes a relative model path from the project root, which is where this
+# frontend lives too.
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class ServedModel:
+    """One ready Triton model, with its tokenizer (loaded on first use)."""
+
+    name: str
+    takes_input_ids: bool
+    tokenizer_path: str | None
+    chat_template: str | None = None  # --chat-template overrides the tokenizer's
+    _tokenizer: Any = field(default=None, repr=False)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self.tokenizer_path is None:
+                raise OpenAIError(400, f"model '{self.name}' names no tokenizer in its config "
+                                  "(a 'tokenizer' or 'model' parameter): start the frontend "
+                                  "with --tokenizer DIR")
+            from transformers import AutoTokenizer
+            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        return self._tokenizer
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict] | None,
+                            add_generation_prompt: bool, continue_final_message: bool,
+                            kwargs: dict[str, Any]) -> str:
+        tok = self.tokenizer
+        template = self.chat_template or getattr(tok, "chat_template", None)
+        if not template:
+            raise OpenAIError(400, f"model '{self.name}' has no chat template (none in its "
+                              "tokenizer files): start the frontend with --chat-template FILE, "
+                              "or use /v1/completions")
+        try:
+            return tok.apply_chat_template(messages, tools=tools, chat_template=template,
+                                           add_generation_prompt=add_generation_prompt and not continue_final_message,
+                                           continue_final_message=continue_final_message,
+                                           tokenize=False, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a template error is about this request's messages
+            raise OpenAIError(400, f"the chat template failed on these messages: {e}") from None
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+class ModelRegistry:
+    """The models this frontend serves: those ready in Triton (or the --model names only)."""
+
+    def __init__(self, gateway: TritonGateway, names: list[str] | None = None,
+                 tokenizer: str | None = None, chat_template: str | None = None) -> None:
+        self.gateway = gateway
+        self.names = names or None
+        self.tokenizer_override = tokenizer
+        self.chat_template = chat_template
+        self._models: dict[str, ServedModel] = {}
+        self._lock = asyncio.Lock()
+
+    async def ready_models(self) -> list[str]:
+        index = await self.gateway.repository_index()
+        ready = [m["name"] for m in index if m.get("state") == "READY"]
+        return [m for m in ready if self.names is None or m in self.names]
+
+    async def get(self, name: str) -> ServedModel:
+        """The model, or 404 when Triton does not have it, or 503 when it is not ready."""
+        model = self._models.get(name)
+        if model is not None:
+            return model
+        async with self._lock:
+            if name in self._models:
+                return self._models[name]
+            index = {m["name"]: m for m in await self.gateway.repository_index()}
+            if name not in index or (self.names is not None and name not in self.names):
+                raise OpenAIError(404, f"The model '{name}' does not exist.", "model", "model_not_found")
+            if index[name].get("state") != "READY":
+                raise OpenAIError(503, f"The model '{name}' is not ready "
+                                  f"(Triton reports {index[name].get('state') or 'no state'}).")
+            config = await self.gateway.model_config(name)
+            model = ServedModel(name, any(i["name"] == "input_ids" for i in config.get("input", [])),
+                                self.tokenizer_override or _tokenizer_path(config), self.chat_template)
+            if model.tokenizer_path is not None:
+                await asyncio.to_thread(lambda: model.tokenizer)  # off the event loop, once
+            self._models[name] = model
+            return model
+
+    def forget(self, name: str) -> None:
+        """Drop what is known of a model (it was unloaded or reloaded)."""
+        self._models.pop(name, None)
+
+
+def _tokenizer_path(config: dict[str, Any]) -> str | None:
+    params = config.get("parameters", {})
+    for key in ("tokenizer", "model"):
+        value = params.get(key, {}).get("string_value")
+        if value:
+            local = value if os.path.isabs(value) else os.path.join(PROJECT_ROOT, value)
+            # Otherwise a Hub name (org/model), or a path from the current directory.
+            return local if os.path.exists(local) else value
+    return None

@@ -1,0 +1,123 @@
+"""OpenAI request fields -> the vLLM backend's sampling_parameters (vLLM's names)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from frontend.errors import bad_request
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+# Fields whose names and meanings are the same in OpenAI's API, vLLM's and the engine's.
+_PASS_THROUGH = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
+                 "seed", "stop", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
+                 "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+                 "spaces_between_special_tokens", "bad_words", "allowed_token_ids",
+                 "truncate_prompt_tokens", "priority", "lora_name")
+
+
+def common_sampling(req: SamplingFields) -> dict[str, Any]:
+    params = {k: getattr(req, k) for k in _PASS_THROUGH if getattr(req, k) is not None}
+    structured = _structured_outputs(req)
+    if structured is not None:
+        params["structured_outputs"] = structured
+    return params
+
+
+def chat_sampling(req: ChatCompletionRequest) -> dict[str, Any]:
+    params = common_sampling(req)
+    if req.max_completion_tokens is not None and req.max_tokens is not None \
+            and req.max_completion_tokens != req.max_tokens:
+        raise bad_request("give max_completion_tokens or max_tokens (its older name), not both",
+                          "max_completion_tokens")
+    # Chat's default is "until the model stops" (the engine: up to max_model_len).
+    params["max_tokens"] = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    if req.logprobs:
+        params["logprobs"] = req.top_logprobs or 0
+    structured = response_structure(req)
+    if structured is not None:
+        given = params.get("structured_outputs") or {}
+        if set(given) - _OPTIONS:
+            raise bad_request("give one of response_format, a named tool_choice or the "
+                              "guided_*/structured_outputs fields", "response_format")
+        # structured_outputs may still carry options (vLLM's disable_any_whitespace).
+        params["structured_outputs"] = {**structured, **given}
+    return params
+
+
+_OPTIONS = {"disable_any_whitespace"}
+
+
+def completion_sampling(req: CompletionRequest) -> dict[str, Any]:
+    params = common_sampling(req)
+    if req.max_tokens is not None:
+        params["max_tokens"] = req.max_tokens
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request(f"best_of must equal n (sampling more candidates than returned is not "
+                          f"supported), got best_of={req.best_of}", "best_of")
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported", "suffix")
+    if req.logprobs is not None:
+        params["logprobs"] = req.logprobs
+        if req.echo:
+            params["prompt_logprobs"] = req.logprobs
+    return params
+
+
+def named_tool(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The function a named tool_choice forces (its definition), or None."""
+    # OpenAI's default with tools is "auto" (and "none" without).
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
+    if choice == "none":
+        return None
+    if isinstance(choice, str):
+        if not req.tools:
+            return None
+        raise bad_request(f"tool_choice '{choice}' is not supported (this server has no tool-call "
+                          "parser): name a function, e.g. {\"type\": \"function\", \"function\": "
+                          "{\"name\": \"...\"}}", "tool_choice")
+    for tool in req.tools or []:
+        if tool.function.name == choice.function.name:
+            return tool.function.model_dump(exclude_none=True)
+    raise bad_request(f"tool_choice names the function '{choice.function.name}', which is not "
+                      "among the request's tools", "tool_choice")
+
+
+def response_structure(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """structured_outputs for response_format or a named tool_choice."""
+    tool = named_tool(req)
+    fmt = req.response_format
+    if tool is not None:
+        if fmt is not None and fmt.type != "text":
+            raise bad_request("give response_format or a named tool_choice, not both", "response_format")
+        return {"json": tool.get("parameters") or {"type": "object"}}
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise bad_request("response_format json_schema needs json_schema.schema",
+                          "response_format.json_schema")
+    return {"json": fmt.json_schema.schema_}
+
+
+def _structured_outputs(req: SamplingFields) -> dict[str, Any] | None:
+    guided = {"json": req.guided_json, "regex": req.guided_regex, "choice": req.guided_choice,
+              "grammar": req.guided_grammar}
+    given = {k: v for k, v in guided.items() if v is not None}
+    if req.structured_outputs is not None:
+        if given:
+            raise bad_request("give structured_outputs or the guided_* fields, not both",
+                              "structured_outputs")
+        return req.structured_outputs
+    if not given:
+        return None
+    if "json" in given and isinstance(given["json"], str):
+        try:
+            given["json"] = json.loads(given["json"])
+        except json.JSONDecodeError as e:
+            raise bad_request(f"guided_json is not valid JSON: {e}", "guided_json") from None
+    if req.guided_whitespace_pattern is not None:
+        raise bad_request("guided_whitespace_pattern is not supported", "guided_whitespace_pattern")
+    return given

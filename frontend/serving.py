@@ -1,0 +1,126 @@
+"""What the chat and completions handlers share: request ids, server-sent events, watching for a
+client that went away, merging several generations, and the totals of a finished generation."""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from starlette.requests import Request
+
+from frontend.errors import OpenAIError
+from frontend.triton_gateway import Chunk
+
+T = TypeVar("T")
+
+
+def new_id(prefix: str, sep: str = "-") -> str:
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result; cancelled when the client disconnects first (its Triton request then
+    ends: the gRPC stream is cancelled, the model aborts it and frees its KV blocks)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise OpenAIError(499, "the client disconnected")
+    return task.result()
+
+
+async def merge(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
+    """(stream index, chunk) from several generations as they come; a failure in one ends all."""
+    if len(streams) == 1:
+        async for chunk in streams[0]:
+            yield 0, chunk
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[Chunk]) -> None:
+        try:
+            async for chunk in stream:
+                await queue.put((i, chunk, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, e))
+            return
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            i, chunk, error = await queue.get()
+            if error is not None:
+                raise error
+            if chunk is None:
+                running -= 1
+            else:
+                yield i, chunk
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+@dataclass
+class Totals:
+    """One generation's samples, accumulated from its chunks."""
+
+    n: int
+    texts: list[list[str]] = field(default_factory=list)
+    logprobs: list[list[dict]] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    prompt_logprobs: list | None = None
+
+    def __post_init__(self) -> None:
+        self.texts = [[] for _ in range(self.n)]
+        self.logprobs = [[] for _ in range(self.n)]
+        self.finish_reasons = [None] * self.n
+
+    def add(self, chunk: Chunk) -> None:
+        self.prompt_tokens = chunk.num_input_tokens or self.prompt_tokens
+        self.completion_tokens += sum(chunk.num_output_tokens)
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = chunk.prompt_logprobs
+        for i, text in enumerate(chunk.texts):
+            self.texts[i].append(text)
+            if chunk.logprobs is not None and chunk.logprobs[i]:
+                self.logprobs[i] += chunk.logprobs[i]
+            if chunk.finish_reasons[i] is not None:
+                self.finish_reasons[i] = chunk.finish_reasons[i]
+
+    def text(self, i: int) -> str:
+        return "".join(self.texts[i])
+
+
+async def collect(stream: AsyncIterator[Chunk], n: int) -> Totals:
+    totals = Totals(n)
+    async for chunk in stream:
+        totals.add(chunk)
+    return totals

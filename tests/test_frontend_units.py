@@ -1,0 +1,71 @@
+"""The frontend's pure parts, without a server: OpenAI fields -> sampling parameters, logprob
+entries -> the sampled token, Triton error messages -> HTTP statuses."""
+import pytest
+
+from frontend.errors import OpenAIError, from_triton
+from frontend.logprobs import CompletionLogprobs, sampled_key
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from frontend.sampling import chat_sampling, completion_sampling
+
+MSG = [{"role": "user", "content": "Hi"}]
+
+
+def chat(**fields):
+    return chat_sampling(parse_body(ChatCompletionRequest, {"model": "m", "messages": MSG, **fields}))
+
+
+def test_chat_fields_become_vllm_sampling_parameters():
+    assert chat() == {"n": 1, "max_tokens": None}
+    assert chat(max_completion_tokens=5, logprobs=True, top_logprobs=3, top_k=4, seed=1, stop="x") == \
+        {"n": 1, "max_tokens": 5, "logprobs": 3, "top_k": 4, "seed": 1, "stop": "x"}
+    schema = {"type": "object"}
+    assert chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+                structured_outputs={"disable_any_whitespace": True})["structured_outputs"] == \
+        {"json": schema, "disable_any_whitespace": True}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    assert chat(tools=tools, tool_choice={"type": "function", "function": {"name": "f"}})[
+        "structured_outputs"] == {"json": schema}
+    assert "structured_outputs" not in chat(tools=tools, tool_choice="none")
+    with pytest.raises(OpenAIError, match="tool_choice 'auto' is not supported"):
+        chat(tools=tools)  # auto, OpenAI's default with tools
+    with pytest.raises(OpenAIError, match="give max_completion_tokens or max_tokens"):
+        chat(max_tokens=3, max_completion_tokens=4)
+
+
+def test_completion_fields():
+    req = parse_body(CompletionRequest, {"model": "m", "prompt": [1, 2], "logprobs": 2, "echo": True,
+                                         "guided_choice": ["a", "b"], "best_of": 1})
+    assert completion_sampling(req) == {"n": 1, "logprobs": 2, "prompt_logprobs": 2,
+                                        "structured_outputs": {"choice": ["a", "b"]}}
+    with pytest.raises(OpenAIError, match="best_of must equal n"):
+        completion_sampling(parse_body(CompletionRequest, {"model": "m", "prompt": "p", "best_of": 2}))
+
+
+def entry(*tokens):
+    return {str(t): {"logprob": lp, "rank": r, "decoded_token": s} for t, lp, r, s in tokens}
+
+
+def test_the_sampled_token_of_a_logprob_entry():
+    # k=1 and the sampled token (rank 3) outside the top: the engine appends it last.
+    assert sampled_key(entry((7, -0.1, 1, "a"), (9, -2.0, 3, "b")), 1, "b") == "9"
+    # Among the top 2: the one whose text comes next in the output.
+    assert sampled_key(entry((7, -0.1, 1, "a"), (9, -0.5, 2, "b")), 2, "bc") == "9"
+    assert sampled_key(entry((7, -0.1, 1, "a"), (9, -0.5, 2, "b")), 2, "ab") == "7"
+    lp = CompletionLogprobs()
+    lp.add_output([entry((7, -0.1, 1, "a")), entry((9, -0.5, 1, "bc"))], 1, "abc")
+    assert lp.as_dict() == {"tokens": ["a", "bc"], "token_logprobs": [-0.1, -0.5],
+                            "top_logprobs": [{"a": -0.1}, {"bc": -0.5}], "text_offset": [0, 1]}
+    assert lp.as_dict(1)["tokens"] == ["bc"]
+
+
+@pytest.mark.parametrize("message, status, param", [
+    ("top_p must be in (0, 1], got 1.5.", 400, "top_p"),
+    ("sampling parameter 'logit_bias' must be an object", 400, "logit_bias"),
+    ("Token id 99999 is out of vocabulary (valid ids are 0 to 511).", 400, None),
+    ("The model is being unloaded.", 503, None),
+    ("internal error: boom", 500, None),
+    ("Request for unknown model: 'x' is not found", 404, "model"),
+])
+def test_triton_errors_map_to_statuses(message, status, param):
+    e = from_triton(message)
+    assert (e.status, e.param, e.message) == (status, param, message)
