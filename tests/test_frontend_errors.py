@@ -49,7 +49,7 @@ BAD = [
      "logit_bias: token id 100000 is out of vocabulary (valid ids are 0 to 511)."),
     ("comp", {**COMP, "logit_bias": {"5": 101}}, 400, "logit_bias",
      "logit_bias: the bias of token 5 must be in [-100, 100], got 101.0"),
-    ("comp", {**COMP, "n": 65}, 400, "n", "n must be at most 64 (the model's max_num_seqs), got 65."),
+    ("comp", {**COMP, "n": 65}, 400, "n", "n=65 is larger than max_num_seqs=64."),
     ("comp", {**COMP, "n": 0}, 400, "n", "n: n must be at least 1, got 0"),
     ("chat", {**CHAT, "model": "gpt-4"}, 404, "model", "The model 'gpt-4' does not exist."),
     ("chat", '{"model": "llm", "messages": [', 400, None,

@@ -192,7 +192,7 @@ class Int4LinearMethod(LinearMethod):
     def _g_idx_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if loaded.shape != param.shape:
             raise ValueError(f"model: g_idx has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}")
-        if getattr(param, "loaded", False) and not torch.equal(param.data, loaded.to(param.dtype)):
+        if getattr(param, "loaded", False) and not torch.equal(param.data, loaded.to(param.device, param.dtype)):
             raise ValueError("model: the parts of a fused projection (q/k/v or gate/up) have "
                              "different g_idx; Tritium needs them to share one input order, as "
                              "GPTQ's act-order gives projections of the same input")

@@ -63,7 +63,8 @@ def test_matches_float64(case, dtype):
     out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
         block_m=bm, block_n=bn, block_k=bk, split_k=split, group_m=2, num_stages=2))
     assert out.shape == (m, n) and out.dtype == dtype
-    assert rel_err(out, oracle) < 2e-3
+    # Rounding the output to bf16 (8 significant bits) alone costs about 2e-3 of the norm.
+    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
 def test_default_configs_at_decode_and_prefill_rows():
