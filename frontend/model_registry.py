@@ -33,8 +33,10 @@ class ServedModel:
                 raise OpenAIError(400, f"model '{self.name}' names no tokenizer in its config "
                                   "(a 'tokenizer' or 'model' parameter): start the frontend "
                                   "with --tokenizer DIR")
-            from transformers import AutoTokenizer
-            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+            # The engine's loader: it falls back to tokenizer.json where transformers'
+            # AutoTokenizer cannot be imported (its optional dependencies built for another NumPy).
+            from backend.engine.tokenizer import load_tokenizer
+            self._tokenizer = load_tokenizer(self.tokenizer_path)
         return self._tokenizer
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict] | None,
