@@ -1,6 +1,7 @@
 """Tokenizer loading, incremental detokenization and stop-string handling."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import weakref
@@ -30,10 +31,26 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
             logger.warning("transformers.AutoTokenizer cannot be imported here; loading %s/tokenizer.json "
                            "as a PreTrainedTokenizerFast", path)
             from transformers import PreTrainedTokenizerFast
-            return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+            tokenizer.chat_template = tokenizer.chat_template or _chat_template(path)
+            return tokenizer
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises many types; the user needs the path and cause
         raise ValueError(f"tokenizer: cannot load a tokenizer from {path!r}: {exc}") from exc
+
+
+def _chat_template(path: str) -> str | None:
+    """The model's chat template: chat_template.jinja, else tokenizer_config.json's."""
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    config = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
 
 
 _TOKEN_CLASSES: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, tuple[int, frozenset[int]]]" = \
