@@ -80,10 +80,19 @@ def hash_block_tokens(parent_hash: bytes | None, token_ids: Seq[int]) -> bytes:
 def hash_prompt_blocks(root: bytes, token_ids: list[int], block_size: int) -> list[bytes]:
     """The chained hashes of the prompt's full blocks (computed by the input processor, on the
     caller's thread, so that the engine's step loop does not hash prompts)."""
+    num_full = len(token_ids) // block_size
+    tokens = array(_TOKEN_ARRAY, token_ids[:num_full * block_size])  # encoded once, sliced per block
+    if _BIG_ENDIAN:
+        tokens.byteswap()
+    data = memoryview(tokens.tobytes())
+    step = 4 * block_size
+    sha256 = hashlib.sha256
     hashes: list[bytes] = []
     parent = root
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start:start + block_size])
+    for start in range(0, num_full * step, step):
+        h = sha256(parent)
+        h.update(data[start:start + step])
+        parent = h.digest()
         hashes.append(parent)
     return hashes
 
