@@ -8,7 +8,7 @@ from typing import Any
 
 from .config import EngineArgs
 from .engine.engine_process import EngineProcess
-from .errors import EngineShutdownError
+from .errors import EngineOverloadedError, EngineShutdownError
 from .lora_request import LoRARequest
 from .engine.metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
@@ -17,7 +17,8 @@ from .sampling_params import SamplingParams
 _LAZY = {"LLM": "llm", "LLMEngine": "engine.llm_engine", "StreamingEngine": "engine.streaming_engine"}
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineProcess", "EngineArgs", "EngineStats", "SamplingParams",
-           "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError", "LoRARequest"]
+           "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError", "EngineOverloadedError",
+           "LoRARequest"]
 
 
 def __getattr__(name: str) -> Any:

@@ -96,6 +96,11 @@ class EngineArgs:
     # "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}; every running
     # decode speculates while few run (backend/engine/spec_decode.py). Steps then do not overlap.
     speculative_config: dict[str, Any] | None = None
+    # Overload control: at most this many requests wait to be scheduled; one more is refused at
+    # once with EngineOverloadedError (servers answer "unavailable" / 503) instead of queueing
+    # without bound. None (the default, as vLLM): no bound. The drivers (StreamingEngine,
+    # EngineProcess) count a request as waiting until its first output.
+    max_waiting_requests: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -120,6 +125,8 @@ class EngineArgs:
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
         _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_waiting_requests is not None:
+            _positive_int("max_waiting_requests", self.max_waiting_requests)
         if self.max_num_batched_tokens is not None:
             _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if not isinstance(self.seed, int):

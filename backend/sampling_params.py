@@ -11,6 +11,15 @@ from .engine.structured_output import check_spec
 
 # Larger requests for top logprobs are rejected: every one costs a sort over the vocabulary.
 MAX_LOGPROBS = 20
+# The sampler works on float32 logits: biases, penalties and temperatures are bounded so that no
+# step of it overflows (an inf or NaN logit makes the whole row NaN, and the sample token 0).
+# With |bias| <= 1e10, repetition_penalty >= 1e-4 and a temperature >= 1e-5 (smaller is greedy,
+# which divides by nothing), a logit stays below about 1e19, far inside float32.
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_LOGIT_BIAS = 1e10
+MIN_REPETITION_PENALTY = 1e-4
+_FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+                 "top_p", "min_p")
 
 
 @dataclass
@@ -59,6 +68,9 @@ class SamplingParams:
     # "disable_any_whitespace" (vLLM's StructuredOutputsParams as a dict; `from_dict` also
     # takes it under its older name, guided_decoding). See backend/engine/structured_output.py.
     structured_outputs: dict[str, Any] | None = None
+    # Prefix-cache isolation (vLLM's cache_salt): requests share cached KV blocks only when their
+    # salts are equal (or both absent); a tenant's own salt keeps others from probing its prompts.
+    cache_salt: str | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
@@ -89,9 +101,11 @@ class SamplingParams:
 
     def _verify(self) -> None:
         _check_type("n", self.n, int)
-        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty",
-                     "temperature", "top_p", "min_p"):
-            _check_type(name, getattr(self, name), (int, float))
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            _check_type(name, value, (int, float))
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}.")
         _check_type("top_k", self.top_k, int)
         _check_type("min_tokens", self.min_tokens, int)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
@@ -117,8 +131,14 @@ class SamplingParams:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        if self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be at least {MIN_REPETITION_PENALTY:g} (smaller "
+                             f"values overflow the sampler's float32 logits), got {self.repetition_penalty}.")
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if self.temperature > FLOAT32_MAX:
+            raise ValueError(f"temperature must be at most {FLOAT32_MAX:.4g} (the sampler's float32), "
+                             f"got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k < 0:
@@ -147,6 +167,11 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be non-negative token ids, got {t!r}.")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
                 raise ValueError(f"logit_bias values must be finite numbers, got {bias!r} for token {t}.")
+            if abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
+                                 f"(the sampler adds them to float32 logits), got {bias!r} for token {t}.")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string if provided, got {self.cache_salt!r}.")
         for w in self.bad_words or ():
             if not isinstance(w, str) or not w.strip():
                 raise ValueError(f"bad_words must contain only non-empty strings, got {w!r}.")
@@ -257,6 +282,7 @@ _PUBLIC_FIELDS: dict[str, str] = {
     "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL, "logit_bias": "float_dict?", "allowed_token_ids": "int_list?",
     "truncate_prompt_tokens": "int?", "bad_words": "str_list?", "structured_outputs": "object?",
+    "cache_salt": "str?",
 }
 
 
@@ -299,6 +325,10 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
             if isinstance(value, str):
                 return float(value.strip())
             raise ValueError
+        if kind == "str":
+            if isinstance(value, str):
+                return value
+            raise ValueError
         if kind == "object":  # a JSON object, or a string holding one
             if isinstance(value, str):
                 value = json.loads(value)
@@ -328,7 +358,7 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
             raise ValueError
     except (ValueError, TypeError, json.JSONDecodeError):
         pass
-    expected = {"int": "an integer", "float": "a number", "bool": "a boolean",
+    expected = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
                 "str_list": "a string or a list of strings",
                 "int_list": "an integer or a list of integers",
                 "float_dict": "an object of token ids to numbers", "object": "a JSON object"}[kind]

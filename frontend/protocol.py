@@ -62,6 +62,7 @@ class SamplingFields(_Body):
     guided_whitespace_pattern: str | None = None
     priority: int | None = None
     lora_name: str | None = None
+    cache_salt: str | None = None  # vLLM's: prefix-cache isolation between tenants
 
     @field_validator("n")
     @classmethod

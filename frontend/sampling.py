@@ -12,7 +12,7 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "presence_penalty", "frequency_pen
                  "seed", "stop", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
                  "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
                  "spaces_between_special_tokens", "bad_words", "allowed_token_ids",
-                 "truncate_prompt_tokens", "priority", "lora_name")
+                 "truncate_prompt_tokens", "priority", "lora_name", "cache_salt")
 
 
 def common_sampling(req: SamplingFields) -> dict[str, Any]:

@@ -22,7 +22,7 @@ BAD_GRPC = [  # (inputs, the exact error message)
      "sampling_parameters is not valid JSON: Expecting property name enclosed in double quotes: "
      "line 1 column 2 (char 1)."),
     (grpc_inputs("x", sampling={"max_new_tokens": 4}),
-     "Unknown sampling parameter 'max_new_tokens'. Valid parameters: allowed_token_ids, bad_words, frequency_penalty, "
+     "Unknown sampling parameter 'max_new_tokens'. Valid parameters: allowed_token_ids, bad_words, cache_salt, frequency_penalty, "
      "ignore_eos, include_stop_str_in_output, logit_bias, logprobs, max_tokens, min_p, min_tokens, n, presence_penalty, "
      "prompt_logprobs, "
      "repetition_penalty, seed, skip_special_tokens, spaces_between_special_tokens, stop, stop_token_ids, "

@@ -1,16 +1,23 @@
 """BlockManager: the paged KV cache's bookkeeping (no tensors here).
 
-Blocks are ref-counted. Full blocks are content-addressed by a chained hash
-(hash of the parent block's hash and this block's tokens), so a new prompt that starts with the
-same tokens reuses them (prefix caching). A freed block keeps its hash and stays in the free
+Blocks are ref-counted. Full blocks are content-addressed by a chained SHA-256 (of the parent
+block's hash and this block's tokens; the chain's root hashes the request's LoRA adapter and
+cache_salt), so a new prompt that starts with the same tokens, adapter and salt reuses them
+(prefix caching). A cryptographic hash because a collision would serve one request another's
+keys and values (vLLM's GHSA-rm76-4mrf-v9r8: Python's `hash()` of a tuple is easy to collide). A freed block keeps its hash and stays in the free
 queue, which is also the LRU order for eviction: it is only forgotten when the queue hands it out
 again. Sequences forked for n > 1 share blocks; writing into a shared partial block copies it first
 (copy-on-write), and the copies are handed to the model runner.
 """
 from __future__ import annotations
 
+import hashlib
+import struct
+import sys
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Sequence as Seq
 
 from .sequence import Sequence
 
@@ -21,7 +28,7 @@ class KVCacheBlock:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: int | None = None
+        self.block_hash: bytes | None = None
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -36,8 +43,58 @@ class PrefixHit:
     num_queried: int = 0
 
 
-def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent_hash, token_ids))
+# The canonical encoding, versioned: change the tag whenever the encoding changes.
+_ROOT_TAG = b"tritium-prefix-cache-v1\x00"
+_TOKEN_ARRAY = "I"  # uint32: every vocabulary fits
+assert array(_TOKEN_ARRAY).itemsize == 4
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _encode_field(value: str | None) -> bytes:
+    """None -> 0x00; a string -> 0x01, its UTF-8 length (uint32 LE), its UTF-8 bytes."""
+    if value is None:
+        return b"\x00"
+    data = value.encode("utf-8")
+    return b"\x01" + struct.pack("<I", len(data)) + data
+
+
+def root_block_hash(lora_name: str | None = None, cache_salt: str | None = None) -> bytes:
+    """The parent hash of a sequence's first block: SHA-256 of the tag, then the LoRA adapter's
+    name and the cache_salt, each as `_encode_field` writes it. Keys and values depend on the
+    adapter; the salt keeps tenants that use different salts from ever sharing a block."""
+    return hashlib.sha256(_ROOT_TAG + _encode_field(lora_name) + _encode_field(cache_salt)).digest()
+
+
+NONE_HASH = root_block_hash()  # the root of a base-model sequence without a salt
+
+
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Seq[int]) -> bytes:
+    """SHA-256 of the parent's 32-byte digest (None: NONE_HASH) followed by the block's token
+    ids as uint32 little-endian."""
+    tokens = array(_TOKEN_ARRAY, token_ids)
+    if _BIG_ENDIAN:
+        tokens.byteswap()
+    return hashlib.sha256((parent_hash or NONE_HASH) + tokens.tobytes()).digest()
+
+
+def hash_prompt_blocks(root: bytes, token_ids: list[int], block_size: int) -> list[bytes]:
+    """The chained hashes of the prompt's full blocks (computed by the input processor, on the
+    caller's thread, so that the engine's step loop does not hash prompts)."""
+    num_full = len(token_ids) // block_size
+    tokens = array(_TOKEN_ARRAY, token_ids[:num_full * block_size])  # encoded once, sliced per block
+    if _BIG_ENDIAN:
+        tokens.byteswap()
+    data = memoryview(tokens.tobytes())
+    step = 4 * block_size
+    sha256 = hashlib.sha256
+    hashes: list[bytes] = []
+    parent = root
+    for start in range(0, num_full * step, step):
+        h = sha256(parent)
+        h.update(data[start:start + step])
+        parent = h.digest()
+        hashes.append(parent)
+    return hashes
 
 
 class BlockManager:
@@ -50,9 +107,9 @@ class BlockManager:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         # Blocks with ref_cnt == 0, least recently freed first: allocation pops from the front.
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
-        self.cached_blocks: dict[int, KVCacheBlock] = {}  # block hash -> block
+        self.cached_blocks: dict[bytes, KVCacheBlock] = {}  # block hash -> block
         self._pending_copies: list[tuple[int, int]] = []  # (src, dst) copy-on-write this step
-        self._seq_hashes: dict[int, list[int]] = {}  # seq_id -> hashes of its full blocks
+        self._seq_hashes: dict[int, list[bytes]] = {}  # seq_id -> hashes of its full blocks
         self._prefix_cache_queries = 0  # tokens
         self._prefix_cache_hits = 0  # tokens
 
@@ -79,14 +136,17 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _block_hashes(self, seq: Sequence) -> list[int]:
-        """Chained hashes of the sequence's full blocks, extended as its tokens grow."""
-        hashes = self._seq_hashes.setdefault(seq.seq_id, [])
+    def _block_hashes(self, seq: Sequence) -> list[bytes]:
+        """Chained hashes of the sequence's full blocks (its prompt's, when the input processor
+        made them, to start with), extended as its tokens grow."""
+        hashes = self._seq_hashes.get(seq.seq_id)
+        if hashes is None:
+            hashes = self._seq_hashes[seq.seq_id] = list(seq.prompt_block_hashes)
         bs = self.block_size
         known = seq.num_tokens - seq.num_unresolved  # placeholders have no id yet
         for i in range(len(hashes), known // bs):
-            parent = hashes[i - 1] if i else seq.cache_salt  # e.g. its LoRA adapter
-            hashes.append(hash_block_tokens(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+            parent = hashes[i - 1] if i else seq.block_hash_root
+            hashes.append(hash_block_tokens(parent, seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes
 
     def get_computed_blocks(self, seq: Sequence) -> PrefixHit:

@@ -90,7 +90,7 @@ class EngineCore:
         if isinstance(command, AddRequest):
             req = command.request
             try:
-                engine.add_request(req.request_id, req)
+                engine.enqueue(req)
             except Exception as exc:  # validated by the driver: should not happen
                 logger.exception("could not add request %s", req.request_id)
                 self._sink.outputs([_failed(req, f"internal error: {exc}")])

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from ..config import EngineArgs
-from ..errors import EngineShutdownError, OutputCallback
+from ..errors import EngineOverloadedError, EngineShutdownError, OutputCallback, overloaded_message
 from ..lora_request import LoRARequest
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
@@ -89,6 +89,11 @@ class EngineProcess:
         self._stopped = False
         self._stats: EngineStats | None = None
         self._stats_ready = threading.Condition(self._lock)
+        # With max_waiting_requests: the requests without an output yet (waiting to be scheduled,
+        # as this side sees it), and how many were refused for it.
+        self._max_waiting = self.engine_args.max_waiting_requests
+        self._not_started: set[str] = set()
+        self._num_rejected = 0
         # Where the receiver thread's time goes (logged by servers at unload): if it cannot keep
         # up, the engine process blocks sending and the engine slows down.
         self.receiver_stats = {"messages": 0, "outputs": 0, "busy_s": 0.0}
@@ -98,14 +103,21 @@ class EngineProcess:
     # ---- called from any thread -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     on_output: OutputCallback, priority: int = 0,
-                    lora_request: LoRARequest | str | None = None) -> None:
+                    lora_request: LoRARequest | str | None = None, deadline: float | None = None) -> None:
+        """As StreamingEngine.add_request (deadline: wall-clock time.time(); raises
+        EngineOverloadedError beyond max_waiting_requests)."""
         req = self._processor.process(request_id, prompt, params, priority=priority,
-                                      lora_request=lora_request)
+                                      lora_request=lora_request, deadline=deadline)
         with self._lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")
             if request_id in self._requests:
                 raise ValueError(f"Request id {request_id!r} is already in use.")
+            if self._max_waiting is not None:
+                if len(self._not_started) >= self._max_waiting:
+                    self._num_rejected += 1
+                    raise EngineOverloadedError(overloaded_message(self._max_waiting))
+                self._not_started.add(request_id)
             detok = None if req.params.stop else OutputDetokenizer(self._output_tokenizer, req)
             self._requests[request_id] = (req, on_output, detok)
         self._send(AddRequest(req))
@@ -139,7 +151,8 @@ class EngineProcess:
         with self._lock:
             if not self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped,
                                               _STATS_TIMEOUT_S) or self._stats is None:
-                return EngineStats()
+                return EngineStats(num_requests_rejected=self._num_rejected)
+            self._stats.num_requests_rejected += self._num_rejected
             return self._stats
 
     def shutdown(self) -> None:
@@ -199,6 +212,8 @@ class EngineProcess:
         decode per batch, without the GIL); a request's next output waits for its batch."""
         outputs = [unpack_output(p) for p in payload]
         with self._lock:  # once per message: finished requests leave the table
+            if self._not_started:
+                self._not_started.difference_update(o.request_id for o in outputs)
             requests = self._requests
             entries = [requests.pop(o.request_id, None) if o.finished else requests.get(o.request_id)
                        for o in outputs]
@@ -242,6 +257,7 @@ class EngineProcess:
         with self._lock:
             self._stopped = True
             entries, self._requests = list(self._requests.items()), {}
+            self._not_started.clear()
             self._stats_ready.notify_all()
             self._grammar_checked.notify_all()
         for request_id, (req, callback, _) in entries:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Callable
 
 from ..config import EngineArgs, EngineLimits
 from ..lora_request import LoRARequest, lora_name_of
+from .block_manager import hash_prompt_blocks, root_block_hash
 from .request import Request
 from ..sampling_params import SamplingParams
 from .structured_output import StructuredOutputManager
@@ -51,6 +53,8 @@ class InputProcessor:
         self.kv_capacity_tokens = limits.kv_capacity_tokens
         self.max_num_seqs = args.max_num_seqs
         self.max_logprobs = args.max_logprobs
+        self.block_size = args.block_size
+        self.enable_prefix_caching = args.enable_prefix_caching
         self.eos_token_ids = limits.eos_token_ids
 
     @property
@@ -66,7 +70,8 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                 arrival_time: float | None = None, priority: int = 0,
-                lora_request: LoRARequest | str | None = None) -> Request:
+                lora_request: LoRARequest | str | None = None, deadline: float | None = None) -> Request:
+        """deadline: wall-clock time (time.time()) by which the request must be done."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams.")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -74,6 +79,9 @@ class InputProcessor:
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(f"Got priority {priority}, but the engine's scheduling_policy is "
                              f"{self.scheduling_policy!r}; priorities need scheduling_policy='priority'.")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not math.isfinite(deadline)):
+            raise ValueError(f"deadline must be a finite time in seconds (time.time()), got {deadline!r}.")
         lora_name = self._check_lora(lora_name_of(lora_request))
         text: str | None = None
         if isinstance(prompt, str):
@@ -106,6 +114,12 @@ class InputProcessor:
         if n >= self.max_model_len:
             raise ValueError(f"The prompt has {n} tokens, but max_model_len is {self.max_model_len}: "
                              f"prompt plus at least one generated token must fit.")
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            # vLLM's check (and message): the completion is not silently shortened.
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                             f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
+                             f"{params.max_tokens} in the completion). Please reduce the length of the "
+                             f"prompt or completion.")
         if n + 1 > self.kv_capacity_tokens:
             raise ValueError(f"The prompt has {n} tokens, more than the KV cache can ever hold "
                              f"({self.kv_capacity_tokens} tokens).")
@@ -122,8 +136,12 @@ class InputProcessor:
         if params.structured_outputs is not None:  # a bad regex, schema or grammar fails here
             (self._check_structured_outputs or self.structured.compile)(params.structured_outputs)
         params._eos_token_ids = self.eos_token_ids
+        block_hashes = None
+        if self.enable_prefix_caching:  # hashed here, on the caller's thread, not in the step loop
+            block_hashes = hash_prompt_blocks(root_block_hash(lora_name, params.cache_salt), token_ids,
+                                              self.block_size)
         return Request(request_id, text, token_ids, params, arrival_time or time.time(), priority,
-                       lora_name)
+                       lora_name, deadline, block_hashes)
 
     def _check_lora(self, name: str | None) -> str | None:
         if name is None:

@@ -1,18 +1,21 @@
 """LLMEngine: requests in, one step at a time: schedule, run the model, process the tokens."""
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ..config import EngineArgs, EngineConfig, EngineLimits
+from ..errors import EngineOverloadedError, overloaded_message
 from ..lora_request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..worker.model_runner import ModelRunner
 from ..worker.pending_step import PendingStep, SampleResult
-from .block_manager import BlockManager
+from .block_manager import BlockManager, root_block_hash
 from .input_processor import InputProcessor, load_eos_token_ids
 from .lora_slots import LoRASlots
 from .metrics import EngineStats
@@ -20,7 +23,7 @@ from .output_processor import OutputProcessor
 from .request import Request, make_logprobs_entry
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
-from .sequence import PLACEHOLDER, Sequence
+from .sequence import PLACEHOLDER, Sequence, SequenceStatus
 from .spec_decode import NgramProposer
 from .structured_output import Grammar
 from .tokenizer import load_tokenizer
@@ -66,6 +69,9 @@ class LLMEngine:
         self.input_processor = InputProcessor(args, self.tokenizer, self.limits)
         self.input_processor.structured.warm_up_in_background()
         self.requests: dict[str, Request] = {}
+        # Requests with a deadline, soonest first: (deadline, tie-breaker, request).
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self._deadline_order = itertools.count()
         self.stats = EngineStats()
         self.output_processor = OutputProcessor(args, self.tokenizer, self.scheduler, self.stats, detokenize)
         self._inflight: InflightStep | None = None  # the launched step whose tokens are not yet taken
@@ -88,7 +94,8 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                      arrival_time: float | None = None, priority: int = 0,
-                     lora_request: LoRARequest | str | None = None) -> Request:
+                     lora_request: LoRARequest | str | None = None,
+                     deadline: float | None = None) -> Request:
         """Validate and tokenize (ValueError with a clear message). Touches no engine state,
         except that a LoRARequest with a `lora_path` the engine does not serve yet adds that
         adapter (read from disk now)."""
@@ -97,29 +104,45 @@ class LLMEngine:
             if lora_request.lora_name not in self.input_processor.lora_names:
                 self.input_processor.lora_names += (lora_request.lora_name,)
         return self.input_processor.process(request_id, prompt, params, arrival_time, priority,
-                                            lora_request)
+                                            lora_request, deadline)
 
     def add_request(self, request_id: str, prompt: str | list[int] | Request,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0, lora_request: LoRARequest | str | None = None) -> None:
+                    priority: int = 0, lora_request: LoRARequest | str | None = None,
+                    deadline: float | None = None) -> None:
         """priority: with scheduling_policy="priority", lower values are served first.
         lora_request: an adapter of `lora_modules` or one added before (a LoRARequest or its
-        name), or a new one: a LoRARequest with its `lora_path`."""
+        name), or a new one: a LoRARequest with its `lora_path`. deadline: wall-clock time
+        (time.time()) after which the request ends with an error, waiting or running.
+        Raises EngineOverloadedError when max_waiting_requests requests are waiting."""
         req = prompt if isinstance(prompt, Request) else self.make_request(
-            request_id, prompt, params, arrival_time, priority, lora_request)
+            request_id, prompt, params, arrival_time, priority, lora_request, deadline)
+        bound = self.args.max_waiting_requests
+        if bound is not None and len(self.scheduler.waiting) >= bound:
+            self.stats.num_requests_rejected += 1
+            raise EngineOverloadedError(overloaded_message(bound))
+        self.enqueue(req)
+
+    def enqueue(self, req: Request) -> None:
+        """Add a request made by `make_request` (or a driver's InputProcessor) to the waiting
+        queue; the drivers have applied the waiting bound already."""
         if req.request_id in self.requests:
             raise ValueError(f"Request id {req.request_id!r} is already in use.")
         seq = Sequence(req.request_id, req.prompt_token_ids, len(req.prompt_token_ids), req.params,
                        0, req.metrics.arrival_time, req.priority)
+        seq.prompt_block_hashes = req.block_hashes
+        if req.lora_name is not None or req.params.cache_salt is not None:
+            seq.block_hash_root = root_block_hash(req.lora_name, req.params.cache_salt)
         if req.lora_name is not None:  # the scheduler gives it a slot when it runs
             seq.lora_name = req.lora_name
-            seq.cache_salt = hash(("lora", req.lora_name))
         if req.params.structured_outputs is not None:  # compiled when the request was checked
             seq.grammar = Grammar(self.input_processor.structured.compile(req.params.structured_outputs))
         self.output_processor.attach_detokenizer(seq, req)
         req.seqs.append(seq)
         self.requests[req.request_id] = req
         self.scheduler.add(seq)
+        if req.deadline is not None:
+            heapq.heappush(self._deadlines, (req.deadline, next(self._deadline_order), req))
 
     def abort_request(self, request_id: str, error: str | None = None) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
@@ -150,6 +173,8 @@ class LLMEngine:
         `deliver`, outputs are handed over as soon as they are made (the device still busy);
         otherwise they are returned."""
         outputs: list[RequestOutput] = []
+        if self._deadlines:
+            self._expire(outputs)
         proposals = None
         if self.proposer is not None:
             # Proposals continue from the latest tokens, and a verified step's token count is
@@ -173,6 +198,24 @@ class LLMEngine:
             deliver(outputs)
             return []
         return outputs
+
+    def _expire(self, outputs: list[RequestOutput]) -> None:
+        """End the requests whose deadline has passed, waiting or running, freeing their blocks
+        (a launched step's tokens for them are dropped on arrival)."""
+        now = time.time()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, req = heapq.heappop(self._deadlines)
+            if self.requests.get(req.request_id) is not req:
+                continue  # finished or aborted already
+            running = any(s.status == SequenceStatus.RUNNING or s.first_scheduled_time is not None
+                          for s in req.seqs)
+            waited = now - req.metrics.arrival_time
+            out = self.abort_request(req.request_id, error=(
+                f"Request timed out: its deadline passed while it was "
+                f"{'running' if running else 'waiting to be scheduled'} ({waited:.3f} s after arrival)."))
+            self.stats.num_requests_timed_out += 1
+            if out is not None:
+                outputs.append(out)
 
     def _propose(self) -> dict[int, list[int]]:
         """Speculative decoding: proposed tokens for each running decode, at most what its length
@@ -331,6 +374,7 @@ class LLMEngine:
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens, request_success=dict(s.request_success),
+            num_requests_rejected=s.num_requests_rejected, num_requests_timed_out=s.num_requests_timed_out,
             spec_decode_num_drafts=s.spec_decode_num_drafts,
             spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
             spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,

@@ -18,6 +18,11 @@ class EngineStats:
     prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count
+    # Overload control and deadlines: requests refused because max_waiting_requests were waiting
+    # (counted by the driver that refused them), and requests ended by their deadline (also
+    # counted in request_success as "abort").
+    num_requests_rejected: int = 0
+    num_requests_timed_out: int = 0
     time_to_first_token: list[float] = field(default_factory=list)
     time_per_output_token: list[float] = field(default_factory=list)  # per finished request: mean
     e2e_request_latency: list[float] = field(default_factory=list)

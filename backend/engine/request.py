@@ -10,10 +10,16 @@ from .tokenizer import partial_stop_suffix_len
 class Request:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, arrival_time: float, priority: int = 0,
-                 lora_name: str | None = None) -> None:
+                 lora_name: str | None = None, deadline: float | None = None,
+                 block_hashes: list[bytes] | None = None) -> None:
         self.request_id = request_id
         self.priority = priority  # with scheduling_policy="priority": lower values go first
         self.lora_name = lora_name  # its LoRA adapter (None: the base model)
+        # Wall-clock time (time.time()) after which the engine ends it with an error, waiting
+        # or running; None: no deadline.
+        self.deadline = deadline
+        # The prefix cache's hashes of the prompt's full blocks (empty: the engine makes them).
+        self.block_hashes = block_hashes or []
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params

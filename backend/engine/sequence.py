@@ -73,11 +73,13 @@ class Sequence:
         self.num_logprobs_emitted = 0
         self.generator = None  # torch.Generator when params.seed is set
         # The LoRA adapter it runs with, its slot on the device while it runs (-1: none; the
-        # scheduler assigns it), and, for the prefix cache, a root for its blocks' hashes: a
-        # prompt's keys and values depend on the adapter.
+        # scheduler assigns it), and, for the prefix cache, the root of its blocks' hash chain
+        # (its adapter and cache_salt: block_manager.root_block_hash; None: neither) and its
+        # prompt's block hashes when the input processor made them.
         self.lora_name: str | None = None
         self.lora_slot = -1
-        self.cache_salt: int | None = None
+        self.block_hash_root: bytes | None = None
+        self.prompt_block_hashes: list[bytes] = []
 
     @property
     def num_tokens(self) -> int:
@@ -135,7 +137,8 @@ class Sequence:
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens
-        child.lora_name, child.cache_salt = self.lora_name, self.cache_salt  # its slot: add_running
+        child.lora_name, child.block_hash_root = self.lora_name, self.block_hash_root  # its slot: add_running
+        child.prompt_block_hashes = self.prompt_block_hashes
         if self.grammar is not None:
             child.grammar = self.grammar.fresh(self.token_ids[self.num_prompt_tokens:self.num_tokens - self.num_unresolved])
         return child

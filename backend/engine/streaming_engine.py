@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from ..config import EngineArgs
-from ..errors import EngineShutdownError, OutputCallback
+from ..errors import EngineOverloadedError, EngineShutdownError, OutputCallback, overloaded_message
 from ..lora_request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
@@ -30,6 +30,11 @@ class StreamingEngine:
         self.engine_args = self.engine.args
         self.tokenizer = self.engine.tokenizer
         self._callbacks: dict[str, OutputCallback] = {}
+        # With max_waiting_requests: the requests without an output yet (waiting to be scheduled,
+        # as this thread sees it), and how many were refused for it.
+        self._max_waiting = self.engine_args.max_waiting_requests
+        self._not_started: set[str] = set()
+        self._num_rejected = 0
         self._lock = threading.Lock()
         self._stopped = False
         self._stats: EngineStats | None = None
@@ -45,15 +50,23 @@ class StreamingEngine:
     # ---- called from any thread -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     on_output: OutputCallback, priority: int = 0,
-                    lora_request: LoRARequest | str | None = None) -> None:
-        """Validate now (ValueError with a clear message), then queue for the engine thread."""
+                    lora_request: LoRARequest | str | None = None, deadline: float | None = None) -> None:
+        """Validate now (ValueError with a clear message), then queue for the engine thread.
+        deadline: wall-clock time (time.time()) after which the request ends with an error
+        (finish_reason "abort"), waiting or running. Raises EngineOverloadedError when
+        max_waiting_requests requests are still without their first output."""
         req = self.engine.make_request(request_id, prompt, params, priority=priority,
-                                       lora_request=lora_request)
+                                       lora_request=lora_request, deadline=deadline)
         with self._lock:
             if self._stopped:
                 raise EngineShutdownError("The engine is shut down.")
             if request_id in self._callbacks:
                 raise ValueError(f"Request id {request_id!r} is already in use.")
+            if self._max_waiting is not None:
+                if len(self._not_started) >= self._max_waiting:
+                    self._num_rejected += 1
+                    raise EngineOverloadedError(overloaded_message(self._max_waiting))
+                self._not_started.add(request_id)
             self._callbacks[request_id] = on_output
         self._core.submit(AddRequest(req))
 
@@ -68,7 +81,9 @@ class StreamingEngine:
             self._stats = None
             self._core.submit(GetStats())
             self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped)
-            return self._stats or EngineStats()
+            stats = self._stats or EngineStats()
+            stats.num_requests_rejected += self._num_rejected
+            return stats
 
     def shutdown(self) -> None:
         """Finish every request with an error, stop and join the engine thread."""
@@ -82,7 +97,10 @@ class StreamingEngine:
 
     # ---- CoreSink: called on the engine thread ------------------------------------------------------
     def outputs(self, outputs: list[RequestOutput]) -> None:
+        not_started = self._not_started
         for out in outputs:
+            if not_started:
+                not_started.discard(out.request_id)
             if out.finished:
                 with self._lock:
                     callback = self._callbacks.pop(out.request_id, None)

@@ -68,7 +68,7 @@ def test_abort_ends_the_request(engine):
 def test_shutdown_and_a_dead_child_end_every_request(llama_dir):
     eng = EngineProcess(EngineArgs(model=llama_dir))
     c = Collector()
-    eng.add_request("x", [0, 1], SamplingParams(max_tokens=5000, ignore_eos=True), c)
+    eng.add_request("x", [0, 1], SamplingParams(max_tokens=2000, ignore_eos=True), c)
     eng.shutdown()
     assert c.done.is_set() and c.finals == 1
     assert c.total.error == "The engine is shutting down."
@@ -78,7 +78,7 @@ def test_shutdown_and_a_dead_child_end_every_request(llama_dir):
 
     eng = EngineProcess(EngineArgs(model=llama_dir))
     c = Collector()
-    eng.add_request("z", [0, 1], SamplingParams(max_tokens=5000, ignore_eos=True), c)
+    eng.add_request("z", [0, 1], SamplingParams(max_tokens=2000, ignore_eos=True), c)
     os.kill(eng._proc.pid, signal.SIGKILL)
     assert c.done.wait(30)
     assert c.total.error == "The engine process exited."
@@ -258,6 +258,7 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     seen: list[tuple[str, list[int], str, bool]] = []
     params = SamplingParams(max_tokens=8)
     eng._requests = {}
+    eng._not_started = set()
     for rid in ("a", "b"):
         req = type("Req", (), {"params": params, "prompt": None, "prompt_token_ids": [1, 2],
                                "metrics": None})()
