@@ -1,4 +1,7 @@
-"""Triton python-backend adapter for the Tritium engine (decoupled).
+"""Triton adapter for the Tritium engine (decoupled): the `tritium` Python-based backend.
+
+Installed as <backend-directory>/tritium/model.py (scripts/tritonserver links it), so that a
+model says backend: "tritium"; a copy in a model's 1/ with backend: "python" works as well.
 
 execute() parses each request and hands it to the engine, which runs in a process of its own;
 it never waits for generation and returns None. One sender thread sends every response and
