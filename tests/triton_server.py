@@ -139,15 +139,17 @@ class TritonServer:
 
 
 def start_server(model_repository: str, log_path: str, *extra_args: str,
-                 wait_for: str | None = "llm", timeout: float = 240.0) -> TritonServer:
-    """Start scripts/tritonserver on free ports; wait until it (and model `wait_for`) is ready."""
+                 wait_for: str | None = "llm", timeout: float = 240.0,
+                 cwd: str | None = None) -> TritonServer:
+    """Start scripts/tritonserver on free ports (in directory `cwd`); wait until it (and model
+    `wait_for`) is ready."""
     http, grpc, metrics = _free_ports(3)
     cmd = [os.path.join(ROOT, "scripts", "tritonserver"), f"--model-repository={model_repository}",
            f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
            "--exit-timeout-secs=10", *extra_args]
     log = open(log_path, "w", encoding="utf-8")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     log.close()
     server = TritonServer(proc, http, grpc, metrics, log_path)
     deadline = time.monotonic() + timeout

@@ -19,7 +19,7 @@ class EngineStats:
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count
     time_to_first_token: list[float] = field(default_factory=list)
-    time_per_output_token: list[float] = field(default_factory=list)  # per finished request: mean
+    time_per_output_token: list[float] = field(default_factory=list)  # per decode step of a request
     e2e_request_latency: list[float] = field(default_factory=list)
     # One sample per finished request (vLLM V1's per-request histograms).
     request_prompt_tokens: list[int] = field(default_factory=list)

@@ -70,6 +70,10 @@ class StreamingEngine:
             self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped)
             return self._stats or EngineStats()
 
+    def is_healthy(self) -> bool:
+        """Whether the engine still serves: its loop runs and it was not shut down."""
+        return not self._stopped and self._thread.is_alive()
+
     def shutdown(self) -> None:
         """Finish every request with an error, stop and join the engine thread."""
         with self._lock:

@@ -230,6 +230,8 @@ class MetricsLoop:
         self._publisher = MetricsPublisher(pb_utils, labels, lock_name)
         self._get_stats = get_stats
         self._stop = threading.Event()
+        # One publish at a time: the loop's and flush()'s (get_stats hands over samples once).
+        self._publish_lock = threading.Lock()
         try:  # now, so that the metrics exist when the model reports ready (the loop retries)
             self._publisher.open()
         except pb_utils.TritonModelException:
@@ -237,10 +239,18 @@ class MetricsLoop:
         self._thread = threading.Thread(target=self._loop, name="tritium-metrics")
         self._thread.start()
 
+    def flush(self) -> None:
+        """Publish now (from another thread): counters and gauges are current when this returns,
+        and histograms too unless over MAX_OBSERVES_PER_PUBLISH samples wait (heavy load)."""
+        with self._publish_lock:
+            if self._publisher.is_open and not self._stop.is_set():
+                self._publisher.publish(self._get_stats())
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._publisher.close()
+        with self._publish_lock:
+            self._publisher.close()
 
     def _loop(self) -> None:
         pb, waiting_logged = self._pb, False
@@ -252,10 +262,12 @@ class MetricsLoop:
                         pb.Logger.log_info("tritium: metrics start once the previous "
                                            "instance of the model has unloaded")
                     continue
-                self._publisher.publish(self._get_stats())
+                with self._publish_lock:
+                    self._publisher.publish(self._get_stats())
             except pb.TritonModelException as e:  # e.g. the server runs with --allow-metrics=false
                 pb.Logger.log_warn(f"tritium: no metrics: {e}")
-                self._publisher.close()
+                with self._publish_lock:
+                    self._publisher.close()
                 return
             except Exception:
                 pb.Logger.log_error(f"tritium: metrics failed: {traceback.format_exc()}")
