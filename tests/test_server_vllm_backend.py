@@ -92,8 +92,8 @@ def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(
     """3 prompts x 2 rounds x 16 tokens: vLLM records 15 inter-token samples per request (90);
     /metrics read right after the last response already counts every request."""
     count = "vllm:time_per_output_token_seconds_count"
-    before = {n: _metric(server, n) for n in (count, "vllm:prompt_tokens_total",
-                                               "vllm:request_prompt_tokens_sum")}
+    before = {n: _metric(server, n) for n in (count, "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                                               "vllm:request_prompt_tokens_sum", "vllm:iteration_tokens_total_sum")}
     success = _metric(server, "vllm:request_success_total", finished_reason="length")
     for _ in range(2):
         stream = StreamCollector(server.grpc_url)
@@ -111,6 +111,10 @@ def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(
     assert prompt_tokens > 0
     assert _metric(server, "vllm:request_prompt_tokens_sum") - before["vllm:request_prompt_tokens_sum"] == prompt_tokens
     assert _metric(server, count) - before[count] == 90
+    assert _metric(server, "vllm:generation_tokens_total") - before["vllm:generation_tokens_total"] == 96
+    # Each step's prompt and generation tokens, as vLLM's iteration_tokens_total counts them.
+    assert _metric(server, "vllm:iteration_tokens_total_sum") - before["vllm:iteration_tokens_total_sum"] == \
+        prompt_tokens + 96
 
 
 def test_report_custom_metrics_false_turns_them_off(server):

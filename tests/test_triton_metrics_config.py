@@ -50,7 +50,7 @@ def test_metric_names_are_vllms():
         "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",
         "vllm:request_params_max_tokens", "vllm:request_queue_time_seconds",
         "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-        "vllm:request_inference_time_seconds", "vllm:lora_requests_info"}
+        "vllm:request_inference_time_seconds", "vllm:iteration_tokens_total", "vllm:lora_requests_info"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)
