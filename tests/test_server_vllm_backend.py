@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from triton_server import StreamCollector, grpc_inputs, http_request, start_server, wait_until
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
+                           wait_until, write_model_repository)
 
 # The vLLM backend's sample config.pbtxt (samples/model_repository/vllm_model), but for the backend.
 SAMPLE_CONFIG = """
@@ -50,6 +51,8 @@ def server(tiny_model, tmp_path_factory):
     _model(repo, "vllm_invalid_1", {**sample, "invalid_attribute": True})
     _model(repo, "vllm_invalid_2", {**sample, "model": "./no/such/model"})
     _model(repo, "vllm_conflict", sample, parameters={"enforce_eager": "false"})
+    # A model directory with its own 1/model.py (backend "python") keeps working.
+    write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS}, name="llm_own", own_model_py=True)
     srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
                        "--load-model=vllm_model", "--load-model=vllm_no_metrics",
                        wait_for="vllm_model", cwd=str(tmp))
@@ -148,6 +151,16 @@ def test_unload_and_load_again(server):
     status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_model/load", {}, timeout=240)
     assert status == 200, text
     assert _generate(server, "vllm_model", PROMPTS[0], max_tokens=4)[0] == 200
+
+
+def test_a_model_with_its_own_model_py(server):
+    status, text = http_request(f"{server.http_url}/v2/repository/models/llm_own/load", {}, timeout=240)
+    assert status == 200, text
+    try:
+        status, body = _generate(server, "llm_own", PROMPTS[0], max_tokens=4, return_num_output_tokens=True)
+        assert status == 200 and body["num_output_tokens"] == 4, body
+    finally:
+        http_request(f"{server.http_url}/v2/repository/models/llm_own/unload", {})
 
 
 def _engine_pid(server_pid: int, model: str) -> int:
