@@ -73,20 +73,32 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+ADAPTER = "backend.serving.model"  # the `tritium` Triton backend: the one module Triton imports
+
+
 def test_imports_point_one_way():
-    """model.py -> backend -> kernels: the engine never imports Triton's stub module, the
-    kernels nothing of the engine."""
-    for name, path in {**_modules("backend"), **_modules("kernels")}.items():
+    """The adapter -> backend -> kernels: only the adapter imports Triton's stub module, nothing
+    imports the adapter, and the kernels import nothing of the engine."""
+    modules = {**_modules("backend"), **_modules("kernels")}
+    adapter = ast.parse(open(modules[ADAPTER], encoding="utf-8").read())
+    assert any(a.name == "triton_python_backend_utils" for n in ast.walk(adapter)
+               if isinstance(n, ast.Import) for a in n.names)
+    for name, path in modules.items():
+        if name == ADAPTER:
+            continue
         tree = ast.parse(open(path, encoding="utf-8").read())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "triton_python_backend_utils" not in imported, name
+        assert ADAPTER not in imported and not any(
+            n.module == "backend.serving" and any(a.name == "model" for a in n.names)
+            for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)), name
         if name.startswith("kernels"):
             assert not any(m == "backend" or m.startswith("backend.") for m in imported), name
 
 
 def test_model_py_is_an_adapter_and_modules_stay_small():
-    with open(os.path.join(ROOT, "model_repository", "llm", "1", "model.py"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "backend", "serving", "model.py"), encoding="utf-8") as f:
         assert len(f.readlines()) < 200
     for name, path in {**_modules("backend"), **_modules("kernels")}.items():
         with open(path, encoding="utf-8") as f:

@@ -1,6 +1,6 @@
 """Multi-LoRA through the real server, as Triton's vLLM backend is set up: `enable_lora` in the
 model configuration, the adapters in 1/multi_lora.json (a relative path taken from the
-repository root), a request's `lora_name` in its sampling parameters. Each request gets the
+server's working directory, as the vLLM backend takes it), a request's `lora_name` in its sampling parameters. Each request gets the
 offline engine's text for its adapter; a name the model does not serve gets a clear error."""
 import json
 import os
@@ -28,13 +28,14 @@ def lora_setup(tiny_model, tmp_path_factory):
     }
     repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS,
                                                       "enable_lora": "true"})
-    # One path absolute, one relative to the repository root (as `model` is).
-    listed = {"attn": adapters["attn"], "mlp": os.path.relpath(adapters["mlp"], ROOT)}
+    # One path absolute, one relative to the server's working directory (where the vLLM
+    # backend's vLLM looks for it: its CI lists "./weights/loras/GemmaDoll").
+    listed = {"attn": adapters["attn"], "mlp": "./" + os.path.relpath(adapters["mlp"], str(tmp))}
     with open(os.path.join(repo, "llm", "1", "multi_lora.json"), "w", encoding="utf-8") as f:
         json.dump(listed, f)
     # Explicit model control, so that the last test can reload the model (new adapters).
     server = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
-                          "--load-model=llm")
+                          "--load-model=llm", cwd=str(tmp))
     server.repo = repo
     yield server, adapters
     server.stop()
@@ -97,7 +98,7 @@ def test_the_load_generator_spreads_requests_over_adapters(lora_setup, tmp_path)
     assert result["summary"]["completed"] == 6 and result["lora_names"] == ["attn", "mlp"]
     # A name the model does not serve fails those requests, with the server's reason.
     run = bench(2, "nope")
-    assert run.returncode == 2 and "lora_name 'nope' is not an adapter of this model" in run.stdout, run.stdout
+    assert run.returncode == 2 and "LoRA nope is not supported, we currently support ['attn', 'mlp']" in run.stdout, run.stdout
 
 
 def test_lora_requests_info_metric(lora_setup):
@@ -129,8 +130,9 @@ def test_unknown_adapter_is_a_clear_error(lora_setup, offline):
     finally:
         stream.close()
     assert status == 400
-    assert json.loads(body)["error"] == ("lora_name 'sql' is not an adapter of this model; "
-                                         "it serves 'attn', 'mlp'.")
+    # The vLLM backend's words, then Tritium's.
+    assert json.loads(body)["error"] == ("LoRA sql is not supported, we currently support ['attn', 'mlp']. "
+                                         "lora_name must name one of the model's adapters.")
 
 
 def test_an_adapter_added_to_multi_lora_json_is_served_after_a_reload(lora_setup, offline):
@@ -140,7 +142,7 @@ def test_an_adapter_added_to_multi_lora_json_is_served_after_a_reload(lora_setup
     body = {"text_input": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "lora_name": "attn2",
             "exclude_input_in_output": True}
     status, text = http_request(f"{server.http_url}/v2/models/llm/generate", body)
-    assert status == 400 and "is not an adapter of this model" in text
+    assert status == 400 and "LoRA attn2 is not supported" in text
     path = os.path.join(server.repo, "llm", "1", "multi_lora.json")
     with open(path, encoding="utf-8") as f:
         listed = json.load(f)

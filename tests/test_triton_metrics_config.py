@@ -50,7 +50,7 @@ def test_metric_names_are_vllms():
         "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",
         "vllm:request_params_max_tokens", "vllm:request_queue_time_seconds",
         "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-        "vllm:request_inference_time_seconds", "vllm:lora_requests_info"}
+        "vllm:request_inference_time_seconds", "vllm:iteration_tokens_total", "vllm:lora_requests_info"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)
@@ -76,8 +76,9 @@ def test_engine_args_resolve_relative_paths_against_the_root(tmp_path):
 
 
 def test_lora_adapters_from_multi_lora_json_or_the_parameter(tmp_path):
-    """As Triton's vLLM backend: 1/multi_lora.json next to model.py when enable_lora is on;
-    relative adapter paths are taken from the root, like `model`."""
+    """As Triton's vLLM backend: 1/multi_lora.json next to model.py when enable_lora is on, its
+    relative adapter paths taken from the server's working directory (as vLLM takes them); a
+    lora_modules parameter's, like `model`'s, from the root."""
     _model_dir(tmp_path)
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -85,8 +86,10 @@ def test_lora_adapters_from_multi_lora_json_or_the_parameter(tmp_path):
     version.mkdir(parents=True)
     (version / "multi_lora.json").write_text('{"sql": "a", "doc": "%s"}' % (tmp_path / "b"), encoding="utf-8")
     on = {"model": "m", "enable_lora": "true"}
-    args = engine_args_from_model_config(on, str(tmp_path), version_dir=str(version))
+    args = engine_args_from_model_config(on, str(tmp_path), version_dir=str(version), cwd=str(tmp_path))
     assert args.lora_modules == {"sql": str(tmp_path / "a"), "doc": str(tmp_path / "b")}
+    with pytest.raises(ValueError, match="adapter 'sql': directory '/nonexistent/a' does not exist"):
+        engine_args_from_model_config(on, str(tmp_path), version_dir=str(version), cwd="/nonexistent")
     # The file is read only with enable_lora; a lora_modules parameter takes its place.
     assert engine_args_from_model_config({"model": "m"}, str(tmp_path), version_dir=str(version)).lora_modules is None
     args = engine_args_from_model_config({**on, "lora_modules": '{"x": "b"}'}, str(tmp_path), version_dir=str(version))
@@ -96,11 +99,12 @@ def test_lora_adapters_from_multi_lora_json_or_the_parameter(tmp_path):
         engine_args_from_model_config(on, str(tmp_path), version_dir=str(tmp_path))
     (version / "multi_lora.json").write_text('["a"]', encoding="utf-8")
     with pytest.raises(ValueError, match=r"^lora_modules must map adapter names to directories, got \['a'\]\.$"):
-        engine_args_from_model_config(on, str(tmp_path), version_dir=str(version))
+        engine_args_from_model_config(on, str(tmp_path), version_dir=str(version), cwd=str(tmp_path))
 
 
 @pytest.mark.parametrize("params, message", [
-    ({}, "the model configuration needs a 'model' parameter: the path of a Hugging Face model directory."),
+    ({}, "the model configuration needs a 'model' parameter (or 'model' in 1/model.json): the path of "
+         "a Hugging Face model directory."),
     ({"model": "m", "max_num_seq": "4"}, "Unknown engine argument 'max_num_seq'. Valid arguments: "),
     ({"model": "m", "block_size": "big"}, "engine argument block_size: cannot parse 'big' as int."),
     ({"model": "missing"}, "model: directory "),

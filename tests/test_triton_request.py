@@ -115,7 +115,7 @@ def test_input_ids_prompt():
     ({"text_input": s("x"), "sampling_parameters": s('{"top_p": 0}')}, None,
      "top_p must be in (0, 1], got 0.0."),
     ({"text_input": s("x"), "stream": b(True), "exclude_input_in_output": b(False)}, None,
-     "exclude_input_in_output=false is not allowed when streaming: a stream sends only the new text."),
+     "When streaming, `exclude_input_in_output` = False is not allowed. A stream sends only the new text."),
     ({"text_input": s("x"), "stream": np.array([1], dtype=np.int32)}, None,
      "stream must be a BOOL tensor, got int32."),
     ({"text_input": s("x")}, "{not json", "request parameters are not valid JSON: "

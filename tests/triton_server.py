@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny-llama")
-MODEL_PY = os.path.join(ROOT, "model_repository", "llm", "1", "model.py")
+MODEL_PY = os.path.join(ROOT, "backend", "serving", "model.py")
 CONFIG_PBTXT = os.path.join(ROOT, "model_repository", "llm", "config.pbtxt")
 # A CPU-sized engine for the tiny model: enough KV blocks for 64 concurrent short requests, and a
 # max_model_len long enough for requests that run for seconds (the cancellation tests need those).
@@ -37,20 +37,25 @@ def ensure_default_model() -> str:
     return DEFAULT_MODEL
 
 
-def write_model_repository(dest: str, engine_args: dict[str, str], name: str = "llm") -> str:
-    """A model repository with the project's llm model and these engine arguments."""
+def write_model_repository(dest: str, engine_args: dict[str, str], name: str = "llm",
+                           own_model_py: bool = False) -> str:
+    """A model repository with the project's llm model and these engine arguments: served by
+    the installed `tritium` backend, or (own_model_py) by a copy of model.py in 1/ run by
+    the python backend."""
     model_dir = os.path.join(dest, name)
     os.makedirs(os.path.join(model_dir, "1"), exist_ok=True)
-    shutil.copy(MODEL_PY, os.path.join(model_dir, "1", "model.py"))
-    write_config(model_dir, engine_args)
+    if own_model_py:
+        shutil.copy(MODEL_PY, os.path.join(model_dir, "1", "model.py"))
+    write_config(model_dir, engine_args, backend="python" if own_model_py else "tritium")
     return dest
 
 
-def write_config(model_dir: str, engine_args: dict[str, str]) -> None:
+def write_config(model_dir: str, engine_args: dict[str, str], backend: str = "tritium") -> None:
     """config.pbtxt of the project's model with its parameters replaced by `engine_args`."""
     with open(CONFIG_PBTXT, encoding="utf-8") as f:
         text = f.read()
     text = re.sub(r"^parameters \{.*\}\n", "", text, flags=re.M)
+    text = re.sub(r'^backend: "\w+"', f'backend: "{backend}"', text, flags=re.M)
     def quoted(v: str) -> str:  # a text-format string (JSON values carry quotes)
         return v.replace("\\", "\\\\").replace('"', '\\"')
     text += "".join(f'parameters {{ key: "{k}" value {{ string_value: "{quoted(v)}" }} }}\n'
@@ -134,15 +139,17 @@ class TritonServer:
 
 
 def start_server(model_repository: str, log_path: str, *extra_args: str,
-                 wait_for: str | None = "llm", timeout: float = 240.0) -> TritonServer:
-    """Start scripts/tritonserver on free ports; wait until it (and model `wait_for`) is ready."""
+                 wait_for: str | None = "llm", timeout: float = 240.0,
+                 cwd: str | None = None) -> TritonServer:
+    """Start scripts/tritonserver on free ports (in directory `cwd`); wait until it (and model
+    `wait_for`) is ready."""
     http, grpc, metrics = _free_ports(3)
     cmd = [os.path.join(ROOT, "scripts", "tritonserver"), f"--model-repository={model_repository}",
            f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
            "--exit-timeout-secs=10", *extra_args]
     log = open(log_path, "w", encoding="utf-8")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     log.close()
     server = TritonServer(proc, http, grpc, metrics, log_path)
     deadline = time.monotonic() + timeout

@@ -155,6 +155,10 @@ class EngineProcess:
             self._stats.num_requests_rejected += self._num_rejected
             return self._stats
 
+    def is_healthy(self) -> bool:
+        """Whether the engine still serves: its process lives and it was not shut down."""
+        return not self._stopped and self._receiver.is_alive() and self._proc.poll() is None
+
     def shutdown(self) -> None:
         """Every in-flight request gets a final output with an error; the child exits."""
         with self._lock:

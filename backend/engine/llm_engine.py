@@ -73,6 +73,7 @@ class LLMEngine:
         self._deadlines: list[tuple[float, int, Request]] = []
         self._deadline_order = itertools.count()
         self.stats = EngineStats()
+        self._tokens_counted = 0  # prompt + generation tokens when the last step was recorded
         self.output_processor = OutputProcessor(args, self.tokenizer, self.scheduler, self.stats, detokenize)
         self._inflight: InflightStep | None = None  # the launched step whose tokens are not yet taken
         self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
@@ -194,6 +195,11 @@ class LLMEngine:
         if launched is not None and launched.pending.deferred:
             self._sample_deferred(launched, outputs)
         outputs += self.output_processor.process(self.requests)
+        st = self.stats
+        tokens = st.prompt_tokens + st.generation_tokens
+        if tokens > self._tokens_counted:
+            st.iteration_tokens.append(tokens - self._tokens_counted)
+            self._tokens_counted = tokens
         if deliver is not None:
             deliver(outputs)
             return []

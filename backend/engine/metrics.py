@@ -24,7 +24,7 @@ class EngineStats:
     num_requests_rejected: int = 0
     num_requests_timed_out: int = 0
     time_to_first_token: list[float] = field(default_factory=list)
-    time_per_output_token: list[float] = field(default_factory=list)  # per finished request: mean
+    time_per_output_token: list[float] = field(default_factory=list)  # per decode step of a request
     e2e_request_latency: list[float] = field(default_factory=list)
     # One sample per finished request (vLLM V1's per-request histograms).
     request_prompt_tokens: list[int] = field(default_factory=list)
@@ -35,6 +35,9 @@ class EngineStats:
     request_prefill_time: list[float] = field(default_factory=list)  # first scheduled -> first token
     request_decode_time: list[float] = field(default_factory=list)  # first token -> last token
     request_inference_time: list[float] = field(default_factory=list)  # first scheduled -> last token
+    # One sample per engine step that brought results: the prompt and generation tokens it added
+    # to prompt_tokens + generation_tokens (vLLM's iteration_tokens_total).
+    iteration_tokens: list[int] = field(default_factory=list)
     # Speculative decoding (vLLM's spec_decode counters): verification steps of a sequence with
     # proposed tokens, tokens proposed, and proposed tokens accepted.
     spec_decode_num_drafts: int = 0
@@ -50,4 +53,4 @@ class EngineStats:
     SAMPLE_FIELDS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency",
                      "request_prompt_tokens", "request_generation_tokens", "request_params_n",
                      "request_params_max_tokens", "request_queue_time", "request_prefill_time",
-                     "request_decode_time", "request_inference_time")
+                     "request_decode_time", "request_inference_time", "iteration_tokens")

@@ -48,6 +48,10 @@ class OutputProcessor:
             self.stats.time_to_first_token.append(now - m.arrival_time)
             self.stats.prompt_tokens += len(req.prompt_token_ids)
         if seq.index == 0:
+            # vLLM's inter-token latency: one sample per step that brings the request new
+            # tokens after its first (a step's several speculative tokens are one sample).
+            if m.last_token_time is not None and now > m.last_token_time:
+                self.stats.time_per_output_token.append(now - m.last_token_time)
             m.last_token_time = now
         self.stats.generation_tokens += 1
         self._text_queue.append(seq)
@@ -110,10 +114,6 @@ class OutputProcessor:
         m, st = req.metrics, self.stats
         m.finished_time = now
         st.e2e_request_latency.append(now - m.arrival_time)
-        n = req.seqs[0].num_output_tokens - req.seqs[0].num_unresolved if req.seqs else 0
-        if n > 1 and m.first_token_time is not None and m.last_token_time is not None:
-            # One sample per request, its mean time per output token after the first.
-            st.time_per_output_token.append((m.last_token_time - m.first_token_time) / (n - 1))
         reason = next((s.finish_reason for s in req.seqs if s.finish_reason), "abort")
         st.request_success[reason] = st.request_success.get(reason, 0) + 1
         p = req.params

@@ -85,6 +85,10 @@ class StreamingEngine:
             stats.num_requests_rejected += self._num_rejected
             return stats
 
+    def is_healthy(self) -> bool:
+        """Whether the engine still serves: its loop runs and it was not shut down."""
+        return not self._stopped and self._thread.is_alive()
+
     def shutdown(self) -> None:
         """Finish every request with an error, stop and join the engine thread."""
         with self._lock:

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..outputs import RequestOutput
 from .handoff import Handoff
@@ -56,10 +56,14 @@ class _Stop:
 
 
 class ResponseSender:
-    def __init__(self, pb_utils: Any, engine: Any, model: tuple[str, str]) -> None:
+    def __init__(self, pb_utils: Any, engine: Any, model: tuple[str, str],
+                 before_final: Callable[[], None] | None = None) -> None:
         """engine: EngineProcess or StreamingEngine (abort). model: (name, version), to tell
-        when the model is being unloaded."""
+        when the model is being unloaded. before_final: called (on this thread) before a round
+        of sends that ends a request, e.g. to publish metrics, so that a client that reads them
+        after its last response sees its request counted."""
         self._pb = pb_utils
+        self._before_final = before_final
         self._engine = engine
         self._model = model
         self._lock = threading.Lock()
@@ -115,7 +119,15 @@ class ResponseSender:
             item = self._pending.take(_CANCEL_CHECK_S)
             if item is not None:
                 start = time.perf_counter()
-                for merged in self._coalesce(item):
+                merged_items = self._coalesce(item)
+                if self._before_final is not None and any(
+                        isinstance(m, EngineOutput) and m.output.finished for m in merged_items):
+                    try:
+                        self._before_final()
+                    except Exception:
+                        log_error(f"tritium: publishing before a final response failed: "
+                                  f"{traceback.format_exc()}")
+                for merged in merged_items:
                     try:
                         self._handle(merged)
                     except Exception:
@@ -185,6 +197,7 @@ class ResponseSender:
         self.untrack(state.request_id)
         if state.cancelled:
             self.send_error(state.sender, "Request was cancelled", pb.TritonError.CANCELLED)
+            pb.Logger.log_info(f"[vllm] Successfully cancelled the request (tritium request {state.request_id})")
         elif state.unloading:
             self.send_error(state.sender, "The model is being unloaded.", pb.TritonError.UNAVAILABLE)
         elif response.error is not None:
@@ -217,6 +230,8 @@ class ResponseSender:
                 state.unloading = True
                 self._engine.abort(state.request_id)  # its final "abort" output ends it
             elif state.sender.is_cancelled():
+                # The vLLM backend's log line (tests and operators grep for it), then which one.
+                self._pb.Logger.log_info(f"[vllm] Cancelling the request (tritium request {state.request_id})")
                 state.cancelled = True
                 self._engine.abort(state.request_id)
 

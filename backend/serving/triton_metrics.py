@@ -36,6 +36,9 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 # vLLM sizes its token-count buckets 1, 2, 5, 10, ... up to max_model_len; these go to 10^6.
 _TOKEN_BUCKETS = tuple(float(m * 10 ** e) for e in range(6) for m in (1, 2, 5)) + (1e6,)
 _N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+# vLLM's buckets for iteration_tokens_total.
+_ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+                      8192.0, 16384.0)
 # vLLM's request_latency_buckets, for the per-request phase times.
 _PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
@@ -79,6 +82,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Histogram of time spent in DECODE phase for request.", _PHASE_BUCKETS),
     MetricSpec("vllm:request_inference_time_seconds", "histogram",
                "Histogram of time spent in RUNNING phase for request.", _PHASE_BUCKETS),
+    MetricSpec("vllm:iteration_tokens_total", "histogram",
+               "Histogram of number of tokens per engine_step.", _ITERATION_BUCKETS),
     # With LoRA adapters only, as vLLM's: labels name the adapters of running and of waiting
     # requests and the device's slots; each label set's value is the last time it was current,
     # so the current one is the series of the largest value.
@@ -115,7 +120,8 @@ _HISTOGRAMS = (("vllm:time_to_first_token_seconds", "time_to_first_token"),
                ("vllm:request_queue_time_seconds", "request_queue_time"),
                ("vllm:request_prefill_time_seconds", "request_prefill_time"),
                ("vllm:request_decode_time_seconds", "request_decode_time"),
-               ("vllm:request_inference_time_seconds", "request_inference_time"))
+               ("vllm:request_inference_time_seconds", "request_inference_time"),
+               ("vllm:iteration_tokens_total", "iteration_tokens"))
 
 
 class MetricsTracker:
@@ -230,6 +236,8 @@ class MetricsLoop:
         self._publisher = MetricsPublisher(pb_utils, labels, lock_name)
         self._get_stats = get_stats
         self._stop = threading.Event()
+        # One publish at a time: the loop's and flush()'s (get_stats hands over samples once).
+        self._publish_lock = threading.Lock()
         try:  # now, so that the metrics exist when the model reports ready (the loop retries)
             self._publisher.open()
         except pb_utils.TritonModelException:
@@ -237,10 +245,18 @@ class MetricsLoop:
         self._thread = threading.Thread(target=self._loop, name="tritium-metrics")
         self._thread.start()
 
+    def flush(self) -> None:
+        """Publish now (from another thread): counters and gauges are current when this returns,
+        and histograms too unless over MAX_OBSERVES_PER_PUBLISH samples wait (heavy load)."""
+        with self._publish_lock:
+            if self._publisher.is_open and not self._stop.is_set():
+                self._publisher.publish(self._get_stats())
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._publisher.close()
+        with self._publish_lock:
+            self._publisher.close()
 
     def _loop(self) -> None:
         pb, waiting_logged = self._pb, False
@@ -252,10 +268,12 @@ class MetricsLoop:
                         pb.Logger.log_info("tritium: metrics start once the previous "
                                            "instance of the model has unloaded")
                     continue
-                self._publisher.publish(self._get_stats())
+                with self._publish_lock:
+                    self._publisher.publish(self._get_stats())
             except pb.TritonModelException as e:  # e.g. the server runs with --allow-metrics=false
                 pb.Logger.log_warn(f"tritium: no metrics: {e}")
-                self._publisher.close()
+                with self._publish_lock:
+                    self._publisher.close()
                 return
             except Exception:
                 pb.Logger.log_error(f"tritium: metrics failed: {traceback.format_exc()}")

@@ -68,9 +68,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     stream = flags.get("stream", False)
     # The vLLM backend's defaults: a stream sends only new text; otherwise the prompt comes first.
     exclude = flags.get("exclude_input_in_output", stream)
-    if stream and not exclude:
-        raise ValueError("exclude_input_in_output=false is not allowed when streaming: "
-                         "a stream sends only the new text.")
+    if stream and not exclude:  # the vLLM backend's words, then why
+        raise ValueError("When streaming, `exclude_input_in_output` = False is not allowed. "
+                         "A stream sends only the new text.")
 
     sampling = dict(request_params)
     if inputs.get("sampling_parameters") is not None:
@@ -88,6 +88,19 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
                          exclude_input_in_output=exclude, priority=priority, lora_name=lora_name,
                          **{k: v for k, v in flags.items() if k.startswith("return_")})
+
+
+def check_lora(lora_name: str | None, served: list[str] | None) -> None:
+    """The vLLM backend's check of a request's `lora_name` against the model's adapters, with its
+    words (clients match on them), then Tritium's detail. Raises ValueError."""
+    if lora_name is None:
+        return
+    if not served:
+        raise ValueError("LoRA feature is not enabled. This model serves no LoRA adapters: load it "
+                         "with enable_lora and its adapters in 1/multi_lora.json.")
+    if lora_name not in served:
+        raise ValueError(f"LoRA {lora_name} is not supported, we currently support {served}. "
+                         f"lora_name must name one of the model's adapters.")
 
 
 def _openai_frontend_keys(sampling: dict[str, Any]) -> dict[str, Any]:

@@ -35,3 +35,17 @@ def test_per_request_samples(llama_dir):
     assert m.first_scheduled_time - m.arrival_time == pytest.approx(max(s.request_queue_time), abs=1e-9)
     assert m.first_scheduled_time > finished["b"].metrics.first_scheduled_time > finished["a"].metrics.first_scheduled_time
     assert engine.get_stats().request_prompt_tokens == []  # samples are handed out once
+
+
+def test_time_per_output_token_and_iteration_tokens_as_vllm_counts_them(llama_dir):
+    """vLLM's inter-token latency: one sample per output token after the first (3 x 15 here),
+    not one per request; iteration_tokens: per step, the prompt and generation tokens it added."""
+    engine = LLMEngine(EngineArgs(model=llama_dir, dtype="float32", max_model_len=64))
+    for i in range(3):
+        engine.add_request(str(i), [1, 2, 3 + i], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    s = engine.get_stats()
+    assert len(s.time_per_output_token) == 3 * 15 and min(s.time_per_output_token) > 0
+    assert sum(s.iteration_tokens) == s.prompt_tokens + s.generation_tokens == 3 * 3 + 3 * 16
+    assert min(s.iteration_tokens) > 0

@@ -1,4 +1,7 @@
-"""Triton python-backend adapter for the Tritium engine (decoupled).
+"""Triton adapter for the Tritium engine (decoupled): the `tritium` Python-based backend.
+
+Installed as <backend-directory>/tritium/model.py (scripts/tritonserver links it), so that a
+model says backend: "tritium"; a copy in a model's 1/ with backend: "python" works as well.
 
 execute() parses each request and hands it to the engine, which runs in a process of its own;
 it never waits for generation and returns None. One sender thread sends every response and
@@ -42,16 +45,24 @@ class TritonPythonModel:
         from backend import EngineProcess, EngineShutdownError
         from backend.serving import triton_request
         from backend.serving.response_sender import InFlight, ResponseSender
-        from backend.serving.triton_config import engine_args_from_model_config
+        from backend.serving.triton_config import serving_config
         from backend.serving.triton_metrics import MetricsLoop
 
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise pb_utils.TritonModelException("the llm model must be decoupled: set "
                                                 "model_transaction_policy { decoupled: true }")
-        engine_args = engine_args_from_model_config(
-            config.get("parameters", {}), _ROOT,
-            version_dir=os.path.join(args["model_repository"], args["model_version"]))
+        # config.pbtxt parameters and 1/model.json (Triton's vLLM backend's engine arguments)
+        serving = serving_config(config.get("parameters", {}), _ROOT,
+                                 version_dir=os.path.join(args["model_repository"], args["model_version"]))
+        if serving.health_check:
+            pb_utils.Logger.log_info("tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before each batch of requests")
+        for note in serving.notes:
+            pb_utils.Logger.log_info(note)
+        if serving.gpu_device_ids is not None:  # the engine's process inherits it
+            os.environ["CUDA_VISIBLE_DEVICES"] = serving.gpu_device_ids
+        engine_args, self._health_check, self._healthy = serving.engine_args, serving.health_check, True
+        self._loras = list(engine_args.lora_modules or ()) if engine_args.enable_lora else None
         self._requests = triton_request
         self._in_flight = InFlight
         self._shutdown_error = EngineShutdownError
@@ -67,13 +78,20 @@ class TritonPythonModel:
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
         sys.setswitchinterval(0.001)
         name, version = args["model_name"], args["model_version"]
-        self._sender = ResponseSender(pb_utils, self._engine, (name, version))
+        self._name = name
         # The lock is per server (its pid) and model version: instances of one server share it.
         self._metrics = MetricsLoop(pb_utils, {"model": name, "version": version},
-                                    f"tritium-metrics-{os.getppid()}-{name}-{version}", self._engine.get_stats)
+                                    f"tritium-metrics-{os.getppid()}-{name}-{version}",
+                                    self._engine.get_stats) if serving.report_metrics else None
+        # Metrics are current when a request's final response leaves (the sender publishes first).
+        self._sender = ResponseSender(pb_utils, self._engine, (name, version),
+                                      before_final=self._metrics.flush if self._metrics else None)
         pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {name}")
 
     def execute(self, requests: list) -> None:
+        if self._health_check and not self._engine.is_healthy():
+            self._unhealthy(requests)
+            return None
         for request in requests:
             self._submit(request)
         return None
@@ -87,6 +105,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             parsed = self._requests.parse_request(inputs, request.parameters())
+            self._requests.check_lora(parsed.lora_name, self._loras)
             # Clients' request ids may be empty or repeat: the engine gets its own.
             state = self._in_flight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed))
             self._sender.track(state)
@@ -105,10 +124,25 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
             self._sender.reject(sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
 
+    def _unhealthy(self, requests: list) -> None:
+        """ENABLE_VLLM_HEALTH_CHECK, as the vLLM backend: refuse, and have the model unloaded."""
+        if self._healthy:
+            self._healthy = False
+            pb_utils.Logger.log_error("[vllm] Engine is not healthy and model will be unloaded: "
+                                      "tritium: the engine's process is gone")
+            try:
+                pb_utils.unload_model(self._name)  # non-blocking; needs explicit model control
+            except Exception as e:
+                pb_utils.Logger.log_warn(f"tritium: cannot unload the model: {e}")
+        for request in requests:
+            self._sender.reject(request.get_response_sender(), "Model is unavailable due to unhealthy "
+                                "vLLM engine", pb_utils.TritonError.UNAVAILABLE)
+
     def finalize(self) -> None:
         pb_utils.Logger.log_info("tritium: unloading")
         self._sender.closing = True
-        self._metrics.stop()
+        if self._metrics is not None:
+            self._metrics.stop()
         # Each in-flight request gets its final output (with an error) from the engine...
         self._engine.shutdown()
         leftover = self._sender.stop()

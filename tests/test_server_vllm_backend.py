@@ -1,0 +1,201 @@
+"""Tritium as a drop-in for Triton's vLLM backend, tried as its CI tries it: its sample model
+repository (config.pbtxt + 1/model.json, `backend: "vllm"` changed to "tritium" and the model path
+to the tiny model), its config keys, load/unload, invalid engine arguments and models, its
+messages, per-token TPOT, metrics current at the final response, the health check."""
+import json
+import os
+import re
+
+import pytest
+
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
+                           wait_until, write_model_repository)
+
+# The vLLM backend's sample config.pbtxt (samples/model_repository/vllm_model), but for the backend.
+SAMPLE_CONFIG = """
+backend: "tritium"
+max_batch_size: 0
+model_transaction_policy { decoupled: True }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] },
+  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_MODEL } ]
+"""
+PROMPTS = ["The most dangerous animal is", "The capital of France is", "The future of AI is"]
+
+
+def _model(repo, name, model_json, config=SAMPLE_CONFIG, parameters=None):
+    os.makedirs(os.path.join(repo, name, "1"))
+    params = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
+                     for k, v in (parameters or {}).items())
+    with open(os.path.join(repo, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(config + params)
+    with open(os.path.join(repo, name, "1", "model.json"), "w", encoding="utf-8") as f:
+        json.dump(model_json, f)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm_backend")
+    repo = str(tmp / "repo")
+    # The sample's model.json: only "model" changed (facebook/opt-125m -> the tiny model).
+    sample = {"model": tiny_model, "disable_log_requests": True, "gpu_memory_utilization": 0.5,
+              "enforce_eager": True, "disable_log_stats": False}
+    _model(repo, "vllm_model", sample)
+    # The vLLM backend's config keys that used to stop the load.
+    _model(repo, "vllm_no_metrics", {**sample, "max_model_len": 512},
+           parameters={"REPORT_CUSTOM_METRICS": "false", "ENABLE_VLLM_HEALTH_CHECK": "true"})
+    _model(repo, "vllm_invalid_1", {**sample, "invalid_attribute": True})
+    _model(repo, "vllm_invalid_2", {**sample, "model": "./no/such/model"})
+    _model(repo, "vllm_conflict", sample, parameters={"enforce_eager": "false"})
+    # A model directory with its own 1/model.py (backend "python") keeps working.
+    write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS}, name="llm_own", own_model_py=True)
+    srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
+                       "--load-model=vllm_model", "--load-model=vllm_no_metrics",
+                       wait_for="vllm_model", cwd=str(tmp))
+    assert wait_until(lambda: srv.is_ready("vllm_no_metrics"), 120), srv.log_tail()
+    yield srv
+    srv.stop()
+
+
+def _generate(server, model, prompt, **body):
+    status, text = http_request(f"{server.http_url}/v2/models/{model}/generate",
+                                {"text_input": prompt, "stream": False, **body})
+    return status, json.loads(text)
+
+
+def _metric(server, name, model="vllm_model", **labels):
+    return server.metric(name, model=model, version="1", **labels)
+
+
+def test_the_sample_repository_serves(server):
+    status, body = _generate(server, "vllm_model", PROMPTS[1], max_tokens=8, temperature=0)
+    assert status == 200 and body["text_output"].startswith(PROMPTS[1])  # the prompt comes first
+    status, body = _generate(server, "vllm_model", PROMPTS[1], max_tokens=8, temperature=0,
+                             exclude_input_in_output=True)
+    assert status == 200 and not body["text_output"].startswith(PROMPTS[1])
+    log = open(server.log_path, encoding="utf-8").read()
+    assert "tritium: ignoring vLLM engine argument disable_log_requests=true" in log
+
+
+def test_invalid_engine_argument_and_invalid_model_fail_the_load(server):
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_invalid_1/load", {}, timeout=120)
+    assert status == 400 and "Unknown engine argument 'invalid_attribute'" in text, text
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_invalid_2/load", {}, timeout=120)
+    assert status == 400 and "no/such/model' does not exist" in text, text
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_conflict/load", {}, timeout=120)
+    assert status == 400 and "engine argument 'enforce_eager' is set differently" in text, text
+    assert server.is_ready("vllm_model")  # the others are untouched
+
+
+def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(server):
+    """3 prompts x 2 rounds x 16 tokens: vLLM records 15 inter-token samples per request (90);
+    /metrics read right after the last response already counts every request."""
+    count = "vllm:time_per_output_token_seconds_count"
+    before = {n: _metric(server, n) for n in (count, "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                                               "vllm:request_prompt_tokens_sum", "vllm:iteration_tokens_total_sum")}
+    success = _metric(server, "vllm:request_success_total", finished_reason="length")
+    for _ in range(2):
+        stream = StreamCollector(server.grpc_url)
+        try:
+            for i, prompt in enumerate(PROMPTS):
+                stream.send(str(i), grpc_inputs(prompt, stream=False, sampling={
+                    "max_tokens": 16, "ignore_eos": True, "temperature": 0}), model="vllm_model")
+            for i in range(len(PROMPTS)):
+                stream.wait(str(i))
+        finally:
+            stream.close()
+    # No waiting: the metrics were published before each final response left.
+    assert _metric(server, "vllm:request_success_total", finished_reason="length") == success + 6
+    prompt_tokens = _metric(server, "vllm:prompt_tokens_total") - before["vllm:prompt_tokens_total"]
+    assert prompt_tokens > 0
+    assert _metric(server, "vllm:request_prompt_tokens_sum") - before["vllm:request_prompt_tokens_sum"] == prompt_tokens
+    assert _metric(server, count) - before[count] == 90
+    assert _metric(server, "vllm:generation_tokens_total") - before["vllm:generation_tokens_total"] == 96
+    # Each step's prompt and generation tokens, as vLLM's iteration_tokens_total counts them.
+    assert _metric(server, "vllm:iteration_tokens_total_sum") - before["vllm:iteration_tokens_total_sum"] == \
+        prompt_tokens + 96
+
+
+def test_report_custom_metrics_false_turns_them_off(server):
+    assert _generate(server, "vllm_no_metrics", PROMPTS[0], max_tokens=4)[0] == 200
+    assert not re.search(r'^vllm:\w+\{[^}]*model="vllm_no_metrics"', server.metrics(), re.M)
+    assert _metric(server, "vllm:num_requests_running") == 0  # the other model's are there
+
+
+def test_messages_are_the_vllm_backends(server):
+    status, body = _generate(server, "vllm_model", PROMPTS[0], max_tokens=4, lora_name="doll")
+    assert status == 400 and body["error"].startswith("LoRA feature is not enabled."), body
+    status, text = http_request(f"{server.http_url}/v2/models/vllm_model/generate_stream",
+                                {"text_input": PROMPTS[0], "stream": True, "exclude_input_in_output": False})
+    assert "When streaming, `exclude_input_in_output` = False is not allowed." in text, text
+
+
+def test_cancellation_logs_the_vllm_backends_lines(server):
+    stream = StreamCollector(server.grpc_url)
+    stream.send("long", grpc_inputs(PROMPTS[2], stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}),
+                model="vllm_model")
+    assert wait_until(lambda: len(stream.results["long"].texts) >= 3, 60)
+    stream.close(cancel=True)
+    log = lambda: open(server.log_path, encoding="utf-8").read()  # noqa: E731
+    assert wait_until(lambda: "[vllm] Successfully cancelled the request" in log(), 10), server.log_tail()
+    assert "[vllm] Cancelling the request" in log()
+
+
+def test_unload_and_load_again(server):
+    status, _ = http_request(f"{server.http_url}/v2/repository/models/vllm_model/unload", {})
+    assert status == 200 and wait_until(lambda: not server.is_ready("vllm_model"), 60)
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_model/load", {}, timeout=240)
+    assert status == 200, text
+    assert _generate(server, "vllm_model", PROMPTS[0], max_tokens=4)[0] == 200
+
+
+def test_a_model_with_its_own_model_py(server):
+    status, text = http_request(f"{server.http_url}/v2/repository/models/llm_own/load", {}, timeout=240)
+    assert status == 200, text
+    try:
+        status, body = _generate(server, "llm_own", PROMPTS[0], max_tokens=4, return_num_output_tokens=True)
+        assert status == 200 and body["num_output_tokens"] == 4, body
+    finally:
+        http_request(f"{server.http_url}/v2/repository/models/llm_own/unload", {})
+
+
+def _engine_pid(server_pid: int, model: str) -> int:
+    """The engine process of `model`: a backend.engine.process_main whose parent (the model's
+    stub) names the model, in the server's session."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            ppid, sid = int(stat[1]), int(stat[3])
+            parent = open(f"/proc/{ppid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if sid == server_pid and "backend.engine.process_main" in cmd and model in parent:
+            return int(pid)
+    raise LookupError(f"no engine process of {model}")
+
+
+def test_health_check_unloads_a_model_whose_engine_died(server):
+    """ENABLE_VLLM_HEALTH_CHECK: the next request is refused with the vLLM backend's words and the
+    model is unloaded."""
+    pid = _engine_pid(server.proc.pid, "vllm_no_metrics")
+    os.kill(pid, 9)
+
+    def dead() -> bool:  # gone, or a zombie its parent has not reaped yet
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+    assert wait_until(dead, 10)
+    # The adapter notices the death asynchronously: a request that races it fails with the
+    # engine's own error; the next ones get the health check's answer.
+    errors = [_generate(server, "vllm_no_metrics", PROMPTS[0], max_tokens=4)[1]["error"]]
+    if errors[0] == "The engine process exited.":
+        errors.append(_generate(server, "vllm_no_metrics", PROMPTS[0], max_tokens=4)[1]["error"])
+    assert errors[-1] == "Model is unavailable due to unhealthy vLLM engine", errors
+    assert wait_until(lambda: not server.is_ready("vllm_no_metrics"), 60)
+    assert server.is_ready("vllm_model")

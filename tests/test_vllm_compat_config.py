@@ -1,0 +1,105 @@
+"""A model configuration written for Triton's vLLM backend: 1/model.json, its config.pbtxt keys,
+vLLM engine arguments Tritium does without (backend/serving/triton_config.py, vllm_compat.py)."""
+import json
+import os
+
+import pytest
+
+from backend.serving.triton_config import serving_config
+from backend.serving.triton_request import check_lora
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """(root with model directory m, the model's version directory)."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}", encoding="utf-8")
+    version = tmp_path / "llm" / "1"
+    version.mkdir(parents=True)
+    return tmp_path, version
+
+
+def _model_json(version, values):
+    (version / "model.json").write_text(json.dumps(values), encoding="utf-8")
+
+
+def test_the_vllm_backend_sample_model_json(repo):
+    """Its sample's model.json, with only the model path changed."""
+    root, version = repo
+    _model_json(version, {"model": str(root / "m"), "disable_log_requests": True,
+                          "gpu_memory_utilization": 0.5, "enforce_eager": True, "disable_log_stats": False})
+    cfg = serving_config({}, str(root), str(version))
+    args = cfg.engine_args
+    assert (args.model, args.gpu_memory_utilization, args.enforce_eager) == (str(root / "m"), 0.5, True)
+    assert cfg.report_metrics and not cfg.health_check
+    assert cfg.notes == [
+        "tritium: ignoring vLLM engine argument disable_log_requests=true: Tritium does not log requests",
+        "tritium: ignoring vLLM engine argument disable_log_stats=false: Tritium logs no periodic "
+        "statistics; true also turns the vllm: metrics off, as in the vLLM backend"]
+
+
+def test_model_json_beside_parameters(repo):
+    root, version = repo
+    _model_json(version, {"model": "m", "block_size": 32, "max_model_len": 128})
+    # model.json's relative paths from the working directory, as vLLM takes them
+    cfg = serving_config({"max_num_seqs": "8", "block_size": "32"}, "/nonexistent", str(version), cwd=str(root))
+    assert (cfg.engine_args.model, cfg.engine_args.block_size, cfg.engine_args.max_num_seqs) == \
+        (str(root / "m"), 32, 8)
+    with pytest.raises(ValueError, match=r"^engine argument 'block_size' is set differently in config\.pbtxt "
+                                         r"parameters \('16'\) and in 1/model\.json \('32'\)\.$"):
+        serving_config({"block_size": "16"}, str(root), str(version), cwd=str(root))
+    _model_json(version, {"model": "m", "enable_prefix_caching": False})
+    cfg = serving_config({"enable_prefix_caching": "False"}, str(root), str(version), cwd=str(root))
+    assert cfg.engine_args.enable_prefix_caching is False
+
+
+def test_the_vllm_backend_config_keys(repo):
+    root, version = repo
+    base = {"model": str(root / "m")}
+    assert serving_config({**base, "REPORT_CUSTOM_METRICS": "true"}, str(root)).report_metrics
+    assert not serving_config({**base, "REPORT_CUSTOM_METRICS": "false"}, str(root)).report_metrics
+    assert not serving_config({**base, "disable_log_stats": "true"}, str(root)).report_metrics
+    assert serving_config({**base, "ENABLE_VLLM_HEALTH_CHECK": "true"}, str(root)).health_check
+    assert serving_config({**base, "GPU_DEVICE_IDS": "1, 0"}, str(root)).gpu_device_ids == "1,0"
+    with pytest.raises(ValueError, match="^REPORT_CUSTOM_METRICS must be true or false, got 'maybe'"):
+        serving_config({**base, "REPORT_CUSTOM_METRICS": "maybe"}, str(root))
+    with pytest.raises(ValueError, match="^Invalid value for GPU_DEVICE_IDS: 'a'"):
+        serving_config({**base, "GPU_DEVICE_IDS": "a"}, str(root))
+
+
+def test_unimplemented_vllm_arguments(repo):
+    root, version = repo
+    _model_json(version, {"model": str(root / "m"), "tensor_parallel_size": 1, "trust_remote_code": True})
+    cfg = serving_config({}, str(root), str(version))
+    assert cfg.notes[0] == "tritium: vLLM engine argument tensor_parallel_size=1 is Tritium's only behaviour"
+    _model_json(version, {"model": str(root / "m"), "tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"^vLLM engine argument 'tensor_parallel_size' is not supported by "
+                                         r"Tritium with a value other than 1, got '2'\.$"):
+        serving_config({}, str(root), str(version))
+    # As the vLLM backend's CI model vllm_invalid_1: an argument no engine knows fails the load.
+    _model_json(version, {"model": str(root / "m"), "invalid_attribute": True})
+    with pytest.raises(ValueError, match=r"^Unknown engine argument 'invalid_attribute'\. Valid arguments: "):
+        serving_config({}, str(root), str(version))
+    (version / "model.json").write_text("[1]", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^1/model\.json must be a JSON object of vLLM engine arguments"):
+        serving_config({}, str(root), str(version))
+
+
+def test_lora_messages_are_the_vllm_backends():
+    check_lora(None, None)
+    check_lora("doll", ["doll", "sheep"])
+    with pytest.raises(ValueError, match=r"^LoRA feature is not enabled\. This model serves no LoRA adapters"):
+        check_lora("doll", None)
+    with pytest.raises(ValueError, match=r"^LoRA cat is not supported, we currently support \['doll', 'sheep'\]\. "):
+        check_lora("cat", ["doll", "sheep"])
+
+
+def test_multi_lora_json_relative_paths_from_the_working_directory(repo):
+    """The vLLM backend's CI lists {"doll": "./weights/loras/GemmaDoll"} and starts the server
+    where ./weights is."""
+    root, version = repo
+    os.makedirs(root / "weights" / "loras" / "GemmaDoll")
+    _model_json(version, {"model": str(root / "m"), "enable_lora": True})
+    (version / "multi_lora.json").write_text('{"doll": "./weights/loras/GemmaDoll"}', encoding="utf-8")
+    cfg = serving_config({}, "/nonexistent", str(version), cwd=str(root))
+    assert cfg.engine_args.lora_modules == {"doll": str(root / "weights" / "loras" / "GemmaDoll")}
