@@ -134,7 +134,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     @property
     def part_sizes(self) -> list[int]:
-        return list(self.output_sizes)
+        return [size // self.tp_size for size in self.output_sizes]  # this rank's rows of each
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         tp = self.tp_size
