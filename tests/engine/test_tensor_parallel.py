@@ -169,3 +169,30 @@ def test_a_rank_that_fails_at_start_up_fails_the_load_with_its_error(llama_dir, 
     monkeypatch.setenv("TRITIUM_TP_FAIL_RANK", "1")
     with pytest.raises(RuntimeError, match="tensor-parallel rank 1 failed: RuntimeError: injected start-up failure"):
         LLM(llama_dir, dtype="float32", tensor_parallel_size=2)
+
+
+def test_fp8_kv_cache_and_speculative_decoding_match_one_rank(llama_dir):
+    prompts = ["the cache block the cache block the cache", "A kernel decodes a kernel decodes"]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    kwargs = dict(dtype="float32", kv_cache_dtype="fp8", k_scale=0.05, v_scale=0.05,
+                  speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                      "prompt_lookup_max": 3, "prompt_lookup_min": 2})
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, **kwargs).generate(prompts, params)]
+    llm = LLM(llama_dir, tensor_parallel_size=2, **kwargs)
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert llm.engine.stats.spec_decode_num_drafts > 0
+    finally:
+        llm.shutdown()
+    assert got == want
+
+
+def test_dummy_weights_on_each_rank(llama_dir):
+    llm = LLM(llama_dir, tensor_parallel_size=2, load_format="dummy", dtype="float32")
+    try:
+        out = llm.generate(["The engine"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 5
+        shard = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.weight
+        assert shard.shape[0] == (4 + 2 * 2) * 16 // 2  # half of q, k, v's rows
+    finally:
+        llm.shutdown()
