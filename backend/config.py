@@ -101,6 +101,10 @@ class EngineArgs:
     # without bound. None (the default, as vLLM): no bound. The drivers (StreamingEngine,
     # EngineProcess) count a request as waiting until its first output.
     max_waiting_requests: int | None = None
+    # Tensor parallelism (vLLM's name): the model's layers split over this many GPUs of one host
+    # (ranks 1.. run in worker processes, backend/worker/tp_worker.py); on the CPU the same
+    # ranks run over gloo. 1: one process, no process group.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -125,6 +129,7 @@ class EngineArgs:
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
         _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_waiting_requests is not None:
             _positive_int("max_waiting_requests", self.max_waiting_requests)
         if self.max_num_batched_tokens is not None:

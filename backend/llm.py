@@ -21,6 +21,10 @@ class LLM:
         self.engine = LLMEngine(EngineArgs.from_kwargs(model=model, **kwargs))
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks now (otherwise when the LLM is collected)."""
+        self.engine.shutdown()
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer

@@ -159,6 +159,10 @@ class LLMEngine:
         self.output_processor.record_finished(req)
         return req.make_delta_output()
 
+    def shutdown(self) -> None:
+        """Release what outlives the object: the other tensor-parallel ranks' processes."""
+        self.runner.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or self._inflight is not None
 

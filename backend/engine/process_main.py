@@ -131,6 +131,7 @@ def serve(conn: Connection, args: EngineArgs) -> int:
 
     threading.Thread(target=read_commands, name="tritium-core-rx", daemon=True).start()
     core.run()
+    engine.shutdown()  # the other tensor-parallel ranks, if any
     outbox.put(Bye())
     outbox.close()
     st, loop = outbox.stats, core.loop_stats

@@ -98,6 +98,7 @@ class StreamingEngine:
             self._stats_ready.notify_all()
         self._core.submit(Shutdown())
         self._thread.join()
+        self.engine.shutdown()
 
     # ---- CoreSink: called on the engine thread ------------------------------------------------------
     def outputs(self, outputs: list[RequestOutput]) -> None:

@@ -46,6 +46,16 @@ class LinearBase(nn.Module):
         """Output rows of each part of a fused projection (one part when not fused)."""
         return [self.out_features]
 
+    @property
+    def full_lora_shape(self) -> tuple[int, list[int]]:
+        """Input features and part rows of the whole (unsharded) projection, as adapters have them."""
+        return self.in_features, self.part_sizes
+
+    def shard_lora(self, a: torch.Tensor, b: torch.Tensor,
+                   part: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's piece of an adapter's A [r, in] and B [rows of `part` (None: all), r]."""
+        return a, b
+
     def _shard(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
         dim = self.tp_dim
         # Nothing to cut when the tensor already has the shard's size along `dim` (one rank, or
@@ -92,6 +102,27 @@ class ColumnParallelLinear(LinearBase):
         y = super().forward(x)
         return tp_all_gather_last_dim(y) if self.gather_output else y
 
+    @property
+    def full_lora_shape(self) -> tuple[int, list[int]]:
+        return self.in_features, [rows * self.tp_size for rows in self.part_sizes]
+
+    def shard_lora(self, a: torch.Tensor, b: torch.Tensor,
+                   part: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """B's rows split like the weight's, part by part (the input is whole on every rank)."""
+        if self.tp_size == 1:
+            return a, b
+        full = self.full_lora_shape[1]
+        pieces, start = [], 0
+        for p in (range(len(full)) if part is None else [part]):
+            rows = b[start:start + full[p]] if part is None else b
+            pieces.append(self._lora_rows(rows, p))
+            start += full[p]
+        return a, torch.cat(pieces)
+
+    def _lora_rows(self, rows: torch.Tensor, part: int) -> torch.Tensor:
+        size = self.part_sizes[part]
+        return rows.narrow(0, self.tp_rank * size, size)
+
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of one input in one matmul (gate and up)."""
@@ -103,7 +134,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     @property
     def part_sizes(self) -> list[int]:
-        return list(self.output_sizes)
+        return [size // self.tp_size for size in self.output_sizes]  # this rank's rows of each
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         tp = self.tp_size
@@ -143,6 +174,18 @@ class QKVParallelLinear(ColumnParallelLinear):
             start = self.tp_rank * self.total_num_kv_heads // self.tp_size * self.head_dim
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
+    @property
+    def full_lora_shape(self) -> tuple[int, list[int]]:
+        q, kv = self.part_sizes[:2]
+        return self.in_features, [q * self.tp_size, self.total_num_kv_heads * self.head_dim,
+                                  self.total_num_kv_heads * self.head_dim]
+
+    def _lora_rows(self, rows: torch.Tensor, part: int) -> torch.Tensor:
+        size = self.part_sizes[part]
+        if part == 0 or self.total_num_kv_heads >= self.tp_size:
+            return rows.narrow(0, self.tp_rank * size, size)
+        return rows.narrow(0, self.tp_rank * self.total_num_kv_heads // self.tp_size * self.head_dim, size)
+
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs are summed (all-reduce)."""
@@ -159,6 +202,17 @@ class RowParallelLinear(LinearBase):
             param.data.copy_(loaded if self.tp_rank == 0 else torch.zeros_like(loaded))
             return
         super().weight_loader(param, loaded)
+
+    @property
+    def full_lora_shape(self) -> tuple[int, list[int]]:
+        return self.in_features * self.tp_size, self.part_sizes
+
+    def shard_lora(self, a: torch.Tensor, b: torch.Tensor,
+                   part: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A's columns split like the weight's: each rank's partial delta joins the all-reduce."""
+        if self.tp_size == 1:
+            return a, b
+        return a.narrow(1, self.tp_rank * self.in_features, self.in_features), b
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return tp_all_reduce(super().forward(x))

@@ -30,7 +30,6 @@ from safetensors import safe_open
 from torch import nn
 
 from ..layers.linear import LinearBase
-from ..layers.parallel_state import get_tp_size
 
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
 
@@ -112,8 +111,6 @@ class LoRAManager:
     def __init__(self, model: nn.Module, modules: dict[str, str] | None, max_loras: int | None,
                  max_lora_rank: int, dtype: torch.dtype, device: torch.device,
                  max_cpu_loras: int | None = None) -> None:
-        if get_tp_size() != 1:
-            raise ValueError("LoRA adapters with tensor parallelism are not supported.")
         modules = modules or {}
         self._model = model
         self._parts = model.lora_modules  # adapter module -> (our projection, its part)
@@ -129,9 +126,9 @@ class LoRAManager:
         # Requests may add adapters from other threads (StreamingEngine.add_request) while the
         # step loop loads them: the cache's bookkeeping is under this lock, disk reads are not.
         self._lock = threading.Lock()
-        # Each projection's input features and its parts' output rows, to check adapters against.
-        self._shapes = {key: (linear.in_features, linear.part_sizes)
-                        for key, linear in model.lora_projections()}
+        # Each projection's input features and its parts' output rows, to check adapters against
+        # (the whole projection's: with tensor parallelism each rank keeps its shard of them).
+        self._shapes = {key: linear.full_lora_shape for key, linear in model.lora_projections()}
         # Every listed adapter is read and checked now; only those host memory keeps (the first
         # max_cpu_loras) stay read, so start-up holds no more than that at once.
         keep = len(modules) if max_cpu_loras is None else max_cpu_loras
@@ -150,7 +147,7 @@ class LoRAManager:
         for (index, proj), linear in model.lora_projections():
             if modules and (index, proj) not in targets:
                 continue
-            in_features, rows = self._shapes[(index, proj)]
+            in_features, rows = linear.in_features, linear.part_sizes
             parts = len(rows)
             shape_a, shape_b = (parts * self.rank, in_features), (sum(rows), parts * self.rank)
             linear.lora = LoRAWeights(torch.zeros(self.num_slots, *shape_a, dtype=dtype, device=device),
@@ -242,7 +239,7 @@ class LoRAManager:
                              f"so that every projection takes adapters).")
         pairs = []
         for index, proj, linear, rows in self._slots:
-            pair = self._stack(ad, index, proj, rows, linear.in_features)
+            pair = self._stack(ad, index, proj, rows, linear)
             pairs.append(None if pair is None else tuple(t.pin_memory() if self._pin else t for t in pair))
         return pairs
 
@@ -257,9 +254,10 @@ class LoRAManager:
                     f"-> {pair['B'].shape[0]} features, but the model's maps {in_features} -> {count}.")
 
     def _stack(self, ad: LoRAAdapter, index: int, proj: str, rows: list[int],
-               in_features: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The adapter's A and B for one projection in the slot layout, or None if it has none."""
-        r, parts, out_features = self.rank, len(rows), sum(rows)
+               linear: LinearBase) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The adapter's A and B for one projection in the slot layout (this tensor-parallel
+        rank's shard), or None if it has none."""
+        r, parts, out_features, in_features = self.rank, len(rows), sum(rows), linear.in_features
         a = b = None
         for (layer, module), pair in ad.weights.items():
             if layer != index or self._parts[module][0] != proj:
@@ -270,6 +268,7 @@ class LoRAManager:
             part = self._parts[module][1]
             first, count = (0, out_features) if part is None else (sum(rows[:part]), rows[part])
             col = (part or 0) * r
-            a[col:col + ad.rank] = pair["A"].to(self.dtype)
-            b[first:first + count, col:col + ad.rank] = (pair["B"].float() * ad.scaling).to(self.dtype)
+            a_shard, b_shard = linear.shard_lora(pair["A"], pair["B"], part)
+            a[col:col + ad.rank] = a_shard.to(self.dtype)
+            b[first:first + count, col:col + ad.rank] = (b_shard.float() * ad.scaling).to(self.dtype)
         return None if a is None else (a, b)

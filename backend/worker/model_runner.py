@@ -27,6 +27,7 @@ from .input_batch import DecodeBlockRows, prepare_batch
 from .lora import LoRAManager
 from .pending_step import PendingStep
 from .warmup import compile_step_variants, profile_num_blocks
+from .worker_group import RankFailed, WorkerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +48,27 @@ def _proposals_appended(step: SchedulerOutput) -> Iterator[None]:
 
 class ModelRunner:
     """The device side of the engine. `execute_model` takes one step's SchedulerOutput, queues
-    its work and returns the step's PendingStep at once; nothing else writes that step."""
+    its work and returns the step's PendingStep at once; nothing else writes that step.
 
-    def __init__(self, config: EngineConfig) -> None:
+    With tensor_parallel_size > 1 the runner of rank 0 starts the other ranks (`WorkerGroup`)
+    and mirrors its forward passes and LM-head calls to them; a worker rank's runner is built
+    with `peer` (backend/worker/tp_worker.py) and only follows. Every rank builds the same way,
+    in lockstep, each its shard of the model and of the KV cache."""
+
+    def __init__(self, config: EngineConfig, peer=None) -> None:
+        self.workers: WorkerGroup | None = None
+        self._peer = peer
+        if config.args.tensor_parallel_size > 1 and peer is None:
+            self.workers = WorkerGroup(config, resolve_device(config.args))
+        try:
+            self._build(config)
+        except BaseException:
+            self.shutdown()
+            raise
+        if self.workers is not None:
+            self._drive_workers()
+
+    def _build(self, config: EngineConfig) -> None:
         args, hf_config = config.args, config.hf_config
         max_model_len, max_num_batched_tokens = args.max_model_len, args.max_num_batched_tokens
         self.config = config
@@ -80,6 +99,7 @@ class ModelRunner:
         else:
             checkpoint_kv_scales = load_safetensors(self.model, args.model)
         process_weights_after_loading(self.model)
+        self._tp_exchange("loaded", None)  # every rank has its shard before any collective
         # LoRA adapters before the memory profile, so the cache is sized around them.
         self.lora_manager = LoRAManager(self.model, args.lora_modules, args.max_loras, args.max_lora_rank,
                                         self.dtype, self.device, args.max_cpu_loras) if args.enable_lora else None
@@ -95,7 +115,7 @@ class ModelRunner:
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
         self.logits_rows_per_pass = max(1, min(args.max_num_seqs, max_num_batched_tokens))
-        self.num_blocks = self._decide_num_blocks()
+        self.num_blocks = min(self._tp_exchange("num_blocks", self._decide_num_blocks()))
         self.kv_cache = self.allocate_cache(self.num_blocks, zero=True)
         self.bind_cache(self.kv_cache)
         self._set_kv_scales(args, checkpoint_kv_scales)
@@ -104,7 +124,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
-        if self.device.type == "cuda" and not args.enforce_eager:
+        if self.device.type == "cuda" and not args.enforce_eager and args.tensor_parallel_size > 1:
+            logger.info("tensor parallelism runs eager: no CUDA graphs (collectives in graphs are not done yet)")
+        elif self.device.type == "cuda" and not args.enforce_eager:
             max_blocks = -(-max_model_len // self.block_size)
             lora = self.lora_manager is not None
             self.graphs = DecodeGraphs(self.model, args.max_num_seqs, max_blocks, max_model_len, self.device, lora)
@@ -127,6 +149,40 @@ class ModelRunner:
         self.compile_watch = CompileWatch()
         if self.device.type == "cuda":
             self.compile_watch.install()
+
+    # ---- tensor parallelism -----------------------------------------------------------------------
+    def _tp_exchange(self, tag: str, value):
+        """Every rank's `value` (rank 0's first): a start-up handshake over the ranks' pipes."""
+        link = self.workers or self._peer
+        return [value] if link is None else link.exchange(tag, value)
+
+    def _drive_workers(self) -> None:
+        """From now on each LM-head call of rank 0 is mirrored (the head is split over the
+        vocabulary: every rank computes its part of the logits)."""
+        workers, head = self.workers, self.model.compute_logits
+
+        def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+            try:
+                return head(workers.logits(hidden))
+            except RankFailed:
+                raise
+            except Exception as exc:  # the ranks' collectives are out of step from here on
+                raise workers.failed(exc) from exc
+        self.model.compute_logits = compute_logits
+        workers.driving = True
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one rank)."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
+    def copy_blocks(self, block_copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: each (src, dst) block of every layer's keys and values."""
+        if block_copies:
+            src = self.to_device([c[0] for c in block_copies], torch.int64)
+            dst = self.to_device([c[1] for c in block_copies], torch.int64)
+            raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
+            raw[:, :, dst] = raw[:, :, src]
 
     def _set_kv_scales(self, args: EngineArgs, checkpoint: dict[str, dict[str, float]]) -> None:
         """An FP8 cache stores keys and values divided by per-layer scales: the checkpoint's
@@ -190,6 +246,12 @@ class ModelRunner:
         input_ids = self.to_device(batch.input_ids, torch.int64)
         if fill is not None:
             input_ids[fill[0]] = fill[2][fill[1]]
+        if self.workers is not None and self.workers.driving:
+            self.workers.forward(batch, input_ids, fill is not None, logits_indices)
+        return self.run_forward(batch, input_ids, logits_indices)
+
+    def run_forward(self, batch, input_ids: torch.Tensor,
+                    logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         positions = self.to_device(batch.positions, torch.int64)
         lora = None if batch.lora_slots is None else LoRAMapping(self.to_device(batch.lora_slots, torch.int64))
         with set_attention_metadata(batch.attention_metadata(self.to_device)), set_lora_mapping(lora):
@@ -210,14 +272,26 @@ class ModelRunner:
         ModelRunnerOutput. Input tokens still being sampled by the step launched before
         (placeholders) are read from its output on the device. With `step.defer_sampling` only
         the forward pass is queued: `PendingStep.sample()` queues the sampling later, once the
-        host knows what it reads (the previous step's tokens, for a grammar)."""
+        host knows what it reads (the previous step's tokens, for a grammar). With tensor
+        parallelism, RankFailed once a rank is lost (and for every step after)."""
+        workers = self.workers
+        if workers is None:
+            return self._execute_model(step)
+        workers.check()
+        try:
+            if step.lora_loads or step.block_copies:
+                workers.prologue([(slot, name, self.lora_manager.paths[name])
+                                  for slot, name in step.lora_loads], step.block_copies)
+            return self._execute_model(step)
+        except RankFailed:
+            raise
+        except Exception as exc:  # the ranks' collectives are out of step from here on
+            raise workers.failed(exc) from exc
+
+    def _execute_model(self, step: SchedulerOutput) -> PendingStep:
         for slot, name in step.lora_loads:  # adapters taking a slot, before the step reads them
             self.lora_manager.load(slot, name)
-        if step.block_copies:
-            src = self.to_device([c[0] for c in step.block_copies], torch.int64)
-            dst = self.to_device([c[1] for c in step.block_copies], torch.int64)
-            raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
-            raw[:, :, dst] = raw[:, :, src]
+        self.copy_blocks(step.block_copies)
         rows = step.sample_rows
         seqs = step.sampled_sequences
         speculative = bool(step.spec_runs)

@@ -1,0 +1,251 @@
+"""WorkerGroup: rank 0's side of tensor parallelism. It starts ranks 1..N-1 as processes
+(`python -m backend.worker.tp_worker`), joins their torch.distributed group, and mirrors the
+device work of rank 0's ModelRunner to them: each forward pass and each LM-head call is one
+message (pickled once, sent down every rank's pipe) followed by the collectives of that work,
+which every rank then runs in the same order. The pipes are the control plane (start-up
+handshakes, errors, shutdown), the process group the data plane. Ranks fail loudly: a rank that
+dies makes every later call raise RankFailed, naming it."""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from ..config import EngineConfig
+from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
+
+logger = logging.getLogger(__name__)
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_STOP_TIMEOUT_S = 10.0
+
+
+class RankFailed(RuntimeError):
+    """A tensor-parallel rank failed or died; the engine must be reloaded."""
+
+
+# ---- messages rank 0 -> ranks (after start-up) ------------------------------------------------
+@dataclass
+class Exchange:
+    """A start-up handshake: each rank sends its value; rank 0 answers with all of them."""
+    tag: str
+    value: Any
+
+
+@dataclass
+class Failed:
+    rank: int
+    error: str
+
+
+@dataclass
+class StepPrologue:
+    """A step's work before its forward pass: adapters into slots, copy-on-write blocks."""
+    lora_loads: list[tuple[int, str, str]]  # (slot, adapter, its directory)
+    block_copies: list[tuple[int, int]]
+
+
+@dataclass
+class ForwardCall:
+    """One forward pass. The batch's placeholder tokens are 0: with `fill`, rank 0 broadcasts
+    the input ids it filled on its device; with `num_logits_rows`, the rows the last layer keeps."""
+    batch: Any  # PreparedBatch
+    fill: bool
+    num_logits_rows: int | None
+
+
+@dataclass
+class LogitsCall:
+    """One LM-head call on `rows` hidden states, which rank 0 broadcasts."""
+    rows: int
+
+
+@dataclass
+class Stop:
+    pass
+
+
+def python_executable() -> str:
+    """This environment's interpreter (inside Triton's stub, sys.executable is not Python)."""
+    exe = sys.executable or ""
+    if os.path.basename(exe).startswith("python"):
+        return exe
+    candidate = os.path.join(sys.prefix, "bin", "python3")
+    return candidate if os.path.exists(candidate) else (shutil.which("python3") or "python3")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_tp_shapes(hf_config: dict, tp: int) -> None:
+    """ValueError unless the model's heads and MLP split over `tp` ranks."""
+    heads = hf_config["num_attention_heads"]
+    kv = hf_config.get("num_key_value_heads") or heads
+    inter = hf_config["intermediate_size"]
+    if heads % tp:
+        raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
+                         f"num_attention_heads={heads}.")
+    if kv % tp and tp % kv:
+        raise ValueError(f"tensor_parallel_size={tp} and the model's num_key_value_heads={kv}: "
+                         f"one must divide the other (kv heads are split, or replicated when fewer).")
+    if inter % tp:
+        raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
+                         f"intermediate_size={inter}.")
+
+
+def _stop(procs: list[subprocess.Popen], conns: list[Connection]) -> None:
+    """Stop the ranks (politely, then by force) and close the pipes; idempotent."""
+    for conn in conns:
+        try:
+            conn.send_bytes(pickle.dumps(Stop()))
+        except (OSError, ValueError):
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for conn in conns:
+        conn.close()
+    conns.clear()
+
+
+class WorkerGroup:
+    """Ranks 1..N-1 of a tensor-parallel engine, driven by rank 0 (this process)."""
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        tp = config.args.tensor_parallel_size
+        check_tp_shapes(config.hf_config, tp)
+        if device.type == "cuda" and torch.cuda.device_count() < tp:
+            raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs; "
+                             f"{torch.cuda.device_count()} are visible (CUDA_VISIBLE_DEVICES).")
+        self.size = tp
+        self.device = device
+        self.driving = False  # set once every rank has built its runner: mirror from then on
+        self.failure: str | None = None
+        port = free_port()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+        for rank in range(1, tp):
+            parent, child = socket.socketpair()
+            self.procs.append(subprocess.Popen(
+                [python_executable(), "-m", "backend.worker.tp_worker", str(child.fileno()), str(rank),
+                 str(tp), str(port)], pass_fds=[child.fileno()], env=env, cwd=_ROOT))
+            child.close()
+            conn = Connection(parent.detach())
+            conn.send(config)
+            self.conns.append(conn)
+        try:
+            self.exchange("hello", os.getpid())  # every rank runs before the group forms
+            init_tp_group(0, tp, port, device)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("tensor parallelism: %d ranks over %s (pids %s)", tp,
+                    "nccl" if device.type == "cuda" else "gloo", [p.pid for p in self.procs])
+
+    # ---- start-up handshakes ----------------------------------------------------------------------
+    def exchange(self, tag: str, value: Any) -> list[Any]:
+        """Every rank's value for `tag`, rank 0's first; RankFailed with a rank's error."""
+        values = [value]
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                raise RankFailed(self._describe_exit(rank, "at start-up")) from None
+            if isinstance(message, Failed):
+                raise RankFailed(f"tensor-parallel rank {message.rank} failed: {message.error}")
+            if not isinstance(message, Exchange) or message.tag != tag:
+                raise RankFailed(f"tensor-parallel rank {rank}: expected {tag!r}, got {message!r}")
+            values.append(message.value)
+        for conn in self.conns:
+            conn.send(Exchange(tag, values))
+        return values
+
+    # ---- mirroring rank 0's device work ---------------------------------------------------------
+    def _send(self, message: Any) -> None:
+        self.check()
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for conn in self.conns:
+            conn.send_bytes(data)
+
+    def prologue(self, lora_loads: list[tuple[int, str, str]], block_copies: list[tuple[int, int]]) -> None:
+        self._send(StepPrologue(lora_loads, block_copies))
+
+    def forward(self, batch, input_ids: torch.Tensor, fill: bool,
+                logits_indices: torch.Tensor | None) -> None:
+        self._send(ForwardCall(batch, fill, None if logits_indices is None else len(logits_indices)))
+        if fill:
+            tp_broadcast(input_ids)
+        if logits_indices is not None:
+            tp_broadcast(logits_indices)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        self._send(LogitsCall(hidden.shape[0]))
+        return tp_broadcast(hidden.contiguous())
+
+    # ---- faults -----------------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.failure is None and any(p.poll() is not None for p in self.procs):
+            self.failure = self._describe_failure()
+        if self.failure is not None:
+            raise RankFailed(self.failure)
+
+    def failed(self, exc: BaseException) -> RankFailed:
+        """The RankFailed to raise for an error in rank 0's part of a collective or a send."""
+        if self.failure is None:
+            for proc in self.procs:  # a rank that died closes its sockets a moment before it is reaped
+                try:
+                    proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            self.failure = self._describe_failure(exc)
+        return RankFailed(self.failure)
+
+    def _describe_failure(self, exc: BaseException | None = None) -> str:
+        reasons = []
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+            try:
+                while conn.poll():
+                    message = conn.recv()
+                    if isinstance(message, Failed):
+                        reasons.append(f"rank {rank} failed: {message.error}")
+            except (EOFError, OSError):
+                pass
+            if proc.poll() is not None:
+                reasons.append(self._describe_exit(rank, "while serving"))
+        if not reasons:
+            reasons.append(f"rank 0's collective failed: {exc}")
+        return ("tensor-parallel worker lost (" + "; ".join(reasons) +
+                "); the model must be reloaded")
+
+    def _describe_exit(self, rank: int, when: str) -> str:
+        proc = self.procs[rank - 1]
+        try:
+            code = proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return f"tensor-parallel rank {rank} (pid {proc.pid}) closed its pipe {when}"
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"tensor-parallel rank {rank} (pid {proc.pid}) died {when} ({how})"
+
+    def shutdown(self) -> None:
+        """Stop every rank and leave the process group; idempotent."""
+        self.driving = False
+        self._finalizer()
+        destroy_tp_group()
