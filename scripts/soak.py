@@ -329,7 +329,7 @@ class Soak:
                    for i in range(self.args.concurrency)]
         for w in workers:
             w.start()
-        episodes = [e for e in ("reload", "overcapacity", "kill") if e in self.args.scenarios]
+        episodes = [e for e in ("overcapacity", "reload", "kill") if e in self.args.scenarios]
         end = self.start + self.args.duration_s
         self.running.set()
         time.sleep(min(10.0, self.args.duration_s / 6))
