@@ -209,11 +209,14 @@ class Soak:
         while not self.stop.is_set():
             if not self.running.wait(0.2):
                 continue
-            with self.lock:
-                if not self.running.is_set() or self.issued >= self.args.max_requests:
-                    continue
-                self.issued += 1
-                self.in_flight += 1
+            with self.lock:  # pause() clears `running`, then waits for in_flight to reach 0
+                go = self.running.is_set() and self.issued < self.args.max_requests
+                if go:
+                    self.issued += 1
+                    self.in_flight += 1
+            if not go:
+                time.sleep(0.05)
+                continue
             try:
                 kind = rng.choices(self.kinds, self.weights)[0]
                 try:
@@ -317,7 +320,7 @@ class Soak:
         if recovered_s is not None:
             result["finding"] = f"recovered by itself in {recovered_s} s"
         else:
-            reload = self.reload()
+            result["reload"] = self.reload()
             self.pause()
             works = self.good_request_works()
             result["finding"] = (f"the model did not recover in {self.args.recover_s:.0f} s; "
@@ -378,9 +381,9 @@ class Soak:
                             + (f"; {len(full)} ran all 400 tokens (median {full[len(full) // 2]:.2f} s): "
                                f"the timeout is not enforced" if full else ""))
         first, last = self.quiet_points[0], self.quiet_points[-1]
-        one_terminal = [o for o in self.outcomes if o.ended not in ("cancelled", "disconnected")
-                        and (o.terminals != 1 or o.after_terminal)]
-        not_quiet = [q for q in self.quiet_points if any(q[n] not in (0, None) for n in
+        one_terminal = [o for o in self.outcomes if o.ended not in ("cancelled", "disconnected") and (
+            o.ended in ("no final", "client exception") or o.terminals != 1 or o.after_terminal)]
+        not_quiet = [q for q in self.quiet_points if any(q[n] != 0 for n in
                                                           ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"))]
         invariants = {
             "one terminal response per request": not one_terminal,

@@ -3,11 +3,13 @@ and every object validated against Kubernetes' OpenAPI schemas (kubernetes-valid
 unknown field fails); the PodMonitor (a Prometheus Operator CRD, not in those schemas) and the
 prometheus-adapter values are checked field by field. Probe paths and ports, the Service and the
 PodMonitor are checked against the container's tritonserver flags, the flags against
-`tritonserver --help`, and the probe paths against a running server."""
+`tritonserver --help`, and the probe paths against tritonserver serving the repository that the
+init container builds from the ConfigMap."""
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -17,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from triton_server import CONFIG_PBTXT, ROOT, http_request
+from triton_server import CONFIG_PBTXT, ROOT, http_request, start_server
 
 DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
 OVERLAYS = {1: "overlays/gpu-1", 2: "overlays/gpu-2", 4: "overlays/gpu-4"}
@@ -219,9 +221,27 @@ def test_pod_monitor_scrapes_the_metrics_port():
     assert endpoint["path"] == "/metrics"
 
 
-def test_probe_paths_answer_on_a_running_server(llm_server):
-    container = server_container(render(OVERLAYS[1]))
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        status, _ = http_request(llm_server.http_url + container[probe]["httpGet"]["path"])
-        assert status == 200, probe
-    assert "vllm:num_requests_waiting{" in llm_server.metrics()
+def test_the_init_container_builds_a_repository_that_serves_the_probes(tmp_path, tiny_model):
+    """The init container's script (paths mapped into tmp_path) on the ConfigMap's files, then
+    tritonserver with the container's flags (on free ports) on its result: the probes' paths."""
+    objects = render(OVERLAYS[1])
+    (init,) = one(objects, "Deployment")["spec"]["template"]["spec"]["initContainers"]
+    config_dir, models = tmp_path / "config", tmp_path / "models"
+    config_dir.mkdir()
+    for name, text in one(objects, "ConfigMap")["data"].items():
+        (config_dir / name).write_text(text.replace('"/data/model"', json.dumps(tiny_model)))
+    script = (init["command"][-1].replace("/opt/tritium", ROOT).replace("/config/", f"{config_dir}/")
+              .replace("/models", str(models)))
+    subprocess.run(["bash", "-c", script], check=True, timeout=60)
+    assert sorted(p.name for p in (models / "llm").iterdir()) == ["1", "config.pbtxt"]
+    container = server_container(objects)
+    ours = ("model-repository", "http-port", "grpc-port", "metrics-port")
+    server_flags = [f"--{k}={v}" for k, v in flags(container).items() if k not in ours]
+    server = start_server(str(models), str(tmp_path / "tritonserver.log"), *server_flags)
+    try:
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            status, _ = http_request(server.http_url + container[probe]["httpGet"]["path"])
+            assert status == 200, (probe, server.log_tail())
+        assert "vllm:num_requests_waiting{" in server.metrics()
+    finally:
+        server.stop()
