@@ -443,6 +443,8 @@ def main() -> int:
         engine_args["max_waiting_requests"] = str(MAX_WAITING)
     repo = write_model_repository(os.path.join(workdir, "repo"), engine_args)
     log = os.path.join(workdir, "tritonserver.log")
+    # SIGTERM (a CI timeout, kill) unwinds through `finally`, so the server goes with the soak.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = start_server(repo, log, "--model-control-mode=explicit", "--load-model=llm")
     try:
         report = Soak(server, args).run()
