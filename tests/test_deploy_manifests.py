@@ -112,6 +112,8 @@ def test_overlay_sets_the_gpu_limit_and_tensor_parallel_size(gpus, tiny_model):
 
     objects = render(OVERLAYS[gpus])
     assert server_container(objects)["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{2 * gpus}Gi"}
     data = one(objects, "ConfigMap")["data"]
     params = pbtxt_parameters(data["config.pbtxt"] + data["tensor-parallel.pbtxt"])
     if gpus == 1:
