@@ -316,15 +316,19 @@ class Soak:
                 recovered_s = round(time.monotonic() - t0, 1)
                 break
             time.sleep(1.0)
-        result = {"episode": "kill", "killed_pids": [p.pid for p in engines], "recovered_s": recovered_s}
+        # What a readiness probe on /v2/models/llm/ready would see meanwhile.
+        ready = self.server.is_ready("llm")
+        result = {"episode": "kill", "killed_pids": [p.pid for p in engines], "recovered_s": recovered_s,
+                  "model_ready_while_failing": ready if recovered_s is None else None}
         if recovered_s is not None:
             result["finding"] = f"recovered by itself in {recovered_s} s"
         else:
             result["reload"] = self.reload()
             self.pause()
             works = self.good_request_works()
-            result["finding"] = (f"the model did not recover in {self.args.recover_s:.0f} s; "
-                                 + ("a reload restored it" if works else "a reload did not restore it"))
+            result["finding"] = (f"the model did not recover in {self.args.recover_s:.0f} s"
+                                 + (" (its ready endpoint said 200 all along)" if ready else "")
+                                 + ("; a reload restored it" if works else "; a reload did not restore it"))
         return result
 
     def run(self) -> dict:
@@ -373,13 +377,16 @@ class Soak:
         deadline = [o for o in self.outcomes if o.kind == "deadline"]
         findings = [e["finding"] for e in self.episodes]
         if deadline:
-            ran = [o for o in deadline if o.ended in ("error", "final")]
-            cut = [o for o in ran if o.finish_reason != "length"]
-            full = sorted(o.seconds for o in ran if o.finish_reason == "length")
-            findings.append(f"deadline (300 ms timeout, 400 tokens): {len(cut)} of {len(ran)} cut short "
-                            f"({collections.Counter(o.finish_reason or o.ended for o in cut)})"
+            ends = collections.Counter(f"finish_reason {o.finish_reason}" if o.ended == "final"
+                                       else o.errors[0][:50] if o.errors else o.ended for o in deadline)
+            full = sorted(o.seconds for o in deadline if o.finish_reason == "length")
+            findings.append(f"deadline (300 ms timeout, 400 tokens), {len(deadline)} requests: {dict(ends)}"
                             + (f"; {len(full)} ran all 400 tokens (median {full[len(full) // 2]:.2f} s): "
                                f"the timeout is not enforced" if full else ""))
+        for q in self.quiet_points:
+            if q["processes"] > self.quiet_points[0]["processes"]:
+                findings.append(f"quiet point at {q['t_s']} s (after {q['after']}): {q['processes']} processes "
+                                f"{q['names']}, {q['threads']} threads, {q['rss_mb']} MB")
         first, last = self.quiet_points[0], self.quiet_points[-1]
         one_terminal = [o for o in self.outcomes if o.ended not in ("cancelled", "disconnected") and (
             o.ended in ("no final", "client exception") or o.terminals != 1 or o.after_terminal)]
