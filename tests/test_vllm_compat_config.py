@@ -69,13 +69,16 @@ def test_the_vllm_backend_config_keys(repo):
 
 def test_unimplemented_vllm_arguments(repo):
     root, version = repo
-    _model_json(version, {"model": str(root / "m"), "tensor_parallel_size": 1, "trust_remote_code": True})
+    _model_json(version, {"model": str(root / "m"), "pipeline_parallel_size": 1, "trust_remote_code": True})
     cfg = serving_config({}, str(root), str(version))
-    assert cfg.notes[0] == "tritium: vLLM engine argument tensor_parallel_size=1 is Tritium's only behaviour"
-    _model_json(version, {"model": str(root / "m"), "tensor_parallel_size": 2})
-    with pytest.raises(ValueError, match=r"^vLLM engine argument 'tensor_parallel_size' is not supported by "
+    assert cfg.notes[0] == "tritium: vLLM engine argument pipeline_parallel_size=1 is Tritium's only behaviour"
+    _model_json(version, {"model": str(root / "m"), "pipeline_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"^vLLM engine argument 'pipeline_parallel_size' is not supported by "
                                          r"Tritium with a value other than 1, got '2'\.$"):
         serving_config({}, str(root), str(version))
+    # tensor_parallel_size is Tritium's own engine argument.
+    _model_json(version, {"model": str(root / "m"), "tensor_parallel_size": 2})
+    assert serving_config({}, str(root), str(version)).engine_args.tensor_parallel_size == 2
     # As the vLLM backend's CI model vllm_invalid_1: an argument no engine knows fails the load.
     _model_json(version, {"model": str(root / "m"), "invalid_attribute": True})
     with pytest.raises(ValueError, match=r"^Unknown engine argument 'invalid_attribute'\. Valid arguments: "):

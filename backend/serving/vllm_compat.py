@@ -37,7 +37,6 @@ IGNORED = {
 }
 # vLLM engine arguments that are harmless only at their default (the single-device case, ...).
 AT_DEFAULT_ONLY = {
-    "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
     "distributed_executor_backend": None,
