@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     # A saturated client understates the server: report the busiest worker's CPU share.
     if summary["completed"]:
         summary["client_cpu_fraction_max"] = max(cpus) / summary["wall_s"]
+    # Responses (gRPC) or server-sent events (--openai) received: a server's cost is per event.
+    summary["responses"] = sum(len(t.events) for t in traces)
     errors = sorted({t.error for t in traces if t.error})
     runner = "openai-completions-stream" if args.openai else "triton-grpc-stream"
     print(format_summary(f"{'openai-frontend' if args.openai else 'triton-grpc'} workload {workload.name}", summary))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 from frontend.app import FrontendConfig, create_app
@@ -20,7 +21,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chat-template", help="a Jinja chat template file, used over the model's own")
     ap.add_argument("--tokenizer", help="tokenizer directory, over the one the model's config names")
     ap.add_argument("--workers", type=int, default=1,
-                    help="server processes, each with its own gRPC channel (for high token rates)")
+                    help="server processes, each with its own gRPC channels (for high token rates)")
+    ap.add_argument("--grpc-channels", type=int, default=None,
+                    help="gRPC channels to Triton per worker, requests spread over them in turn "
+                         "(default: TritonGateway's)")
+    ap.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
+                    help="uvicorn's event loop (auto: uvloop where installed)")
     ap.add_argument("--log-level", default="warning")
     return ap.parse_args(argv)
 
@@ -30,7 +36,8 @@ def config_from(args: argparse.Namespace) -> FrontendConfig:
     if args.chat_template:
         with open(args.chat_template, encoding="utf-8") as f:
             template = f.read()
-    return FrontendConfig(args.triton_grpc, tuple(args.models), args.api_key, template, args.tokenizer)
+    return FrontendConfig(args.triton_grpc, tuple(args.models), args.api_key, template, args.tokenizer,
+                          args.grpc_channels)
 
 
 def app_factory():  # uvicorn's factory for worker processes: the config travels in the env
@@ -40,14 +47,20 @@ def app_factory():  # uvicorn's factory for worker processes: the config travels
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    import uvicorn
-
     config_from(args)  # fail now on a bad --chat-template
     os.environ["TRITIUM_FRONTEND_ARGV"] = json.dumps(argv)
     print(f"OpenAI-compatible API on http://{args.host}:{args.port}/v1 -> Triton gRPC {args.triton_grpc}",
           flush=True)
+    if args.workers > 1 and hasattr(socket, "SO_REUSEPORT") and sys.platform.startswith("linux"):
+        from frontend.workers import serve_workers
+
+        return serve_workers(argv, args.workers)
+    import uvicorn
+
+    # One worker; or where SO_REUSEPORT does not spread connections: uvicorn's own workers.
     uvicorn.run("frontend.__main__:app_factory", factory=True, host=args.host, port=args.port,
-                workers=args.workers, log_level=args.log_level, timeout_graceful_shutdown=5)
+                workers=args.workers, loop=args.loop, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
     return 0
 
 

@@ -1,11 +1,12 @@
 """The ASGI application: routes, the API key check, and errors in OpenAI's shape."""
 from __future__ import annotations
 
+import gc
 import json
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +29,7 @@ class FrontendConfig:
     api_key: str | None = None
     chat_template: str | None = None  # a Jinja template's text, over the tokenizer's own
     tokenizer: str | None = None  # over the one named by the model's config
+    grpc_channels: int | None = None  # per process; None: TritonGateway's default
 
 
 async def _json_body(request: Request) -> Any:
@@ -38,16 +40,30 @@ async def _json_body(request: Request) -> Any:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
 
 
-def create_app(config: FrontendConfig) -> FastAPI:
+def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = None,
+               all_started: Callable[[], bool] | None = None) -> FastAPI:
+    """`on_started`: called once this process is ready to serve; `all_started`: whether every
+    worker process is (until then /health answers 503), where the frontend runs several."""
     state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # The gRPC channel belongs to the serving process's event loop, so it is made here.
-        gateway = TritonGateway(config.triton_grpc)
+        # The gRPC channels belong to the serving process's event loop, so they are made here.
+        gateway = (TritonGateway(config.triton_grpc) if config.grpc_channels is None
+                   else TritonGateway(config.triton_grpc, config.grpc_channels))
         registry = ModelRegistry(gateway, list(config.models), config.tokenizer, config.chat_template)
         state.update(gateway=gateway, registry=registry, chat=ChatCompletions(gateway, registry),
                      completions=Completions(gateway, registry))
+        # Before the server takes connections: loading a tokenizer imports transformers, which
+        # holds the GIL for seconds and would stall every stream this process serves meanwhile.
+        await registry.warm()
+        # What start-up made (transformers, the tokenizers: hundreds of thousands of objects)
+        # lives as long as the process: out of the collector's view, so that a full collection
+        # while serving, which holds the GIL and so every stream, walks only what serving made.
+        gc.collect()
+        gc.freeze()
+        if on_started is not None:
+            on_started()
         yield
         await gateway.close()
 
@@ -65,17 +81,14 @@ def create_app(config: FrontendConfig) -> FastAPI:
     async def _validation_error(_: Request, e: RequestValidationError) -> Response:
         return bad_request(str(e)).response()
 
-    @app.middleware("http")
-    async def _api_key(request: Request, call_next: Any) -> Response:
-        if config.api_key and request.url.path.startswith("/v1/") and \
-                request.headers.get("authorization") != f"Bearer {config.api_key}":
-            return OpenAIError(401, "Incorrect or missing API key (Authorization: Bearer ...).",
-                               code="invalid_api_key").response()
-        return await call_next(request)
+    if config.api_key:
+        app.add_middleware(_ApiKey, key=config.api_key)
 
     @app.get("/health")
     async def health() -> Response:
         gateway, registry = state["gateway"], state["registry"]
+        if all_started is not None and not all_started():
+            raise OpenAIError(503, "the frontend's worker processes are still starting")
         if not await gateway.is_live():
             raise OpenAIError(503, f"Triton at {config.triton_grpc} is not live")
         names = list(config.models) or await registry.ready_models()
@@ -107,3 +120,22 @@ def create_app(config: FrontendConfig) -> FastAPI:
         return await state["completions"].create(await _json_body(request), request)
 
     return app
+
+
+class _ApiKey:
+    """Requires 'Authorization: Bearer KEY' on /v1/. A plain ASGI middleware: FastAPI's
+    @app.middleware("http") (Starlette's BaseHTTPMiddleware) would pass every streamed event
+    through a memory stream and a task of its own."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode("utf-8")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and \
+                dict(scope["headers"]).get(b"authorization") != self.expected:
+            response = OpenAIError(401, "Incorrect or missing API key (Authorization: Bearer ...).",
+                                   code="invalid_api_key").response()
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -4,12 +4,15 @@ parameter), so nothing is configured twice."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from frontend.errors import OpenAIError
 from frontend.triton_gateway import TritonGateway
+
+logger = logging.getLogger(__name__)
 
 # Tritium's config.pbtxt takes a relative model path from the project root, which is where this
 # frontend lives too.
@@ -101,6 +104,21 @@ class ModelRegistry:
                 await asyncio.to_thread(lambda: model.tokenizer)  # off the event loop, once
             self._models[name] = model
             return model
+
+    async def warm(self) -> None:
+        """Look up the served models and load their tokenizers now (at start-up, before the
+        process takes connections). Best effort: a model not ready yet is left to its first
+        request."""
+        try:
+            names = await self.ready_models()
+        except OpenAIError as e:
+            logger.warning("frontend start-up: no models looked up (%s)", e.message)
+            return
+        for name in names:
+            try:
+                await self.get(name)
+            except Exception as e:  # noqa: BLE001 - the first request will say what is wrong
+                logger.warning("frontend start-up: model %s not prepared (%s)", name, e)
 
     def forget(self, name: str) -> None:
         """Drop what is known of a model (it was unloaded or reloaded)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -11,6 +12,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE
 from tritonclient.utils import InferenceServerException
 
 from frontend.errors import OpenAIError, from_triton
@@ -62,33 +64,73 @@ def build_inputs(req: GenerationRequest) -> list[grpcclient.InferInput]:
     return inputs
 
 
-def parse_chunk(result: Any) -> Chunk:
-    outputs = {o.name for o in result.get_response().outputs}
+_LENGTH = struct.Struct("<I")
+_NUMERIC = {"UINT32": "<I", "INT32": "<i", "UINT64": "<Q", "INT64": "<q", "FP32": "<f"}
 
-    def strings(name: str) -> list[str]:
-        return [b.decode("utf-8") for b in result.as_numpy(name).reshape(-1)]
 
-    texts = strings("text_output")
+def _values(datatype: str, raw: bytes) -> list[Any]:
+    """A tensor's elements from its raw_output_contents: BYTES elements are each a 4-byte
+    little-endian length and the bytes; numbers are little-endian."""
+    if datatype == "BYTES":
+        out, i, end = [], 0, len(raw)
+        while i < end:
+            (size,) = _LENGTH.unpack_from(raw, i)
+            out.append(raw[i + 4:i + 4 + size])
+            i += 4 + size
+        return out
+    return [v for (v,) in struct.iter_unpack(_NUMERIC[datatype], raw)]
+
+
+def parse_chunk(response: Any) -> Chunk:
+    """A ModelInferResponse -> Chunk, read straight from the raw output contents (one response
+    per streamed event: InferResult.as_numpy's NumPy arrays cost more than the event's other work)."""
+    raw = response.raw_output_contents
+    outputs = {o.name: _values(o.datatype, raw[i]) for i, o in enumerate(response.outputs)}
+    texts = [b.decode("utf-8") for b in outputs["text_output"]]
     n = len(texts)
-    counts = ([int(c) for c in result.as_numpy("num_output_tokens").reshape(-1)]
-              if "num_output_tokens" in outputs else [0] * n)
-    reasons: list[str | None] = ([None if r in ("None", "") else r for r in strings("finish_reason")]
+    counts = outputs.get("num_output_tokens") or [0] * n
+    reasons: list[str | None] = ([None if r in (b"None", b"") else r.decode("utf-8")
+                                  for r in outputs["finish_reason"]]
                                  if "finish_reason" in outputs else [None] * n)
-    num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0]) if "num_input_tokens" in outputs else 0
-    logprobs = [json.loads(s) for s in strings("logprobs")] if "logprobs" in outputs else None
-    prompt_logprobs = json.loads(strings("prompt_logprobs")[0]) if "prompt_logprobs" in outputs else None
+    num_input = outputs["num_input_tokens"][0] if "num_input_tokens" in outputs else 0
+    logprobs = [json.loads(s) for s in outputs["logprobs"]] if "logprobs" in outputs else None
+    prompt_logprobs = json.loads(outputs["prompt_logprobs"][0]) if "prompt_logprobs" in outputs else None
     return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs)
 
 
-class TritonGateway:
-    """One gRPC channel to tritonserver, shared by every request of this process."""
+def _channel_args() -> list[tuple[str, Any]]:
+    """tritonclient's default channel arguments, and a subchannel pool of the channel's own: gRPC
+    otherwise lets channels of the same target and arguments share one TCP connection."""
+    keepalive = grpcclient.KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.use_local_subchannel_pool", 1)]
 
-    def __init__(self, url: str) -> None:
+
+class TritonGateway:
+    """gRPC channels to tritonserver (each its own TCP connection), shared by every request of
+    this process: a generation takes the channel with the fewest streams open."""
+
+    def __init__(self, url: str, channels: int = 1) -> None:
+        if channels < 1:
+            raise ValueError(f"channels must be at least 1, got {channels}")
         self.url = url
-        self.client = aioclient.InferenceServerClient(url=url)
+        self.clients = [aioclient.InferenceServerClient(url=url, channel_args=_channel_args())
+                        for _ in range(channels)]
+        self.client = self.clients[0]  # for the unary calls
+        self.open_streams = [0] * channels
+
+    def _pick(self) -> int:
+        counts = self.open_streams
+        return counts.index(min(counts))
 
     async def close(self) -> None:
-        await self.client.close()
+        for client in self.clients:
+            await client.close()
 
     async def is_live(self) -> bool:
         try:
@@ -127,7 +169,9 @@ class TritonGateway:
             # cancellation to some servers.
             await finished.wait()
 
-        responses = self.client.stream_infer(requests())
+        channel = self._pick()
+        self.open_streams[channel] += 1
+        responses = self.clients[channel].stream_infer(requests())
         done = False
         try:
             async for result, error in responses:
@@ -138,7 +182,7 @@ class TritonGateway:
                 final = response.parameters.get("triton_final_response")
                 done = final is not None and final.bool_param
                 if response.outputs:
-                    yield parse_chunk(result)
+                    yield parse_chunk(response)
                 if done:
                     return
             raise OpenAIError(503, "the stream to Triton ended without a final response")
@@ -147,6 +191,7 @@ class TritonGateway:
             detail = e.message() if isinstance(e, InferenceServerException) else str(e)
             raise OpenAIError(503, f"the stream to Triton at {self.url} failed: {detail}") from None
         finally:
+            self.open_streams[channel] -= 1
             finished.set()
             if not done:
                 responses.cancel()

@@ -68,6 +68,19 @@ echo "model ready after $(($(date +%s) - t0))s"
     --model llm --workers "$WORKERS" >"$FRONTEND_LOG" 2>&1 &
 FRONTEND_PID=$!
 echo "frontend pid $FRONTEND_PID ($WORKERS workers), log $FRONTEND_LOG"
+# Its workers load the tokenizer (transformers, torch) at start-up: let that finish before the
+# gRPC run, so that it does not share the CPU with it. /health answers 200 once every worker is up.
+t0=$(date +%s)
+until "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$FRONTEND_PORT/health', timeout=2)" 2>/dev/null; do
+    if ! kill -0 "$FRONTEND_PID" 2>/dev/null; then
+        echo "the frontend exited before it was healthy; its log ends:"; tail -n 60 "$FRONTEND_LOG"; exit 1
+    fi
+    if [ $(($(date +%s) - t0)) -gt "$READY_TIMEOUT" ]; then
+        echo "frontend not healthy after ${READY_TIMEOUT}s; its log ends:"; tail -n 60 "$FRONTEND_LOG"; exit 1
+    fi
+    sleep 1
+done
+echo "frontend healthy after $(($(date +%s) - t0))s"
 
 rc=0
 for w in ${WORKLOADS//,/ }; do

@@ -69,3 +69,94 @@ def test_the_sampled_token_of_a_logprob_entry():
 def test_triton_errors_map_to_statuses(message, status, param):
     e = from_triton(message)
     assert (e.status, e.param, e.message) == (status, param, message)
+
+
+def _response(outputs):
+    """A ModelInferResponse as Triton streams it: each output's elements in raw_output_contents."""
+    import struct
+
+    from tritonclient.grpc import service_pb2
+
+    r = service_pb2.ModelInferResponse()
+    for name, datatype, values in outputs:
+        r.outputs.add(name=name, datatype=datatype, shape=[len(values)])
+        if datatype == "BYTES":
+            r.raw_output_contents.append(b"".join(struct.pack("<I", len(v)) + v for v in values))
+        else:
+            r.raw_output_contents.append(struct.pack(f"<{len(values)}I", *values))
+    return r
+
+
+def test_parse_chunk_reads_raw_output_contents():
+    from frontend.triton_gateway import parse_chunk
+
+    c = parse_chunk(_response([("text_output", "BYTES", ["é x".encode(), b""]),
+                               ("finish_reason", "BYTES", [b"None", b"length"]),
+                               ("num_input_tokens", "UINT32", [7]),
+                               ("num_output_tokens", "UINT32", [2, 1])]))
+    assert (c.texts, c.finish_reasons, c.num_input_tokens, c.num_output_tokens) == \
+        (["é x", ""], [None, "length"], 7, [2, 1])
+    assert c.logprobs is None and c.prompt_logprobs is None
+    c = parse_chunk(_response([("text_output", "BYTES", [b"a"]),
+                               ("logprobs", "BYTES", [b'[{"5": {"logprob": -0.1, "rank": 1}}]'])]))
+    assert (c.num_output_tokens, c.finish_reasons, c.num_input_tokens) == ([0], [None], 0)
+    assert c.logprobs == [[{"5": {"logprob": -0.1, "rank": 1}}]]
+
+
+def test_generations_spread_over_the_gateway_channels():
+    """Each generation takes the channel with the fewest open streams; a finished one frees it."""
+    import asyncio
+
+    from frontend.triton_gateway import GenerationRequest, TritonGateway
+
+    final = _response([("text_output", "BYTES", [b"x"])])
+    final.parameters["triton_final_response"].bool_param = True
+
+    class Result:
+        def get_response(self):
+            return final
+
+    class FakeClient:
+        def __init__(self):
+            self.streams = 0
+
+        def stream_infer(self, requests):
+            self.streams += 1
+
+            class Responses:  # Triton's answer to the request, once released
+                def __aiter__(self):
+                    return self
+
+                async def __anext__(self):
+                    await anext(requests)
+                    await release.wait()
+                    return Result(), None
+
+                def cancel(self):
+                    pass
+
+            return Responses()
+
+        async def close(self):
+            pass
+
+    async def main():
+        gateway = TritonGateway("127.0.0.1:1", channels=3)
+        for c in gateway.clients:
+            await c.close()
+        gateway.clients = [FakeClient(), FakeClient(), FakeClient()]
+
+        async def one(i):
+            req = GenerationRequest("m", f"r{i}", [1, 2], {}, stream=True)
+            return [c.texts async for c in gateway.generate(req)]
+
+        tasks = [asyncio.create_task(one(i)) for i in range(6)]
+        await asyncio.sleep(0.05)
+        assert [c.streams for c in gateway.clients] == [2, 2, 2]
+        assert gateway.open_streams == [2, 2, 2]
+        release.set()
+        assert await asyncio.gather(*tasks) == [[["x"]]] * 6
+        assert gateway.open_streams == [0, 0, 0]
+
+    release = asyncio.Event()
+    asyncio.run(main())
