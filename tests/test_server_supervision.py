@@ -1,0 +1,168 @@
+"""Issue 24, serving side, on the real server: a killed engine is restarted and serves again;
+a full queue answers UNAVAILABLE (503) at once; Triton's request timeout ends waiting and
+running requests; an unload lets running streams finish within drain_timeout_s, then aborts."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
+                           wait_until, write_config, write_model_repository)
+
+# Two running requests at most, two more may wait: the third waiting one is refused.
+ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_num_seqs": "2", "max_waiting_requests": "2",
+               "max_model_len": "2048"}
+LONG = {"max_tokens": 1500, "ignore_eos": True}  # seconds on a CPU
+
+
+def _engine_pid(server_pid: int) -> int:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[3]) == server_pid and "backend.engine.process_main" in cmd and stat[0] != "Z":
+            return int(pid)
+    raise LookupError("no engine process")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("supervision")
+    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **ENGINE_ARGS})
+    srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
+                       "--load-model=llm")
+    srv.repo, srv.model = repo, tiny_model
+    yield srv
+    srv.stop()
+
+
+def _generate(server, prompt="hello", max_tokens=4, **body):
+    status, text = http_request(f"{server.http_url}/v2/models/llm/generate",
+                                {"text_input": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                                 "exclude_input_in_output": True, **body})
+    return status, json.loads(text)
+
+
+def _metric(server, name):
+    return server.metric(name, model="llm", version="1")
+
+
+def test_killed_engine_restarts_and_serves_again(server):
+    assert _generate(server)[0] == 200
+    stream = StreamCollector(server.grpc_url)
+    try:
+        stream.send("a", grpc_inputs("in flight", stream=True, sampling=LONG))
+        assert wait_until(lambda: stream.results["a"].texts, 30)
+        old = _engine_pid(server.proc.pid)
+        killed = time.monotonic()
+        os.kill(old, signal.SIGKILL)
+        assert stream.next_error(timeout=5) == ("The engine process exited unexpectedly; "
+                                                "the request did not finish.")
+        assert time.monotonic() - killed < 1.0
+        # While the new engine starts, requests are refused at once as unavailable (503).
+        status, body = _generate(server)
+        if status != 200:
+            assert status == 503 and body["error"].startswith("The engine is restarting"), body
+        assert wait_until(lambda: _generate(server)[0] == 200, 60, 0.5)
+    finally:
+        stream.close()
+    assert _engine_pid(server.proc.pid) != old
+    assert server.is_ready("llm")
+    assert wait_until(lambda: _metric(server, "tritium:engine_restarts_total") == 1, 10)
+    assert "tritium: the engine serves again (restart 1" in server.log_tail(400)
+
+
+def test_full_queue_answers_unavailable_at_once(server):
+    stream = StreamCollector(server.grpc_url)
+    try:
+        before = _metric(server, "tritium:num_requests_rejected_total")
+        for i in range(4):  # two run, two wait
+            stream.send(f"q{i}", grpc_inputs("queued", stream=True,
+                                             sampling={"max_tokens": 40, "ignore_eos": True}))
+        assert wait_until(lambda: stream.results["q0"].texts and stream.results["q1"].texts, 30)
+        start = time.monotonic()
+        status, body = _generate(server, max_tokens=4)
+        assert status == 503 and "requests are already waiting to be scheduled" in body["error"], body
+        assert time.monotonic() - start < 1.0
+        for i in range(4):  # the admitted ones finish
+            r = stream.wait(f"q{i}", 120)
+            assert r.finals == 1 and len(r.texts) >= 40 - 1
+        assert stream.errors.empty()
+        assert wait_until(lambda: _metric(server, "tritium:num_requests_rejected_total") >= before + 1, 10)
+    finally:
+        stream.close()
+
+
+def test_request_timeout_ends_running_and_waiting_requests(server):
+    stream = StreamCollector(server.grpc_url)
+    try:
+        before = _metric(server, "tritium:num_requests_timed_out_total")
+        stream.send("r0", grpc_inputs("busy", stream=True, sampling=LONG))
+        stream.send("r1", grpc_inputs("busy", stream=True, sampling=LONG))
+        assert wait_until(lambda: stream.results["r0"].texts and stream.results["r1"].texts, 30)
+        # w waits behind the two (max_num_seqs=2) until its deadline
+        stream.send("w", grpc_inputs("late", stream=True, sampling=LONG), timeout=500_000)
+        error = stream.next_error(timeout=10)
+        assert error.startswith("Request timed out: its deadline passed while it was waiting"), error
+        stream.client.stop_stream(cancel_requests=True)
+    finally:
+        stream.client.close()
+    stream = StreamCollector(server.grpc_url)
+    try:
+        assert wait_until(lambda: _generate(server)[0] == 200, 30, 0.5)  # the cancelled ones left
+        stream.send("x", grpc_inputs("run", stream=True, sampling=LONG), timeout=1_000_000)
+        error = stream.next_error(timeout=10)
+        assert error.startswith("Request timed out: its deadline passed while it was running"), error
+    finally:
+        stream.close()
+    assert wait_until(lambda: _metric(server, "tritium:num_requests_timed_out_total") >= before + 2, 10)
+
+
+def _control(server, action):
+    status, body = http_request(f"{server.http_url}/v2/repository/models/llm/{action}", {}, timeout=240)
+    assert status == 200, body
+
+
+def test_unload_lets_running_streams_finish(server):
+    stream = StreamCollector(server.grpc_url)
+    try:
+        for i in range(2):
+            stream.send(f"d{i}", grpc_inputs("drain", stream=True, sampling={"max_tokens": 300, "ignore_eos": True}))
+        assert wait_until(lambda: all(stream.results[f"d{i}"].texts for i in range(2)), 30)
+        start = time.monotonic()
+        _control(server, "unload")
+        for i in range(2):
+            r = stream.wait(f"d{i}", 30)
+            assert r.finals == 1 and sum(1 for t in r.texts if t) == 300
+        assert stream.errors.empty()
+        assert wait_until(lambda: not server.is_ready("llm") and "tritium: unloaded in" in server.log_tail(200), 60)
+        assert time.monotonic() - start < 30
+        assert "tritium: unload: drained in" in server.log_tail(200)
+    finally:
+        stream.close()
+        _control(server, "load")
+
+
+def test_unload_aborts_what_outlives_a_tiny_grace(server):
+    model_dir = os.path.join(server.repo, "llm")
+    write_config(model_dir, {"model": server.model, **ENGINE_ARGS, "drain_timeout_s": "0.5"})
+    _control(server, "load")
+    stream = StreamCollector(server.grpc_url)
+    try:
+        stream.send("t", grpc_inputs("drain", stream=True, sampling=LONG))
+        assert wait_until(lambda: stream.results["t"].texts, 30)
+        start = time.monotonic()
+        _control(server, "unload")
+        assert stream.next_error(timeout=10) == ("The model is being unloaded: the request did not "
+                                                 "finish within its drain_timeout_s (0.5 s).")
+        assert time.monotonic() - start < 5
+        assert stream.results["t"].finals == 0
+    finally:
+        stream.close()
+        write_config(model_dir, {"model": server.model, **ENGINE_ARGS})
+        _control(server, "load")
+    assert _generate(server)[0] == 200
