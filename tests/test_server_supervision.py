@@ -85,8 +85,8 @@ def test_full_queue_answers_unavailable_at_once(server):
         for i, stream in enumerate(streams):  # two run, two wait
             stream.send(f"q{i}", grpc_inputs("queued", stream=True, return_num_output_tokens=True,
                                              sampling={"max_tokens": 400, "ignore_eos": True}))
-        assert wait_until(lambda: streams[0].results["q0"].texts and streams[1].results["q1"].texts, 30)
-        assert wait_until(lambda: _metric(server, "vllm:num_requests_waiting") == 2, 10)
+        assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 2
+                          and _metric(server, "vllm:num_requests_waiting") == 2, 30)
         start = time.monotonic()
         status, body = _generate(server, max_tokens=4)
         # UNAVAILABLE; 2.51's generate endpoint answers every per-request error with HTTP 400
@@ -166,7 +166,7 @@ def test_unload_aborts_what_outlives_a_tiny_grace(server):
         assert wait_until(lambda: stream.results["t"].texts, 30)
         start = time.monotonic()
         _control(server, "unload")
-        assert stream.next_error(timeout=10) == ("The model is being unloaded: the request did not "
+        assert stream.next_error(timeout=10) == ("The model is being unloaded. The request did not "
                                                  "finish within its drain_timeout_s (0.5 s).")
         assert time.monotonic() - start < 5
         assert stream.results["t"].finals == 0

@@ -190,7 +190,7 @@ class TritonPythonModel:
         # ...and any the engine did not finish gets one here.
         for state in leftover:
             try:
-                self._sender.send_error(state.sender, "The model was unloaded.", pb_utils.TritonError.UNAVAILABLE)
+                self._sender.send_error(state.sender, "the model was unloaded", pb_utils.TritonError.UNAVAILABLE)
             except Exception as e:  # (its client went away)
                 pb_utils.Logger.log_warn(f"tritium: unload: a final response could not be sent: {e}")
         self._engine = None

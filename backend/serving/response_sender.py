@@ -276,5 +276,5 @@ class ResponseSender:
 
 
 def unload_message(drain_timeout_s: float) -> str:
-    return (f"The model is being unloaded: the request did not finish within its "
+    return (f"The model is being unloaded. The request did not finish within its "
             f"drain_timeout_s ({drain_timeout_s:g} s).")
