@@ -84,7 +84,7 @@ def test_full_queue_answers_unavailable_at_once(server):
         before = _metric(server, "tritium:num_requests_rejected_total")
         for i, stream in enumerate(streams):  # two run, two wait
             stream.send(f"q{i}", grpc_inputs("queued", stream=True, return_num_output_tokens=True,
-                                             sampling={"max_tokens": 400, "ignore_eos": True}))
+                                             sampling={"max_tokens": 1500, "ignore_eos": True}))
         assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 2
                           and _metric(server, "vllm:num_requests_waiting") == 2, 30)
         start = time.monotonic()
@@ -94,7 +94,7 @@ def test_full_queue_answers_unavailable_at_once(server):
         assert time.monotonic() - start < 1.0
         for i, stream in enumerate(streams):  # the admitted ones finish
             r = stream.wait(f"q{i}", 120)
-            assert r.finals == 1 and sum(r.num_output_tokens) == 400
+            assert r.finals == 1 and sum(r.num_output_tokens) == 1500
             assert stream.errors.empty()
         assert wait_until(lambda: _metric(server, "tritium:num_requests_rejected_total") >= before + 1, 10)
     finally:
