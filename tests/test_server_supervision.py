@@ -82,9 +82,11 @@ def test_full_queue_answers_unavailable_at_once(server):
     streams = [StreamCollector(server.grpc_url) for _ in range(4)]
     try:
         before = _metric(server, "tritium:num_requests_rejected_total")
-        for i, stream in enumerate(streams):  # two run, two wait
+        for i, stream in enumerate(streams):  # two run, then two wait
             stream.send(f"q{i}", grpc_inputs("queued", stream=True, return_num_output_tokens=True,
                                              sampling={"max_tokens": 1500, "ignore_eos": True}))
+            if i < 2:  # (a request counts as waiting until its first token)
+                assert wait_until(lambda: stream.results[f"q{i}"].texts, 30)
         assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 2
                           and _metric(server, "vllm:num_requests_waiting") == 2, 30)
         start = time.monotonic()

@@ -97,10 +97,13 @@ class EngineSupervisor:
                 if self._state != "serving":
                     return
                 self._state, dead = "restarting", self._engine
-            code = dead.exit_code()
-            self._log("error", f"tritium: the engine process exited (code {code}); its requests "
-                               f"failed; restarting it")
             dead.shutdown(timeout=10.0)  # reaps the process
+            self._log("error", f"tritium: the engine process exited (code {dead.exit_code()}); "
+                               f"its requests failed" + ("; restarting it" if self._max_restarts else ""))
+            if not self._max_restarts:
+                with self._lock:
+                    self._state = "failed" if self._state != "closed" else "closed"
+                return
             if not self._restart():
                 return
 
