@@ -38,7 +38,9 @@ def test_start_serve_stop_prints_no_error_lines(tiny_model, tmp_path):
         status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
                                     {"text_input": "hello", "max_tokens": 4})
         assert status == 200, body
-        stubs = [pid for pid, _ in _children(server.proc.pid)]
+        children = _children(server.proc.pid)
+        assert [pid for pid, state in children if state == "Z"] == []  # no <defunct> child
+        stubs = [pid for pid, _ in children]
         # the stub's own children: the engine process, never a zombie while it serves
         assert wait_until(lambda: all(state != "Z" for s in stubs for _, state in _children(s)), 5)
     finally:

@@ -200,4 +200,5 @@ class TritonPythonModel:
             torch.cuda.empty_cache()
         since = self._sender.draining_since
         pb_utils.Logger.log_info(f"tritium: unloaded in {time.monotonic() - start:.2f} s"
-                                 + (f" ({start - since:.2f} s draining before)" if since else ""))
+                                 + (f"; the unload began {start - since:.2f} s before (the drain, then waiting "
+                                    f"for clients' streams to close)" if since else ""))
