@@ -34,6 +34,7 @@ def _children(pid: int) -> list[tuple[int, str]]:
 def test_start_serve_stop_prints_no_error_lines(tiny_model, tmp_path):
     repo = write_model_repository(str(tmp_path / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS})
     server = start_server(repo, str(tmp_path / "tritonserver.log"))
+    stubs: list[int] = []
     try:
         status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
                                     {"text_input": "hello", "max_tokens": 4})
