@@ -142,13 +142,14 @@ def test_unload_lets_running_streams_finish(server):
     try:
         for i in range(2):
             stream.send(f"d{i}", grpc_inputs("drain", stream=True, return_num_output_tokens=True,
-                                                 sampling={"max_tokens": 300, "ignore_eos": True}))
+                                                 sampling={"max_tokens": 1000, "ignore_eos": True}))
         assert wait_until(lambda: all(stream.results[f"d{i}"].texts for i in range(2)), 30)
         start = time.monotonic()
         _control(server, "unload")
+        assert all(stream.results[f"d{i}"].finals == 0 for i in range(2)), "a stream ended before the unload"
         for i in range(2):
             r = stream.wait(f"d{i}", 30)
-            assert r.finals == 1 and sum(r.num_output_tokens) == 300
+            assert r.finals == 1 and sum(r.num_output_tokens) == 1000
         assert stream.errors.empty()
         # (tritonserver finalizes a model only once the streams that used it have closed)
         stream.close()
