@@ -148,7 +148,10 @@ def test_unload_lets_running_streams_finish(server):
         _control(server, "unload")
         assert all(stream.results[f"d{i}"].finals == 0 for i in range(2)), "a stream ended before the unload"
         for i in range(2):
-            r = stream.wait(f"d{i}", 30)
+            try:
+                r = stream.wait(f"d{i}", 30)
+            except TimeoutError:
+                raise AssertionError(f"tokens received: {[sum(r.num_output_tokens) for r in stream.results.values()]}")
             assert r.finals == 1 and sum(r.num_output_tokens) == 1000
         assert stream.errors.empty()
         # (tritonserver finalizes a model only once the streams that used it have closed)

@@ -234,7 +234,8 @@ class ResponseSender:
             self._pb.Logger.log_info(f"tritium: unload: drained in {time.monotonic() - self.draining_since:.2f} s")
         if not states:
             return
-        unloading = check_unload and self._being_unloaded()
+        # Once noticed, an unload is not asked about again (an IPC round trip each time).
+        unloading = check_unload and (self.draining_since is not None or self._being_unloaded())
         if unloading:
             now = time.monotonic()
             if self.draining_since is None:
