@@ -20,7 +20,8 @@ LONG_PROMPT = "word " * 100  # about 100 tokens: fits the served max_model_len, 
 # looks every 0.25 s): 240 tokens took 0.5 s on a CPU and finished first in CI. 2000 tokens take
 # ~4.5 s, and cost nothing when the unload comes in time, as it aborts them.
 IN_FLIGHT_TOKENS = 2000
-ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_model_len": "2048"}  # the tiny model's longest
+# The tiny model's longest max_model_len; no drain: the unload aborts the streams at once.
+ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_model_len": "2048", "drain_timeout_s": "0"}
 
 
 def _stubs(pid: int) -> list[int]:
@@ -87,7 +88,8 @@ def _cycle(server, in_flight: int) -> float:
         _control(server, "unload")
         assert all(r.finals == 0 for r in stream.results.values()), "a stream ended before the unload"
         errors = [stream.next_error(timeout=30) for _ in range(in_flight)]
-        assert errors == ["The model is being unloaded."] * in_flight
+        assert errors == ["The model is being unloaded. The request did not finish within its "
+                          "drain_timeout_s (0 s)."] * in_flight
         assert all(r.finals == 0 for r in stream.results.values())  # the error was their FINAL
     finally:
         stream.close()

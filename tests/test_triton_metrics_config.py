@@ -50,10 +50,30 @@ def test_metric_names_are_vllms():
         "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",
         "vllm:request_params_max_tokens", "vllm:request_queue_time_seconds",
         "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-        "vllm:request_inference_time_seconds", "vllm:iteration_tokens_total", "vllm:lora_requests_info"}
+        "vllm:request_inference_time_seconds", "vllm:iteration_tokens_total", "vllm:lora_requests_info",
+        # Tritium's own, where vLLM has no name
+        "tritium:num_requests_rejected_total", "tritium:num_requests_timed_out_total",
+        "tritium:engine_restarts_total"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)
+
+
+def test_a_restarted_engine_counts_on_from_zero():
+    from backend.engine.metrics import EngineStats
+    tracker = MetricsTracker()
+
+    def counters(rejected, timed_out, restarts, generation):
+        stats = EngineStats(num_requests_rejected=rejected, num_requests_timed_out=timed_out)
+        stats.engine_restarts, stats.engine_generation = restarts, generation
+        return [op for op in tracker.update(stats) if op[1] == "increment"]
+
+    assert counters(3, 1, 0, 0) == [("tritium:num_requests_rejected_total", "increment", 3.0, {}),
+                                    ("tritium:num_requests_timed_out_total", "increment", 1.0, {})]
+    # a new engine (generation 1) starts its counts at zero: they add to the series
+    assert counters(2, 0, 1, 1) == [("tritium:engine_restarts_total", "increment", 1.0, {}),
+                                    ("tritium:num_requests_rejected_total", "increment", 2.0, {})]
+    assert counters(2, 0, 1, 1) == []
 
 
 def _model_dir(tmp_path, name="m"):

@@ -106,3 +106,14 @@ def test_multi_lora_json_relative_paths_from_the_working_directory(repo):
     (version / "multi_lora.json").write_text('{"doll": "./weights/loras/GemmaDoll"}', encoding="utf-8")
     cfg = serving_config({}, "/nonexistent", str(version), cwd=str(root))
     assert cfg.engine_args.lora_modules == {"doll": str(root / "weights" / "loras" / "GemmaDoll")}
+
+
+def test_drain_timeout_is_a_serving_setting(repo):
+    root, _ = repo
+    base = {"model": str(root / "m")}
+    assert serving_config(base, str(root)).drain_timeout_s == 30.0
+    cfg = serving_config({**base, "drain_timeout_s": "2.5"}, str(root))
+    assert cfg.drain_timeout_s == 2.5 and not hasattr(cfg.engine_args, "drain_timeout_s")
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(ValueError, match=f"drain_timeout_s must be a number of seconds >= 0, got '{bad}'"):
+            serving_config({**base, "drain_timeout_s": bad}, str(root))

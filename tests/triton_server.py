@@ -242,12 +242,13 @@ class StreamCollector:
         self._lock = threading.Lock()
         self.client.start_stream(callback=self._callback)
 
-    def send(self, request_id: str, inputs: list, model: str = "llm") -> None:
+    def send(self, request_id: str, inputs: list, model: str = "llm", **kwargs: Any) -> None:
+        """kwargs: more of async_stream_infer's arguments (e.g. timeout, in microseconds)."""
         with self._lock:
             self.results[request_id] = StreamResult()
             self._finished[request_id] = threading.Event()
         self.client.async_stream_infer(model, inputs, request_id=request_id,
-                                       enable_empty_final_response=True)
+                                       enable_empty_final_response=True, **kwargs)
 
     def _callback(self, result, error) -> None:
         if error is not None:

@@ -37,6 +37,7 @@ from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tok
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STATS_TIMEOUT_S = 30.0
+ENGINE_EXITED = "The engine process exited unexpectedly; the request did not finish."
 # A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
 _GRAMMAR_CHECK_TIMEOUT_S = 60.0
 
@@ -53,7 +54,10 @@ def _python() -> str:
 class EngineProcess:
     """StreamingEngine's interface (add_request, abort, get_stats, shutdown), engine elsewhere."""
 
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, on_exit: Callable[[], None] | None = None) -> None:
+        """on_exit: called (on the receiver thread) when the engine's process dies unasked, after
+        its in-flight requests got their error output (a supervisor restarts it)."""
+        self._on_exit = on_exit
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -159,22 +163,32 @@ class EngineProcess:
         """Whether the engine still serves: its process lives and it was not shut down."""
         return not self._stopped and self._receiver.is_alive() and self._proc.poll() is None
 
-    def shutdown(self) -> None:
-        """Every in-flight request gets a final output with an error; the child exits."""
+    def exit_code(self) -> int | None:
+        """The engine process's exit status (negative: the signal that ended it); None while it runs."""
+        return self._proc.poll()
+
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Every in-flight request gets a final output with an error; the child exits. Bounded:
+        a child that does not exit within `timeout` is killed; it is always reaped."""
         with self._lock:
-            if self._stopped:
-                return
+            first = not self._stopped
             self._stopped = True
             self._stats_ready.notify_all()
             self._grammar_checked.notify_all()
-        self._send(Shutdown())
-        self._receiver.join()
+        if first:
+            self._send(Shutdown())
+        self._receiver.join(timeout)
         try:
-            self._proc.wait(timeout=60)
+            self._proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
+            logger.warning("the engine process did not exit within %.0f s: killing it", timeout)
             self._proc.kill()
             self._proc.wait()
-        self._conn.close()
+        if self._receiver.is_alive():  # the socket unblocks it; its requests fail
+            self._conn.close()
+            self._receiver.join(5.0)
+        else:
+            self._conn.close()
 
     def _send(self, message: Command) -> None:
         try:
@@ -189,7 +203,11 @@ class EngineProcess:
             try:
                 reply: Reply = self._conn.recv()
             except (EOFError, OSError):
-                self._fail_all("The engine process exited.")
+                with self._lock:
+                    unasked = not self._stopped
+                self._fail_all(ENGINE_EXITED if unasked else "The engine is shutting down.")
+                if unasked and self._on_exit is not None:
+                    self._on_exit()
                 return
             if isinstance(reply, Outputs):
                 start = time.perf_counter()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -149,7 +151,20 @@ def serve(conn: Connection, args: EngineArgs) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def main() -> None:
+    # Ctrl-C reaches the whole process group: the parent (the server) decides when the engine
+    # stops, and tells it (or closes the socket), so SIGINT must not raise in here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO)
     connection = Connection(int(sys.argv[1]))
-    sys.exit(serve(connection, connection.recv()))
+    code = serve(connection, connection.recv())
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: extension modules' destructors (nanobind's leak report
+    # from the Triton compiler's libraries) print lines an operator reads as failures.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import sys
+import time
 import traceback
 
 
@@ -40,9 +41,25 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 # Triton also imports this file in a short-lived stub just to auto-complete the config.
 
 
+_FINALIZE_STEP_S = 20.0  # the most each step of an unload waits
+
+
+def _log(level: str, message: str) -> None:
+    getattr(pb_utils.Logger, {"error": "log_error", "warn": "log_warn"}.get(level, "log_info"))(message)
+
+
+def _deadline(request) -> float | None:
+    """Triton's request timeout (microseconds, 0: none; the `timeout` request parameter) as an
+    absolute deadline for the engine."""
+    timeout_us = request.timeout() if hasattr(request, "timeout") else 0
+    return time.time() + timeout_us / 1e6 if timeout_us else None
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         from backend import EngineProcess, EngineShutdownError
+        from backend.errors import EngineOverloadedError
+        from backend.serving.engine_supervisor import EngineSupervisor
         from backend.serving import triton_request
         from backend.serving.response_sender import InFlight, ResponseSender
         from backend.serving.triton_config import serving_config
@@ -65,11 +82,15 @@ class TritonPythonModel:
         self._loras = list(engine_args.lora_modules or ()) if engine_args.enable_lora else None
         self._requests = triton_request
         self._in_flight = InFlight
-        self._shutdown_error = EngineShutdownError
+        self._unavailable_errors = (EngineShutdownError, EngineOverloadedError)
+        self._supervisor = EngineSupervisor
         # The engine runs in a process of its own unless TRITIUM_ENGINE_PROCESS=0: this stub's
         # threads (sending responses above all) would otherwise take GIL time from its steps.
+        # A supervisor restarts it when it dies, unless ENABLE_VLLM_HEALTH_CHECK asks for the
+        # vLLM backend's answer (unload the model).
         if os.environ.get("TRITIUM_ENGINE_PROCESS", "1") != "0":
-            self._engine = EngineProcess(engine_args)
+            self._engine = EngineSupervisor(lambda on_exit: EngineProcess(engine_args, on_exit=on_exit),
+                                            _log, max_restarts=0 if serving.health_check else 5)
         else:
             from backend import StreamingEngine  # imports torch into this process
             self._engine = StreamingEngine(engine_args)
@@ -85,10 +106,16 @@ class TritonPythonModel:
                                     self._engine.get_stats) if serving.report_metrics else None
         # Metrics are current when a request's final response leaves (the sender publishes first).
         self._sender = ResponseSender(pb_utils, self._engine, (name, version),
-                                      before_final=self._metrics.flush if self._metrics else None)
+                                      before_final=self._metrics.flush if self._metrics else None,
+                                      drain_timeout_s=serving.drain_timeout_s)
         pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {name}")
 
     def execute(self, requests: list) -> None:
+        if self._sender.draining:  # the model is being unloaded: no new work
+            for request in requests:
+                self._sender.reject(request.get_response_sender(), "The model is being unloaded.",
+                                    pb_utils.TritonError.UNAVAILABLE)
+            return None
         if self._health_check and not self._engine.is_healthy():
             self._unhealthy(requests)
             return None
@@ -112,14 +139,15 @@ class TritonPythonModel:
             try:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
                                          functools.partial(self._sender.on_output, state.request_id),
-                                         priority=parsed.priority, lora_request=parsed.lora_name)
+                                         priority=parsed.priority, lora_request=parsed.lora_name,
+                                         deadline=_deadline(request))
             except BaseException:
                 self._sender.untrack(state.request_id)
                 raise
+        except self._unavailable_errors as e:  # no engine serves now, or its queue is full: retry
+            self._sender.reject(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
         except ValueError as e:
             self._sender.reject(sender, str(e), pb_utils.TritonError.INVALID_ARG)
-        except self._shutdown_error as e:  # a request racing the model's unload
-            self._sender.reject(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
         except Exception as e:  # the server and the other requests carry on
             pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
             self._sender.reject(sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
@@ -139,13 +167,20 @@ class TritonPythonModel:
                                 "vLLM engine", pb_utils.TritonError.UNAVAILABLE)
 
     def finalize(self) -> None:
+        # Triton calls this once every request has ended: the sender thread let running
+        # requests finish for up to drain_timeout_s, then aborted the rest. Every step below is
+        # bounded, so that an unload ends whatever the clients do.
+        start = time.monotonic()
         pb_utils.Logger.log_info("tritium: unloading")
         self._sender.closing = True
         if self._metrics is not None:
             self._metrics.stop()
         # Each in-flight request gets its final output (with an error) from the engine...
-        self._engine.shutdown()
-        leftover = self._sender.stop()
+        if isinstance(self._engine, self._supervisor):
+            self._engine.shutdown(timeout=_FINALIZE_STEP_S)
+        else:
+            self._engine.shutdown()
+        leftover = self._sender.stop(timeout=_FINALIZE_STEP_S)
         st, rx = self._sender.stats, getattr(self._engine, "receiver_stats", None)
         pb_utils.Logger.log_info(
             f"tritium: sender thread: {st['rounds']} rounds, {st['responses']} streamed responses, "
@@ -154,10 +189,16 @@ class TritonPythonModel:
                f"{rx['busy_s']:.2f} s busy" if rx else ""))
         # ...and any the engine did not finish gets one here.
         for state in leftover:
-            self._sender.send_error(state.sender, "the model was unloaded", pb_utils.TritonError.UNAVAILABLE)
+            try:
+                self._sender.send_error(state.sender, "the model was unloaded", pb_utils.TritonError.UNAVAILABLE)
+            except Exception as e:  # (its client went away)
+                pb_utils.Logger.log_warn(f"tritium: unload: a final response could not be sent: {e}")
         self._engine = None
         gc.collect()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
-        pb_utils.Logger.log_info("tritium: unloaded")
+        since = self._sender.draining_since
+        pb_utils.Logger.log_info(f"tritium: unloaded in {time.monotonic() - start:.2f} s"
+                                 + (f"; the unload began {start - since:.2f} s before (the drain, then waiting "
+                                    f"for clients' streams to close)" if since else ""))

@@ -25,6 +25,10 @@ _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellat
 _UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded
 _CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
 _MAX_DRAIN = 4096  # queue items folded into one round of sends
+# Engine errors that are the server's state, not the request's fault: UNAVAILABLE (HTTP 503),
+# which clients retry. Others (a bad engine output) are INTERNAL.
+_UNAVAILABLE_ERRORS = ("The engine process exited", "The engine is shutting down",
+                       "The engine is shut down", "Request timed out")
 
 
 @dataclass
@@ -57,11 +61,12 @@ class _Stop:
 
 class ResponseSender:
     def __init__(self, pb_utils: Any, engine: Any, model: tuple[str, str],
-                 before_final: Callable[[], None] | None = None) -> None:
+                 before_final: Callable[[], None] | None = None, drain_timeout_s: float = 0.0) -> None:
         """engine: EngineProcess or StreamingEngine (abort). model: (name, version), to tell
         when the model is being unloaded. before_final: called (on this thread) before a round
         of sends that ends a request, e.g. to publish metrics, so that a client that reads them
-        after its last response sees its request counted."""
+        after its last response sees its request counted. drain_timeout_s: once the model is
+        being unloaded, how long running requests may still finish before they are aborted."""
         self._pb = pb_utils
         self._before_final = before_final
         self._engine = engine
@@ -74,6 +79,9 @@ class ResponseSender:
         self._cancel_cursor = 0
         self._stopping = False
         self.closing = False  # the model is unloading: engine errors are "unavailable"
+        self.drain_timeout_s = drain_timeout_s
+        self.draining_since: float | None = None  # monotonic time the unload was noticed
+        self._drain_logged = False
         # Where the thread's time goes, logged at unload (rounds of sends; time building and
         # sending; of it, inside pb_utils' send of non-final responses).
         self.stats = {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0}
@@ -98,10 +106,13 @@ class ResponseSender:
         # request (and with it the model, at unload) alive.
         self._pending.put(EngineOutput(request_id, output))
 
-    def stop(self) -> list[InFlight]:
-        """Send what is queued, stop the thread; returns the requests that got no FINAL."""
+    def stop(self, timeout: float = 30.0) -> list[InFlight]:
+        """Send what is queued, stop the thread (waiting at most `timeout`: an unload must end
+        whatever a client does); returns the requests that got no FINAL."""
         self._pending.put(_Stop())
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._pb.Logger.log_error(f"tritium: the sender thread did not stop within {timeout:.0f} s")
         with self._lock:
             leftover, self._inflight = list(self._inflight.values()), {}
         return leftover
@@ -199,9 +210,10 @@ class ResponseSender:
             self.send_error(state.sender, "Request was cancelled", pb.TritonError.CANCELLED)
             pb.Logger.log_info(f"[vllm] Successfully cancelled the request (tritium request {state.request_id})")
         elif state.unloading:
-            self.send_error(state.sender, "The model is being unloaded.", pb.TritonError.UNAVAILABLE)
+            self.send_error(state.sender, unload_message(self.drain_timeout_s), pb.TritonError.UNAVAILABLE)
         elif response.error is not None:
-            code = pb.TritonError.UNAVAILABLE if self.closing else pb.TritonError.INTERNAL
+            code = (pb.TritonError.UNAVAILABLE if self.closing or response.error.startswith(_UNAVAILABLE_ERRORS)
+                    else pb.TritonError.INTERNAL)
             self.send_error(state.sender, response.error, code)
         else:
             state.sender.send(self._response(response.outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -211,14 +223,31 @@ class ResponseSender:
         return pb.InferenceResponse(output_tensors=[pb.Tensor(name, array) for name, array in outputs.items()])
 
     def _abort_cancelled(self, check_unload: bool) -> None:
-        """Abort the requests whose client cancelled or went away; with check_unload, all of
-        them when the model is being unloaded (Triton finalizes the model only after every
-        request has ended, so in-flight requests would otherwise delay the unload)."""
+        """Abort the requests whose client cancelled or went away; with check_unload, once the
+        model is being unloaded and drain_timeout_s has passed, all of them (Triton finalizes
+        the model only after every request has ended: they would delay the unload)."""
         with self._lock:
             states = [s for s in self._inflight.values() if not (s.cancelled or s.unloading)]
+            left = len(self._inflight)
+        if self.draining_since is not None and not left and not self._drain_logged:
+            self._drain_logged = True
+            self._pb.Logger.log_info(f"tritium: unload: drained in {time.monotonic() - self.draining_since:.2f} s")
         if not states:
             return
-        unloading = check_unload and self._being_unloaded()
+        # Once noticed, an unload is not asked about again (an IPC round trip each time).
+        unloading = check_unload and (self.draining_since is not None or self._being_unloaded())
+        if unloading:
+            now = time.monotonic()
+            if self.draining_since is None:
+                self.draining_since = now
+                self._pb.Logger.log_info(f"tritium: unload: {len(states)} running requests may finish "
+                                         f"within drain_timeout_s={self.drain_timeout_s:g} s")
+            if now - self.draining_since < self.drain_timeout_s:
+                unloading = False  # they run on; cancellations are still honoured
+            elif not self._drain_logged:
+                self._drain_logged = True
+                self._pb.Logger.log_warn(f"tritium: unload: aborting {len(states)} requests still running "
+                                         f"after {now - self.draining_since:.2f} s")
         if not unloading:
             # is_cancelled() is an IPC round trip: look at a few requests per round, in turn,
             # so that checking never crowds out sending.
@@ -235,9 +264,18 @@ class ResponseSender:
                 state.cancelled = True
                 self._engine.abort(state.request_id)
 
+    @property
+    def draining(self) -> bool:
+        return self.draining_since is not None
+
     def _being_unloaded(self) -> bool:
         name, version = self._model
         try:
             return not self._pb.is_model_ready(model_name=name, model_version=version)
         except Exception:  # cannot tell: keep serving
             return False
+
+
+def unload_message(drain_timeout_s: float) -> str:
+    return (f"The model is being unloaded. The request did not finish within its "
+            f"drain_timeout_s ({drain_timeout_s:g} s).")

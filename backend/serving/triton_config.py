@@ -13,6 +13,10 @@ _PATH_ARGUMENTS = ("model", "tokenizer")
 
 
 MULTI_LORA_FILE = "multi_lora.json"
+# A Triton-level setting, not an engine argument (vLLM has none): how long an unload lets the
+# running requests finish before it aborts them.
+DRAIN_TIMEOUT_S = "drain_timeout_s"
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -24,6 +28,7 @@ class ServingConfig:
     health_check: bool = False  # ENABLE_VLLM_HEALTH_CHECK: check the engine before each batch
     gpu_device_ids: str | None = None  # GPU_DEVICE_IDS: CUDA_VISIBLE_DEVICES for the engine
     notes: list[str] = field(default_factory=list)  # log lines: arguments accepted but ignored
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # unload: running requests' grace period
 
 
 def serving_config(parameters: Mapping[str, Any], root: str, version_dir: str | None = None,
@@ -47,6 +52,7 @@ def serving_config(parameters: Mapping[str, Any], root: str, version_dir: str | 
             raise ValueError(f"model parameter '{key}' must be a string_value.")
         values[key] = value
     triton = {k: values.pop(k) for k in list(values) if k in vllm_compat.TRITON_KEYS}
+    drain = _drain_timeout(values.pop(DRAIN_TIMEOUT_S, None))
     for key in _PATH_ARGUMENTS:
         if values.get(key):
             values[key] = _resolve(values[key], root)
@@ -79,7 +85,19 @@ def serving_config(parameters: Mapping[str, Any], root: str, version_dir: str | 
     return ServingConfig(_engine_args(values, lora_base), report_metrics=metrics,
                          health_check=_flag(triton, vllm_compat.ENABLE_VLLM_HEALTH_CHECK, False),
                          gpu_device_ids=vllm_compat.device_ids(devices) if devices else None,
-                         notes=notes)
+                         notes=notes, drain_timeout_s=drain)
+
+
+def _drain_timeout(value: str | None) -> float:
+    if value is None or not value.strip():
+        return DEFAULT_DRAIN_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds < float("inf"):
+        raise ValueError(f"{DRAIN_TIMEOUT_S} must be a number of seconds >= 0, got {value!r}.")
+    return seconds
 
 
 def engine_args_from_model_config(parameters: Mapping[str, Any], root: str,

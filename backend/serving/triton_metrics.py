@@ -88,6 +88,13 @@ METRICS: tuple[MetricSpec, ...] = (
     # requests and the device's slots; each label set's value is the last time it was current,
     # so the current one is the series of the largest value.
     MetricSpec("vllm:lora_requests_info", "gauge", "Running stats on lora requests."),
+    # Tritium's own (vLLM has no names for them).
+    MetricSpec("tritium:num_requests_rejected_total", "counter",
+               "Requests refused because max_waiting_requests requests were already waiting."),
+    MetricSpec("tritium:num_requests_timed_out_total", "counter",
+               "Requests ended because their deadline (Triton's request timeout) passed."),
+    MetricSpec("tritium:engine_restarts_total", "counter",
+               "Engine processes started after the model's first one died."),
 )
 LORA_INFO = "vllm:lora_requests_info"
 # Finish reasons that get a request_success series from the start, so that rates are defined.
@@ -109,7 +116,9 @@ _COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
              ("vllm:spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens"),
              ("vllm:spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens"),
              ("vllm:prompt_tokens_total", "prompt_tokens"),
-             ("vllm:generation_tokens_total", "generation_tokens"))
+             ("vllm:generation_tokens_total", "generation_tokens"),
+             ("tritium:num_requests_rejected_total", "num_requests_rejected"),
+             ("tritium:num_requests_timed_out_total", "num_requests_timed_out"))
 _HISTOGRAMS = (("vllm:time_to_first_token_seconds", "time_to_first_token"),
                ("vllm:time_per_output_token_seconds", "time_per_output_token"),
                ("vllm:e2e_request_latency_seconds", "e2e_request_latency"),
@@ -129,10 +138,20 @@ class MetricsTracker:
 
     def __init__(self) -> None:
         self._counters: dict[str, float] = {}
+        self._generation = 0
 
     def update(self, stats: EngineStats) -> list[MetricOp]:
+        """stats may carry `engine_restarts` and `engine_generation` (EngineSupervisor sets
+        them): a new engine's counters start from zero, and count on from there."""
+        generation = getattr(stats, "engine_generation", 0)
+        if generation != self._generation:
+            self._generation = generation
+            restarts = self._counters.get("tritium:engine_restarts_total", 0.0)
+            self._counters = {"tritium:engine_restarts_total": restarts}
         ops: list[MetricOp] = [(name, "set", float(getattr(stats, field)), {})
                                for name, field in _GAUGES]
+        ops += self._increment("tritium:engine_restarts_total", "tritium:engine_restarts_total",
+                               float(getattr(stats, "engine_restarts", 0)), {})
         for name, field in _COUNTERS:
             ops += self._increment(name, name, float(getattr(stats, field)), {})
         for reason, count in sorted(stats.request_success.items()):

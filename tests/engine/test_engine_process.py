@@ -81,7 +81,8 @@ def test_shutdown_and_a_dead_child_end_every_request(llama_dir):
     eng.add_request("z", [0, 1], SamplingParams(max_tokens=2000, ignore_eos=True), c)
     os.kill(eng._proc.pid, signal.SIGKILL)
     assert c.done.wait(30)
-    assert c.total.error == "The engine process exited."
+    assert c.total.error == "The engine process exited unexpectedly; the request did not finish."
+    assert eng.exit_code() == -signal.SIGKILL
     eng.shutdown()
 
 

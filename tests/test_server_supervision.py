@@ -1,0 +1,188 @@
+"""Issue 24, serving side, on the real server: a killed engine is restarted and serves again;
+a full queue answers UNAVAILABLE (503) at once; Triton's request timeout ends waiting and
+running requests; an unload lets running streams finish within drain_timeout_s, then aborts."""
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
+                           wait_until, write_config, write_model_repository)
+
+# Two running requests at most, two more may wait: the third waiting one is refused.
+ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_num_seqs": "2", "max_waiting_requests": "2",
+               "max_model_len": "2048"}
+LONG = {"max_tokens": 1500, "ignore_eos": True}  # seconds on a CPU
+
+
+def _engine_pid(server_pid: int) -> int:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[3]) == server_pid and "backend.engine.process_main" in cmd and stat[0] != "Z":
+            return int(pid)
+    raise LookupError("no engine process")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("supervision")
+    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **ENGINE_ARGS})
+    srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
+                       "--load-model=llm")
+    srv.repo, srv.model = repo, tiny_model
+    yield srv
+    srv.stop()
+
+
+def _generate(server, prompt="hello", max_tokens=4, **body):
+    status, text = http_request(f"{server.http_url}/v2/models/llm/generate",
+                                {"text_input": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                                 "exclude_input_in_output": True, **body})
+    return status, json.loads(text)
+
+
+def _metric(server, name):
+    return server.metric(name, model="llm", version="1")
+
+
+def test_killed_engine_restarts_and_serves_again(server):
+    assert _generate(server)[0] == 200
+    stream = StreamCollector(server.grpc_url)
+    try:
+        stream.send("a", grpc_inputs("in flight", stream=True, sampling=LONG))
+        assert wait_until(lambda: stream.results["a"].texts, 30)
+        old = _engine_pid(server.proc.pid)
+        killed = time.monotonic()
+        os.kill(old, signal.SIGKILL)
+        assert stream.next_error(timeout=5) == ("The engine process exited unexpectedly; "
+                                                "the request did not finish.")
+        assert time.monotonic() - killed < 1.0
+        # While the new engine starts, requests are refused at once (as UNAVAILABLE; 2.51's
+        # generate endpoint answers every per-request error with HTTP 400, whatever its code).
+        status, body = _generate(server)
+        if status != 200:
+            assert status in (400, 503) and body["error"].startswith("The engine is restarting"), body
+        assert wait_until(lambda: _generate(server)[0] == 200, 60, 0.5)
+    finally:
+        stream.close()
+    assert _engine_pid(server.proc.pid) != old
+    assert server.is_ready("llm")
+    assert wait_until(lambda: _metric(server, "tritium:engine_restarts_total") == 1, 10)
+    assert "tritium: the engine serves again (restart 1" in server.log_tail(400)
+
+
+def test_full_queue_answers_unavailable_at_once(server):
+    # A stream each: Triton 2.51 held back the later requests of one gRPC stream here.
+    streams = [StreamCollector(server.grpc_url) for _ in range(4)]
+    try:
+        before = _metric(server, "tritium:num_requests_rejected_total")
+        for i, stream in enumerate(streams):  # two run, then two wait
+            stream.send(f"q{i}", grpc_inputs("queued", stream=True, return_num_output_tokens=True,
+                                             sampling={"max_tokens": 1500, "ignore_eos": True}))
+            if i < 2:  # (a request counts as waiting until its first token)
+                assert wait_until(lambda: stream.results[f"q{i}"].texts, 30)
+        assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 2
+                          and _metric(server, "vllm:num_requests_waiting") == 2, 30)
+        start = time.monotonic()
+        status, body = _generate(server, max_tokens=4)
+        # UNAVAILABLE; 2.51's generate endpoint answers every per-request error with HTTP 400
+        assert status in (400, 503) and "requests are already waiting to be scheduled" in body["error"], body
+        assert time.monotonic() - start < 1.0
+        for i, stream in enumerate(streams):  # the admitted ones finish
+            r = stream.wait(f"q{i}", 120)
+            assert r.finals == 1 and sum(r.num_output_tokens) == 1500
+            assert stream.errors.empty()
+        assert wait_until(lambda: _metric(server, "tritium:num_requests_rejected_total") >= before + 1, 10)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def test_request_timeout_ends_running_and_waiting_requests(server):
+    before = _metric(server, "tritium:num_requests_timed_out_total")
+    busy = [StreamCollector(server.grpc_url) for _ in range(2)]
+    late = StreamCollector(server.grpc_url)
+    try:
+        for i, stream in enumerate(busy):
+            stream.send(f"r{i}", grpc_inputs("busy", stream=True, sampling=LONG))
+        assert wait_until(lambda: busy[0].results["r0"].texts and busy[1].results["r1"].texts, 30)
+        # w waits behind the two (max_num_seqs=2) until its deadline (Triton's timeout, in us)
+        late.send("w", grpc_inputs("late", stream=True, sampling=LONG), timeout=500_000)
+        error = late.next_error(timeout=10)
+        assert error.startswith("Request timed out: its deadline passed while it was waiting"), error
+    finally:
+        for stream in busy:
+            stream.close(cancel=True)
+        late.close()
+    stream = StreamCollector(server.grpc_url)
+    try:
+        assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 0, 30)
+        stream.send("x", grpc_inputs("run", stream=True, sampling=LONG), timeout=1_000_000)
+        assert wait_until(lambda: stream.results["x"].texts, 5)
+        error = stream.next_error(timeout=10)
+        assert error.startswith("Request timed out: its deadline passed while it was running"), error
+    finally:
+        stream.close()
+    assert wait_until(lambda: _metric(server, "tritium:num_requests_timed_out_total") >= before + 2, 10)
+
+
+def _control(server, action):
+    status, body = http_request(f"{server.http_url}/v2/repository/models/llm/{action}", {}, timeout=240)
+    assert status == 200, body
+
+
+def test_unload_lets_running_streams_finish(server):
+    stream = StreamCollector(server.grpc_url)
+    try:
+        for i in range(2):
+            stream.send(f"d{i}", grpc_inputs("drain", stream=True, return_num_output_tokens=True,
+                                                 sampling={"max_tokens": 1000, "ignore_eos": True}))
+        assert wait_until(lambda: all(stream.results[f"d{i}"].texts for i in range(2)), 30)
+        start = time.monotonic()
+        _control(server, "unload")
+        assert all(stream.results[f"d{i}"].finals == 0 for i in range(2)), "a stream ended before the unload"
+        for i in range(2):
+            try:
+                r = stream.wait(f"d{i}", 30)
+            except TimeoutError:
+                raise AssertionError(f"tokens received: {[sum(r.num_output_tokens) for r in stream.results.values()]}")
+            assert r.finals == 1 and sum(r.num_output_tokens) == 1000
+        assert stream.errors.empty()
+        # (tritonserver finalizes a model only once the streams that used it have closed)
+        stream.close()
+        assert wait_until(lambda: not server.is_ready("llm") and "tritium: unloaded in" in server.log_tail(200), 60)
+        assert time.monotonic() - start < 30
+        assert "tritium: unload: drained in" in server.log_tail(200)
+    finally:
+        try:
+            stream.close()
+        except Exception:  # closed already
+            pass
+        _control(server, "load")
+
+
+def test_unload_aborts_what_outlives_a_tiny_grace(server):
+    model_dir = os.path.join(server.repo, "llm")
+    write_config(model_dir, {"model": server.model, **ENGINE_ARGS, "drain_timeout_s": "0.5"})
+    _control(server, "load")
+    stream = StreamCollector(server.grpc_url)
+    try:
+        stream.send("t", grpc_inputs("drain", stream=True, sampling=LONG))
+        assert wait_until(lambda: stream.results["t"].texts, 30)
+        start = time.monotonic()
+        _control(server, "unload")
+        assert stream.next_error(timeout=10) == ("The model is being unloaded. The request did not "
+                                                 "finish within its drain_timeout_s (0.5 s).")
+        assert time.monotonic() - start < 5
+        assert stream.results["t"].finals == 0
+    finally:
+        stream.close()
+        write_config(model_dir, {"model": server.model, **ENGINE_ARGS})
+        _control(server, "load")
+    assert _generate(server)[0] == 200
