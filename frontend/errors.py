@@ -38,7 +38,8 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
 # engine's well-known messages for "not now" are recognized by their text; everything else that
 # the model rejects is the request's fault (the model sends INVALID_ARG for those).
 _UNAVAILABLE = ("The model is being unloaded.", "the model was unloaded",
-                "The engine is shutting down.")
+                "The engine is shutting down.", "The engine is shut down.", "The engine is restarting",
+                "The engine process exited", "The server is busy", "Request timed out")
 
 
 def from_triton(message: str) -> OpenAIError:

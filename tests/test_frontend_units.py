@@ -63,6 +63,11 @@ def test_the_sampled_token_of_a_logprob_entry():
     ("sampling parameter 'logit_bias' must be an object", 400, "logit_bias"),
     ("Token id 99999 is out of vocabulary (valid ids are 0 to 511).", 400, None),
     ("The model is being unloaded.", 503, None),
+    ("The engine is restarting after its process exited; retry shortly.", 503, None),
+    ("The engine process exited unexpectedly; the request did not finish.", 503, None),
+    ("The server is busy: 2 requests are already waiting to be scheduled (max_waiting_requests=2). "
+     "Retry later.", 503, None),
+    ("Request timed out: its deadline passed while it was running (0.3 s after arrival).", 503, None),
     ("internal error: boom", 500, None),
     ("Request for unknown model: 'x' is not found", 404, "model"),
 ])
