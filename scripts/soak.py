@@ -445,7 +445,10 @@ def main() -> int:
     if unknown or not any(k in args.scenarios for k in REQUEST_KINDS):
         p.error(f"scenarios: unknown {sorted(unknown)}, or no request kind among them")
     workdir = args.workdir or tempfile.mkdtemp(prefix="tritium-soak-")
-    engine_args = {"model": ensure_default_model(), **TEST_ENGINE_ARGS, "max_num_seqs": str(MAX_NUM_SEQS)}
+    # A short drain: a reload under traffic is about what the old instance leaves behind, so it
+    # should be gone by the next quiet point (the drain itself has its own tests).
+    engine_args = {"model": ensure_default_model(), **TEST_ENGINE_ARGS, "max_num_seqs": str(MAX_NUM_SEQS),
+                   "drain_timeout_s": "1"}
     if "overcapacity" in args.scenarios:
         engine_args["max_waiting_requests"] = str(MAX_WAITING)
     repo = write_model_repository(os.path.join(workdir, "repo"), engine_args)

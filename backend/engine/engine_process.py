@@ -42,7 +42,7 @@ ENGINE_EXITED = "The engine process exited unexpectedly; the request did not fin
 _GRAMMAR_CHECK_TIMEOUT_S = 60.0
 
 
-def _python() -> str:
+def python_executable() -> str:
     """This environment's interpreter (inside Triton's stub, sys.executable is not Python)."""
     exe = sys.executable or ""
     if os.path.basename(exe).startswith("python"):
@@ -61,7 +61,7 @@ class EngineProcess:
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([_python(), "-m", "backend.engine.process_main", str(child.fileno())],
+        self._proc = subprocess.Popen([python_executable(), "-m", "backend.engine.process_main", str(child.fileno())],
                                       pass_fds=[child.fileno()], env=env, cwd=_ROOT)
         child.close()
         self._conn = Connection(parent.detach())

@@ -1,13 +1,8 @@
-"""Triton adapter for the Tritium engine (decoupled): the `tritium` Python-based backend.
+"""The `tritium` Triton backend (decoupled), installed as <backend-directory>/tritium/model.py.
 
-Installed as <backend-directory>/tritium/model.py (scripts/tritonserver links it), so that a
-model says backend: "tritium"; a copy in a model's 1/ with backend: "python" works as well.
-
-execute() parses each request and hands it to the engine, which runs in a process of its own;
-it never waits for generation and returns None. One sender thread sends every response and
-aborts requests whose client cancelled or went away (backend/serving/response_sender.py); a
-metrics thread publishes the engine's statistics as vLLM's metrics. Every request gets exactly
-one FINAL response, also when the model is unloaded.
+execute() hands each parsed request to the engine (a process of its own) and returns None; one
+sender thread sends every response (backend/serving/response_sender.py), a metrics thread
+publishes vLLM's metrics. Every request gets exactly one FINAL response, also at unload.
 """
 import functools
 import gc

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from ..config import EngineConfig
+from ..engine.engine_process import python_executable
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
 
 logger = logging.getLogger(__name__)
@@ -72,15 +72,6 @@ class LogitsCall:
 @dataclass
 class Stop:
     pass
-
-
-def python_executable() -> str:
-    """This environment's interpreter (inside Triton's stub, sys.executable is not Python)."""
-    exe = sys.executable or ""
-    if os.path.basename(exe).startswith("python"):
-        return exe
-    candidate = os.path.join(sys.prefix, "bin", "python3")
-    return candidate if os.path.exists(candidate) else (shutil.which("python3") or "python3")
 
 
 def free_port() -> int:
