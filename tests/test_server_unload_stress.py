@@ -1,9 +1,12 @@
 """Issue 24: "a model can stay in UNLOADING forever" after client-cancelled streams. Rounds of
 streams that finish, are cancelled, or whose client goes away without a word, interleaved with
-unloads and loads: every unload must complete within a bound. CI runs a few rounds;
-TRITIUM_STRESS_ROUNDS=50 runs a longer one."""
+unloads and loads: every unload must complete within a bound and leave no process, shared-memory
+region or server thread behind. CI runs a few rounds; TRITIUM_STRESS_ROUNDS=300 runs a long one,
+and TRITIUM_STRESS_REPORT=<path> writes its report as JSON."""
+import json
 import os
 import random
+import statistics
 import time
 
 import pytest
@@ -14,8 +17,11 @@ from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_
                            wait_until, write_model_repository)
 
 ROUNDS = int(os.environ.get("TRITIUM_STRESS_ROUNDS", "3"))
+REPORT = os.environ.get("TRITIUM_STRESS_REPORT")
 DRAIN_S = 2.0
 UNLOAD_BOUND_S = DRAIN_S + 25.0  # the drain, then finalize's bounded steps, on a busy CPU
+# Server threads may vary a little with gRPC's pollers; a leak grows by rounds, not by a few.
+THREAD_SLACK = 8
 
 
 @pytest.fixture(scope="module")
@@ -29,23 +35,66 @@ def server(tiny_model, tmp_path_factory):
     srv.stop()
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (the stub, the engine process and anything they started)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def _shm_regions(pids: list[int]) -> set[str]:
+    """The shared-memory files these processes have mapped (the python backend's regions)."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8") as f:
+                found |= {line.split()[-1] for line in f if "/dev/shm/" in line}
+        except OSError:
+            continue
+    return found
+
+
+def _status(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {"threads": int(fields["Threads"]), "rss_kib": int(fields["VmRSS"].split()[0])}
+
+
 def _control(server, action):
     status, body = http_request(f"{server.http_url}/v2/repository/models/llm/{action}", {}, timeout=240)
     assert status == 200, body
 
 
-def _round(server, rng: random.Random) -> float:
+def _round(server, rng: random.Random) -> dict:
     finishing = StreamCollector(server.grpc_url)
     cancelled = StreamCollector(server.grpc_url)
     gone = grpcclient.InferenceServerClient(server.grpc_url)
     gone.start_stream(callback=lambda result, error: None)
-    for i in range(rng.randint(1, 4)):
+    streams = rng.randint(1, 4)
+    for i in range(streams):
         finishing.send(f"f{i}", grpc_inputs("finish", stream=True, sampling={"max_tokens": rng.randint(1, 60)}))
         cancelled.send(f"c{i}", grpc_inputs("cancel", stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}))
         gone.async_stream_infer("llm", grpc_inputs("gone", stream=True,
                                                    sampling={"max_tokens": 1000, "ignore_eos": True}),
                                 request_id=f"g{i}", enable_empty_final_response=True)
     time.sleep(rng.uniform(0.0, 0.5))
+    regions = _shm_regions(_descendants(server.proc.pid))
+    assert regions, "the model instance maps no shared memory: nothing to check"
     cancelled.close(cancel=True)
     gone.close()  # the channel goes away without cancelling its stream
     start = time.monotonic()
@@ -55,14 +104,33 @@ def _round(server, rng: random.Random) -> float:
     assert wait_until(lambda: not _stubs(server.proc.pid) and not server.is_ready("llm"), UNLOAD_BOUND_S)
     took = time.monotonic() - start
     assert took < UNLOAD_BOUND_S, f"unload took {took:.1f} s"
+    # Everything the instance had is gone: its processes and its shared memory.
+    assert wait_until(lambda: not _descendants(server.proc.pid), 10), _descendants(server.proc.pid)
+    assert wait_until(lambda: not any(os.path.exists(r) for r in regions), 10), regions
+    unloaded = _status(server.proc.pid)
     _control(server, "load")
-    return took
+    return {"streams": 3 * streams, "unload_s": took, **unloaded}
 
 
 def test_unloads_complete_whatever_the_clients_do(server):
     rng = random.Random(24)
-    took = [_round(server, rng) for _ in range(ROUNDS)]
-    print(f"{ROUNDS} unloads: longest {max(took):.1f} s")
+    started = time.monotonic()
+    rounds = []
+    for _ in range(ROUNDS):
+        rounds.append(_round(server, rng))
+    unload_s = sorted(r["unload_s"] for r in rounds)
+    summary = {"rounds": ROUNDS, "streams": sum(r["streams"] for r in rounds),
+               "wall_s": time.monotonic() - started, "unload_s_median": statistics.median(unload_s),
+               "unload_s_p99": unload_s[min(len(unload_s) - 1, int(0.99 * len(unload_s)))],
+               "unload_s_max": unload_s[-1], "bound_s": UNLOAD_BOUND_S,
+               "server_threads_unloaded_first_last": [rounds[0]["threads"], rounds[-1]["threads"]],
+               "server_rss_kib_unloaded_first_last": [rounds[0]["rss_kib"], rounds[-1]["rss_kib"]]}
+    print(json.dumps(summary))
+    if REPORT:
+        with open(REPORT, "w", encoding="utf-8") as f:
+            json.dump({"summary": summary, "rounds": rounds}, f, indent=1)
+    # Server threads between loads do not grow with the rounds.
+    assert rounds[-1]["threads"] <= rounds[0]["threads"] + THREAD_SLACK, summary
     status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
                                 {"text_input": "after", "max_tokens": 4})
     assert status == 200, body
