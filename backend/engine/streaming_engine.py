@@ -89,16 +89,18 @@ class StreamingEngine:
         """Whether the engine still serves: its loop runs and it was not shut down."""
         return not self._stopped and self._thread.is_alive()
 
-    def shutdown(self) -> None:
-        """Finish every request with an error, stop and join the engine thread."""
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Finish every request with an error, stop and join the engine thread (waiting at most
+        `timeout`, as EngineProcess.shutdown: a step stuck in the device is not waited for)."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
             self._stats_ready.notify_all()
         self._core.submit(Shutdown())
-        self._thread.join()
-        self.engine.shutdown()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.engine.shutdown()
 
     # ---- CoreSink: called on the engine thread ------------------------------------------------------
     def outputs(self, outputs: list[RequestOutput]) -> None:

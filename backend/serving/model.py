@@ -57,6 +57,7 @@ class TritonPythonModel:
         from backend.serving.engine_supervisor import EngineSupervisor
         from backend.serving import triton_request
         from backend.serving.response_sender import InFlight, ResponseSender
+        from backend.serving.retirement import InstanceToken
         from backend.serving.triton_config import serving_config
         from backend.serving.triton_metrics import MetricsLoop
 
@@ -67,9 +68,8 @@ class TritonPythonModel:
         # config.pbtxt parameters and 1/model.json (Triton's vLLM backend's engine arguments)
         serving = serving_config(config.get("parameters", {}), _ROOT,
                                  version_dir=os.path.join(args["model_repository"], args["model_version"]))
-        if serving.health_check:
-            pb_utils.Logger.log_info("tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before each batch of requests")
-        for note in serving.notes:
+        for note in serving.notes + (["tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before "
+                                      "each batch of requests"] if serving.health_check else []):
             pb_utils.Logger.log_info(note)
         if serving.gpu_device_ids is not None:  # the engine's process inherits it
             os.environ["CUDA_VISIBLE_DEVICES"] = serving.gpu_device_ids
@@ -78,7 +78,6 @@ class TritonPythonModel:
         self._requests = triton_request
         self._in_flight = InFlight
         self._unavailable_errors = (EngineShutdownError, EngineOverloadedError)
-        self._supervisor = EngineSupervisor
         # The engine runs in a process of its own unless TRITIUM_ENGINE_PROCESS=0: this stub's
         # threads (sending responses above all) would otherwise take GIL time from its steps.
         # A supervisor restarts it when it dies, unless ENABLE_VLLM_HEALTH_CHECK asks for the
@@ -99,10 +98,12 @@ class TritonPythonModel:
         self._metrics = MetricsLoop(pb_utils, {"model": name, "version": version},
                                     f"tritium-metrics-{os.getppid()}-{name}-{version}",
                                     self._engine.get_stats) if serving.report_metrics else None
+        self._token, self._released = InstanceToken(os.getppid(), args["model_instance_name"]), False
         # Metrics are current when a request's final response leaves (the sender publishes first).
         self._sender = ResponseSender(pb_utils, self._engine, (name, version),
                                       before_final=self._metrics.flush if self._metrics else None,
-                                      drain_timeout_s=serving.drain_timeout_s)
+                                      drain_timeout_s=serving.drain_timeout_s,
+                                      replaced=self._token.replaced, on_retired=self._release)
         pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {name}")
 
     def execute(self, requests: list) -> None:
@@ -161,6 +162,15 @@ class TritonPythonModel:
             self._sender.reject(request.get_response_sender(), "Model is unavailable due to unhealthy "
                                 "vLLM engine", pb_utils.TritonError.UNAVAILABLE)
 
+    def _release(self) -> None:
+        """Stop the metrics and the engine, once: when the sender finds the model retired, or at finalize."""
+        if self._released:
+            return
+        self._released = True
+        if self._metrics is not None:
+            self._metrics.stop()
+        self._engine.shutdown(timeout=_FINALIZE_STEP_S)
+
     def finalize(self) -> None:
         # Triton calls this once every request has ended: the sender thread let running
         # requests finish for up to drain_timeout_s, then aborted the rest. Every step below is
@@ -168,20 +178,10 @@ class TritonPythonModel:
         start = time.monotonic()
         pb_utils.Logger.log_info("tritium: unloading")
         self._sender.closing = True
-        if self._metrics is not None:
-            self._metrics.stop()
-        # Each in-flight request gets its final output (with an error) from the engine...
-        if isinstance(self._engine, self._supervisor):
-            self._engine.shutdown(timeout=_FINALIZE_STEP_S)
-        else:
-            self._engine.shutdown()
+        self._release()  # each in-flight request gets its final output (with an error)...
         leftover = self._sender.stop(timeout=_FINALIZE_STEP_S)
-        st, rx = self._sender.stats, getattr(self._engine, "receiver_stats", None)
-        pb_utils.Logger.log_info(
-            f"tritium: sender thread: {st['rounds']} rounds, {st['responses']} streamed responses, "
-            f"{st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send()"
-            + (f"; engine receiver thread: {rx['messages']} messages, {rx['outputs']} outputs, "
-               f"{rx['busy_s']:.2f} s busy" if rx else ""))
+        self._token.release()
+        self._sender.log_stats(getattr(self._engine, "receiver_stats", None))
         # ...and any the engine did not finish gets one here.
         for state in leftover:
             try:

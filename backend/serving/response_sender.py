@@ -61,14 +61,22 @@ class _Stop:
 
 class ResponseSender:
     def __init__(self, pb_utils: Any, engine: Any, model: tuple[str, str],
-                 before_final: Callable[[], None] | None = None, drain_timeout_s: float = 0.0) -> None:
+                 before_final: Callable[[], None] | None = None, drain_timeout_s: float = 0.0,
+                 replaced: Callable[[], bool] | None = None,
+                 on_retired: Callable[[], None] | None = None) -> None:
         """engine: EngineProcess or StreamingEngine (abort). model: (name, version), to tell
         when the model is being unloaded. before_final: called (on this thread) before a round
         of sends that ends a request, e.g. to publish metrics, so that a client that reads them
         after its last response sees its request counted. drain_timeout_s: once the model is
-        being unloaded, how long running requests may still finish before they are aborted."""
+        being unloaded, how long running requests may still finish before they are aborted.
+        replaced: whether a reload started a newer instance (then this one drains as at an
+        unload). on_retired: called once, on this thread, when the model is unloaded or
+        replaced and no request is left (backend/serving/retirement.py says why)."""
         self._pb = pb_utils
         self._before_final = before_final
+        self._replaced = replaced
+        self._on_retired = on_retired
+        self.retired = False
         self._engine = engine
         self._model = model
         self._lock = threading.Lock()
@@ -117,6 +125,15 @@ class ResponseSender:
             leftover, self._inflight = list(self._inflight.values()), {}
         return leftover
 
+    def log_stats(self, receiver_stats: dict | None) -> None:
+        """Where this thread's time went (and the engine receiver thread's), for the unload log."""
+        st, rx = self.stats, receiver_stats
+        self._pb.Logger.log_info(
+            f"tritium: sender thread: {st['rounds']} rounds, {st['responses']} streamed responses, "
+            f"{st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send()"
+            + (f"; engine receiver thread: {rx['messages']} messages, {rx['outputs']} outputs, "
+               f"{rx['busy_s']:.2f} s busy" if rx else ""))
+
     def send_error(self, sender: Any, message: str, code: Any) -> None:
         pb = self._pb
         sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)),
@@ -152,6 +169,8 @@ class ResponseSender:
                 check_unload = now >= next_unload_check
                 try:
                     self._abort_cancelled(check_unload)
+                    if check_unload and not self.retired and self._on_retired is not None:
+                        self._retire_if_idle()
                 except Exception:  # this thread must live on: it sends every response
                     log_error(f"tritium: abort check failed: {traceback.format_exc()}")
                 next_check = now + _CANCEL_CHECK_S
@@ -264,11 +283,29 @@ class ResponseSender:
                 state.cancelled = True
                 self._engine.abort(state.request_id)
 
+    def _retire_if_idle(self) -> None:
+        """Once no request is left of a model that was unloaded or replaced, release the engine
+        and the metrics (on_retired): Triton may keep this instance long after (see above)."""
+        with self._lock:
+            if self._inflight:
+                return  # _abort_cancelled drains them first
+        if self.draining_since is None:
+            if not self._being_unloaded():
+                return
+            self.draining_since = time.monotonic()
+        self.retired = self.closing = True
+        self._pb.Logger.log_info("tritium: unload: no request left; stopping the engine now (Triton "
+                                 "finalizes this instance once every client stream that reached it "
+                                 "has closed)")
+        self._on_retired()
+
     @property
     def draining(self) -> bool:
         return self.draining_since is not None
 
     def _being_unloaded(self) -> bool:
+        if self._replaced is not None and self._replaced():
+            return True
         name, version = self._model
         try:
             return not self._pb.is_model_ready(model_name=name, model_version=version)
