@@ -1,11 +1,13 @@
 """Issue 24: "a model can stay in UNLOADING forever" after client-cancelled streams. Rounds of
-streams that finish, are cancelled, or whose client goes away without a word, interleaved with
-unloads and loads: every unload must complete within a bound and leave no process, shared-memory
-region or server thread behind. CI runs a few rounds; TRITIUM_STRESS_ROUNDS=300 runs a long one,
-and TRITIUM_STRESS_REPORT=<path> writes its report as JSON."""
+gRPC streams that finish, are cancelled, or whose client goes away without a word, and HTTP
+streams whose client disconnects, interleaved with unloads and loads: every unload must complete
+within a bound and leave no process, shared-memory region or server thread behind. CI runs a few
+rounds; TRITIUM_STRESS_ROUNDS=300 runs a long one, and TRITIUM_STRESS_REPORT=<path> writes its
+report as JSON. Models are loaded and unloaded over gRPC (README, "Reloading", says why not HTTP)."""
 import json
 import os
 import random
+import socket
 import statistics
 import time
 
@@ -75,9 +77,27 @@ def _status(pid: int) -> dict[str, int]:
     return {"threads": int(fields["Threads"]), "rss_kib": int(fields["VmRSS"].split()[0])}
 
 
-def _control(server, action):
-    status, body = http_request(f"{server.http_url}/v2/repository/models/llm/{action}", {}, timeout=240)
-    assert status == 200, body
+def _control(server, action: str) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        getattr(client, f"{action}_model")("llm")
+    finally:
+        client.close()
+
+
+def _http_stream_that_leaves(server, max_tokens: int) -> socket.socket:
+    """A generate_stream request whose client reads the first event; the caller closes it."""
+    body = json.dumps({"text_input": "leave", "stream": True,
+                       "parameters": {"max_tokens": max_tokens, "ignore_eos": True}}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(b"POST /v2/models/llm/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while b"data:" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    return sock
 
 
 def _round(server, rng: random.Random) -> dict:
@@ -92,15 +112,17 @@ def _round(server, rng: random.Random) -> dict:
         gone.async_stream_infer("llm", grpc_inputs("gone", stream=True,
                                                    sampling={"max_tokens": 1000, "ignore_eos": True}),
                                 request_id=f"g{i}", enable_empty_final_response=True)
+    leaving = [_http_stream_that_leaves(server, 1000) for _ in range(rng.randint(1, 2))]
     time.sleep(rng.uniform(0.0, 0.5))
     regions = _shm_regions(_descendants(server.proc.pid))
     assert regions, "the model instance maps no shared memory: nothing to check"
     cancelled.close(cancel=True)
     gone.close()  # the channel goes away without cancelling its stream
+    for sock in leaving:
+        sock.close()
     start = time.monotonic()
-    status, body = http_request(f"{server.http_url}/v2/repository/models/llm/unload", {}, timeout=UNLOAD_BOUND_S + 30)
+    _control(server, "unload")
     finishing.close()
-    assert status == 200, body
     assert wait_until(lambda: not _stubs(server.proc.pid) and not server.is_ready("llm"), UNLOAD_BOUND_S)
     took = time.monotonic() - start
     assert took < UNLOAD_BOUND_S, f"unload took {took:.1f} s"
@@ -109,7 +131,7 @@ def _round(server, rng: random.Random) -> dict:
     assert wait_until(lambda: not any(os.path.exists(r) for r in regions), 10), regions
     unloaded = _status(server.proc.pid)
     _control(server, "load")
-    return {"streams": 3 * streams, "unload_s": took, **unloaded}
+    return {"streams": 3 * streams + len(leaving), "unload_s": took, **unloaded}
 
 
 def test_unloads_complete_whatever_the_clients_do(server):
