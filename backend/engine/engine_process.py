@@ -22,10 +22,11 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from ..config import EngineArgs
-from ..errors import EngineOverloadedError, EngineShutdownError, OutputCallback, overloaded_message
+from ..errors import EngineShutdownError, OutputCallback
 from ..lora_request import LoRARequest
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
+from .admission import Admission
 from .input_processor import InputProcessor
 from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, GetStats, GrammarChecked,
                        Outputs, Ready, Reply, Shutdown, StartupFailed, StatsReply, unpack_output)
@@ -93,11 +94,7 @@ class EngineProcess:
         self._stopped = False
         self._stats: EngineStats | None = None
         self._stats_ready = threading.Condition(self._lock)
-        # With max_waiting_requests: the requests without an output yet (waiting to be scheduled,
-        # as this side sees it), and how many were refused for it.
-        self._max_waiting = self.engine_args.max_waiting_requests
-        self._not_started: set[str] = set()
-        self._num_rejected = 0
+        self._admission = Admission(self.engine_args.max_waiting_requests)
         # Where the receiver thread's time goes (logged by servers at unload): if it cannot keep
         # up, the engine process blocks sending and the engine slows down.
         self.receiver_stats = {"messages": 0, "outputs": 0, "busy_s": 0.0}
@@ -113,15 +110,7 @@ class EngineProcess:
         req = self._processor.process(request_id, prompt, params, priority=priority,
                                       lora_request=lora_request, deadline=deadline)
         with self._lock:
-            if self._stopped:
-                raise EngineShutdownError("The engine is shut down.")
-            if request_id in self._requests:
-                raise ValueError(f"Request id {request_id!r} is already in use.")
-            if self._max_waiting is not None:
-                if len(self._not_started) >= self._max_waiting:
-                    self._num_rejected += 1
-                    raise EngineOverloadedError(overloaded_message(self._max_waiting))
-                self._not_started.add(request_id)
+            self._admission.admit(request_id, self._stopped, self._requests)
             detok = None if req.params.stop else OutputDetokenizer(self._output_tokenizer, req)
             self._requests[request_id] = (req, on_output, detok)
         self._send(AddRequest(req))
@@ -155,8 +144,8 @@ class EngineProcess:
         with self._lock:
             if not self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped,
                                               _STATS_TIMEOUT_S) or self._stats is None:
-                return EngineStats(num_requests_rejected=self._num_rejected)
-            self._stats.num_requests_rejected += self._num_rejected
+                return EngineStats(num_requests_rejected=self._admission.num_rejected)
+            self._stats.num_requests_rejected += self._admission.num_rejected
             return self._stats
 
     def is_healthy(self) -> bool:
@@ -234,8 +223,7 @@ class EngineProcess:
         decode per batch, without the GIL); a request's next output waits for its batch."""
         outputs = [unpack_output(p) for p in payload]
         with self._lock:  # once per message: finished requests leave the table
-            if self._not_started:
-                self._not_started.difference_update(o.request_id for o in outputs)
+            self._admission.started(o.request_id for o in outputs)
             requests = self._requests
             entries = [requests.pop(o.request_id, None) if o.finished else requests.get(o.request_id)
                        for o in outputs]
@@ -279,7 +267,7 @@ class EngineProcess:
         with self._lock:
             self._stopped = True
             entries, self._requests = list(self._requests.items()), {}
-            self._not_started.clear()
+            self._admission.not_started.clear()
             self._stats_ready.notify_all()
             self._grammar_checked.notify_all()
         for request_id, (req, callback, _) in entries:

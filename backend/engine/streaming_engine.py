@@ -12,10 +12,11 @@ import threading
 from typing import Any
 
 from ..config import EngineArgs
-from ..errors import EngineOverloadedError, EngineShutdownError, OutputCallback, overloaded_message
+from ..errors import OutputCallback
 from ..lora_request import LoRARequest
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from .admission import Admission
 from .core import EngineCore
 from .llm_engine import LLMEngine
 from .messages import AbortRequest, AddRequest, GetStats, Shutdown
@@ -30,11 +31,7 @@ class StreamingEngine:
         self.engine_args = self.engine.args
         self.tokenizer = self.engine.tokenizer
         self._callbacks: dict[str, OutputCallback] = {}
-        # With max_waiting_requests: the requests without an output yet (waiting to be scheduled,
-        # as this thread sees it), and how many were refused for it.
-        self._max_waiting = self.engine_args.max_waiting_requests
-        self._not_started: set[str] = set()
-        self._num_rejected = 0
+        self._admission = Admission(self.engine_args.max_waiting_requests)
         self._lock = threading.Lock()
         self._stopped = False
         self._stats: EngineStats | None = None
@@ -58,15 +55,7 @@ class StreamingEngine:
         req = self.engine.make_request(request_id, prompt, params, priority=priority,
                                        lora_request=lora_request, deadline=deadline)
         with self._lock:
-            if self._stopped:
-                raise EngineShutdownError("The engine is shut down.")
-            if request_id in self._callbacks:
-                raise ValueError(f"Request id {request_id!r} is already in use.")
-            if self._max_waiting is not None:
-                if len(self._not_started) >= self._max_waiting:
-                    self._num_rejected += 1
-                    raise EngineOverloadedError(overloaded_message(self._max_waiting))
-                self._not_started.add(request_id)
+            self._admission.admit(request_id, self._stopped, self._callbacks)
             self._callbacks[request_id] = on_output
         self._core.submit(AddRequest(req))
 
@@ -82,7 +71,7 @@ class StreamingEngine:
             self._core.submit(GetStats())
             self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped)
             stats = self._stats or EngineStats()
-            stats.num_requests_rejected += self._num_rejected
+            stats.num_requests_rejected += self._admission.num_rejected
             return stats
 
     def is_healthy(self) -> bool:
@@ -104,10 +93,10 @@ class StreamingEngine:
 
     # ---- CoreSink: called on the engine thread ------------------------------------------------------
     def outputs(self, outputs: list[RequestOutput]) -> None:
-        not_started = self._not_started
+        if self._admission.not_started:
+            with self._lock:
+                self._admission.started(out.request_id for out in outputs)
         for out in outputs:
-            if not_started:
-                not_started.discard(out.request_id)
             if out.finished:
                 with self._lock:
                     callback = self._callbacks.pop(out.request_id, None)

@@ -6,6 +6,7 @@ import re
 import signal
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -82,6 +83,10 @@ def test_shutdown_and_a_dead_child_end_every_request(llama_dir):
     os.kill(eng._proc.pid, signal.SIGKILL)
     assert c.done.wait(30)
     assert c.total.error == "The engine process exited unexpectedly; the request did not finish."
+    # The socket closes as the child dies; its exit status comes a moment later.
+    deadline = time.monotonic() + 10
+    while eng.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert eng.exit_code() == -signal.SIGKILL
     eng.shutdown()
 
@@ -247,6 +252,7 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     before it."""
     from transformers import AutoTokenizer
 
+    from backend.engine.admission import Admission
     from backend.engine.messages import pack_output
     from backend.engine.output_detokenizer import OutputDetokenizer
     from backend.outputs import CompletionOutput, RequestOutput
@@ -259,7 +265,7 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     seen: list[tuple[str, list[int], str, bool]] = []
     params = SamplingParams(max_tokens=8)
     eng._requests = {}
-    eng._not_started = set()
+    eng._admission = Admission(None)
     for rid in ("a", "b"):
         req = type("Req", (), {"params": params, "prompt": None, "prompt_token_ids": [1, 2],
                                "metrics": None})()
