@@ -7,7 +7,7 @@ import re
 import pytest
 
 from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
-                           wait_until, write_config, write_model_repository)
+                           stub_pids, wait_until, write_config, write_model_repository)
 
 CYCLES = 10
 # The server process may grow a little (allocator pools, gRPC buffers); growth beyond this over
@@ -22,24 +22,6 @@ LONG_PROMPT = "word " * 100  # about 100 tokens: fits the served max_model_len, 
 IN_FLIGHT_TOKENS = 2000
 # The tiny model's longest max_model_len; no drain: the unload aborts the streams at once.
 ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_model_len": "2048", "drain_timeout_s": "0"}
-
-
-def _stubs(pid: int) -> list[int]:
-    """The python backend stub processes of the server."""
-    out = []
-    for child in os.listdir("/proc"):
-        if not child.isdigit():
-            continue
-        try:
-            with open(f"/proc/{child}/stat", encoding="utf-8") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{child}/comm", encoding="utf-8") as f:
-                comm = f.read().strip()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and comm.startswith("triton_python") and fields[0] != "Z":
-            out.append(int(child))
-    return out
 
 
 def _threads(pid: int) -> int:
@@ -93,9 +75,9 @@ def _cycle(server, in_flight: int) -> float:
         assert all(r.finals == 0 for r in stream.results.values())  # the error was their FINAL
     finally:
         stream.close()
-    assert wait_until(lambda: not _stubs(server.proc.pid) and not server.is_ready("llm"), 60)
+    assert wait_until(lambda: not stub_pids(server.proc.pid) and not server.is_ready("llm"), 60)
     _control(server, "load")
-    stubs = _stubs(server.proc.pid)
+    stubs = stub_pids(server.proc.pid)
     assert server.is_ready("llm") and len(stubs) == 1
     status, body = _generate(server, "after reload")
     assert status == 200, body
@@ -113,7 +95,7 @@ def test_unload_load_cycles_leave_nothing_behind(explicit_server):
     assert abs(_threads(pid) - threads) <= THREAD_TOLERANCE
     assert grown <= RSS_TOLERANCE_MB
     assert max(stub_rss) - first_stub <= RSS_TOLERANCE_MB
-    assert len(_stubs(pid)) == 1
+    assert len(stub_pids(pid)) == 1
 
 
 def test_changed_parameter_takes_effect_after_reload(explicit_server):
@@ -146,7 +128,7 @@ def test_poll_mode_picks_up_an_edited_config(tiny_model, tmp_path):
         write_config(os.path.join(repo, "llm"), {"model": tiny_model, **TEST_ENGINE_ARGS, "max_model_len": "64"})
         assert wait_until(lambda: "but max_model_len is 64" in _generate(server, LONG_PROMPT)[1], 120, 1.0)
         assert server.is_ready("llm")
-        assert wait_until(lambda: len(_stubs(server.proc.pid)) == 1, 30)  # the old stub exits
+        assert wait_until(lambda: len(stub_pids(server.proc.pid)) == 1, 30)  # the old stub exits
         # The new instance publishes the metrics (2.51 crashed here when two instances shared
         # a series: see MetricsPublisher).
         assert _generate(server, "after reload", max_tokens=8)[0] == 200

@@ -8,28 +8,11 @@ import os
 
 import pytest
 
-from test_server_reload import _stubs
-from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
-                           wait_until, write_config, write_model_repository)
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, engine_pids, grpc_inputs, http_request,
+                           start_server, stub_pids, wait_until, write_config, write_model_repository)
 
 ENGINE_ARGS = {**TEST_ENGINE_ARGS, "drain_timeout_s": "1"}
 RETIRED = "tritium: unload: no request left; stopping the engine now"
-
-
-def _engine_pids(server_pid: int) -> list[int]:
-    """The engine processes of this server (its session: it was started in a session of its own)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[3]) == server_pid and "backend.engine.process_main" in cmd and stat[0] != "Z":
-            found.append(int(pid))
-    return found
 
 
 @pytest.fixture
@@ -54,16 +37,16 @@ def test_unloaded_instance_stops_its_engine_while_a_stream_stays_open(server):
     pid = server.proc.pid
     stream = _served_one(server)
     try:
-        assert len(_engine_pids(pid)) == 1
+        assert len(engine_pids(pid)) == 1
         status, body = http_request(f"{server.http_url}/v2/repository/models/llm/unload", {})
         assert status == 200, body
-        assert wait_until(lambda: not _engine_pids(pid), 15), server.log_tail(50)
+        assert wait_until(lambda: not engine_pids(pid), 15), server.log_tail(50)
         assert RETIRED in server.log_tail(200)
         # Triton still holds the instance for the open stream: the stub lives on, idle.
-        assert _stubs(pid) and "tritium: unloaded in" not in server.log_tail(200)
+        assert stub_pids(pid) and "tritium: unloaded in" not in server.log_tail(200)
     finally:
         stream.close()
-    assert wait_until(lambda: not _stubs(pid), 30)
+    assert wait_until(lambda: not stub_pids(pid), 30)
     assert "tritium: unloaded in" in server.log_tail(200)
 
 
@@ -71,21 +54,27 @@ def test_replaced_instance_stops_its_engine_and_metrics_move_on(server):
     pid = server.proc.pid
     stream = _served_one(server)
     try:
-        old_engine = _engine_pids(pid)
+        old_engine = engine_pids(pid)
         # A changed config makes the load a reload: a new instance serves, the old one lives on.
         write_config(os.path.join(server.repo, "llm"), {"model": server.model, **ENGINE_ARGS,
                                                         "max_model_len": "512"})
         status, body = http_request(f"{server.http_url}/v2/repository/models/llm/load", {}, timeout=240)
         assert status == 200, body
-        assert wait_until(lambda: len(_engine_pids(pid)) == 1 and _engine_pids(pid) != old_engine, 15), \
+        assert wait_until(lambda: len(engine_pids(pid)) == 1 and engine_pids(pid) != old_engine, 15), \
             server.log_tail(50)
         assert RETIRED in server.log_tail(200)
         # The new instance publishes vLLM's metrics (the old one held them until it stopped).
-        before = server.metric("vllm:generation_tokens_total", model="llm")
+        def tokens() -> float | None:
+            try:
+                return server.metric("vllm:generation_tokens_total", model="llm")
+            except KeyError:  # no instance publishes them yet
+                return None
+        assert wait_until(lambda: tokens() is not None, 10)
+        before = tokens()
         status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
                                     {"text_input": "new", "max_tokens": 8, "ignore_eos": True})
         assert status == 200, body
-        assert wait_until(lambda: server.metric("vllm:generation_tokens_total", model="llm") >= before + 8, 10)
+        assert wait_until(lambda: tokens() >= before + 8, 10)
     finally:
         stream.close()
-    assert wait_until(lambda: len(_stubs(pid)) == 1, 30)
+    assert wait_until(lambda: len(stub_pids(pid)) == 1, 30)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
-                           wait_until, write_config, write_model_repository)
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, engine_pids, grpc_inputs, http_request,
+                           start_server, wait_until, write_config, write_model_repository)
 
 # Two running requests at most, two more may wait: the third waiting one is refused.
 ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_num_seqs": "2", "max_waiting_requests": "2",
@@ -18,15 +18,9 @@ LONG = {"max_tokens": 1500, "ignore_eos": True}  # seconds on a CPU
 
 
 def _engine_pid(server_pid: int) -> int:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[3]) == server_pid and "backend.engine.process_main" in cmd and stat[0] != "Z":
-            return int(pid)
-    raise LookupError("no engine process")
+    pids = engine_pids(server_pid)
+    assert len(pids) == 1, pids
+    return pids[0]
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ import time
 import pytest
 import tritonclient.grpc as grpcclient
 
-from test_server_reload import _stubs
-from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
-                           wait_until, write_model_repository)
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, descendants, grpc_inputs, http_request,
+                           start_server, stub_pids, wait_until, write_model_repository)
 
 ROUNDS = int(os.environ.get("TRITIUM_STRESS_ROUNDS", "3"))
 REPORT = os.environ.get("TRITIUM_STRESS_REPORT")
@@ -35,28 +34,6 @@ def server(tiny_model, tmp_path_factory):
                        "--load-model=llm")
     yield srv
     srv.stop()
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (the stub, the engine process and anything they started)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [p for p, pp in parents.items() if pp == parent]
-        found += children
-        frontier += children
-    return found
 
 
 def _shm_regions(pids: list[int]) -> set[str]:
@@ -114,7 +91,7 @@ def _round(server, rng: random.Random) -> dict:
                                 request_id=f"g{i}", enable_empty_final_response=True)
     leaving = [_http_stream_that_leaves(server, 1000) for _ in range(rng.randint(1, 2))]
     time.sleep(rng.uniform(0.0, 0.5))
-    regions = _shm_regions(_descendants(server.proc.pid))
+    regions = _shm_regions(descendants(server.proc.pid))
     assert regions, "the model instance maps no shared memory: nothing to check"
     cancelled.close(cancel=True)
     gone.close()  # the channel goes away without cancelling its stream
@@ -123,11 +100,11 @@ def _round(server, rng: random.Random) -> dict:
     start = time.monotonic()
     _control(server, "unload")
     finishing.close()
-    assert wait_until(lambda: not _stubs(server.proc.pid) and not server.is_ready("llm"), UNLOAD_BOUND_S)
+    assert wait_until(lambda: not stub_pids(server.proc.pid) and not server.is_ready("llm"), UNLOAD_BOUND_S)
     took = time.monotonic() - start
     assert took < UNLOAD_BOUND_S, f"unload took {took:.1f} s"
     # Everything the instance had is gone: its processes and its shared memory.
-    assert wait_until(lambda: not _descendants(server.proc.pid), 10), _descendants(server.proc.pid)
+    assert wait_until(lambda: not descendants(server.proc.pid), 10), descendants(server.proc.pid)
     assert wait_until(lambda: not any(os.path.exists(r) for r in regions), 10), regions
     unloaded = _status(server.proc.pid)
     _control(server, "load")

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
-                           wait_until, write_model_repository)
+from triton_server import (TEST_ENGINE_ARGS, StreamCollector, engine_pids, grpc_inputs, http_request,
+                           start_server, wait_until, write_model_repository)
 
 # The vLLM backend's sample config.pbtxt (samples/model_repository/vllm_model), but for the backend.
 SAMPLE_CONFIG = """
@@ -163,26 +163,10 @@ def test_a_model_with_its_own_model_py(server):
         http_request(f"{server.http_url}/v2/repository/models/llm_own/unload", {})
 
 
-def _engine_pid(server_pid: int, model: str) -> int:
-    """The engine process of `model`: a backend.engine.process_main whose parent (the model's
-    stub) names the model, in the server's session."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            ppid, sid = int(stat[1]), int(stat[3])
-            parent = open(f"/proc/{ppid}/cmdline", "rb").read().decode(errors="replace")
-        except OSError:
-            continue
-        if sid == server_pid and "backend.engine.process_main" in cmd and model in parent:
-            return int(pid)
-    raise LookupError(f"no engine process of {model}")
-
-
 def test_health_check_unloads_a_model_whose_engine_died(server):
     """ENABLE_VLLM_HEALTH_CHECK: the next request is refused with the vLLM backend's words and the
     model is unloaded."""
-    pid = _engine_pid(server.proc.pid, "vllm_no_metrics")
+    pid, = engine_pids(server.proc.pid, "vllm_no_metrics")
     os.kill(pid, 9)
 
     def dead() -> bool:  # gone, or a zombie its parent has not reaped yet

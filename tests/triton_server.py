@@ -180,6 +180,59 @@ def sse_events(text: str) -> list[dict]:
     return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
 
 
+# ---- the server's processes, read from /proc -------------------------------------------------------
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    session: int
+    comm: str
+    cmdline: str
+
+
+def processes() -> list[Proc]:
+    """Every live (not zombie) process on the machine."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/comm", encoding="utf-8") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found.append(Proc(int(entry), int(fields[1]), int(fields[3]), comm, cmdline))
+    return found
+
+
+def stub_pids(server_pid: int) -> list[int]:
+    """The server's python backend stubs (one per loaded model instance, while it lives)."""
+    return [p.pid for p in processes() if p.ppid == server_pid and p.comm.startswith("triton_python")]
+
+
+def engine_pids(server_pid: int, model: str | None = None) -> list[int]:
+    """The engine processes in the server's session (it is started in a session of its own); with
+    `model`, only the one whose stub (its parent) serves that model."""
+    procs = processes()
+    by_pid = {p.pid: p for p in procs}
+    return [p.pid for p in procs if p.session == server_pid and "backend.engine.process_main" in p.cmdline
+            and (model is None or model in getattr(by_pid.get(p.ppid), "cmdline", ""))]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`."""
+    procs, found, frontier = processes(), [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p.pid for p in procs if p.ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -104,6 +104,7 @@ class TritonPythonModel:
                                       before_final=self._metrics.flush if self._metrics else None,
                                       drain_timeout_s=serving.drain_timeout_s,
                                       replaced=self._token.replaced, on_retired=self._release)
+        self._token.claim()  # last, once this instance can serve: one it replaces then drains
         pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {name}")
 
     def execute(self, requests: list) -> None:
@@ -172,9 +173,8 @@ class TritonPythonModel:
         self._engine.shutdown(timeout=_FINALIZE_STEP_S)
 
     def finalize(self) -> None:
-        # Triton calls this once every request has ended: the sender thread let running
-        # requests finish for up to drain_timeout_s, then aborted the rest. Every step below is
-        # bounded, so that an unload ends whatever the clients do.
+        # Triton calls this once every request has ended (the sender drained them). Every step
+        # below is bounded, so that an unload ends whatever the clients do.
         start = time.monotonic()
         pb_utils.Logger.log_info("tritium: unloading")
         self._sender.closing = True

@@ -23,6 +23,7 @@ from .triton_request import ResponseBuilder, fold_outputs
 
 _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
 _UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded
+_REPLACED_GRACE_S = 2.0  # after a reload's new instance initialized, Triton swaps to it
 _CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
 _MAX_DRAIN = 4096  # queue items folded into one round of sends
 # Engine errors that are the server's state, not the request's fault: UNAVAILABLE (HTTP 503),
@@ -75,6 +76,10 @@ class ResponseSender:
         self._pb = pb_utils
         self._before_final = before_final
         self._replaced = replaced
+        self._replaced_since: float | None = None
+        # Only an instance that got requests can be kept by Triton after its unload; and asking
+        # is_model_ready() while the model loads crashed a 2.51 stub.
+        self._served = False
         self._on_retired = on_retired
         self.retired = False
         self._engine = engine
@@ -100,6 +105,7 @@ class ResponseSender:
     def track(self, state: InFlight) -> None:
         with self._lock:
             self._inflight[state.request_id] = state
+            self._served = True
 
     def untrack(self, request_id: str) -> None:
         with self._lock:
@@ -169,7 +175,7 @@ class ResponseSender:
                 check_unload = now >= next_unload_check
                 try:
                     self._abort_cancelled(check_unload)
-                    if check_unload and not self.retired and self._on_retired is not None:
+                    if check_unload and self._served and not self.retired and self._on_retired is not None:
                         self._retire_if_idle()
                 except Exception:  # this thread must live on: it sends every response
                     log_error(f"tritium: abort check failed: {traceback.format_exc()}")
@@ -304,8 +310,14 @@ class ResponseSender:
         return self.draining_since is not None
 
     def _being_unloaded(self) -> bool:
+        """Whether Triton no longer routes requests here (asked only once requests came, so the
+        model is past its load): the version is not ready (an unload), or a newer instance has
+        taken over for some time (Triton still routes here a moment after it initialized)."""
+        now = time.monotonic()
         if self._replaced is not None and self._replaced():
-            return True
+            self._replaced_since = self._replaced_since or now
+            if now - self._replaced_since >= _REPLACED_GRACE_S:
+                return True
         name, version = self._model
         try:
             return not self._pb.is_model_ready(model_name=name, model_version=version)

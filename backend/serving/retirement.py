@@ -23,10 +23,15 @@ class InstanceToken:
         self.path = os.path.join(directory or tempfile.gettempdir(),
                                  f"tritium-instance-{server_pid}-{instance_name}")
         self.token = uuid.uuid4().hex
+        self.claimed = False
+
+    def claim(self) -> None:
+        """Take the name (once this instance can serve: the one it replaces then drains)."""
         partial = f"{self.path}.{self.token}"
         with open(partial, "w", encoding="ascii") as f:
             f.write(self.token)
         os.replace(partial, self.path)  # atomic: a reader sees the old token or the new one
+        self.claimed = True
 
     def _current(self) -> str | None:
         try:
@@ -38,11 +43,11 @@ class InstanceToken:
     def replaced(self) -> bool:
         """A newer instance took the name (a missing file, e.g. a cleaned /tmp, is not that)."""
         current = self._current()
-        return current is not None and current != self.token
+        return self.claimed and current is not None and current != self.token
 
     def release(self) -> None:
         """At finalize: remove the file unless a newer instance owns it."""
-        if self._current() == self.token:
+        if self.claimed and self._current() == self.token:
             try:
                 os.unlink(self.path)
             except OSError:
