@@ -167,7 +167,7 @@ GPU_DECODE_VARIANTS = [(None, None), (None, LONG), (1, None), (2, None), (8, Non
 
 @GPU_ONLY
 @pytest.mark.parametrize("ctx", [[LONG - 68], [LONG, LONG - 1, 16640, 1000, 1]], ids=["batch1", "mixed"])
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("model", MODEL_HEADS)
 def test_gpu_decode_at_32k_matches_float64(model, dtype, ctx, merge_splits):
     """Workload L's decode step (one sequence near 32k) and a mixed batch, for every split
@@ -189,7 +189,7 @@ def test_gpu_decode_at_32k_matches_float64(model, dtype, ctx, merge_splits):
 
 @GPU_ONLY
 @pytest.mark.parametrize("chunk", ["last_chunk", "whole_prompt"])
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("model", ["llama-3-8b", "qwen2.5-7b"])
 def test_gpu_prefill_at_32k_matches_float64(model, dtype, chunk):
     """The last 8,192-token chunk of a 32k prompt (the engine's step budget) beside a 512-token
