@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from client.bench_stats import (Progress, RequestTrace, format_summary, summarize,  # noqa: E402
                                 tokens_in_response)
-from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, make_prompts,  # noqa: E402
+from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, make_prompts,  # noqa: E402
                               parse_vocab_range, resolve_workload)
 
 
@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of gRPC: the OpenAI frontend's base URL (http://host:9000/v1), "
                          "driven with streaming completions of the same token-id prompts")
     ap.add_argument("--model", default="llm")
-    ap.add_argument("--workload", choices=["A", "B"], help="named workload (sizes below override it)")
+    ap.add_argument("--workload", choices=list(WORKLOADS),
+                    help="named workload, client/workloads.py (sizes below override it)")
     ap.add_argument("--num-requests", type=int)
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)

@@ -1,6 +1,7 @@
 """Collect one benchmark run (scripts/gpu_run.sh's work directory) into results.json and print
 the summary table: every engine figure next to the Hugging Face anchor of the same run, and
-against the targets; then each phase's GPU clock and power (client/gpu_telemetry.py).
+against the targets; a second table for the long-context workloads (C, L) when the run had them;
+then each phase's GPU clock and power (client/gpu_telemetry.py).
 
     python client/bench_report.py --work /tmp/tritium-bench/work --out $OUT/results.json
 """
@@ -67,6 +68,33 @@ def derive(triton: dict[str, Any], offline: dict[str, Any], hf: dict[str, Any]) 
         "B_ttft_ms_hf": _get(hf, "B", "ttft_ms", "p50"),
         "B_itl_p50_ms_triton": _get(triton, "B", "itl_ms", "p50"),
         "B_itl_p99_ms_triton": _get(triton, "B", "itl_ms", "p99"),
+        **derive_long(triton, offline, hf),
+    }
+
+
+def derive_long(triton: dict[str, Any], offline: dict[str, Any], hf: dict[str, Any]) -> dict[str, float]:
+    """The long-context workloads' figures: C as A's (throughput, TTFT), L as B's (decode rate)."""
+    c_tri, c_off = _get(triton, "C", "output_tok_s"), _get(offline, "C", "output_tok_s")
+    l_tri = _get(triton, "L", "decode_tok_s")
+    return {
+        "C_out_tok_s_triton": c_tri,
+        "C_out_tok_s_offline": c_off,
+        "C_out_tok_s_hf": _get(hf, "C", "output_tok_s"),
+        "C_ratio_triton_vs_hf": _ratio(c_tri, _get(hf, "C", "output_tok_s")),
+        "C_serving_overhead": 1.0 - _ratio(c_tri, c_off),
+        "C_ttft_p50_ms_triton": _get(triton, "C", "ttft_ms", "p50"),
+        "C_ttft_p99_ms_triton": _get(triton, "C", "ttft_ms", "p99"),
+        "C_itl_p50_ms_triton": _get(triton, "C", "itl_ms", "p50"),
+        "C_itl_p99_ms_triton": _get(triton, "C", "itl_ms", "p99"),
+        "L_decode_tok_s_triton": l_tri,
+        "L_decode_tok_s_offline": _get(offline, "L", "decode_tok_s"),
+        "L_decode_tok_s_hf": _get(hf, "L", "decode_tok_s"),
+        "L_ratio_triton_vs_hf": _ratio(l_tri, _get(hf, "L", "decode_tok_s")),
+        "L_ttft_ms_triton": _get(triton, "L", "ttft_ms", "p50"),
+        "L_ttft_ms_offline": _get(offline, "L", "ttft_ms", "p50"),
+        "L_ttft_ms_hf": _get(hf, "L", "ttft_ms", "p50"),
+        "L_itl_p50_ms_triton": _get(triton, "L", "itl_ms", "p50"),
+        "L_itl_p99_ms_triton": _get(triton, "L", "itl_ms", "p99"),
     }
 
 
@@ -129,17 +157,18 @@ def collect(work: str) -> dict[str, Any]:
         if not os.path.isdir(mdir) or name == "logs":
             continue
         triton = {}
-        for wl in ("A", "B"):
-            doc = _load(os.path.join(mdir, f"triton_{wl}.json"))
+        for f in sorted(os.listdir(mdir)):  # triton_<workload>.json, one per workload run
+            doc = _load(os.path.join(mdir, f)) if f.startswith("triton_") and f.endswith(".json") else None
             if doc:
-                triton[wl] = doc.get("summary", {})
+                triton[f[len("triton_"):-len(".json")]] = doc.get("summary", {})
         offline = _summaries(_load(os.path.join(mdir, "offline.json")))
         hf = _summaries(_load(os.path.join(mdir, "hf.json")))
         d = derive(triton, offline, hf)
         models[name] = {"triton": triton, "offline": offline, "hf": hf, "derived": d,
                         "targets_met": (check_targets(d) if name == TARGET_MODEL and not off_target
                                         else None),
-                        "earlier_hf_A_out_tok_s": EARLIER_HF_A.get(name)}
+                        "earlier_hf_A_out_tok_s": EARLIER_HF_A.get(name),
+                        "workload_plan": _load(os.path.join(mdir, "workload_plan.json"))}
     phases = []
     ppath = os.path.join(work, "phases.jsonl")
     if os.path.exists(ppath):
@@ -173,6 +202,9 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {_fmt(d['B_ttft_ms_triton'], '.1f')} / {_fmt(d['B_ttft_ms_offline'], '.1f')} "
             f"/ {_fmt(d['B_ttft_ms_hf'], '.1f')} |")
     lines = ["\n".join(rows)]
+    long_table = render_long_table(results)
+    if long_table:
+        lines.append(long_table)
     t = results["models"].get(TARGET_MODEL, {}).get("targets_met")
     if TARGET_MODEL in results["models"] and results.get("targets_not_applied"):
         lines.append(f"Targets ({TARGET_MODEL}): not checked, they are for bf16 weights and a bf16 KV cache "
@@ -192,6 +224,30 @@ def render_table(results: dict[str, Any]) -> str:
         if gpu:
             lines.append(gpu)
     return "\n".join(lines)
+
+
+def render_long_table(results: dict[str, Any]) -> str:
+    """Markdown for the long-context workloads (C, L) of the models that ran one, and the
+    workloads each model skipped; empty when there is neither."""
+    head = ("| model | C Triton tok/s | C in-process tok/s | C HF tok/s | C serving overhead "
+            "| C TTFT p50 / p99 ms | L decode tok/s (Triton / in-proc / HF) | L TTFT ms (Triton / in-proc / HF) |")
+    rows, notes = [], []
+    for name, m in results["models"].items():
+        d = m["derived"]
+        skipped = (m.get("workload_plan") or {}).get("skipped") or {}
+        notes += [f"{name}: workload {w} skipped ({why})" for w, why in skipped.items()]
+        if all(math.isnan(v) for k, v in d.items() if k[:2] in ("C_", "L_")):
+            continue
+        rows.append(
+            f"| {name} | {_fmt(d['C_out_tok_s_triton'], ',.0f')} | {_fmt(d['C_out_tok_s_offline'], ',.0f')} "
+            f"| {_fmt(d['C_out_tok_s_hf'], ',.0f')} | {_fmt(d['C_serving_overhead'] * 100, '.1f', '%')} "
+            f"| {_fmt(d['C_ttft_p50_ms_triton'], '.0f')} / {_fmt(d['C_ttft_p99_ms_triton'], '.0f')} "
+            f"| {_fmt(d['L_decode_tok_s_triton'], '.0f')} / {_fmt(d['L_decode_tok_s_offline'], '.0f')} "
+            f"/ {_fmt(d['L_decode_tok_s_hf'], '.0f')} "
+            f"| {_fmt(d['L_ttft_ms_triton'], '.0f')} / {_fmt(d['L_ttft_ms_offline'], '.0f')} "
+            f"/ {_fmt(d['L_ttft_ms_hf'], '.0f')} |")
+    table = [head, "|" + "---|" * (head.count("|") - 1), *rows] if rows else []
+    return "\n".join(table + notes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,11 +29,21 @@ class Workload:
     def total_output_tokens(self) -> int:
         return self.num_requests * self.output_len
 
+    @property
+    def max_seq_len(self) -> int:
+        """Prompt plus output: the max_model_len a request of this workload needs."""
+        return self.input_len + self.output_len
+
 
 # A: throughput, everything submitted at once. B: single-request latency.
+# C: long-context throughput, all at once: prefill-heavy, and every decode step reads 16k-token
+# KV histories. L: single-request decode at 32k context; its prompt stops one output length
+# short of 32,768 so that prompt + output fit a model with 32,768 positions (Qwen2.5).
 WORKLOADS: dict[str, Workload] = {
     "A": Workload("A", num_requests=256, input_len=512, output_len=256),
     "B": Workload("B", num_requests=1, input_len=512, output_len=128),
+    "C": Workload("C", num_requests=8, input_len=16384, output_len=256),
+    "L": Workload("L", num_requests=1, input_len=32640, output_len=128),
 }
 
 # Prompt ids are drawn from [VOCAB_LOW, VOCAB_HIGH): inside the vocabulary of any tokenizer the
@@ -71,6 +81,17 @@ def parse_vocab_range(text: str) -> tuple[int, int]:
     return low, high
 
 
+def parse_workload_names(text: str) -> list[str]:
+    """'A,B' -> ['A', 'B']; ValueError for an empty list or an unknown name."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"no workload named in {text!r}; known: {', '.join(WORKLOADS)}.")
+    for name in names:
+        if name not in WORKLOADS:
+            raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}.")
+    return names
+
+
 def resolve_workload(name: str | None, num_requests: int | None, input_len: int | None,
                      output_len: int | None) -> Workload:
     """A named workload with optional overrides (see with_overrides); with no name every size
@@ -87,7 +108,8 @@ def resolve_workload(name: str | None, num_requests: int | None, input_len: int 
 def with_overrides(name: str, num_requests: int | None = None, input_len: int | None = None,
                    output_len: int | None = None) -> Workload:
     """A named workload resized for a quick run; a single-request (latency) workload keeps one
-    request, since its figures are per request."""
+    request, since its figures are per request. The sizes apply to every workload alike, so a
+    quick run of the long-context ones (C, L) is as small as one of A."""
     base = WORKLOADS[name]
     n = 1 if base.num_requests == 1 else (num_requests or base.num_requests)
     return Workload(name, n, input_len or base.input_len, output_len or base.output_len)

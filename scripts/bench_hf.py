@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 from client.bench import clean_json  # noqa: E402
 from client.bench_stats import percentile  # noqa: E402
 from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, Workload,  # noqa: E402
-                              make_prompts, parse_vocab_range, with_overrides)
+                              make_prompts, parse_vocab_range, parse_workload_names, with_overrides)
 
 
 def load_model(config_dir: str, dtype_name: str, device: str, attn: str, seed: int) -> Any:
@@ -98,12 +98,21 @@ def run_latency(model: Any, w: Workload, device: str, seed: int, low: int, high:
     return summary
 
 
+def capped(w: Workload, max_requests: int | None) -> Workload:
+    """w with at most max_requests requests (the anchor is slow: a call may run fewer of A's)."""
+    if max_requests is None or w.num_requests <= max_requests:
+        return w
+    return dataclasses.replace(w, num_requests=max_requests)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="directory with config.json")
-    ap.add_argument("--workloads", default="A,B")
+    ap.add_argument("--workloads", default="A,B", help="names from client/workloads.py (A, B, C, L)")
     ap.add_argument("--batch-size", type=int, default=64, help="static batch size for throughput runs")
-    ap.add_argument("--num-requests", type=int, help="override the throughput workload's request count")
+    ap.add_argument("--num-requests", type=int, help="override the throughput workloads' request count")
+    ap.add_argument("--max-requests", type=int,
+                    help="at most this many requests of each workload (gpu_run.sh's --hf-requests)")
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)
     ap.add_argument("--dtype", default="bfloat16")
@@ -114,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     low, high = parse_vocab_range(args.vocab_range)
+    try:
+        names = parse_workload_names(args.workloads)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.max_requests is not None and args.max_requests < 1:
+        ap.error("--max-requests must be at least 1")
 
     import torch
     import transformers
@@ -133,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     generate(model, make_prompts(args.batch_size, input_len, args.seed, "warmup", low, high), 32,
              args.device)
 
-    for name in [n.strip() for n in args.workloads.split(",") if n.strip()]:
-        w = with_overrides(name, args.num_requests, args.input_len, args.output_len)
+    for name in names:
+        w = capped(with_overrides(name, args.num_requests, args.input_len, args.output_len), args.max_requests)
+        batch = min(args.batch_size, w.num_requests)
+        if batch > 1 and (batch, w.input_len) != (args.batch_size, input_len):
+            # A batch of another shape (C's long prompts) would pay the allocator's growth in
+            # its first, measured, batch: warm that shape too.
+            generate(model, make_prompts(batch, w.input_len, args.seed, "warmup", low, high), 2, args.device)
         print(f"HF workload {name}: {w.num_requests} x ({w.input_len} in, {w.output_len} out)", flush=True)
         s = run_latency(model, w, args.device, args.seed, low, high) if w.num_requests == 1 else \
             run_throughput(model, w, args.batch_size, args.device, args.seed, low, high)

@@ -25,7 +25,7 @@ from client.bench import clean_json  # noqa: E402
 from client.bench_model_repo import get_parameters, parse_assignments  # noqa: E402
 from client.bench_stats import percentile  # noqa: E402
 from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, Workload, make_prompts,  # noqa: E402
-                              parse_vocab_range, with_overrides)
+                              parse_vocab_range, parse_workload_names, with_overrides)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="model directory (without --model-config)")
     ap.add_argument("--tokenizer")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--workloads", default="A,B")
-    ap.add_argument("--num-requests", type=int, help="override the throughput workload's request count")
+    ap.add_argument("--workloads", default="A,B", help="names from client/workloads.py (A, B, C, L)")
+    ap.add_argument("--num-requests", type=int, help="override the throughput workloads' request count")
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
@@ -148,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.sampling_every < 1:
         raise SystemExit("--sampling-every must be at least 1")
     low, high = parse_vocab_range(args.vocab_range)
-    workloads = [with_overrides(n.strip(), args.num_requests, args.input_len, args.output_len)
-                 for n in args.workloads.split(",") if n.strip()]
+    try:
+        names = parse_workload_names(args.workloads)
+    except ValueError as e:
+        ap.error(str(e))
+    workloads = [with_overrides(n, args.num_requests, args.input_len, args.output_len) for n in names]
 
     from backend import LLM
 

@@ -27,7 +27,7 @@ for round in $(seq 1 "$ROUNDS"); do
         (cd "$ROOT/$tree" && TRITIUM_BUNDLE="$ROOT/gpu_bundle" OUT="$dir" \
             bash scripts/gpu_run.sh "${ARGS[@]}" > "$dir/run.log" 2>&1)
         { echo "round $round tree=$tree ${ARGS[*]}"
-          grep -E "workload [AB]:|output tok/s|TTFT p50" "$dir/run.log" | sed 's/^/  /'; } | tee -a "$S"
+          grep -E "workload [A-Z]:|output tok/s|TTFT p50" "$dir/run.log" | sed 's/^/  /'; } | tee -a "$S"
         cp "$dir/results.json" "$OUT/$name.json" 2>/dev/null
         rm -rf "$dir"
     done

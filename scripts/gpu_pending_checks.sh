@@ -65,7 +65,7 @@ logs() {  # the engine process's and the stub's own accounts of a gpu_run.sh cal
 run() {  # name, gpu_run.sh arguments...; keeps results.json and the summary lines
     local name="$1"; shift
     TRITIUM_COMMIT="$COMMIT" OUT="$OUT/$name" bash scripts/gpu_run.sh "$@" "${EXTRA[@]}" > "$OUT/$name.log" 2>&1
-    grep -E "workload [AB]:|output tok/s|TTFT" "$OUT/$name.log" >> "$S"
+    grep -E "workload [A-Z]:|output tok/s|TTFT" "$OUT/$name.log" >> "$S"
     logs "$OUT/$name"
     mv "$OUT/$name/results.json" "$OUT/${name}_results.json" 2>/dev/null
     rm -rf "${OUT:?}/$name" "$OUT/$name.log"

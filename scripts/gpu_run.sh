@@ -10,6 +10,11 @@
 #                      [--tokenizer vocab|DIR] [--device cuda] [--dtype bfloat16]
 #                      [--num-requests N --input-len N --output-len N]   (smaller runs, all runners)
 #                      [--lora-names a,b]   (Triton runner only: requests spread over these adapters)
+#                      [--dry-run]   (print each model's workload plan and stop)
+#   Workloads (client/workloads.py): A throughput, B latency, C long-context throughput, L
+#   batch-1 decode at 32k context. Per model, client/workload_plan.py skips those longer than
+#   the model serves and raises max_model_len when one needs more than the repository's 2,048
+#   (to 32,768 for C or L on a model that holds L); A and B alone keep the defaults.
 #   Phase `frontend` (not in the default list): scripts/bench_frontend.sh, gRPC direct then the
 #   OpenAI frontend in one server (FRONTEND_WORKERS, default 6; BENCH_PROCS client processes, 4).
 #
@@ -20,7 +25,8 @@
 # Environment: IMAGE_PYTHON (python3: the interpreter holding torch), TRITIUM_BUNDLE
 # (gpu_bundle), TRITIUM_BENCH_DIR (/tmp/tritium-bench), TRITIUM_PORT_BASE (8000), TRITIUM_COMMIT
 # (recorded in results.json; the device copy has no .git).
-# --num-requests etc. apply to every runner (HF too, overriding --hf-requests).
+# --num-requests etc. apply to every runner (HF too, overriding --hf-requests, which only caps
+# the HF anchor's request count per workload).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
@@ -35,7 +41,7 @@ PORT="${TRITIUM_PORT_BASE:-8000}"
 
 MODELS="llama-3-8b,qwen2.5-7b,qwen2.5-1.5b" PHASES="triton,offline,hf" WORKLOADS="A,B"
 HF_REQUESTS=256 BUDGET=560 TOKENIZER="vocab" DEVICE=cuda DTYPE=bfloat16
-SIZES=() ENGINE_SETS=() LORA_ARGS=()
+SIZES=() ENGINE_SETS=() LORA_ARGS=() DRY_RUN=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --models) MODELS="$2"; shift 2 ;;
@@ -49,14 +55,46 @@ while [ $# -gt 0 ]; do
         --engine-arg) ENGINE_SETS+=(--set "$2"); shift 2 ;;
         --num-requests|--input-len|--output-len) SIZES+=("$1" "$2"); shift 2 ;;
         --lora-names) LORA_ARGS=(--lora-names "$2"); shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
         *) echo "gpu_run.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+# A misspelt workload stops the call here, not after the setup and once per model.
+if ! err=$("$IMAGE_PY" -c 'import sys; from client.workloads import parse_workload_names as p
+p(sys.argv[1])' "$WORKLOADS" 2>&1); then
+    echo "gpu_run.sh: ${err##*$'\n'}" >&2; exit 2
+fi
+
+elapsed() { echo $(($(date +%s) - START)); }
+say() { echo "[gpu_run $(elapsed)s] $*"; }
+
+model_dir() {  # a name under models/configs, or a path
+    if [ -d "models/configs/$1" ]; then (cd "models/configs/$1" && pwd); else (cd "$1" 2>/dev/null && pwd); fi
+}
+
+# plan_workloads MODEL_DIR [JSON]: sets RUN_W (the workloads this model can serve), SKIP_W and
+# LONG_SETS (a raised max_model_len for the repository, or nothing); the reasons go to stderr.
+plan_workloads() {
+    local line mml
+    line=$("$IMAGE_PY" client/workload_plan.py --model-dir "$1" --workloads "$WORKLOADS" "${SIZES[@]}" \
+        "${ENGINE_SETS[@]}" ${2:+--json "$2"}) || return 1
+    IFS=$'\t' read -r RUN_W SKIP_W mml <<<"$line"
+    LONG_SETS=()
+    [ "$mml" = "-" ] || LONG_SETS=(--set max_model_len="$mml")
+}
+
+if [ "$DRY_RUN" = 1 ]; then
+    for spec in ${MODELS//,/ }; do
+        MDIR="$(model_dir "$spec")" || true
+        [ -n "$MDIR" ] || { say "no model directory for $spec"; continue; }
+        plan_workloads "$MDIR" || { say "no workload plan for $spec"; exit 2; }
+        say "dry run: $(basename "$spec"): run ${RUN_W}, skip ${SKIP_W}, engine ${LONG_SETS[*]:-as configured}"
+    done
+    exit 0
+fi
 
 WORK="$BASE/work" LOGS="$BASE/work/logs" V="$BASE/venv"
 rm -rf "$WORK" && mkdir -p "$WORK" "$LOGS" "$OUT"
-elapsed() { echo $(($(date +%s) - START)); }
-say() { echo "[gpu_run $(elapsed)s] $*"; }
 
 publish() {  # results.json + logs.tar.gz into $OUT, after every phase
     "$V/bin/python" client/bench_report.py --work "$WORK" --out "$OUT/results.json" --quiet \
@@ -136,10 +174,6 @@ tokenizer_dir() {  # $1: the model directory. Prompts are token ids; outputs bec
     (cd "$TOKENIZER" 2>/dev/null && pwd)
 }
 
-model_dir() {  # a name under models/configs, or a path
-    if [ -d "models/configs/$1" ]; then (cd "models/configs/$1" && pwd); else (cd "$1" 2>/dev/null && pwd); fi
-}
-
 write_meta() {
     "$IMAGE_PY" - "$WORK/meta.json" "$MODELS" "$PHASES" "$WORKLOADS" "$HF_REQUESTS" "$DEVICE" "$DTYPE" \
         "$TOKENIZER" "${ENGINE_SETS[*]:-}" "${SIZES[*]:-}" "${LORA_ARGS[1]:-}" <<'EOF' || true
@@ -182,25 +216,31 @@ for spec in ${MODELS//,/ }; do
     TOK="$(tokenizer_dir "$MDIR")" || true
     [ -n "$TOK" ] || { say "no tokenizer for $spec ($TOKENIZER)"; continue; }
     mkdir -p "$WORK/$m"
+    if ! plan_workloads "$MDIR" "$WORK/$m/workload_plan.json" 2>"$LOGS/$m-workload_plan.log"; then
+        cat "$LOGS/$m-workload_plan.log"; say "no workload plan for $spec"; continue
+    fi
+    say "plan: $(cat "$LOGS/$m-workload_plan.log")"
+    [ "$RUN_W" != "-" ] || { say "no workload of $WORKLOADS fits $m"; continue; }
     REPO="$BASE/repo-$m"
-    # One configuration for both: the offline bench reads this config.pbtxt back.
+    # One configuration for both: the offline bench reads this config.pbtxt back. A given
+    # --engine-arg comes last and wins.
     "$V/bin/python" client/bench_model_repo.py --dest "$REPO" --set model="$MDIR" --set tokenizer="$TOK" \
         --set load_format=dummy --set dtype="$DTYPE" --set device="$DEVICE" --set max_num_seqs=256 \
-        "${ENGINE_SETS[@]}" | tee "$WORK/$m/engine_args.txt"
+        "${LONG_SETS[@]}" "${ENGINE_SETS[@]}" | tee "$WORK/$m/engine_args.txt"
     for p in ${PHASES//,/ }; do
         case "$p" in
             triton) phase "$m" triton 420 bash scripts/bench_triton.sh --repo "$REPO" \
-                --out-dir "$WORK/$m" --workloads "$WORKLOADS" --log "$LOGS/$m-tritonserver.log" \
+                --out-dir "$WORK/$m" --workloads "$RUN_W" --log "$LOGS/$m-tritonserver.log" \
                 --port-base "$PORT" -- "${SIZES[@]}" "${LORA_ARGS[@]}" ;;
             frontend) phase "$m" frontend 480 bash scripts/bench_frontend.sh --repo "$REPO" \
-                --out-dir "$WORK/$m" --workloads "$WORKLOADS" --log "$LOGS/$m-frontend-tritonserver.log" \
+                --out-dir "$WORK/$m" --workloads "$RUN_W" --log "$LOGS/$m-frontend-tritonserver.log" \
                 --port-base "$PORT" --frontend-workers "${FRONTEND_WORKERS:-6}" -- "${SIZES[@]}" \
                 --procs "${BENCH_PROCS:-4}" --no-progress ;;
             offline) phase "$m" offline 300 "$V/bin/python" scripts/bench_offline.py \
-                --model-config "$REPO/llm/config.pbtxt" --workloads "$WORKLOADS" "${SIZES[@]}" \
+                --model-config "$REPO/llm/config.pbtxt" --workloads "$RUN_W" "${SIZES[@]}" \
                 --json "$WORK/$m/offline.json" ;;
             hf) phase "$m" hf 300 "$IMAGE_PY" scripts/bench_hf.py --config "$MDIR" --device "$DEVICE" \
-                --dtype "$DTYPE" --workloads "$WORKLOADS" --num-requests "$HF_REQUESTS" "${SIZES[@]}" \
+                --dtype "$DTYPE" --workloads "$RUN_W" --max-requests "$HF_REQUESTS" "${SIZES[@]}" \
                 --json "$WORK/$m/hf.json" ;;
             *) say "unknown phase $p" ;;
         esac

@@ -63,8 +63,8 @@ def test_workload_overrides_keep_the_latency_workload_at_one_request():
     assert resolve_workload(None, 3, 4, 5) == Workload("custom", 3, 4, 5)
     with pytest.raises(ValueError, match="give --num-requests"):
         resolve_workload(None, 3, None, 5)
-    with pytest.raises(ValueError, match="unknown workload 'C'"):
-        resolve_workload("C", None, None, None)
+    with pytest.raises(ValueError, match="unknown workload 'Z'; known: A, B, C, L"):
+        resolve_workload("Z", None, None, None)
 
 
 def test_invalid_workloads_and_ranges_are_rejected():

@@ -30,8 +30,8 @@ def test_engine_model_has_hf_parameter_count(name):
     assert _count(ours) == _count(theirs)
 
 
-def test_all_five_shapes_are_there():
-    assert NAMES == ["llama-3-8b", "phi-3-mini-4k", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-8b"]
+def test_all_six_shapes_are_there():
+    assert NAMES == ["llama-3-8b", "llama-3.1-8b", "phi-3-mini-4k", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-8b"]
 
 
 def test_phi3_mini_has_its_published_size():

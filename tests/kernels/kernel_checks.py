@@ -92,10 +92,11 @@ def attention_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positi
     'the same computation done in PyTorch at that dtype'."""
     group = q.shape[1] // k.shape[1]
     if k.shape[0] == 0:
-        return torch.zeros(q.shape, dtype=dtype)
+        return torch.zeros(q.shape, dtype=dtype, device=q.device)
     k = k.to(dtype).repeat_interleave(group, dim=1)
     v = v.to(dtype).repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.to(dtype), k) * scale
-    hidden = torch.arange(k.shape[0])[None, :] > q_positions[:, None]
+    # On k's device: long-context tests on a GPU compute their ground truth there.
+    hidden = torch.arange(k.shape[0], device=k.device)[None, :] > q_positions.to(k.device)[:, None]
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v)
