@@ -2,8 +2,9 @@
 gRPC streams that finish, are cancelled, or whose client goes away without a word, and HTTP
 streams whose client disconnects, interleaved with unloads and loads: every unload must complete
 within a bound and leave no process, shared-memory region or server thread behind. CI runs a few
-rounds; TRITIUM_STRESS_ROUNDS=300 runs a long one, and TRITIUM_STRESS_REPORT=<path> writes its
-report as JSON. Models are loaded and unloaded over gRPC (README, "Reloading", says why not HTTP)."""
+rounds; TRITIUM_STRESS_ROUNDS=300 runs a long one (TRITIUM_STRESS_SECONDS bounds it in time), and
+TRITIUM_STRESS_REPORT=<path> writes its report as JSON after every round. Models are loaded and
+unloaded over gRPC (README, "Reloading", says why not HTTP)."""
 import json
 import os
 import random
@@ -18,6 +19,7 @@ from triton_server import (TEST_ENGINE_ARGS, StreamCollector, descendants, grpc_
                            start_server, stub_pids, wait_until, write_model_repository)
 
 ROUNDS = int(os.environ.get("TRITIUM_STRESS_ROUNDS", "3"))
+BUDGET_S = float(os.environ.get("TRITIUM_STRESS_SECONDS", "inf"))  # stop starting rounds after this
 REPORT = os.environ.get("TRITIUM_STRESS_REPORT")
 DRAIN_S = 2.0
 UNLOAD_BOUND_S = DRAIN_S + 25.0  # the drain, then finalize's bounded steps, on a busy CPU
@@ -111,23 +113,27 @@ def _round(server, rng: random.Random) -> dict:
     return {"streams": 3 * streams + len(leaving), "unload_s": took, **unloaded}
 
 
+def _summary(rounds: list[dict], wall_s: float) -> dict:
+    unload_s = sorted(r["unload_s"] for r in rounds)
+    return {"rounds": len(rounds), "streams": sum(r["streams"] for r in rounds), "wall_s": round(wall_s, 1),
+            "unload_s_median": statistics.median(unload_s),
+            "unload_s_p99": unload_s[min(len(unload_s) - 1, int(0.99 * len(unload_s)))],
+            "unload_s_max": unload_s[-1], "bound_s": UNLOAD_BOUND_S,
+            "server_threads_unloaded_first_last": [rounds[0]["threads"], rounds[-1]["threads"]],
+            "server_rss_kib_unloaded_first_last": [rounds[0]["rss_kib"], rounds[-1]["rss_kib"]]}
+
+
 def test_unloads_complete_whatever_the_clients_do(server):
     rng = random.Random(24)
     started = time.monotonic()
-    rounds = []
-    for _ in range(ROUNDS):
+    rounds: list[dict] = []
+    while len(rounds) < ROUNDS and time.monotonic() - started < BUDGET_S:
         rounds.append(_round(server, rng))
-    unload_s = sorted(r["unload_s"] for r in rounds)
-    summary = {"rounds": ROUNDS, "streams": sum(r["streams"] for r in rounds),
-               "wall_s": time.monotonic() - started, "unload_s_median": statistics.median(unload_s),
-               "unload_s_p99": unload_s[min(len(unload_s) - 1, int(0.99 * len(unload_s)))],
-               "unload_s_max": unload_s[-1], "bound_s": UNLOAD_BOUND_S,
-               "server_threads_unloaded_first_last": [rounds[0]["threads"], rounds[-1]["threads"]],
-               "server_rss_kib_unloaded_first_last": [rounds[0]["rss_kib"], rounds[-1]["rss_kib"]]}
+        if REPORT:  # after every round: a run cut short still leaves its report
+            with open(REPORT, "w", encoding="utf-8") as f:
+                json.dump({"summary": _summary(rounds, time.monotonic() - started), "rounds": rounds}, f, indent=1)
+    summary = _summary(rounds, time.monotonic() - started)
     print(json.dumps(summary))
-    if REPORT:
-        with open(REPORT, "w", encoding="utf-8") as f:
-            json.dump({"summary": summary, "rounds": rounds}, f, indent=1)
     # Server threads between loads do not grow with the rounds.
     assert rounds[-1]["threads"] <= rounds[0]["threads"] + THREAD_SLACK, summary
     status, body = http_request(f"{server.http_url}/v2/models/llm/generate",
