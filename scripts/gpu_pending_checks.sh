@@ -41,6 +41,11 @@
 #           time per step.
 #   part 11: the kernels of verification steps against decode steps: scripts/profile_kernels.py
 #           on Llama-3-8B bf16, 16 and 32 requests, plainly and speculating.
+#   part 12: issue 27's table, first half: the long-context attention tests on CUDA; the kernel
+#           table (decode 1 x 32k against SDPA in the same run); Qwen2.5-1.5B bf16 A through
+#           Triton and in-process; Llama-3-8B FP8 weights + FP8 KV cache A and B through Triton.
+#   part 13: issue 27's long-context workloads: Qwen2.5-7B bf16 C and L through Triton with the
+#           Hugging Face anchor in the same call (max_model_len 32,768 for both).
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh PART
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -53,7 +58,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 11}"; shift
+PART="${1:?part 1 to 13}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -238,6 +243,22 @@ EOF
         --engine-arg max_loras=2 --lora-names a0,a1,a2,a3
     stamp "Llama-3-8B bf16 A through Triton, no adapters (last)"
     run llama_base2 --models "$LLAMA" --phases triton --workloads A
+elif [ "$PART" = 12 ]; then
+    if [ -z "${NO_GPU_STEPS:-}" ]; then
+        stamp "GPU tests: attention kernels at long context"
+        timeout 240 "$PY" -m pytest tests/kernels/test_kernel_long_context_attention.py --confcutdir=tests/kernels \
+            -q -p no:cacheprovider --tb=short 2>&1 | tail -20 | cut -c1-600 >> "$S"
+        stamp "kernel table (decode 1 x 32k against SDPA in the same run)"
+        timeout 240 "$PY" scripts/bench_kernels.py --quick --out "$OUT/kernels.json" 2>&1 | tail -40 >> "$S"
+    fi
+    stamp "Qwen2.5-1.5B bf16 A: Triton and in-process"
+    run qwen15 --models "$QWEN" --phases triton,offline --workloads A
+    stamp "Llama-3-8B FP8 weights and KV cache, A and B through Triton"
+    run llama_fp8 --models "$LLAMA" --phases triton --workloads A,B \
+        --engine-arg quantization=fp8 --engine-arg kv_cache_dtype=fp8
+elif [ "$PART" = 13 ]; then
+    stamp "Qwen2.5-7B bf16 C and L: Triton and the HF anchor"
+    run qwen7_long --models "$QWEN7" --phases triton,hf --workloads C,L
 elif [ "$PART" = 3 ]; then
     if [ -z "${NO_GPU_STEPS:-}" ]; then
         stamp "GPU tests: structured outputs (xgrammar from gpu_extras)"
