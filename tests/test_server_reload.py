@@ -107,7 +107,8 @@ def test_changed_parameter_takes_effect_after_reload(explicit_server):
         _control(explicit_server, "unload")
         # The unload logs where the stub's sender and receiver threads spent their time.
         line = re.compile(r"tritium: sender thread: [1-9]\d* rounds, \d+ streamed responses, [\d.]+ s busy, "
-                          r"of which [\d.]+ s in send\(\); engine receiver thread: [1-9]\d* messages, "
+                          r"of which [\d.]+ s in send\(\) and [\d.]+ s publishing metrics before [1-9]\d* rounds with a "
+                          r"final response; engine receiver thread: [1-9]\d* messages, "
                           r"[1-9]\d* outputs, [\d.]+ s busy")
         assert wait_until(lambda: line.search(explicit_server.log_tail(400)), 30)
         _control(explicit_server, "load")

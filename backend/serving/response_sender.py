@@ -96,8 +96,9 @@ class ResponseSender:
         self.draining_since: float | None = None  # monotonic time the unload was noticed
         self._drain_logged = False
         # Where the thread's time goes, logged at unload (rounds of sends; time building and
-        # sending; of it, inside pb_utils' send of non-final responses).
-        self.stats = {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0}
+        # sending; of it, inside pb_utils' send of non-final responses, and publishing metrics
+        # before rounds that end a request).
+        self.stats = {"rounds": 0, "responses": 0, "busy_s": 0.0, "send_s": 0.0, "flushes": 0, "flush_s": 0.0}
         self._thread = threading.Thread(target=self._loop, name="tritium-sender")
         self._thread.start()
 
@@ -136,7 +137,8 @@ class ResponseSender:
         st, rx = self.stats, receiver_stats
         self._pb.Logger.log_info(
             f"tritium: sender thread: {st['rounds']} rounds, {st['responses']} streamed responses, "
-            f"{st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send()"
+            f"{st['busy_s']:.2f} s busy, of which {st['send_s']:.2f} s in send() and {st['flush_s']:.2f} s "
+            f"publishing metrics before {st['flushes']} rounds with a final response"
             + (f"; engine receiver thread: {rx['messages']} messages, {rx['outputs']} outputs, "
                f"{rx['busy_s']:.2f} s busy" if rx else ""))
 
@@ -156,11 +158,14 @@ class ResponseSender:
                 merged_items = self._coalesce(item)
                 if self._before_final is not None and any(
                         isinstance(m, EngineOutput) and m.output.finished for m in merged_items):
+                    flush_start = time.perf_counter()
                     try:
                         self._before_final()
                     except Exception:
                         log_error(f"tritium: publishing before a final response failed: "
                                   f"{traceback.format_exc()}")
+                    self.stats["flushes"] += 1
+                    self.stats["flush_s"] += time.perf_counter() - flush_start
                 for merged in merged_items:
                     try:
                         self._handle(merged)
