@@ -36,11 +36,16 @@ def _served_one(server) -> StreamCollector:
 def test_unloaded_instance_stops_its_engine_while_a_stream_stays_open(server):
     pid = server.proc.pid
     stream = _served_one(server)
+    running = StreamCollector(server.grpc_url)  # the unload is noticed while a request runs
     try:
         assert len(engine_pids(pid)) == 1
+        running.send("long", grpc_inputs("long", stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}))
+        assert wait_until(lambda: running.results["long"].texts, 30)
         status, body = http_request(f"{server.http_url}/v2/repository/models/llm/unload", {})
         assert status == 200, body
-        assert wait_until(lambda: not engine_pids(pid), 15), server.log_tail(50)
+        assert running.next_error(timeout=30).startswith("The model is being unloaded.")  # after the 1 s drain
+        running.close()
+        assert wait_until(lambda: not engine_pids(pid), 20), server.log_tail(50)
         assert RETIRED in server.log_tail(200)
         # Triton still holds the instance for the open stream: the stub lives on, idle.
         assert stub_pids(pid) and "tritium: unloaded in" not in server.log_tail(200)
@@ -60,7 +65,7 @@ def test_replaced_instance_stops_its_engine_and_metrics_move_on(server):
                                                         "max_model_len": "512"})
         status, body = http_request(f"{server.http_url}/v2/repository/models/llm/load", {}, timeout=240)
         assert status == 200, body
-        assert wait_until(lambda: len(engine_pids(pid)) == 1 and engine_pids(pid) != old_engine, 15), \
+        assert wait_until(lambda: len(engine_pids(pid)) == 1 and engine_pids(pid) != old_engine, 20), \
             server.log_tail(50)
         assert RETIRED in server.log_tail(200)
         # The new instance publishes vLLM's metrics (the old one held them until it stopped).

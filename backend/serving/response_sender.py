@@ -23,6 +23,7 @@ from .triton_request import ResponseBuilder, fold_outputs
 
 _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
 _UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded
+_RETIRE_AFTER_S = 5.0  # idle and unloaded this long without finalize: Triton keeps the instance
 _REPLACED_GRACE_S = 2.0  # after a reload's new instance initialized, Triton swaps to it
 _CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
 _MAX_DRAIN = 4096  # queue items folded into one round of sends
@@ -80,6 +81,7 @@ class ResponseSender:
         # Only an instance that got requests can be kept by Triton after its unload; and asking
         # is_model_ready() while the model loads crashed a 2.51 stub.
         self._served = False
+        self._idle_since: float | None = None  # monotonic time the last request ended
         self._on_retired = on_retired
         self.retired = False
         self._engine = engine
@@ -295,15 +297,25 @@ class ResponseSender:
                 self._engine.abort(state.request_id)
 
     def _retire_if_idle(self) -> None:
-        """Once no request is left of a model that was unloaded or replaced, release the engine
-        and the metrics (on_retired): Triton may keep this instance long after (see above)."""
+        """Once no request is left of a model that was unloaded or replaced, and Triton has not
+        finalized the instance for _RETIRE_AFTER_S, release the engine and the metrics
+        (on_retired): Triton may keep this instance long after (see above). The wait keeps an
+        ordinary unload to finalize alone (publishing from this thread while Triton finalizes
+        the instance crashed a 2.51 server)."""
+        now = time.monotonic()
         with self._lock:
-            if self._inflight:
-                return  # _abort_cancelled drains them first
+            if self._inflight or self.closing:
+                self._idle_since = None
+                return  # _abort_cancelled drains them first; finalize has begun
+            self._idle_since = self._idle_since or now
         if self.draining_since is None:
-            if not self._being_unloaded():
+            # Idle, only the token is read: is_model_ready() from this thread while the server
+            # shuts down crashed a 2.51 stub. An unload is noticed while requests run.
+            if not self._replaced_long_enough(now):
                 return
-            self.draining_since = time.monotonic()
+            self.draining_since = now
+        if now - max(self.draining_since, self._idle_since) < _RETIRE_AFTER_S:
+            return
         self.retired = self.closing = True
         self._pb.Logger.log_info("tritium: unload: no request left; stopping the engine now (Triton "
                                  "finalizes this instance once every client stream that reached it "
@@ -314,15 +326,18 @@ class ResponseSender:
     def draining(self) -> bool:
         return self.draining_since is not None
 
+    def _replaced_long_enough(self, now: float) -> bool:
+        if self._replaced is None or not self._replaced():
+            return False
+        self._replaced_since = self._replaced_since or now
+        return now - self._replaced_since >= _REPLACED_GRACE_S
+
     def _being_unloaded(self) -> bool:
-        """Whether Triton no longer routes requests here (asked only once requests came, so the
-        model is past its load): the version is not ready (an unload), or a newer instance has
-        taken over for some time (Triton still routes here a moment after it initialized)."""
-        now = time.monotonic()
-        if self._replaced is not None and self._replaced():
-            self._replaced_since = self._replaced_since or now
-            if now - self._replaced_since >= _REPLACED_GRACE_S:
-                return True
+        """Whether Triton no longer routes requests here (asked only while requests run): the
+        version is not ready (an unload), or a newer instance has taken over for some time
+        (Triton still routes here a moment after it initialized)."""
+        if self._replaced_long_enough(time.monotonic()):
+            return True
         name, version = self._model
         try:
             return not self._pb.is_model_ready(model_name=name, model_version=version)
