@@ -95,8 +95,6 @@ def main(fd: int, rank: int, size: int, port: int) -> int:
         peer = Peer(conn, rank)
         peer.exchange("hello", os.getpid())
         init_tp_group(rank, size, port, device)
-        if os.environ.get("TRITIUM_TP_FAIL_RANK") == str(rank):  # fault injection for tests
-            raise RuntimeError("injected start-up failure")
         runner = ModelRunner(config, peer=peer)
         follow(runner, conn)
         destroy_tp_group()

@@ -164,9 +164,22 @@ def test_a_rank_that_dies_fails_every_request_once_and_a_new_engine_serves(llama
     assert not any(_alive(pid) for pid in new_pids)
 
 
-def test_a_rank_that_fails_at_start_up_fails_the_load_with_its_error(llama_dir, monkeypatch):
+# Loaded by every Python process started with it on PYTHONPATH: rank 1's ModelRunner cannot be built.
+_FAILING_RANK_1 = """
+from backend.worker.model_runner import ModelRunner
+_build = ModelRunner.__init__
+def _init(self, config, peer=None):
+    if peer is not None and peer.rank == 1:
+        raise RuntimeError("injected start-up failure")
+    _build(self, config, peer=peer)
+ModelRunner.__init__ = _init
+"""
+
+
+def test_a_rank_that_fails_at_start_up_fails_the_load_with_its_error(llama_dir, monkeypatch, tmp_path):
     # Rank 1 fails after joining the group, while rank 0 builds its shard: rank 1's error.
-    monkeypatch.setenv("TRITIUM_TP_FAIL_RANK", "1")
+    (tmp_path / "sitecustomize.py").write_text(_FAILING_RANK_1)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     with pytest.raises(RuntimeError, match="tensor-parallel rank 1 failed: RuntimeError: injected start-up failure"):
         LLM(llama_dir, dtype="float32", tensor_parallel_size=2)
 
