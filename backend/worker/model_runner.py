@@ -109,8 +109,10 @@ class ModelRunner:
         self.head_dim = a.head_dim
         self.vocab_size = a.vocab_size
         # Penalties' token counts stay on the device, a slot per running sequence; allocated
-        # before the memory profile, so the cache is sized around them.
-        self.sampler = Sampler(PenaltyCounts(args.max_num_seqs, self.vocab_size, self.device, max_model_len))
+        # before the memory profile, so the cache is sized around them. Only rank 0 samples: the
+        # other ranks keep one slot, for the warm-up of the penalties' kernel.
+        slots = args.max_num_seqs if self._peer is None else 1
+        self.sampler = Sampler(PenaltyCounts(slots, self.vocab_size, self.device, max_model_len))
         self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
