@@ -37,32 +37,16 @@ LOG="${LOG:-$OUT_DIR/tritonserver.log}"
 FRONTEND_LOG="$OUT_DIR/frontend.log"
 FRONTEND_PORT=$((PORT + 3))
 
-bash scripts/tritonserver --model-repository="$REPO" --http-port="$PORT" --grpc-port="$((PORT + 1))" \
-    --metrics-port="$((PORT + 2))" >"$LOG" 2>&1 &
-SERVER_PID=$!
+source scripts/serve_lib.sh
+start_tritonserver "$REPO" "$PORT" "$LOG"
 FRONTEND_PID=""
 stop_all() {
     [ -n "$FRONTEND_PID" ] && kill -TERM "$FRONTEND_PID" 2>/dev/null
-    kill -TERM "$SERVER_PID" 2>/dev/null || return 0
-    for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null
-    wait "$SERVER_PID" 2>/dev/null
+    stop_tritonserver
 }
 trap stop_all EXIT
 trap 'exit 143' TERM INT
-
-echo "tritonserver pid $SERVER_PID, log $LOG"
-t0=$(date +%s)
-until "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/v2/models/llm/ready', timeout=2)" 2>/dev/null; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "tritonserver exited before the model was ready; its log ends:"; tail -n 60 "$LOG"; exit 1
-    fi
-    if [ $(($(date +%s) - t0)) -gt "$READY_TIMEOUT" ]; then
-        echo "model not ready after ${READY_TIMEOUT}s; the log ends:"; tail -n 60 "$LOG"; exit 1
-    fi
-    sleep 1
-done
-echo "model ready after $(($(date +%s) - t0))s"
+wait_until_ok tritonserver "http://127.0.0.1:$PORT/v2/models/llm/ready" "$SERVER_PID" "$READY_TIMEOUT" "$LOG" || exit 1
 
 "$PY" -m frontend --triton-grpc "127.0.0.1:$((PORT + 1))" --host 127.0.0.1 --port "$FRONTEND_PORT" \
     --model llm --workers "$WORKERS" >"$FRONTEND_LOG" 2>&1 &
@@ -70,17 +54,7 @@ FRONTEND_PID=$!
 echo "frontend pid $FRONTEND_PID ($WORKERS workers), log $FRONTEND_LOG"
 # Its workers load the tokenizer (transformers, torch) at start-up: let that finish before the
 # gRPC run, so that it does not share the CPU with it. /health answers 200 once every worker is up.
-t0=$(date +%s)
-until "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$FRONTEND_PORT/health', timeout=2)" 2>/dev/null; do
-    if ! kill -0 "$FRONTEND_PID" 2>/dev/null; then
-        echo "the frontend exited before it was healthy; its log ends:"; tail -n 60 "$FRONTEND_LOG"; exit 1
-    fi
-    if [ $(($(date +%s) - t0)) -gt "$READY_TIMEOUT" ]; then
-        echo "frontend not healthy after ${READY_TIMEOUT}s; its log ends:"; tail -n 60 "$FRONTEND_LOG"; exit 1
-    fi
-    sleep 1
-done
-echo "frontend healthy after $(($(date +%s) - t0))s"
+wait_until_ok frontend "http://127.0.0.1:$FRONTEND_PORT/health" "$FRONTEND_PID" "$READY_TIMEOUT" "$FRONTEND_LOG" || exit 1
 
 rc=0
 for w in ${WORKLOADS//,/ }; do

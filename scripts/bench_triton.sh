@@ -31,30 +31,11 @@ PY="$VENV/bin/python"
 LOG="${LOG:-$OUT_DIR/tritonserver.log}"
 mkdir -p "$OUT_DIR"
 
-bash scripts/tritonserver --model-repository="$REPO" --http-port="$PORT" --grpc-port="$((PORT + 1))" \
-    --metrics-port="$((PORT + 2))" >"$LOG" 2>&1 &
-SERVER_PID=$!
-stop_server() {
-    kill -TERM "$SERVER_PID" 2>/dev/null || return 0
-    for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null
-    wait "$SERVER_PID" 2>/dev/null
-}
-trap stop_server EXIT
+source scripts/serve_lib.sh
+start_tritonserver "$REPO" "$PORT" "$LOG"
+trap stop_tritonserver EXIT
 trap 'exit 143' TERM INT
-
-echo "tritonserver pid $SERVER_PID, log $LOG"
-t0=$(date +%s)
-until "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/v2/models/llm/ready', timeout=2)" 2>/dev/null; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "tritonserver exited before the model was ready; its log ends:"; tail -n 60 "$LOG"; exit 1
-    fi
-    if [ $(($(date +%s) - t0)) -gt "$READY_TIMEOUT" ]; then
-        echo "model not ready after ${READY_TIMEOUT}s; the log ends:"; tail -n 60 "$LOG"; exit 1
-    fi
-    sleep 1
-done
-echo "model ready after $(($(date +%s) - t0))s"
+wait_until_ok tritonserver "http://127.0.0.1:$PORT/v2/models/llm/ready" "$SERVER_PID" "$READY_TIMEOUT" "$LOG" || exit 1
 
 rc=0
 for w in ${WORKLOADS//,/ }; do
