@@ -24,8 +24,10 @@ Few rows (decode): one 16-row tile holds all of them, so each weight word is rea
 in SPLIT_K slices so that about two programs run per SM, the slices' float32 partial sums reduced
 in a fixed order afterwards (no atomics: the result does not depend on timing). Many rows
 (prefill): 64- or 128-row tiles, grouped along M so neighbouring programs share weight tiles in L2.
-A table of measured configs per GPU, weight shape and row bucket (kernels/configs/w4a16.json,
-written by scripts/bench_w4a16.py --write-configs) overrides the defaults.
+One row (decode at batch 1) and many rows take other paths, chosen by the config's `method`
+(kernels/w4a16_paths.py): a GEMV on the CUDA cores, and dequantize-then-cuBLAS. A table of
+measured configs per GPU, weight shape and row bucket (kernels/configs/w4a16.json, written by
+scripts/bench_w4a16.py --write-configs) overrides the defaults.
 """
 
 from __future__ import annotations
@@ -45,25 +47,34 @@ from ._launch import cdiv, check_runnable, num_sms
 OP = "w4a16_matmul"
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # Row buckets: a config per bucket (each a Triton specialization, compiled once).
-ROW_BUCKETS = (16, 64, 256)  # and "more"
+ROW_BUCKETS = (1, 16, 64, 256)  # and "more"
+METHODS = ("gemv", "mma", "dequant")
 
 
 @dataclass(frozen=True)
 class W4A16Config:
     block_m: int = 16
-    block_n: int = 64
+    block_n: int = 64  # gemv: columns a program takes (a multiple of 32 / bits)
     block_k: int = 128  # at most the group size (one group's scales per K step)
     split_k: int = 0  # 0: enough K slices for about two programs per SM
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 4
+    # "mma": the tensor-core kernel below; "gemv": one program row per activation row, on the
+    # CUDA cores; "dequant": the weight dequantized to 16 bits, then one cuBLAS GEMM.
+    method: str = "mma"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
 
 
 DEFAULT_CONFIGS = {
+    1: W4A16Config(1, 512, 16, 0, 1, 1, 1, method="gemv"),
     16: W4A16Config(16, 64, 128, 0, 1, 4, 4),
     64: W4A16Config(64, 64, 128, 0, 8, 4, 4),
-    256: W4A16Config(64, 128, 64, 0, 8, 4, 4),
-    0: W4A16Config(128, 128, 64, 1, 8, 8, 3),  # more than 256 rows
+    256: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"),
+    0: W4A16Config(128, 128, 64, 1, 8, 8, 3, method="dequant"),  # more than 256 rows
 }
 
 TUNED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "w4a16.json")
@@ -215,6 +226,14 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         validation.fail(OP, f"group_size {group_size} needs a K step of at least 16 that divides it")
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if cfg.method != "mma":
+        from . import w4a16_paths as paths
+        if cfg.method == "dequant":
+            return paths.w4a16_dequantize_matmul(x, qweight, scales, zeros, group_size, perm, bits, block_k)
+        if cfg.block_n % (32 // bits):
+            validation.fail(OP, f"a gemv config's block_n ({cfg.block_n}) must be a multiple of {32 // bits}")
+        split = paths.gemv_split_k(m, n, k, cfg, block_k, num_sms(x.device), 32 // bits)
+        return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split)
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))
     # One slice: the kernel writes the output. Several: float32 partial sums, summed after.
     out = (torch.empty(1, m, n, dtype=x.dtype, device=x.device) if split == 1 else

@@ -35,8 +35,12 @@ from kernels.w4a16 import DEFAULT_CONFIGS, W4A16Config, config_key, row_bucket  
 ROWS = (1, 8, 16, 64, 256, 4096)
 GROUP = 128
 SWEEP = {  # row bucket -> configs tried besides the default
+    1: [W4A16Config(1, bn, bk, 0, 1, w, 1, method="gemv") for bn, bk, w in
+        itertools.product((256, 512, 1024, 2048), (16, 32), (1, 2, 4))]
+       + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
-         itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))],
+         itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
+        + [W4A16Config(1, 512, 16, 0, 1, 1, 1, method="gemv")],
     64: [W4A16Config(bm, bn, bk, 0, 8, 4, st) for bm, bn, bk, st in
          itertools.product((32, 64), (64, 128), (64, 128), (3, 4))],
     256: [W4A16Config(bm, bn, bk, 0, 8, w, st) for bm, bn, bk, w, st in
@@ -44,6 +48,8 @@ SWEEP = {  # row bucket -> configs tried besides the default
     0: [W4A16Config(bm, bn, bk, 1, 8, w, st) for bm, bn, bk, w, st in
         itertools.product((128,), (128, 256), (64, 128), (4, 8), (3, 4))],
 }
+SWEEP[64].append(W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"))
+SWEEP[256].append(W4A16Config(64, 128, 64, 0, 8, 4, 4))  # the tensor-core kernel, now not the default
 
 
 def time_us(fn) -> float:
@@ -59,7 +65,7 @@ def random_layer(n: int, k: int):
 
 
 def cfg_name(c: W4A16Config) -> str:
-    return f"m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+    return f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
 
 
 def bench_matmuls(shapes: dict, sweep: bool) -> tuple[list, dict]:

@@ -47,8 +47,8 @@ def compile_launch(fn, args, kwargs) -> dict:
         f.write(kernel.asm["cubin"])
     usage = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
-    if m := re.search(r"REG:(\d+).*LOCAL:(\d+)", usage):
-        info["registers"], info["local_bytes"] = int(m.group(1)), int(m.group(2))
+    if m := re.search(r"REG:(\d+) STACK:(\d+).*LOCAL:(\d+)", usage):
+        info["registers"], info["stack_bytes"], info["local_bytes"] = (int(v) for v in m.groups())
     return info
 
 

@@ -67,8 +67,56 @@ def test_matches_float64(case, dtype):
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
+# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k): the one-row-per-program
+# GEMV, with several rows too, column tiles past N, and K slices.
+GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0), (1, 96, 256, 64, 4, True, 64, 64, 3),
+              (3, 40, 128, 128, 4, False, 32, 128, 1), (1, 48, 128, 16, 8, True, 16, 16, 2),
+              (2, 24, 64, 64, 8, False, 16, 32, 0)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: "m{}-n{}-k{}-g{}-w{}{}".format(
+    *c[:5], "-perm" if c[5] else ""))
+def test_gemv_matches_float64(case, dtype):
+    from kernels.w4a16 import W4A16Config
+    m, n, k, group, bits, shuffled, bn, bk, split = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
+    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
+        block_m=1, block_n=bn, block_k=bk, split_k=split, num_stages=2, method="gemv"))
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [(5, 296, 128, 32, 4, False), (20, 64, 256, 64, 4, True),
+                                  (3, 40, 64, 16, 8, True)], ids=str)
+def test_dequantize_then_gemm_matches_float64(case, dtype):
+    from kernels.w4a16 import W4A16Config
+    from kernels.w4a16_paths import w4a16_dequantize
+    m, n, k, group, bits, shuffled = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
+    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits,
+                               config=W4A16Config(block_k=32, method="dequant"))
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+    # The dequantized weight itself: each entry (q - z) * s rounded once, rows in qweight's order.
+    w = w4a16_dequantize(qweight, scales, zeros, group, bits, dtype, 16)
+    want = reference.w4a16_dequantize_ref(qweight.cpu(), scales.cpu(), zeros.cpu(), group, None, bits=bits,
+                                          dtype=torch.float64).to(dtype)
+    assert torch.equal(w.cpu(), want.t().contiguous())
+
+
+def test_config_method_is_checked():
+    from kernels.w4a16 import W4A16Config
+    with pytest.raises(ValueError, match="^method 'cuda': expected one of gemv, mma, dequant$"):
+        W4A16Config(method="cuda")
+    (x, qweight, scales, zeros), _, _ = _case(1, 64, 128, 32, 4, False, 0, torch.float16)
+    with pytest.raises(ValueError, match=r"^w4a16_matmul: a gemv config's block_n \(12\) must be a multiple of 8$"):
+        kernels.w4a16_matmul(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
+
+
 def test_default_configs_at_decode_and_prefill_rows():
-    for m in (1, 20, 300):
+    for m in (1, 2, 20, 100, 300):
         (x, qweight, scales, zeros), perm, oracle = _case(m, 64, 256, 128, 4, True, m, torch.float16)
         out = kernels.w4a16_matmul(x, qweight, scales, zeros, 128, perm)
         assert rel_err(out, oracle) < 2e-3, m

@@ -1,5 +1,6 @@
-"""w4a16_matmul compiles for sm_90 (the H200) without spilling, within shared memory, on tensor
-cores: mma.sync for the 16-row decode tile, wgmma for the 64- and 128-row prefill tiles."""
+"""w4a16_matmul compiles for sm_90 (the H200) without spilling, within shared memory: the GEMV for
+one row, mma.sync for the 16-row tile, wgmma for the 64-row tile, the dequantizing kernel for
+more rows."""
 
 import json
 import os
@@ -24,8 +25,12 @@ def test_w4a16_compiles_for_hopper():
     assert {"w4a16 m=1", "w4a16 m=16", "w4a16 m=64", "w4a16 m=256", "w4a16 m=4096",
             "w4a16 m=1 act-order", "w4a16 m=4096 fp16", "w8a16 m=16"} <= set(compiled)
     for c in compiled.values():
-        assert c["shared"] <= H100_MAX_SHARED and c.get("local_bytes", 0) == 0, c
-    for case in ("w4a16 m=1", "w4a16 m=16", "w4a16 m=1 act-order", "w8a16 m=16"):
-        assert compiled[case]["mma"], compiled[case]
-    for case in ("w4a16 m=64", "w4a16 m=256", "w4a16 m=4096", "w4a16 m=4096 fp16"):
-        assert compiled[case]["wgmma"], compiled[case]
+        assert c["shared"] <= H100_MAX_SHARED and c["local_bytes"] == 0 and c["stack_bytes"] == 0, c
+    for case in ("w4a16 m=16", "w8a16 m=16"):
+        assert compiled[case]["kernel"] == "_w4a16_kernel" and compiled[case]["mma"], compiled[case]
+    assert compiled["w4a16 m=64"]["wgmma"], compiled["w4a16 m=64"]
+    # One row: the GEMV on the CUDA cores. Many rows: the weight dequantized for cuBLAS.
+    for case in ("w4a16 m=1", "w4a16 m=1 act-order"):
+        assert compiled[case]["kernel"] == "_w4a16_gemv_kernel" and not compiled[case]["mma"], compiled[case]
+    for case in ("w4a16 m=256", "w4a16 m=4096", "w4a16 m=4096 fp16"):
+        assert compiled[case]["kernel"] == "_w4a16_dequantize_kernel", compiled[case]
