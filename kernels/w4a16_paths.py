@@ -92,11 +92,13 @@ def _w4a16_gemv_kernel(
 
 
 def gemv_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: int, pack: int) -> int:
-    """Slices of K for about two programs per SM, each walking at least two BLOCK_K steps."""
+    """Slices of K for about eight warps per SM (a GEMV hides its load latency with warps, and
+    one program per column tile would leave most SMs idle), each walking at least two BLOCK_K
+    steps: more slices mean more float32 partial sums to add afterwards."""
     if cfg.split_k:
         return cfg.split_k
     programs = m * cdiv(n // pack, cfg.block_n // pack)
-    return max(1, min(cdiv(2 * sms, programs), k // (2 * block_k)))
+    return max(1, min(cdiv(8 * sms, cfg.num_warps * programs), k // (2 * block_k)))
 
 
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

@@ -35,12 +35,13 @@ from kernels.w4a16 import DEFAULT_CONFIGS, W4A16Config, config_key, row_bucket  
 ROWS = (1, 8, 16, 64, 256, 4096)
 GROUP = 128
 SWEEP = {  # row bucket -> configs tried besides the default
-    1: [W4A16Config(1, bn, bk, 0, 1, w, 1, method="gemv") for bn, bk, w in
-        itertools.product((256, 512, 1024, 2048), (16, 32), (1, 2, 4))]
+    1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv") for bn, bk, w, split in
+        ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 64, 4, 0), (512, 128, 4, 0),
+         (1024, 128, 8, 0), (1024, 32, 4, 16), (1024, 32, 4, 64), (2048, 32, 8, 0))]
        + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
-        + [W4A16Config(1, 512, 16, 0, 1, 1, 1, method="gemv")],
+        + [W4A16Config(1, 1024, 32, 0, 1, 4, 1, method="gemv")],
     64: [W4A16Config(bm, bn, bk, 0, 8, 4, st) for bm, bn, bk, st in
          itertools.product((32, 64), (64, 128), (64, 128), (3, 4))],
     256: [W4A16Config(bm, bn, bk, 0, 8, w, st) for bm, bn, bk, w, st in

@@ -141,6 +141,18 @@ def test_automatic_split_fills_the_gpu_and_walks_four_steps():
     assert block_k_for(cfg, 32) == 32 and block_k_for(cfg, 96) == 32
 
 
+def test_gemv_split_aims_at_eight_warps_per_sm_and_two_steps():
+    from kernels.w4a16 import DEFAULT_CONFIGS, block_k_for
+    from kernels.w4a16_paths import gemv_split_k
+    cfg = DEFAULT_CONFIGS[1]
+    bk = block_k_for(cfg, 128)
+    assert cfg.method == "gemv" and bk == 32
+    assert gemv_split_k(1, 6144, 4096, cfg, bk, 132, 8) == 44    # 6 column tiles of 4 warps
+    assert gemv_split_k(1, 28672, 4096, cfg, bk, 132, 8) == 10   # 28 column tiles
+    assert gemv_split_k(1, 4096, 14336, cfg, bk, 132, 8) == 66
+    assert gemv_split_k(1, 64, 128, cfg, bk, 132, 8) == 2        # two 32-row steps at least
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update(bits=3), "bits must be 4 or 8, got 3"),
     (lambda a: a.update(x=a["x"].float()),
