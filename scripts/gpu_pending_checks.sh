@@ -46,6 +46,9 @@
 #           Triton and in-process; Llama-3-8B FP8 weights + FP8 KV cache A and B through Triton.
 #   part 13: issue 27's long-context workloads: Qwen2.5-7B bf16 C and L through Triton with the
 #           Hugging Face anchor in the same call (max_model_len 32,768 for both).
+#   part 14: issue 28: the W4A16 kernel and AWQ/GPTQ engine tests on CUDA; scripts/bench_w4a16.py
+#           with --sweep (every path: gemv, mma, dequant), its best configs written to
+#           $OUT/w4a16_configs.json and used by Llama-3-8B AWQ A and B through Triton after it.
 # Run from the repo root with $OUT set, carrying gpu_bundle and models/tiny-llama:
 #   COMMIT=<sha> bash scripts/gpu_pending_checks.sh PART
 # Further arguments go to every gpu_run.sh call; with LLAMA/QWEN/QWEN7 naming other models it
@@ -58,7 +61,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
-PART="${1:?part 1 to 13}"; shift
+PART="${1:?part 1 to 14}"; shift
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}" EXTRA=("$@")
 mkdir -p "$OUT"
 t0=$(date +%s); S="$OUT/summary.txt"
@@ -259,6 +262,18 @@ elif [ "$PART" = 12 ]; then
 elif [ "$PART" = 13 ]; then
     stamp "Qwen2.5-7B bf16 C and L: Triton and the HF anchor"
     run qwen7_long --models "$QWEN7" --phases triton,hf --workloads C,L
+elif [ "$PART" = 14 ]; then
+    if [ -z "${NO_GPU_STEPS:-}" ]; then
+        stamp "GPU tests: W4A16 kernel (gemv, mma and dequant paths, bf16) and the AWQ/GPTQ engine"
+        timeout 300 "$PY" -m pytest tests/kernels/test_kernel_w4a16.py tests/engine/test_awq_gptq.py \
+            --confcutdir=tests -q -p no:cacheprovider --tb=short 2>&1 | tail -20 | cut -c1-600 >> "$S"
+        stamp "W4A16 table and sweep (writes kernels/configs/w4a16.json's entries to \$OUT)"
+        timeout 600 "$PY" scripts/bench_w4a16.py --sweep --json "$OUT/w4a16.json" \
+            --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip" | tail -60 >> "$S"
+        [ -f "$OUT/w4a16_configs.json" ] && mkdir -p kernels/configs && cp "$OUT/w4a16_configs.json" kernels/configs/w4a16.json
+    fi
+    stamp "Llama-3-8B AWQ (dummy 4-bit weights) A and B through Triton, the swept configs in use"
+    run llama_awq --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=awq
 elif [ "$PART" = 3 ]; then
     if [ -z "${NO_GPU_STEPS:-}" ]; then
         stamp "GPU tests: structured outputs (xgrammar from gpu_extras)"
