@@ -56,7 +56,7 @@ class EngineCore:
                 continue
             start, start_cpu = time.perf_counter(), time.thread_time()
             busy_since = start if busy_since is None else busy_since
-            self._sink.outputs(engine.step(self._sink.outputs))
+            self._emit(engine.step(self._emit))
             end = time.perf_counter()
             st["step_s"] += end - start
             st["step_cpu_s"] += time.thread_time() - start_cpu
@@ -66,9 +66,18 @@ class EngineCore:
                 busy_since = None
         if busy_since is not None:  # stopped with requests in flight
             st["busy_s"] += time.perf_counter() - busy_since
-        self._sink.outputs([o for rid in list(engine.requests)
-                            if (o := engine.abort_request(rid, error=SHUTTING_DOWN)) is not None])
+        self._emit([o for rid in list(engine.requests)
+                    if (o := engine.abort_request(rid, error=SHUTTING_DOWN)) is not None])
         self._fail_queued()
+
+    def _emit(self, outputs: list[RequestOutput]) -> None:
+        """Outputs to the sink; when some finish a request, the engine's statistics first, so
+        that metrics published before a final response count it without asking the engine
+        (which answers only between steps)."""
+        if any(o.finished for o in outputs):
+            self._sink.stats(self.engine.get_stats())
+        if outputs:
+            self._sink.outputs(outputs)
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one when `block`); False on Shutdown."""
@@ -93,11 +102,11 @@ class EngineCore:
                 engine.enqueue(req)
             except Exception as exc:  # validated by the driver: should not happen
                 logger.exception("could not add request %s", req.request_id)
-                self._sink.outputs([_failed(req, f"internal error: {exc}")])
+                self._emit([_failed(req, f"internal error: {exc}")])
         elif isinstance(command, AbortRequest):
             out = engine.abort_request(command.request_id)
             if out is not None:
-                self._sink.outputs([out])
+                self._emit([out])
         elif isinstance(command, GetStats):
             self._sink.stats(engine.get_stats())
 

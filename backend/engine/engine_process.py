@@ -30,7 +30,7 @@ from .admission import Admission
 from .input_processor import InputProcessor
 from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, GetStats, GrammarChecked,
                        Outputs, Ready, Reply, Shutdown, StartupFailed, StatsReply, unpack_output)
-from .metrics import EngineStats
+from .metrics import EngineStats, StatsMailbox
 from .output_detokenizer import OutputDetokenizer
 from .request import Request
 from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, load_tokenizer
@@ -92,8 +92,7 @@ class EngineProcess:
         # id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
         self._requests: dict[str, tuple[Request, OutputCallback, OutputDetokenizer | None]] = {}
         self._stopped = False
-        self._stats: EngineStats | None = None
-        self._stats_ready = threading.Condition(self._lock)
+        self._stats = StatsMailbox()
         self._admission = Admission(self.engine_args.max_waiting_requests)
         # Where the receiver thread's time goes (logged by servers at unload): if it cannot keep
         # up, the engine process blocks sending and the engine slows down.
@@ -138,15 +137,20 @@ class EngineProcess:
             raise ValueError(error)
 
     def get_stats(self) -> EngineStats:
+        """Asked of the engine process, answered between two steps."""
+        stats = self._stats.ask(lambda: self._send(GetStats()), lambda: self._stopped, _STATS_TIMEOUT_S)
+        return self._with_rejected(stats or EngineStats())
+
+    def pushed_stats(self) -> EngineStats | None:
+        """The statistics the engine sent since the last call, without asking it: it sends them
+        ahead of the outputs that finish requests (None when nothing new arrived)."""
+        stats = self._stats.take()
+        return None if stats is None else self._with_rejected(stats)
+
+    def _with_rejected(self, stats: EngineStats) -> EngineStats:
         with self._lock:
-            self._stats = None
-        self._send(GetStats())
-        with self._lock:
-            if not self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped,
-                                              _STATS_TIMEOUT_S) or self._stats is None:
-                return EngineStats(num_requests_rejected=self._admission.num_rejected)
-            self._stats.num_requests_rejected += self._admission.num_rejected
-            return self._stats
+            stats.num_requests_rejected += self._admission.num_rejected
+        return stats
 
     def is_healthy(self) -> bool:
         """Whether the engine still serves: its process lives and it was not shut down."""
@@ -162,8 +166,8 @@ class EngineProcess:
         with self._lock:
             first = not self._stopped
             self._stopped = True
-            self._stats_ready.notify_all()
             self._grammar_checked.notify_all()
+        self._stats.wake()
         if first:
             self._send(Shutdown())
         self._receiver.join(timeout)
@@ -206,9 +210,7 @@ class EngineProcess:
                 stats["messages"] += 1
                 stats["outputs"] += len(reply.outputs)
             elif isinstance(reply, StatsReply):
-                with self._lock:
-                    self._stats = reply.stats
-                    self._stats_ready.notify_all()
+                self._stats.put(reply.stats)
             elif isinstance(reply, GrammarChecked):
                 with self._lock:
                     self._grammar_checks[reply.token] = reply.error
@@ -268,8 +270,8 @@ class EngineProcess:
             self._stopped = True
             entries, self._requests = list(self._requests.items()), {}
             self._admission.not_started.clear()
-            self._stats_ready.notify_all()
             self._grammar_checked.notify_all()
+        self._stats.wake()
         for request_id, (req, callback, _) in entries:
             _call(callback, RequestOutput(request_id, req.prompt, req.prompt_token_ids,
                                           [CompletionOutput(0, "", [], None, None, "abort")], True,

@@ -1,7 +1,9 @@
 """Engine statistics for metrics endpoints (vLLM's metric names map one to one)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -54,3 +56,47 @@ class EngineStats:
                      "request_prompt_tokens", "request_generation_tokens", "request_params_n",
                      "request_params_max_tokens", "request_queue_time", "request_prefill_time",
                      "request_decode_time", "request_inference_time", "iteration_tokens")
+
+    def merged_after(self, older: "EngineStats") -> "EngineStats":
+        """This snapshot (the newer: its gauges and counters) with `older`'s samples first."""
+        for name in self.SAMPLE_FIELDS:
+            setattr(self, name, getattr(older, name) + getattr(self, name))
+        return self
+
+
+class StatsMailbox:
+    """Engine statistics as they come from the engine loop: answers to GetStats, and the
+    snapshots the loop sends ahead of outputs that finish requests. Snapshots not yet taken
+    merge (the newest gauges and counters, every latency sample), so none is lost."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._stats: EngineStats | None = None
+        self._arrived = 0
+
+    def put(self, stats: EngineStats) -> None:
+        with self._cond:
+            self._stats = stats if self._stats is None else stats.merged_after(self._stats)
+            self._arrived += 1
+            self._cond.notify_all()
+
+    def take(self) -> EngineStats | None:
+        """What arrived since the last take, without asking the engine (None: nothing)."""
+        with self._cond:
+            stats, self._stats = self._stats, None
+            return stats
+
+    def ask(self, send: Callable[[], None], stopped: Callable[[], bool], timeout: float | None) -> EngineStats | None:
+        """`send` a GetStats, wait for a snapshot that arrives after it (or `stopped()`), take."""
+        with self._cond:
+            before = self._arrived
+        send()
+        with self._cond:
+            self._cond.wait_for(lambda: self._arrived > before or stopped(), timeout)
+            stats, self._stats = self._stats, None
+            return stats
+
+    def wake(self) -> None:
+        """Wake an `ask` waiting for an engine that stopped."""
+        with self._cond:
+            self._cond.notify_all()

@@ -20,7 +20,7 @@ from .admission import Admission
 from .core import EngineCore
 from .llm_engine import LLMEngine
 from .messages import AbortRequest, AddRequest, GetStats, Shutdown
-from .metrics import EngineStats
+from .metrics import EngineStats, StatsMailbox
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,7 @@ class StreamingEngine:
         self._admission = Admission(self.engine_args.max_waiting_requests)
         self._lock = threading.Lock()
         self._stopped = False
-        self._stats: EngineStats | None = None
-        self._stats_ready = threading.Condition(self._lock)
+        self._stats = StatsMailbox()
         self._core = EngineCore(self.engine, self)
         self._thread = threading.Thread(target=self._core.run, name="tritium-engine", daemon=True)
         self._thread.start()
@@ -64,15 +63,21 @@ class StreamingEngine:
 
     def get_stats(self) -> EngineStats:
         """Asked of the engine thread, answered between two steps."""
+        if self._stopped:
+            return EngineStats()
+        stats = self._stats.ask(lambda: self._core.submit(GetStats()), lambda: self._stopped, None)
+        return self._with_rejected(stats or EngineStats())
+
+    def pushed_stats(self) -> EngineStats | None:
+        """The statistics the engine thread handed over since the last call, without asking: it
+        does so ahead of the outputs that finish requests (None when nothing new arrived)."""
+        stats = self._stats.take()
+        return None if stats is None else self._with_rejected(stats)
+
+    def _with_rejected(self, stats: EngineStats) -> EngineStats:
         with self._lock:
-            if self._stopped:
-                return EngineStats()
-            self._stats = None
-            self._core.submit(GetStats())
-            self._stats_ready.wait_for(lambda: self._stats is not None or self._stopped)
-            stats = self._stats or EngineStats()
             stats.num_requests_rejected += self._admission.num_rejected
-            return stats
+        return stats
 
     def is_healthy(self) -> bool:
         """Whether the engine still serves: its loop runs and it was not shut down."""
@@ -85,7 +90,7 @@ class StreamingEngine:
             if self._stopped:
                 return
             self._stopped = True
-            self._stats_ready.notify_all()
+        self._stats.wake()
         self._core.submit(Shutdown())
         self._thread.join(timeout)
         if not self._thread.is_alive():
@@ -110,6 +115,4 @@ class StreamingEngine:
                 logger.exception("output callback for request %s failed", out.request_id)
 
     def stats(self, stats: EngineStats) -> None:
-        with self._lock:
-            self._stats = stats
-            self._stats_ready.notify_all()
+        self._stats.put(stats)

@@ -58,6 +58,15 @@ class EngineSupervisor:
         stats.engine_restarts, stats.engine_generation = self.restarts, generation
         return stats
 
+    def pushed_stats(self) -> EngineStats | None:
+        """What the current engine sent ahead of its last finished requests, if anything new
+        (see EngineProcess.pushed_stats), with the restart counts as get_stats gives them."""
+        engine, generation = self._engine, self.generation
+        stats = engine.pushed_stats() if engine is not None and self._state == "serving" else None
+        if stats is not None:
+            stats.engine_restarts, stats.engine_generation = self.restarts, generation
+        return stats
+
     def is_healthy(self) -> bool:
         engine = self._engine
         return self._state == "serving" and engine is not None and engine.is_healthy()

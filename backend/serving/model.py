@@ -95,9 +95,9 @@ class TritonPythonModel:
         name, version = args["model_name"], args["model_version"]
         self._name = name
         # The lock is per server (its pid) and model version: instances of one server share it.
-        self._metrics = MetricsLoop(pb_utils, {"model": name, "version": version},
-                                    f"tritium-metrics-{os.getppid()}-{name}-{version}",
-                                    self._engine.get_stats) if serving.report_metrics else None
+        self._metrics = MetricsLoop(pb_utils, {"model": name, "version": version}, f"tritium-metrics-{os.getppid()}-"
+                                    f"{name}-{version}", self._engine.get_stats, self._engine.pushed_stats
+                                    ) if serving.report_metrics else None
         self._token, self._released = InstanceToken(os.getppid(), args["model_instance_name"]), False
         # Metrics are current when a request's final response leaves (the sender publishes first).
         self._sender = ResponseSender(pb_utils, self._engine, (name, version),

@@ -250,10 +250,14 @@ class MetricsLoop:
     Metrics exist once the previous instance of the model has released its own (a reload)."""
 
     def __init__(self, pb_utils: Any, labels: dict[str, str], lock_name: str,
-                 get_stats: Callable[[], EngineStats]) -> None:
+                 get_stats: Callable[[], EngineStats],
+                 pushed_stats: Callable[[], EngineStats | None] | None = None) -> None:
+        """get_stats asks the engine (answered between steps); pushed_stats, for `flush`, returns
+        what the engine sent ahead of its finished requests without asking."""
         self._pb = pb_utils
         self._publisher = MetricsPublisher(pb_utils, labels, lock_name)
         self._get_stats = get_stats
+        self._pushed_stats = pushed_stats
         self._stop = threading.Event()
         # One publish at a time: the loop's and flush()'s (get_stats hands over samples once).
         self._publish_lock = threading.Lock()
@@ -266,10 +270,15 @@ class MetricsLoop:
 
     def flush(self) -> None:
         """Publish now (from another thread): counters and gauges are current when this returns,
-        and histograms too unless over MAX_OBSERVES_PER_PUBLISH samples wait (heavy load)."""
+        and histograms too unless over MAX_OBSERVES_PER_PUBLISH samples wait (heavy load). With
+        `pushed_stats`, current as of the engine's last finished request, without waiting for
+        the engine to answer (it answers between steps, so a sender waiting for it would hold
+        every stream's responses for up to a step)."""
         with self._publish_lock:
             if self._publisher.is_open and not self._stop.is_set():
-                self._publisher.publish(self._get_stats())
+                stats = self._pushed_stats() if self._pushed_stats is not None else self._get_stats()
+                if stats is not None:
+                    self._publisher.publish(stats)
 
     def stop(self) -> None:
         self._stop.set()

@@ -51,6 +51,44 @@ def test_outputs_equal_the_in_process_engine(engine, llama_dir):
     assert stats.generation_tokens >= 60 and stats.num_running == 0 and stats.kv_cache_usage == 0.0
 
 
+def test_the_statistics_arrive_ahead_of_each_final_output(engine):
+    """What a metrics flush before a final response publishes comes without asking the engine:
+    when the final output reaches its callback, the pushed statistics already count it."""
+    engine.get_stats()  # what came before
+    seen = []
+
+    def on_output(out) -> None:
+        if out.finished:
+            stats = engine.pushed_stats()
+            seen.append(None if stats is None else (sum(stats.request_success.values()),
+                                                    len(stats.e2e_request_latency), stats.generation_tokens))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    before = engine.get_stats()
+    for i in range(3):
+        done = Collector()
+        engine.add_request(f"pushed{i}", [0, 7, i + 1], params, lambda out, done=done: (on_output(out), done(out)))
+        assert done.done.wait(60)
+    finished = sum(before.request_success.values())
+    assert seen == [(finished + i + 1, 1, before.generation_tokens + 6 * (i + 1)) for i in range(3)]
+    assert engine.pushed_stats() is None  # each was taken once
+
+
+def test_statistics_not_taken_yet_merge_and_keep_every_sample():
+    from backend.engine.metrics import EngineStats, StatsMailbox
+    box = StatsMailbox()
+    box.put(EngineStats(num_running=2, generation_tokens=5, e2e_request_latency=[0.5], iteration_tokens=[3]))
+    box.put(EngineStats(num_running=1, generation_tokens=9, e2e_request_latency=[0.25]))
+    stats = box.take()
+    assert (stats.num_running, stats.generation_tokens) == (1, 9)
+    assert stats.e2e_request_latency == [0.5, 0.25] and stats.iteration_tokens == [3]
+    assert box.take() is None
+    # An answer asked for: only one that arrives after the question ends the wait.
+    box.put(EngineStats(generation_tokens=10))
+    answer = box.ask(lambda: threading.Timer(0.2, box.put, [EngineStats(generation_tokens=11)]).start(),
+                     lambda: False, 5)
+    assert answer.generation_tokens == 11
+
+
 def test_bad_input_is_rejected_in_the_caller(engine):
     with pytest.raises(ValueError, match="The prompt has 200 tokens, but max_model_len is 128"):
         engine.add_request("long", list(range(200)), SamplingParams(), Collector())
