@@ -8,7 +8,8 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
-PYTEST_ARGS ?= --timeout=600
+# The slowest tests are listed at the end, so that a slower suite shows where its time went.
+PYTEST_ARGS ?= --timeout=600 --durations=15
 
 .PHONY: venv model serve test perf-analyzer clean
 
