@@ -160,6 +160,16 @@ def _widen(q, BITS: tl.constexpr):
 
 
 @triton.jit
+def _input_rows(perm_ptr, k, HAS_PERM: tl.constexpr):
+    """The activation columns that weight rows k multiply (GPTQ act-order's gather)."""
+    if HAS_PERM:
+        kx = tl.load(perm_ptr + k)
+    else:
+        kx = k
+    return kx
+
+
+@triton.jit
 def _w4a16_kernel(
     x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
     stride_xm, stride_qk, stride_sg, stride_os, stride_om,
@@ -190,11 +200,7 @@ def _w4a16_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k  # K is a multiple of BLOCK_K: no mask
-        if HAS_PERM:
-            kx = tl.load(perm_ptr + k)
-        else:
-            kx = k
-        x = tl.load(x_rows + kx[None, :], mask=m_mask[:, None], other=0.0)
+        x = tl.load(x_rows + _input_rows(perm_ptr, k, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
         q = tl.load(qw_ptr + k[:, None].to(tl.int64) * stride_qk + offs_w[None, :],
                     mask=w_mask[None, :], other=0)
         g = k0 // GROUP

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
-from .w4a16 import W4A16Config, _widen
+from .w4a16 import W4A16Config, _input_rows, _widen
 
 
 @triton.jit
@@ -65,11 +65,7 @@ def _w4a16_gemv_kernel(
     q_step = BLOCK_K * SPLIT_K * stride_qk.to(tl.int64)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k  # K is a multiple of BLOCK_K: no mask
-        if HAS_PERM:
-            kx = tl.load(perm_ptr + k)
-        else:
-            kx = k
-        x = tl.load(x_row + kx).to(tl.float32)
+        x = tl.load(x_row + _input_rows(perm_ptr, k, HAS_PERM)).to(tl.float32)
         c = x * -8388608.0
         q = tl.load(q_ptrs, mask=w_mask[None, :], other=0).to(tl.uint32, bitcast=True)
         q_ptrs += q_step
