@@ -55,16 +55,17 @@ class EngineSupervisor:
         (read by the metrics' tracker)."""
         engine, generation = self._engine, self.generation
         stats = engine.get_stats() if engine is not None and self._state == "serving" else EngineStats()
-        stats.engine_restarts, stats.engine_generation = self.restarts, generation
-        return stats
+        return self._stamped(stats, generation)
 
     def pushed_stats(self) -> EngineStats | None:
         """What the current engine sent ahead of its last finished requests, if anything new
         (see EngineProcess.pushed_stats), with the restart counts as get_stats gives them."""
         engine, generation = self._engine, self.generation
         stats = engine.pushed_stats() if engine is not None and self._state == "serving" else None
-        if stats is not None:
-            stats.engine_restarts, stats.engine_generation = self.restarts, generation
+        return None if stats is None else self._stamped(stats, generation)
+
+    def _stamped(self, stats: EngineStats, generation: int) -> EngineStats:
+        stats.engine_restarts, stats.engine_generation = self.restarts, generation
         return stats
 
     def is_healthy(self) -> bool:

@@ -250,8 +250,7 @@ class MetricsLoop:
     Metrics exist once the previous instance of the model has released its own (a reload)."""
 
     def __init__(self, pb_utils: Any, labels: dict[str, str], lock_name: str,
-                 get_stats: Callable[[], EngineStats],
-                 pushed_stats: Callable[[], EngineStats | None] | None = None) -> None:
+                 get_stats: Callable[[], EngineStats], pushed_stats: Callable[[], EngineStats | None]) -> None:
         """get_stats asks the engine (answered between steps); pushed_stats, for `flush`, returns
         what the engine sent ahead of its finished requests without asking."""
         self._pb = pb_utils
@@ -270,13 +269,13 @@ class MetricsLoop:
 
     def flush(self) -> None:
         """Publish now (from another thread): counters and gauges are current when this returns,
-        and histograms too unless over MAX_OBSERVES_PER_PUBLISH samples wait (heavy load). With
-        `pushed_stats`, current as of the engine's last finished request, without waiting for
-        the engine to answer (it answers between steps, so a sender waiting for it would hold
-        every stream's responses for up to a step)."""
+        and histograms too unless over MAX_OBSERVES_PER_PUBLISH samples wait (heavy load), as
+        of the engine's last finished request: `pushed_stats`, not an answer from the engine
+        (it answers between steps, so a sender waiting for it would hold every stream's
+        responses for up to a step)."""
         with self._publish_lock:
             if self._publisher.is_open and not self._stop.is_set():
-                stats = self._pushed_stats() if self._pushed_stats is not None else self._get_stats()
+                stats = self._pushed_stats()
                 if stats is not None:
                     self._publisher.publish(stats)
 
