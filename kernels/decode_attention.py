@@ -27,7 +27,9 @@ from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, tra
 from ._launch import cdiv, check_runnable, dot_block, next_pow2, num_sms
 
 OP = "paged_decode_attention"
-MAX_SPLITS = 64            # the merge kernel holds [MAX_SPLITS, D] partials of one head at once
+MAX_SPLITS = 256           # partials of one head: [batch, Hq, MAX_SPLITS, D] float32 at most
+MERGE_BLOCK_S = 64         # splits the merge kernel combines per iteration
+DEFAULT_MAX_SPLITS = 64    # the split choice's own bound (num_splits may ask for more)
 MIN_TOKENS_PER_SPLIT = 256  # below this the partial write + merge costs more than it saves
 MAX_TOKENS_PER_SPLIT = 4096  # one very long sequence in a full batch must not become the tail
 
@@ -41,6 +43,7 @@ class DecodeConfig:
     num_splits: int | None = None
     programs_per_sm: int = 2     # split until batch * Hkv * splits reaches this many per SM
     min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT  # ...but no split shorter than this
+    max_splits: int = DEFAULT_MAX_SPLITS  # ...and no more splits than this
     # With an FP8 cache and bf16 queries: "float16" widens the tiles to float16 and runs both
     # dots in float16 (every e4m3 value is exact there; one conversion instruction per pair),
     # "query" widens them to the query's dtype.
@@ -54,7 +57,7 @@ def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
     4 warps, 3 stages; an FP8 cache's half-size tiles want 2 warps.
 
     When batch x KV heads leaves SMs idle, the sequences are cut into as many splits as there
-    are tiles, up to MAX_SPLITS: single-tile splits, because the engine's decode graphs size
+    are tiles, up to max_splits: single-tile splits, because the engine's decode graphs size
     the splits for their context bucket, and with longer splits a short sequence would walk
     few of them while the rest return at once. float32 (tests) keeps 2 stages of 64-token
     tiles, which fit in shared memory."""
@@ -73,13 +76,14 @@ def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: int,
                       programs_per_sm: int = 2,
-                      min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT) -> int:
+                      min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT,
+                      max_splits: int = DEFAULT_MAX_SPLITS) -> int:
     """Splits per sequence so that batch * Hkv * splits fills the GPU, without splits so short
     that the merge dominates. Uses only host-side sizes, so choosing needs no device sync."""
     programs = max(batch * num_kv_heads, 1)
     splits = cdiv(programs_per_sm * sms, programs)
     splits = max(splits, cdiv(max_context_len, MAX_TOKENS_PER_SPLIT))
-    splits = min(splits, max(1, max_context_len // min_tokens_per_split), MAX_SPLITS)
+    splits = min(splits, max(1, max_context_len // min_tokens_per_split), max_splits, MAX_SPLITS)
     return max(splits, 1)
 
 
@@ -174,23 +178,34 @@ def _merge_kernel(
     tokens_per_split, num_splits, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    # Partials are combined BLOCK_S splits at a time with a running maximum, so the split count
+    # is not bounded by what one program holds in registers.
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
     used = tl.minimum((ctx + tokens_per_split - 1) // tokens_per_split, num_splits)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < used
-    part = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s
-    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
-    lse_max = tl.max(lse, 0)
-    weight = tl.where(s_mask, tl.exp2(lse - lse_max), 0.0)
-    o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=s_mask[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    total = tl.sum(weight, 0)
-    merged = tl.sum(o * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    d_mask = offs_d < HEAD_DIM
+    base = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits
+    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+    total = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        s_mask = s0 + offs_s < used
+        part = base + s0 + offs_s
+        lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))  # finite: every used split holds tokens
+        alpha = tl.exp2(m - m_new)
+        weight = tl.where(s_mask, tl.exp2(lse - m_new), 0.0)
+        o = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+        total = total * alpha + tl.sum(weight, 0)
+        acc = acc * alpha + tl.sum(o * weight[:, None], 0)
+        m = m_new
+    merged = acc / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d,
-             merged.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+             merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -219,7 +234,7 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     max_context_len = max(int(max_context_len), 1)
     splits = cfg.num_splits or choose_num_splits(batch, num_kv_heads, max_context_len,
                                                  num_sms(query.device), cfg.programs_per_sm,
-                                                 cfg.min_tokens_per_split)
+                                                 cfg.min_tokens_per_split, cfg.max_splits)
     per_split = tokens_per_split(max_context_len, splits, cfg.block_n)
     splits = cdiv(max_context_len, per_split)
     if splits > MAX_SPLITS:
@@ -244,6 +259,6 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if splits > 1:
         _merge_kernel[(batch, num_heads)](
             part_out, part_lse, context_lens, out, per_split, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=MAX_SPLITS, num_warps=4,
+            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=MERGE_BLOCK_S, num_warps=4,
         )
     return out

@@ -67,7 +67,7 @@ def _decode(kv, query, ctx, scale, splits, bound, dtype):
 
 # (num_splits, max_context_len): a split count asked, or the defaults' choice; the bound the
 # engine passes (None: the block table's width; LONG: a decode graph's context bucket).
-@pytest.mark.parametrize("splits, bound", [(1, None), (8, None), (None, LONG)])
+@pytest.mark.parametrize("splits, bound", [(1, None), (8, None), (256, LONG), (None, LONG)])
 def test_decode_at_32k_context(splits, bound, merge_splits):
     """A 32k sequence beside a 5,000-token one (most splits empty) and a single token."""
     ctx = [LONG, 5000, 1]
@@ -75,8 +75,9 @@ def test_decode_at_32k_context(splits, bound, merge_splits):
     out = _decode(kv, query, ctx, 0.125, splits, bound, torch.float16)
     assert_accurate(out, _decode_oracle(kv, query, ctx, 0.125, torch.float64),
                     _decode_oracle(kv, query, ctx, 0.125, torch.float16))
-    # Unsplit: no merge. A small batch's defaults cut the 32k bucket into 64 splits of 512.
-    assert merge_splits == {1: [], 8: [8], None: [64]}[splits]
+    # Unsplit: no merge. A small batch's defaults cut the 32k bucket into 64 splits of 512; 256
+    # splits are merged 64 at a time.
+    assert merge_splits == {1: [], 8: [8], 256: [256], None: [64]}[splits]
 
 
 def test_decode_merge_carries_a_far_needle(merge_splits):
