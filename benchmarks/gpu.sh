@@ -19,7 +19,8 @@
 #   lora             Llama-3-8B A through Triton: no adapters, 4 adapters, 4 adapters on 2 slots,
 #                    no adapters again
 #   spec-decode      n-gram speculative decoding in-process, batches $SPEC_BATCHES (1,8,16,32)
-#   sampling         the sampler's per-step cost, then penalties' cost on workload A in-process
+#   sampling         the sampler's per-step cost, then penalties' cost on workload A in-process,
+#                    for this tree, then for each tree in $TREES (carried)
 #   stream-interval  Qwen2.5-1.5B A through Triton, stream_interval 1 and 16, alternately, twice
 #   kernels [--full] the long-context attention tests and the kernel table (decode and prefill
 #                    against PyTorch SDPA; --full adds the config sweeps)
@@ -158,12 +159,20 @@ sampling)
     stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
     timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \
         --json "$OUT/bench_sampler.json" 2>&1 | tail -12 >> "$S"
-    stamp "sampling cost, $LLAMA bf16 A in-process"
-    timeout 400 "$PY" benchmarks/engine/sampling_cost.py --model "models/configs/$LLAMA" \
-        --tokenizer models/tiny-llama --rounds 2 \
-        --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1' \
-        --variant 'pen_1in8:8:repetition_penalty=1.1' "$@" --json "$OUT/sampling_cost.json" \
-        2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S" ;;
+    # TREES: other source trees (e.g. `git archive REV`), each measured after this one.
+    HERE=$(pwd)
+    for tree in . ${TREES:-}; do
+        name=this; [ "$tree" = . ] || name=$(basename "$tree")
+        # An older tree runs this tree's benchmark (it uses only the engine's public API).
+        [ "$tree" = . ] || { mkdir -p "$tree/benchmarks/engine"; cp benchmarks/offline.py "$tree/benchmarks/"
+                             cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"; }
+        stamp "sampling cost, $LLAMA bf16 A in-process, tree $name"
+        (cd "$tree" && timeout "${COST_TIMEOUT:-200}" "$PY" benchmarks/engine/sampling_cost.py \
+            --model "$HERE/models/configs/$LLAMA" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \
+            --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1' \
+            --variant 'pen_1in8:8:repetition_penalty=1.1' "$@" --json "$OUT/sampling_cost_$name.json" \
+            2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S")
+    done ;;
 stream-interval)
     EXTRA=("$@")
     for round in 1 2; do
