@@ -72,6 +72,9 @@ gpu_tests() {  # seconds, lines kept, pytest arguments...
     timeout "$limit" "$PY" -m pytest "$@" -q -p no:cacheprovider --tb=short 2>&1 \
         | grep -v "^  warnings.warn\|Warning" | tail -"$lines" | cut -c1-900 >> "$S"
 }
+model_path() {  # a name under models/configs, or a directory
+    if [ -d "$1" ]; then echo "$1"; else echo "models/configs/$1"; fi
+}
 with_xgrammar() {  # structured outputs need xgrammar, built by scripts/package_gpu_extras.sh
     "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
         gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
@@ -151,7 +154,7 @@ spec-decode)
     # SPEC_GRAPH_SEQS: most sequences that speculate (default: the engine's); SPEC_PARAMS: JSON
     # sampling parameters for every request, e.g. '{"repetition_penalty": 1.1}'.
     stamp "speculative decoding, $LLAMA bf16 in-process"
-    timeout 540 "$PY" benchmarks/engine/spec_decode.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
+    timeout 540 "$PY" benchmarks/engine/spec_decode.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
         --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} \
         ${SPEC_PARAMS:+--params "$SPEC_PARAMS"} --json "$OUT/bench_spec_decode.json" "$@" 2>&1 \
         | grep -v "Warning\|warnings.warn" | tail -20 >> "$S" ;;
@@ -168,7 +171,7 @@ sampling)
                              cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"; }
         stamp "sampling cost, $LLAMA bf16 A in-process, tree $name"
         (cd "$tree" && timeout "${COST_TIMEOUT:-200}" "$PY" benchmarks/engine/sampling_cost.py \
-            --model "$HERE/models/configs/$LLAMA" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \
+            --model "$HERE/$(model_path "$LLAMA")" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \
             --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1' \
             --variant 'pen_1in8:8:repetition_penalty=1.1' "$@" --json "$OUT/sampling_cost_$name.json" \
             2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S")
@@ -201,11 +204,11 @@ profile)
     for w in "A:256:64" "B:1:128"; do
         IFS=: read -r name n len <<<"$w"
         stamp "engine profile, workload $name-like ($n x 512 in, $len out)"
-        timeout 240 "$PY" benchmarks/engine/profile_engine.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
+        timeout 240 "$PY" benchmarks/engine/profile_engine.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
             --num-requests "$n" --input-len 512 --output-len "$len" "$@" --json "$OUT/profile_$name.json" 2>&1 | tail -30 >> "$S"
     done
     stamp "GPU time per kernel per step, workload A"
-    timeout 240 "$PY" benchmarks/engine/profile_kernels.py --model "models/configs/$LLAMA" --tokenizer models/tiny-llama \
+    timeout 240 "$PY" benchmarks/engine/profile_kernels.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
         "$@" --json "$OUT/step_kernels.json" 2>&1 | tail -60 | cut -c1-160 >> "$S" ;;
 compare-trees)
     # Machines differ by several percent, so only runs made one after the other on one GPU are
