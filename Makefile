@@ -11,7 +11,7 @@ OPENAI_PORT ?= 9000
 # The slowest tests are listed at the end, so that a slower suite shows where its time went.
 PYTEST_ARGS ?= --timeout=600 --durations=15
 
-.PHONY: venv model serve test perf-analyzer clean
+.PHONY: venv model serve test test-long perf-analyzer clean
 
 # The environment: pinned in requirements.txt, reinstalled when that file changes.
 venv: $(STAMP)
@@ -51,8 +51,13 @@ serve: venv model
 	scripts/tritonserver --model-repository=$(MODEL_REPOSITORY) --http-port=$(HTTP_PORT) \
 		--grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
 
+# The suite without its long runs (pytest.ini leaves out tests marked `long`); CI runs this.
 test: venv model perf-analyzer
 	$(PY) -m pytest tests/ $(PYTEST_ARGS)
+
+# The long soak, reload and unload-stress runs only (about 8 minutes on 2 cores).
+test-long: venv model
+	$(PY) -m pytest tests/ -m long $(PYTEST_ARGS)
 
 clean:
 	rm -rf .tritonserver .perf_analyzer .pytest_cache

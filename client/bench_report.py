@@ -1,4 +1,4 @@
-"""Collect one benchmark run (scripts/gpu_run.sh's work directory) into results.json and print
+"""Collect one benchmark run (benchmarks/gpu.sh e2e's work directory) into results.json and print
 the summary table: every engine figure next to the Hugging Face anchor of the same run, and
 against the targets; a second table for the long-context workloads (C, L) when the run had them;
 then each phase's GPU clock and power (client/gpu_telemetry.py).

@@ -1,4 +1,4 @@
-"""Clocks and power of the GPU during each benchmark phase, from the log that scripts/gpu_run.sh
+"""Clocks and power of the GPU during each benchmark phase, from the log that benchmarks/gpu.sh e2e
 keeps with `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active
 --format=csv,noheader -lms 200`.
 

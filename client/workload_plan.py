@@ -1,5 +1,5 @@
 """Which benchmark workloads one model can serve, and the max_model_len its engine needs for
-them: what scripts/gpu_run.sh asks before it writes a model's repository.
+them: what benchmarks/gpu.sh e2e asks before it writes a model's repository.
 
     python client/workload_plan.py --model-dir models/configs/qwen2.5-7b --workloads A,B,C,L \
         [--num-requests N --input-len N --output-len N] [--set KEY=VALUE]... [--json FILE]

@@ -53,7 +53,7 @@ class DecodeConfig:
 def default_config(dtype: torch.dtype, batch: int, num_kv_heads: int, sms: int,
                    fp8_cache: bool = False) -> DecodeConfig:
     """The fastest configs of the attention sweep at the engine's shapes
-    (scripts/sweep_attention.py; figures in docs/kernels.md). Full batches: 64-token tiles,
+    (benchmarks/kernels/sweep_attention.py; figures in docs/kernels.md). Full batches: 64-token tiles,
     4 warps, 3 stages; an FP8 cache's half-size tiles want 2 warps.
 
     When batch x KV heads leaves SMs idle, the sequences are cut into as many splits as there

@@ -11,7 +11,7 @@ buffer that is reduced in a fixed order (no atomics: the result does not depend 
 
 The best tile differs by shape (up to 1.5x on a small layer), so each GPU model may have a table
 of measured configs per weight shape, kernels/configs/fp8_matmul.json, written by
-`scripts/bench_fp8_matmul.py --write-configs`; other shapes and GPUs take the default config.
+`benchmarks/kernels/fp8_matmul.py --write-configs`; other shapes and GPUs take the default config.
 A table, not an autotuner at start-up: the choice, and so the summation order, is the same in
 every run.
 """

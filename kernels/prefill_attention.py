@@ -51,7 +51,7 @@ class PrefillConfig:
 def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
                    chunk_tma: bool = False, group: int = 1) -> PrefillConfig:
     """The fastest configs of the attention sweep at the engine's shapes
-    (scripts/sweep_attention.py --chunk-kv cache,direct,tma; figures in docs/kernels.md and
+    (benchmarks/kernels/sweep_attention.py --chunk-kv cache,direct,tma; figures in docs/kernels.md and
     docs/performance_notes.md). 16-bit inputs: 64x64 tiles, 4 warps, 2 stages for packed
     512-token prompts, the chunk read through TMA. Longer chunks take 128-query tiles (4 warps,
     2 stages) through TMA; plain loads of the chunk lost to the cache path at 512 tokens, and

@@ -27,7 +27,7 @@ in a fixed order afterwards (no atomics: the result does not depend on timing). 
 One row (decode at batch 1) and many rows take other paths, chosen by the config's `method`
 (kernels/w4a16_paths.py): a GEMV on the CUDA cores, and dequantize-then-cuBLAS. A table of
 measured configs per GPU, weight shape and row bucket (kernels/configs/w4a16.json, written by
-scripts/bench_w4a16.py --write-configs) overrides the defaults.
+benchmarks/kernels/w4a16.py --write-configs) overrides the defaults.
 """
 
 from __future__ import annotations

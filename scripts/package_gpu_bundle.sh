@@ -6,7 +6,7 @@
 #
 # TRITIUM_BUNDLE_PYVER (default 3.12, the GPU machine's Python) and TRITIUM_BUNDLE_DIR (default
 # gpu_bundle/) build the same bundle for another Python, e.g. 3.11 to rehearse
-# scripts/gpu_run.sh on this CPU machine.
+# benchmarks/gpu.sh e2e on this CPU machine.
 #
 #   gpu_bundle/tritonserver-2.51.0-py312.tar.xz   tritonserver + python backend + 3.12 stub +
 #                                                  nvidia_pytriton.libs (no libpython), laid out

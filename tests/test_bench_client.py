@@ -324,10 +324,12 @@ def test_bench_tokenizer_has_text_for_every_id_of_the_vocabulary(tmp_path):
 
 
 def test_benchmark_sampling_options():
-    """bench_offline --sampling / bench_sampling_cost --variant: vLLM's names with JSON values."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    from bench_offline import parse_sampling
-    from bench_sampling_cost import parse_variant
+    """benchmarks/offline.py --sampling / benchmarks/engine/sampling_cost.py --variant: vLLM's
+    names with JSON values."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "engine"))
+    from offline import parse_sampling
+    from sampling_cost import parse_variant
     assert parse_sampling(["repetition_penalty=1.1", "stop=[\"x\"]", "bad_words=oops"]) == {
         "repetition_penalty": 1.1, "stop": ["x"], "bad_words": "oops"}
     assert parse_variant("pen:8:repetition_penalty=1.2,presence_penalty=0.1") == (
@@ -348,7 +350,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
             "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--json", str(out)]
     if spec:
         args += ["--engine-arg", 'speculative_config={"method": "ngram", "num_speculative_tokens": 2}']
-    subprocess.run([sys.executable, "scripts/profile_engine.py", *args], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "benchmarks/engine/profile_engine.py", *args], cwd=ROOT, check=True,
                    capture_output=True, timeout=300)
     d = json.loads(out.read_text())
     assert d["output_tok_s"] > 0 and d["steps"] >= 6 and len(d["lone_request_ttft_ms"]) == 3
@@ -357,7 +359,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
     if not spec:
         return
     out = tmp_path / "spec.json"
-    subprocess.run([sys.executable, "scripts/bench_spec_decode.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--batch-sizes", "1,3",
                     "--input-len", "16", "--output-len", "8", "--rounds", "1", "--json", str(out)],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
@@ -369,7 +371,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
     assert all(r["accepted"] == r["draft_tokens"] > 0 for r in oracle)
     # Seeded sampling with penalties: each token drawn as in the plain run, so the plain run's
     # tokens again, and an oracle of them always right.
-    subprocess.run([sys.executable, "scripts/bench_spec_decode.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--batch-sizes", "3",
                     "--input-len", "16", "--output-len", "8", "--rounds", "1", "--modes", "oracle,wrong",
                     "--params", '{"temperature": 1.0, "seed": 5, "repetition_penalty": 1.2}', "--json", str(out)],
@@ -381,7 +383,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
 
 def test_bench_ngram_proposer_runs_every_kind_of_output(tmp_path):
     out = tmp_path / "proposer.json"
-    subprocess.run([sys.executable, "scripts/bench_ngram_proposer.py", "--seqs", "2", "--prompt-lens", "64,128",
+    subprocess.run([sys.executable, "benchmarks/kernels/ngram_proposer.py", "--seqs", "2", "--prompt-lens", "64,128",
                     "--steps", "5", "--json", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
     d = json.loads(out.read_text())
     assert [(r["prompt_len"], r["outputs"]) for r in d["rows"]] == [
@@ -391,6 +393,6 @@ def test_bench_ngram_proposer_runs_every_kind_of_output(tmp_path):
 
 def test_bench_spec_decode_refuses_params_that_are_not_a_json_object():
     for bad, message in (("[1]", "a JSON object of sampling parameters, got '[1]'"), ("{bad", "not JSON")):
-        r = subprocess.run([sys.executable, "scripts/bench_spec_decode.py", "--model", "x", "--params", bad],
+        r = subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "x", "--params", bad],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and f"argument --params: {message}" in r.stderr, r.stderr

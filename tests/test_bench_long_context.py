@@ -1,6 +1,6 @@
 """The long-context benchmark workloads (C, L): their sizes, quick runs of them, which models can
 serve them and the max_model_len they need (client/workload_plan.py), every runner and
-scripts/gpu_run.sh accepting them, and the report's table of their figures."""
+benchmarks/gpu.sh e2e accepting them, and the report's table of their figures."""
 import json
 import math
 import os
@@ -74,40 +74,40 @@ def test_model_context_limits():
                       "qwen2.5-7b": (32768, "max_position_embeddings=32768")}
 
 
-def _gpu_run(*args: str) -> subprocess.CompletedProcess:
+def _gpu_e2e(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "IMAGE_PYTHON": sys.executable}
-    return subprocess.run(["bash", "scripts/gpu_run.sh", "--dry-run", *args], cwd=ROOT, env=env,
+    return subprocess.run(["bash", "benchmarks/gpu.sh", "e2e", "--dry-run", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
-def test_gpu_run_plans_long_workloads_per_model():
-    r = _gpu_run("--models", "llama-3-8b,qwen2.5-7b", "--workloads", "A,B,C,L")
+def test_gpu_e2e_plans_long_workloads_per_model():
+    r = _gpu_e2e("--models", "llama-3-8b,qwen2.5-7b", "--workloads", "A,B,C,L")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "dry run: llama-3-8b: run A,B, skip C,L, engine as configured" in r.stdout
     assert "dry run: qwen2.5-7b: run A,B,C,L, skip -, engine --set max_model_len=32768" in r.stdout
     assert "L: 32,640 + 128 tokens exceed max_position_embeddings=8192" in r.stderr
     # A quick rehearsal on the tiny model (2,048 positions) runs C and L at its sizes.
-    r = _gpu_run("--models", "models/tiny-llama", "--workloads", "C,L", "--num-requests", "4",
+    r = _gpu_e2e("--models", "models/tiny-llama", "--workloads", "C,L", "--num-requests", "4",
                  "--input-len", "64", "--output-len", "8")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "dry run: tiny-llama: run C,L, skip -, engine as configured" in r.stdout
-    r = _gpu_run("--models", "llama-3-8b", "--workloads", "A,X")
-    assert r.returncode == 2 and "gpu_run.sh: ValueError: unknown workload 'X'" in r.stderr, r.stderr
+    r = _gpu_e2e("--models", "llama-3-8b", "--workloads", "A,X")
+    assert r.returncode == 2 and "gpu.sh e2e: ValueError: unknown workload 'X'" in r.stderr, r.stderr
 
 
 def test_runners_accept_the_long_workloads(tmp_path):
     """The in-process bench and the HF anchor run C and L at quick sizes on the tiny model; the
-    HF anchor's request cap (gpu_run.sh's --hf-requests) does not inflate C; the Triton client
+    HF anchor's request cap (gpu.sh e2e's --hf-requests) does not inflate C; the Triton client
     offers them."""
     help_text = subprocess.run([sys.executable, "client/bench.py", "--help"], cwd=ROOT, check=True,
                                capture_output=True, text=True, timeout=60).stdout
     assert "--workload {A,B,C,L}" in help_text
     sizes = ["--workloads", "C,L", "--input-len", "16", "--output-len", "3"]
-    subprocess.run([sys.executable, "scripts/bench_offline.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "benchmarks/offline.py", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--num-requests", "3",
                     "--warmup", "1", "--warmup-output-len", "2", *sizes, "--json", str(tmp_path / "off.json")],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
-    subprocess.run([sys.executable, "scripts/bench_hf.py", "--config", "models/tiny-llama", "--device", "cpu",
+    subprocess.run([sys.executable, "benchmarks/hf.py", "--config", "models/tiny-llama", "--device", "cpu",
                     "--dtype", "float32", "--batch-size", "4", "--max-requests", "256", *sizes,
                     "--json", str(tmp_path / "hf.json")], cwd=ROOT, check=True, capture_output=True, timeout=300)
     for name, c_requests in (("off.json", 3), ("hf.json", 8)):

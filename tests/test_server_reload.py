@@ -1,5 +1,5 @@
-"""Must-show 6: hot reload. In explicit mode, ten unload/load cycles with requests in between leave
-no threads, stub processes or memory behind; requests in flight at unload each get one FINAL
+"""Must-show 6: hot reload. In explicit mode, unload/load cycles with requests in between leave
+no threads, stub processes or memory behind (three in CI, ten under `make test-long`); requests in flight at unload each get one FINAL
 (an error); a changed engine argument takes effect after a reload, also in poll mode."""
 import os
 import re
@@ -9,9 +9,8 @@ import pytest
 from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
                            stub_pids, wait_until, write_config, write_model_repository)
 
-CYCLES = 10
 # The server process may grow a little (allocator pools, gRPC buffers); growth beyond this over
-# ten cycles would be a leak. Each load starts a fresh stub process, whose memory must not grow
+# the cycles would be a leak. Each load starts a fresh stub process, whose memory must not grow
 # from one load to the next either. (Measured here: +1 MB over ten cycles.)
 RSS_TOLERANCE_MB = 16
 THREAD_TOLERANCE = 2
@@ -84,18 +83,27 @@ def _cycle(server, in_flight: int) -> float:
     return _rss_mb(stubs[0])
 
 
-def test_unload_load_cycles_leave_nothing_behind(explicit_server):
-    pid = explicit_server.proc.pid
-    first_stub = _cycle(explicit_server, in_flight=2)  # warm-up: the server's pools reach their size
+def _check_cycles(server, cycles: int) -> None:
+    pid = server.proc.pid
+    first_stub = _cycle(server, in_flight=2)  # warm-up: the server's pools reach their size
     threads, rss = _threads(pid), _rss_mb(pid)
-    stub_rss = [_cycle(explicit_server, in_flight=2) for _ in range(CYCLES)]
+    stub_rss = [_cycle(server, in_flight=2) for _ in range(cycles)]
     grown = _rss_mb(pid) - rss
-    print(f"tritonserver after {CYCLES} cycles: threads {threads} -> {_threads(pid)}, "
+    print(f"tritonserver after {cycles} cycles: threads {threads} -> {_threads(pid)}, "
           f"RSS {rss:.0f} MB -> {rss + grown:.0f} MB; stub RSS {first_stub:.0f} MB -> {stub_rss[-1]:.0f} MB")
     assert abs(_threads(pid) - threads) <= THREAD_TOLERANCE
     assert grown <= RSS_TOLERANCE_MB
     assert max(stub_rss) - first_stub <= RSS_TOLERANCE_MB
     assert len(stub_pids(pid)) == 1
+
+
+def test_unload_load_cycles_leave_nothing_behind(explicit_server):
+    _check_cycles(explicit_server, 3)
+
+
+@pytest.mark.long
+def test_ten_unload_load_cycles_leave_nothing_behind(explicit_server):
+    _check_cycles(explicit_server, 10)
 
 
 def test_changed_parameter_takes_effect_after_reload(explicit_server):

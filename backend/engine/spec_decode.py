@@ -61,7 +61,7 @@ class NgramProposer:
     sequence in numpy (~1 ms a step for 32 speculating sequences) and a list-to-array copy per
     lookup length 0.1-2 ms. The index takes ~200-240 bytes of host memory per token (7.5 MiB for
     a 32k-token sequence) and is built once per sequence, at its first lookup (~15 ms for 8k tokens;
-    scripts/bench_ngram_proposer.py)."""
+    benchmarks/kernels/ngram_proposer.py)."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config

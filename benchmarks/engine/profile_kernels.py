@@ -1,0 +1,158 @@
+"""Where a step's GPU time goes, kernel by kernel, on the GPU: runs workload A (256 x 512 in)
+in-process with dummy weights, records a few prefill-phase steps and a few full-batch decode
+steps with torch.profiler, and prints per-kernel totals per step. With --gemm it also times
+the model's GEMM shapes alone (the ceiling each kernel category can reach). --num-requests and
+--output-len change the workload (with `speculative_config`, decode-phase steps verify).
+
+    python3 benchmarks/engine/profile_kernels.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+        [--gemm] [--json out.json] [--engine-arg key=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from engine_cli import add_engine_arguments, engine_values  # noqa: E402
+from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+
+
+def category(name: str) -> str:
+    n = name.lower()
+    for key, cat in (("nvjet", "gemm"), ("gemm", "gemm"), ("cutlass", "gemm"), ("sm90", "gemm"),
+                     ("decode", "attn_decode"), ("merge", "attn_decode"), ("prefill", "attn_prefill"),
+                     ("store_kv", "kv_store"), ("rms", "rms_norm"), ("rotary", "rotary"),
+                     ("silu", "silu_and_mul"), ("memcpy", "memcpy"), ("copy", "copy"),
+                     ("index", "index"), ("embedding", "embedding"), ("sort", "sampler"),
+                     ("softmax", "sampler"), ("argmax", "sampler"), ("reduce", "sampler")):
+        if key in n:
+            return cat
+    return "other"
+
+
+def kernel_table(prof, num_steps: int) -> dict:
+    per_kernel: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[evt.name][0] += evt.device_time
+            per_kernel[evt.name][1] += 1
+    cats: dict[str, float] = defaultdict(float)
+    for name, (us, _) in per_kernel.items():
+        cats[category(name)] += us
+    total = sum(cats.values())
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:25]
+    return {
+        "gpu_ms_per_step": total / 1000 / num_steps,
+        "by_category_ms_per_step": {k: round(v / 1000 / num_steps, 3)
+                                    for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:110], "ms_per_step": round(us / 1000 / num_steps, 3),
+                         "calls_per_step": c / num_steps, "category": category(n)}
+                        for n, (us, c) in top],
+    }
+
+
+def profile_steps(engine: LLMEngine, num_steps: int) -> tuple[dict, float]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(num_steps):
+            engine.step()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / num_steps
+    table = kernel_table(prof, num_steps)
+    table["wall_ms_per_step"] = wall * 1000
+    return table, wall
+
+
+def gemm_ceiling(hidden: int, inter: int, q: int, kv: int, vocab: int) -> list[dict]:
+    rows = []
+    shapes = {"qkv": (q + 2 * kv, hidden), "o": (hidden, q), "gate_up": (2 * inter, hidden),
+              "down": (hidden, inter), "lm_head": (vocab, hidden)}
+    for m in (256, 8192):
+        for name, (n, k) in shapes.items():
+            if name == "lm_head" and m > 256:
+                continue
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            for _ in range(3):
+                torch.nn.functional.linear(x, w)
+            torch.cuda.synchronize()
+            reps = 20
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(reps):
+                torch.nn.functional.linear(x, w)
+            e.record()
+            torch.cuda.synchronize()
+            ms = s.elapsed_time(e) / reps
+            rows.append({"m": m, "gemm": name, "n": n, "k": k, "ms": round(ms, 4),
+                         "tflops": round(2 * m * n * k / ms / 1e9, 1)})
+            print(f"gemm m={m:5d} {name:8s} n={n:6d} k={k:6d}: {ms:.3f} ms {rows[-1]['tflops']} TFLOP/s",
+                  flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_engine_arguments(ap)
+    ap.add_argument("--gemm", action="store_true")
+    ap.add_argument("--num-requests", type=int, default=256, help="of 512 tokens each (workload A: 256)")
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--skip-decode-steps", type=int, default=60,
+                    help="steps after the prefill phase before the decode phase is recorded")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    values = engine_values(a)
+    engine = LLMEngine(EngineArgs.from_strings(values))
+    result: dict = {"engine_args": values}
+    cfg = engine.runner.model.args
+    if a.gemm:
+        result["gemm"] = gemm_ceiling(cfg.hidden_size, cfg.intermediate_size,
+                                      cfg.num_attention_heads * cfg.head_dim,
+                                      cfg.num_key_value_heads * cfg.head_dim, cfg.vocab_size)
+    rng = random.Random(0)
+
+    def add(n: int, out_len: int, tag: str) -> None:
+        params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+        for i in range(n):
+            engine.add_request(f"{tag}{i}", [rng.randrange(100, 5000) for _ in range(512)], params)
+
+    add(64, 4, "warm")  # compiles every kernel variant at full-size steps
+    while engine.has_unfinished_requests():
+        engine.step()
+    add(a.num_requests, a.output_len, "a")
+    engine.step()  # first prefill step (nothing to overlap with)
+    result["prefill_phase"], _ = profile_steps(engine, 4)
+    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
+                                          for s in engine.scheduler.running):
+        engine.step()
+    for _ in range(a.skip_decode_steps):
+        engine.step()
+    result["decode_phase"], _ = profile_steps(engine, 10)
+    while engine.has_unfinished_requests():
+        engine.step()
+    for phase in ("prefill_phase", "decode_phase"):
+        t = result[phase]
+        print(f"\n== {phase}: wall {t['wall_ms_per_step']:.2f} ms/step, GPU busy "
+              f"{t['gpu_ms_per_step']:.2f} ms/step")
+        for k, v in t["by_category_ms_per_step"].items():
+            print(f"  {k:14s} {v:8.3f} ms")
+        for row in t["top_kernels"][:15]:
+            print(f"  {row['ms_per_step']:8.3f} ms x{row['calls_per_step']:5.1f}  {row['name']}")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Benchmarks and GPU checks on a GPU machine, one named set per call (each fits a 10-minute
+# device call). Run from the repository root with $OUT set, carrying gpu_bundle/ (built by
+# scripts/package_gpu_bundle.sh) and models/tiny-llama (make model):
+#
+#   OUT=/tmp/out bash benchmarks/gpu.sh SET [ARGS...]
+#
+#   e2e ARGS...      models x runners x workloads (benchmarks/lib/e2e.sh; its flags: --models,
+#                    --phases triton,offline,hf,frontend, --workloads A,B,C,L, --engine-arg K=V,
+#                    --dry-run ...); writes $OUT/results.json and $OUT/logs.tar.gz
+#   serving          Llama-3-8B, Qwen2.5-7B, Qwen2.5-1.5B bf16, workloads A and B through Triton and
+#                    in-process (the serving overhead)
+#   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
+#                    cache, one after the other on one GPU; then the FP8 matmul table
+#   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests, the W4A16 table and config sweep
+#                    (its configs used from then on), then Llama-3-8B AWQ and bf16 A and B through Triton
+#   long-context     Qwen2.5-7B bf16 workloads C and L through Triton and the Hugging Face anchor
+#   frontend         Llama-3-8B workload A over gRPC directly and through the OpenAI frontend
+#   lora             Llama-3-8B A through Triton: no adapters, 4 adapters, 4 adapters on 2 slots,
+#                    no adapters again
+#   spec-decode      n-gram speculative decoding in-process, batches $SPEC_BATCHES (1,8,16,32)
+#   sampling         the sampler's per-step cost, then penalties' cost on workload A in-process,
+#                    for this tree, then for each tree in $TREES (carried)
+#   stream-interval  Qwen2.5-1.5B A through Triton, stream_interval 1 and 16, alternately, twice
+#   kernels [--full] the long-context attention tests and the kernel table (decode and prefill
+#                    against PyTorch SDPA; --full adds the config sweeps)
+#   tests            the GPU tests: kernels, the engine against Hugging Face and the CPU engine,
+#                    LoRA, FP8, AWQ/GPTQ, structured outputs (xgrammar from gpu_extras/)
+#   profile [ARGS]   where a step's time goes at Llama-3-8B shapes: host and GPU time per step
+#                    (workload A-like and B), GPU time per kernel (ARGS go to both profilers)
+#   compare-trees TREE... [-- E2E_ARGS]  this tree against others (`git archive REV | tar -x -C
+#                    oldtree`, carried), in-process by default, run alternately ROUNDS (2) times
+#   ncu-attention    attention kernel variants timed, then Nsight Compute sections per case
+#
+# Sets other than e2e and compare-trees pass further ARGS to each e2e call. $OUT/summary.txt
+# keeps the lines that matter; each e2e call's results.json is kept as $OUT/<name>_results.json.
+# Environment: COMMIT (recorded in results.json), IMAGE_PYTHON (python3), LLAMA, QWEN, QWEN7
+# (model shapes: names under models/configs or directories). A rehearsal on a CPU machine:
+#   LLAMA=models/tiny-llama QWEN=models/tiny-llama QWEN7=models/tiny-llama NO_GPU_STEPS=1
+#   IMAGE_PYTHON=.venv/bin/python TRITIUM_BUNDLE=/tmp/bundle311 OUT=/tmp/out bash benchmarks/gpu.sh
+#   serving --device cpu --dtype float32 --num-requests 16 --input-len 64 --output-len 16
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SET="${1:?usage: benchmarks/gpu.sh SET [ARGS...] (the sets are listed at the top of this file)}"; shift
+if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
+    TRITIUM_COMMIT="${TRITIUM_COMMIT:-${COMMIT:-}}" exec bash benchmarks/lib/e2e.sh "$@"
+fi
+OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
+LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
+SETS=" e2e serving fp8 w4a16 long-context frontend lora spec-decode sampling stream-interval kernels tests profile compare-trees ncu-attention "
+[[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
+mkdir -p "$OUT"
+
+t0=$(date +%s); S="$OUT/summary.txt"
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*" | tee -a "$S"; }
+logs() {  # the engine process's and the stub's own accounts of an e2e call
+    local d; d=$(mktemp -d); tar -C "$d" -xzf "$1/logs.tar.gz" 2>/dev/null
+    grep -rh -E "engine process:|sender thread|KV cache:|Triton (is )?compil" "$d" | cut -c1-900 >> "$S"; rm -rf "$d"
+}
+EXTRA=()
+e2e() {  # name, e2e arguments...: keeps results.json and the summary lines
+    local name="$1"; shift
+    TRITIUM_COMMIT="$COMMIT" OUT="$OUT/$name" bash benchmarks/lib/e2e.sh "$@" "${EXTRA[@]}" > "$OUT/$name.log" 2>&1
+    grep -E "workload [A-Z]:|output tok/s|TTFT" "$OUT/$name.log" >> "$S"
+    logs "$OUT/$name"
+    mv "$OUT/$name/results.json" "$OUT/${name}_results.json" 2>/dev/null
+    rm -rf "${OUT:?}/$name" "$OUT/$name.log"
+}
+gpu_tests() {  # seconds, lines kept, pytest arguments...
+    local limit=$1 lines=$2; shift 2
+    timeout "$limit" "$PY" -m pytest "$@" -q -p no:cacheprovider --tb=short 2>&1 \
+        | grep -v "^  warnings.warn\|Warning" | tail -"$lines" | cut -c1-900 >> "$S"
+}
+model_path() {  # a name under models/configs, or a directory
+    if [ -d "$1" ]; then echo "$1"; else echo "models/configs/$1"; fi
+}
+with_xgrammar() {  # structured outputs need xgrammar, built by scripts/package_gpu_extras.sh
+    "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
+        gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
+    PYTHONPATH=/tmp/extras "$@"
+}
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tee -a "$S"
+
+case "$SET" in
+serving)
+    EXTRA=("$@")
+    for spec in "$LLAMA:llama" "$QWEN7:qwen7" "$QWEN:qwen15"; do
+        stamp "${spec%%:*} bf16 A and B: Triton and in-process"
+        e2e "${spec##*:}" --models "${spec%%:*}" --phases triton,offline --workloads A,B
+    done ;;
+fp8)
+    EXTRA=("$@")
+    stamp "$LLAMA bf16 A and B through Triton"
+    e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B
+    stamp "$LLAMA FP8 weights A and B through Triton"
+    e2e llama_fp8 --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=fp8
+    stamp "$LLAMA FP8 weights and FP8 KV cache A and B through Triton"
+    e2e llama_fp8_kv_fp8 --models "$LLAMA" --phases triton --workloads A,B \
+        --engine-arg quantization=fp8 --engine-arg kv_cache_dtype=fp8
+    if [ -z "${NO_GPU_STEPS:-}" ]; then
+        stamp "FP8 matmul against torch._scaled_mm and bf16 (rows 1, 4, 16)"
+        timeout 240 "$PY" benchmarks/kernels/fp8_matmul.py --json "$OUT/fp8_matmul.json" 2>&1 | tail -30 >> "$S"
+    fi ;;
+w4a16)
+    EXTRA=("$@")
+    if [ -z "${NO_GPU_STEPS:-}" ]; then
+        stamp "GPU tests: the W4A16 kernel (gemv, mma and dequant paths) and the AWQ/GPTQ engine"
+        gpu_tests 300 20 tests/kernels/test_kernel_w4a16.py tests/engine/test_awq_gptq.py --confcutdir=tests
+        stamp "W4A16 table and sweep (kernels/configs/w4a16.json's entries written to \$OUT)"
+        timeout 600 "$PY" benchmarks/kernels/w4a16.py --sweep --json "$OUT/w4a16.json" \
+            --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip" | tail -60 >> "$S"
+        # The swept configs serve the runs below (copy them into kernels/configs to keep them).
+        [ -f "$OUT/w4a16_configs.json" ] && cp "$OUT/w4a16_configs.json" kernels/configs/w4a16.json
+    fi
+    stamp "$LLAMA AWQ (random 4-bit weights, groups of 128) A and B through Triton"
+    e2e llama_awq --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=awq
+    stamp "$LLAMA bf16 A and B through Triton (the same machine)"
+    e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B ;;
+long-context)
+    EXTRA=("$@")
+    stamp "$QWEN7 bf16 C and L: Triton and the Hugging Face anchor"
+    e2e qwen7_long --models "$QWEN7" --phases triton,hf --workloads C,L ;;
+frontend)
+    EXTRA=("$@")
+    stamp "$LLAMA bf16 A: gRPC direct, then the OpenAI frontend (one server)"
+    e2e llama_frontend --models "$LLAMA" --phases frontend --workloads A ;;
+lora)
+    EXTRA=("$@")
+    ADAPTERS="${LORA_DIR:-/tmp/tritium-lora-adapters}"
+    stamp "writing 4 random rank-16 adapters for $LLAMA in $ADAPTERS"
+    MODULES=$(PYTHONPATH=tests/engine "$PY" - "$LLAMA" "$ADAPTERS" <<'EOF'
+import json, os, sys
+from lora_adapters import write_adapter
+model = sys.argv[1] if os.path.isdir(sys.argv[1]) else os.path.join("models/configs", sys.argv[1])
+targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+paths = {f"a{i}": write_adapter(os.path.join(sys.argv[2], f"a{i}"), model, targets, 16, 32, seed=i, scale=0.01)
+         for i in range(4)}
+print(json.dumps(paths, separators=(",", ":")))
+EOF
+)
+    echo "lora_modules=$MODULES" >> "$S"
+    LORA=(--engine-arg enable_lora=true --engine-arg "lora_modules=$MODULES" --engine-arg max_lora_rank=16)
+    stamp "$LLAMA bf16 A through Triton, no adapters (first)"
+    e2e llama_base1 --models "$LLAMA" --phases triton --workloads A
+    stamp "$LLAMA bf16 A through Triton, requests over 4 adapters, 4 slots"
+    e2e llama_lora4 --models "$LLAMA" --phases triton --workloads A "${LORA[@]}" --lora-names a0,a1,a2,a3
+    stamp "$LLAMA bf16 A through Triton, requests over 4 adapters, max_loras=2"
+    e2e llama_lora4_slots2 --models "$LLAMA" --phases triton --workloads A "${LORA[@]}" \
+        --engine-arg max_loras=2 --lora-names a0,a1,a2,a3
+    stamp "$LLAMA bf16 A through Triton, no adapters (last)"
+    e2e llama_base2 --models "$LLAMA" --phases triton --workloads A ;;
+spec-decode)
+    # SPEC_GRAPH_SEQS: most sequences that speculate (default: the engine's); SPEC_PARAMS: JSON
+    # sampling parameters for every request, e.g. '{"repetition_penalty": 1.1}'.
+    stamp "speculative decoding, $LLAMA bf16 in-process"
+    timeout 540 "$PY" benchmarks/engine/spec_decode.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
+        --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} \
+        ${SPEC_PARAMS:+--params "$SPEC_PARAMS"} --json "$OUT/bench_spec_decode.json" "$@" 2>&1 \
+        | grep -v "Warning\|warnings.warn" | tail -20 >> "$S" ;;
+sampling)
+    stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
+    timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \
+        --json "$OUT/bench_sampler.json" 2>&1 | tail -12 >> "$S"
+    # TREES: other source trees (e.g. `git archive REV`), each measured after this one.
+    HERE=$(pwd)
+    for tree in . ${TREES:-}; do
+        name=this; [ "$tree" = . ] || name=$(basename "$tree")
+        # An older tree runs this tree's benchmark (it uses only the engine's public API).
+        [ "$tree" = . ] || { mkdir -p "$tree/benchmarks/engine"; cp benchmarks/offline.py "$tree/benchmarks/"
+                             cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"; }
+        stamp "sampling cost, $LLAMA bf16 A in-process, tree $name"
+        (cd "$tree" && timeout "${COST_TIMEOUT:-200}" "$PY" benchmarks/engine/sampling_cost.py \
+            --model "$HERE/$(model_path "$LLAMA")" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \
+            --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1' \
+            --variant 'pen_1in8:8:repetition_penalty=1.1' "$@" --json "$OUT/sampling_cost_$name.json" \
+            2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S")
+    done ;;
+stream-interval)
+    EXTRA=("$@")
+    for round in 1 2; do
+        for si in 1 16; do
+            stamp "$QWEN bf16 A through Triton, stream_interval=$si (round $round)"
+            e2e "qwen15_si${si}_r${round}" --models "$QWEN" --phases triton --workloads A \
+                --engine-arg stream_interval=$si
+        done
+    done ;;
+kernels)
+    stamp "GPU tests: attention kernels at long context"
+    gpu_tests 240 20 tests/kernels/test_kernel_long_context_attention.py --confcutdir=tests/kernels
+    stamp "kernel table (decode up to 1 x 32k and prefill, against PyTorch SDPA in the same run)"
+    if [ "${1:-}" = --full ]; then KB=(); else KB=(--quick); fi
+    timeout 480 "$PY" benchmarks/kernels/kernel_table.py "${KB[@]}" --out "$OUT/kernels.json" 2>&1 | tail -45 >> "$S" ;;
+tests)
+    stamp "GPU tests: the kernels"
+    gpu_tests 240 8 tests/kernels --confcutdir=tests/kernels -x
+    stamp "GPU tests: the engine against Hugging Face and the CPU engine; sampling, FP8, LoRA, compiles"
+    gpu_tests 400 40 tests/engine/test_hf_parity.py tests/engine/test_sampling.py tests/engine/test_gpu_engine.py \
+        tests/engine/test_fp8_kv_cache.py tests/engine/test_lora.py tests/engine/test_compile_watch.py \
+        tests/engine/test_awq_gptq.py --confcutdir=tests/engine
+    stamp "GPU tests: structured outputs"
+    with_xgrammar gpu_tests 240 20 tests/engine/test_structured_output.py --confcutdir=tests/engine ;;
+profile)
+    for w in "A:256:64" "B:1:128"; do
+        IFS=: read -r name n len <<<"$w"
+        stamp "engine profile, workload $name-like ($n x 512 in, $len out)"
+        timeout 240 "$PY" benchmarks/engine/profile_engine.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
+            --num-requests "$n" --input-len 512 --output-len "$len" "$@" --json "$OUT/profile_$name.json" 2>&1 | tail -30 >> "$S"
+    done
+    stamp "GPU time per kernel per step, workload A"
+    timeout 240 "$PY" benchmarks/engine/profile_kernels.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
+        "$@" --json "$OUT/step_kernels.json" 2>&1 | tail -60 | cut -c1-160 >> "$S" ;;
+compare-trees)
+    # Machines differ by several percent, so only runs made one after the other on one GPU are
+    # compared; alternating puts a machine's drift (clocks, temperature) on both sides.
+    TREES=(".") ARGS=()
+    while [ $# -gt 0 ]; do
+        if [ "$1" = "--" ]; then shift; ARGS=("$@"); break; fi
+        TREES+=("$1"); shift
+    done
+    [ ${#ARGS[@]} -gt 0 ] || ARGS=(--models "$LLAMA" --phases offline)
+    ROOT=$(pwd)
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for tree in "${TREES[@]}"; do
+            name="${round}_$(basename "$(cd "$tree" && pwd)")" dir=$(mktemp -d)
+            # A tree from before benchmarks/ existed has the same runner as scripts/gpu_run.sh.
+            runner=benchmarks/lib/e2e.sh; [ -f "$tree/$runner" ] || runner=scripts/gpu_run.sh
+            (cd "$tree" && TRITIUM_BUNDLE="$ROOT/gpu_bundle" TRITIUM_COMMIT="$COMMIT" OUT="$dir" \
+                bash "$runner" "${ARGS[@]}" > "$dir/run.log" 2>&1)
+            { echo "round $round tree=$tree ${ARGS[*]}"
+              grep -E "workload [A-Z]:|output tok/s|TTFT p50" "$dir/run.log" | sed 's/^/  /'; } | tee -a "$S"
+            cp "$dir/results.json" "$OUT/$name.json" 2>/dev/null
+            rm -rf "$dir"
+        done
+    done ;;
+ncu-attention)
+    # --time uses do_bench through the kernel's Python wrapper, so short kernels include its
+    # host time; the ncu durations are the kernels' own.
+    for args in "fp8_decode" "fp8_decode --sequential" "bf16_decode" "bf16_decode --sequential" \
+        "fp8_decode --config block_n=256,num_warps=8,num_stages=2" \
+        "fp8_decode --config block_n=128,num_warps=8,num_stages=2" \
+        "fp8_decode --config block_n=64,num_warps=2,num_stages=3" "bf16_prefill" "fp8_prefill"; do
+        # shellcheck disable=SC2086
+        "$PY" benchmarks/kernels/ncu_attention.py $args --time 2>&1 | tail -3 >> "$S"
+    done
+    SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats
+              --section LaunchStats --section InstructionStats --section SchedulerStats --section ComputeWorkloadAnalysis)
+    for c in fp8_decode bf16_decode bf16_prefill fp8_prefill; do
+        k=_decode_kernel; [[ $c == *prefill ]] && k=_prefill_kernel
+        timeout 150 ncu --clock-control none -k "regex:$k" --launch-skip 3 --launch-count 1 "${SECTIONS[@]}" \
+            "$PY" benchmarks/kernels/ncu_attention.py "$c" --iters 5 > "$OUT/ncu_$c.txt" 2>&1
+        echo "ncu $c rc=$?" >> "$S"
+        grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|Issue Slots" \
+            "$OUT/ncu_$c.txt" | head -30 >> "$S"
+    done ;;
+esac
+stamp done

@@ -1,0 +1,192 @@
+"""W4A16 matmul on the GPU: kernels.w4a16_matmul (4-bit weights, groups of 128, as AWQ / GPTQ
+checkpoints hold them) against cuBLAS bf16 (F.linear) at Llama-3-8B's projections (qkv
+4096->6144, o 4096->4096, gate_up 4096->28672, down 14336->4096) for M = 1, 8, 16, 64, 256,
+4096 rows; each timed as a CUDA graph replay (triton.testing.do_bench_cudagraph, no launch
+cost), with the speedup over bf16, the weight bandwidth, and the largest difference from the
+dequantized weight through F.linear. --sweep also times a set of tile configs per row bucket;
+--write-configs merges the fastest per (shape, bucket) into the table the kernel reads for this
+GPU model. Then the load-time repacking of one layer's projections (AWQ and GPTQ act-order
+checkpoint tensors -> the kernel's layout, through backend/layers/int4.py). Prints tables,
+writes JSON.
+
+    python3 benchmarks/kernels/w4a16.py --json out.json [--sweep] [--write-configs kernels/configs/w4a16.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import triton.testing
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+import kernels  # noqa: E402
+from fp8_matmul import linear_shapes  # noqa: E402
+from kernels.reference import w4a16_dequantize_ref  # noqa: E402
+from kernels.w4a16 import DEFAULT_CONFIGS, W4A16Config, config_key, row_bucket  # noqa: E402
+
+ROWS = (1, 8, 16, 64, 256, 4096)
+GROUP = 128
+SWEEP = {  # row bucket -> configs tried besides the default
+    1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv") for bn, bk, w, split in
+        ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 64, 4, 0), (512, 128, 4, 0),
+         (1024, 128, 8, 0), (1024, 32, 4, 16), (1024, 32, 4, 64), (2048, 32, 8, 0))]
+       + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
+    16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
+         itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
+        + [W4A16Config(1, 1024, 32, 0, 1, 4, 1, method="gemv")],
+    64: [W4A16Config(bm, bn, bk, 0, 8, 4, st) for bm, bn, bk, st in
+         itertools.product((32, 64), (64, 128), (64, 128), (3, 4))],
+    256: [W4A16Config(bm, bn, bk, 0, 8, w, st) for bm, bn, bk, w, st in
+          itertools.product((64, 128), (128, 256), (64, 128), (4, 8), (3, 4))],
+    0: [W4A16Config(bm, bn, bk, 1, 8, w, st) for bm, bn, bk, w, st in
+        itertools.product((128,), (128, 256), (64, 128), (4, 8), (3, 4))],
+}
+SWEEP[64].append(W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"))
+SWEEP[256].append(W4A16Config(64, 128, 64, 0, 8, 4, 4))  # the tensor-core kernel, now not the default
+
+
+def time_us(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=50) * 1000
+
+
+def random_layer(n: int, k: int):
+    """Random 4-bit words, fp16 scales ~1e-3 and zeros 0..15: the kernel's layout."""
+    qweight = torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, device="cuda")
+    scales = (torch.rand(k // GROUP, n, device="cuda") * 1e-3 + 1e-3).half()
+    zeros = torch.randint(0, 16, (k // GROUP, n), device="cuda").half()
+    return qweight, scales, zeros
+
+
+def cfg_name(c: W4A16Config) -> str:
+    return f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+
+
+def bench_matmuls(shapes: dict, sweep: bool) -> tuple[list, dict]:
+    results, best = [], {}
+    print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'w4a16 us':>9} {'speedup':>8} "
+          f"{'wt GB/s':>8} {'rel diff':>9}" + ("  best (sweep)" if sweep else ""))
+    for layer, (n, k) in shapes.items():
+        w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        qweight, scales, zeros = random_layer(n, k)
+        wdq = w4a16_dequantize_ref(qweight, scales, zeros, GROUP, dtype=torch.bfloat16)
+        weight_bytes = qweight.numel() * 4 + scales.numel() * 2 + zeros.numel() * 2
+        for m in ROWS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t16 = time_us(lambda: torch.nn.functional.linear(x, w16))
+            ref = torch.nn.functional.linear(x, wdq).float()
+            out = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP).float()
+            diff = ((out - ref).abs().max() / ref.abs().max()).item()
+            t = time_us(lambda: kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP))
+            row = {"layer": layer, "n": n, "k": k, "rows": m, "bf16_us": t16, "w4a16_us": t,
+                   "speedup": t16 / t, "weight_gb_s": weight_bytes / t / 1e3,
+                   "max_rel_diff": diff, "bucket": row_bucket(m)}
+            line = (f"{layer:8} {n:>5} x {k:<5} {m:>5} {t16:8.1f} {t:9.1f} {t16 / t:7.2f}x "
+                    f"{weight_bytes / t / 1e3:8.0f} {diff:9.2e}")
+            if sweep:
+                timed = [(t, DEFAULT_CONFIGS[row_bucket(m)])]
+                for cfg in SWEEP[row_bucket(m)]:
+                    try:
+                        timed.append((time_us(lambda: kernels.w4a16_matmul(
+                            x, qweight, scales, zeros, GROUP, config=cfg)), cfg))
+                    except Exception as e:  # a config that does not fit (shared memory)
+                        print(f"  skip {cfg_name(cfg)}: {type(e).__name__}")
+                tb, cb = min(timed, key=lambda r: r[0])
+                row.update(best_us=tb, best_config=vars(cb), best_speedup=t16 / tb)
+                key = config_key(n, k, 4, GROUP, row_bucket(m))
+                if key not in best or tb / t16 < best[key][0]:
+                    best[key] = (tb / t16, cb)
+                line += f"  {tb:7.1f} ({t16 / tb:.2f}x) {cfg_name(cb)}"
+            print(line, flush=True)
+            results.append(row)
+    return results, {key: cfg for key, (_, cfg) in best.items()}
+
+
+def bench_repacking(shapes: dict, device: str = "cuda") -> list:
+    """One Llama-3-8B layer's projections from checkpoint tensors to the kernel's layout, through
+    the engine's loading path (checkpoint_rows, weight_loader, process_weights_after_loading)."""
+    from backend.layers.int4 import Int4Config, Int4LinearMethod
+    from backend.layers.linear import ReplicatedLinear
+    rows = []
+    for fmt, declared in (("awq", {"bits": 4, "group_size": GROUP}),
+                          ("gptq", {"bits": 4, "group_size": GROUP, "desc_act": True})):
+        total = 0.0
+        for layer_name, (n, k) in shapes.items():
+            method = Int4LinearMethod(Int4Config.from_config(fmt, declared))
+            with torch.device(device):
+                layer = ReplicatedLinear(k, n, linear_method=method)
+            ckpt = {"qweight": torch.randint(-2**31, 2**31 - 1, (k, n // 8) if fmt == "awq" else (k // 8, n),
+                                             dtype=torch.int32, device=device),
+                    "qzeros": torch.randint(-2**31, 2**31 - 1, (k // GROUP, n // 8), dtype=torch.int32,
+                                            device=device),
+                    "scales": torch.rand(k // GROUP, n, device=device).half()}
+            if fmt == "gptq":
+                ckpt["g_idx"] = (torch.randperm(k, device=device) // GROUP).to(torch.int32)
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            sync()
+            start = time.perf_counter()
+            for name, t in ckpt.items():
+                param = getattr(layer, name)
+                to_rows = getattr(param, "checkpoint_rows", None)
+                param.weight_loader(param, to_rows(name, t) if to_rows else t)
+            method.process_weights_after_loading(layer)
+            sync()
+            ms = (time.perf_counter() - start) * 1e3
+            total += ms
+            rows.append({"format": fmt, "layer": layer_name, "n": n, "k": k, "ms": ms})
+            print(f"repack {fmt:4} {layer_name:8} {n:>5} x {k:<5} {ms:8.2f} ms")
+        print(f"repack {fmt:4} one layer {total:.1f} ms; 32 layers ~{total * 32 / 1e3:.2f} s")
+    return rows
+
+
+def write_configs(path: str, gpu: str, best: dict) -> None:
+    table = {"configs": {}}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    table.setdefault("configs", {}).setdefault(gpu, {}).update({k: vars(c) for k, c in best.items()})
+    table.setdefault("provenance", {})[gpu] = (
+        f"{datetime.date.today().isoformat()} sweep by benchmarks/kernels/w4a16.py --write-configs: "
+        "the fastest config for each weight shape and row bucket")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--json")
+    ap.add_argument("--sweep", action="store_true", help="also time the configs of SWEEP")
+    ap.add_argument("--write-configs", metavar="PATH", help="with --sweep: merge the fastest configs here")
+    ap.add_argument("--no-repack", action="store_true")
+    ap.add_argument("--repack-only-on", metavar="DEVICE", help="only time the repacking, on DEVICE (cpu works)")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    shapes = linear_shapes(a.model)
+    if a.repack_only_on:
+        bench_repacking(shapes, a.repack_only_on)
+        return
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations")
+    results, best = bench_matmuls(shapes, a.sweep)
+    repack = [] if a.no_repack else bench_repacking(shapes)
+    if a.write_configs and best:
+        write_configs(a.write_configs, gpu, best)
+        print(f"wrote {len(best)} configs for {gpu} to {a.write_configs}")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"gpu": gpu, "model": a.model, "group_size": GROUP, "results": results,
+                       "repack_ms": repack, "chosen": {k: vars(c) for k, c in best.items()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
