@@ -11,7 +11,7 @@ OPENAI_PORT ?= 9000
 # The slowest tests are listed at the end, so that a slower suite shows where its time went.
 PYTEST_ARGS ?= --timeout=600 --durations=15
 
-.PHONY: venv model serve test perf-analyzer clean
+.PHONY: venv model tool-model serve test perf-analyzer clean
 
 # The environment: pinned in requirements.txt, reinstalled when that file changes.
 venv: $(STAMP)
@@ -28,6 +28,12 @@ models/tiny-llama/config.json: | $(STAMP)
 models/tiny-llama/chat_template.jinja: models/tiny-llama/config.json scripts/build_default_model.py
 	$(PY) scripts/build_default_model.py --out models/tiny-llama
 	touch $@
+
+# A tiny Llama trained here (seconds, on the CPU) on one tool-using conversation: the tool-calling
+# tests serve it. Rebuilt when its script changes.
+tool-model: models/tiny-tool-llama/config.json
+models/tiny-tool-llama/config.json: scripts/build_tool_model.py scripts/data/corpus.txt | $(STAMP)
+	$(PY) scripts/build_tool_model.py --out models/tiny-tool-llama --force
 
 # perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
 perf-analyzer: .perf_analyzer/perf_analyzer
@@ -51,7 +57,7 @@ serve: venv model
 	scripts/tritonserver --model-repository=$(MODEL_REPOSITORY) --http-port=$(HTTP_PORT) \
 		--grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
 
-test: venv model perf-analyzer
+test: venv model tool-model perf-analyzer
 	$(PY) -m pytest tests/ $(PYTEST_ARGS)
 
 clean:
