@@ -212,3 +212,16 @@ def test_tool_choice_needs_the_flags_for_auto():
         ChatParsing(enable_auto_tool_choice=True)
     with pytest.raises(ValueError, match="--tool-call-parser 'mistral' is not one of hermes, llama3_json"):
         ChatParsing("mistral")
+
+
+def test_history_reaches_the_template_with_arguments_as_objects():
+    from frontend.chat import template_messages
+    req = request(messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
+    assert template_messages(req)[1:] == [
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
