@@ -29,11 +29,14 @@ models/tiny-llama/chat_template.jinja: models/tiny-llama/config.json scripts/bui
 	$(PY) scripts/build_default_model.py --out models/tiny-llama
 	touch $@
 
-# A tiny Llama trained here (seconds, on the CPU) on one tool-using conversation: the tool-calling
-# tests serve it. Rebuilt when its script changes.
-tool-model: models/tiny-tool-llama/config.json
-models/tiny-tool-llama/config.json: scripts/build_tool_model.py scripts/data/corpus.txt | $(STAMP)
-	$(PY) scripts/build_tool_model.py --out models/tiny-tool-llama --force
+# Tiny Llamas trained here (seconds, on the CPU) on one tool-using conversation, in the Hermes and
+# the Llama 3.1 chat formats: the tool-calling tests serve them. Rebuilt when their scripts change.
+TOOL_MODEL_SOURCES := scripts/build_tool_model.py scripts/tool_chat_formats.py scripts/data/corpus.txt
+tool-model: models/tiny-tool-llama/config.json models/tiny-tool-llama3/config.json
+models/tiny-tool-llama/config.json: $(TOOL_MODEL_SOURCES) | $(STAMP)
+	$(PY) scripts/build_tool_model.py --format hermes --force
+models/tiny-tool-llama3/config.json: $(TOOL_MODEL_SOURCES) | $(STAMP)
+	$(PY) scripts/build_tool_model.py --format llama3_json --force
 
 # perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
 perf-analyzer: .perf_analyzer/perf_analyzer

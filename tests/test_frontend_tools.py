@@ -1,33 +1,42 @@
-"""Tool calling through the `openai` client, against tritonserver and the frontend serving a tiny
-Llama trained on one tool-using conversation (scripts/build_tool_model.py): the agent loop
-(tool call, tool result, final answer) with tool_choice "auto", streamed and not; a reply
-without a call stays text; the Qwen3 reasoning parser takes out the thinking."""
+"""Tool calling through the `openai` client, against tritonserver and the frontend serving tiny
+Llamas trained on one tool-using conversation (scripts/build_tool_model.py): the agent loop
+(tool call, tool result, final answer) with tool_choice "auto", streamed and not, with the
+hermes parser (and the qwen3 reasoning parser taking out the thinking) and with llama3_json;
+a reply without a call stays text."""
 import json
 
 import pytest
 from openai import OpenAI
 
-from scripts import build_tool_model as tm
 from frontend_server import start_frontend
+from scripts import build_tool_model
+from scripts import tool_chat_formats as tm
 from triton_server import TEST_ENGINE_ARGS, start_server, write_model_repository
 
-FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+AUTO = ("--enable-auto-tool-choice", "--tool-call-parser")
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    model = tm.ensure()
+    """One tritonserver serving the Hermes-format model as 'llm' and the Llama 3.1-format one as
+    'llama'; a frontend for each, with its parser."""
     tmp = tmp_path_factory.mktemp("tools")
-    repo = write_model_repository(str(tmp / "repo"), {"model": model, **TEST_ENGINE_ARGS})
+    repo = str(tmp / "repo")
+    write_model_repository(repo, {"model": build_tool_model.ensure("hermes"), **TEST_ENGINE_ARGS})
+    write_model_repository(repo, {"model": build_tool_model.ensure("llama3_json"), **TEST_ENGINE_ARGS},
+                           name="llama")
     server = start_server(repo, str(tmp / "tritonserver.log"))
+    frontends = []
     try:
-        frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), *FLAGS)
-    except BaseException:
+        frontends.append(start_frontend(server.grpc_url, str(tmp / "hermes.log"), "--model", "llm",
+                                        *AUTO, "hermes", "--reasoning-parser", "qwen3"))
+        frontends.append(start_frontend(server.grpc_url, str(tmp / "llama.log"), "--model", "llama",
+                                        *AUTO, "llama3_json"))
+        yield server, *frontends
+    finally:
+        for frontend in frontends:
+            frontend.stop()
         server.stop()
-        raise
-    yield server, frontend
-    frontend.stop()
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +44,13 @@ def client(stack):
     return OpenAI(api_key="none", base_url=stack[1].url + "/v1", max_retries=0, timeout=120)
 
 
-def ask(client, messages, **kw):
-    return client.chat.completions.create(model="llm", messages=messages, tools=tm.TOOLS,
+@pytest.fixture(scope="module")
+def llama_client(stack):
+    return OpenAI(api_key="none", base_url=stack[2].url + "/v1", max_retries=0, timeout=120)
+
+
+def ask(client, messages, model="llm", **kw):
+    return client.chat.completions.create(model=model, messages=messages, tools=tm.TOOLS,
                                           temperature=0, max_tokens=64, **kw)
 
 
@@ -122,3 +136,26 @@ def test_tool_choice_required_and_none(client):
 
     r = ask(client, tm.QUESTION, tool_choice="none")
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_agent_loop_llama3_json(llama_client):
+    """Llama 3.1's format: the whole reply is the call's JSON; streamed and not."""
+    r = ask(llama_client, tm.QUESTION, model="llama", tool_choice="auto")
+    choice = r.choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("tool_calls", None)
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
+    with llama_client.chat.completions.stream(model="llama", messages=tm.QUESTION, tools=tm.TOOLS,
+                                              temperature=0, max_tokens=64) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    assert streamed.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == \
+        [("get_weather", '{"city": "Paris"}')]
+
+    history = tm.QUESTION + [choice.message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.id, "content": tm.TOOL_RESULT}]
+    r = ask(llama_client, history, model="llama")
+    assert (r.choices[0].finish_reason, r.choices[0].message.content, r.choices[0].message.tool_calls) == \
+        ("stop", tm.ANSWER, None)
+    r = ask(llama_client, tm.GREETING, model="llama")
+    assert (r.choices[0].finish_reason, r.choices[0].message.content) == ("stop", tm.GREETING_REPLY)
