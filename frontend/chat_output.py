@@ -4,6 +4,7 @@ flags (vLLM's --enable-auto-tool-choice, --tool-call-parser, --reasoning-parser)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from frontend.errors import bad_request
@@ -36,8 +37,7 @@ class ChatParsing:
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
         tools: Callable[[], ToolParser] | None = None
         if not isinstance(choice, str):
-            name = choice.function.name
-            tools = lambda: NamedToolParser(name)  # noqa: E731
+            tools = partial(NamedToolParser, choice.function.name)
         elif choice == "required":
             tools = RequiredToolParser
         elif choice == "auto" and req.tools:
@@ -45,10 +45,8 @@ class ChatParsing:
                 raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
                                   "--tool-call-parser to be set", "tool_choice")
             tools = TOOL_PARSERS[self.tool_call_parser]
-        # Under guided decoding the reply is the constrained JSON from its first token: no thinking.
-        guided = (not isinstance(choice, str) or choice == "required" or req.response_format is not None
-                  and req.response_format.type != "text") or _guided_fields(req)
-        reasoning = self.reasoning_parser if not guided else None
+        # Under guided decoding the reply is the constrained output from its first token: no thinking.
+        reasoning = None if _guided(req, choice) else self.reasoning_parser
 
         def make() -> ChoiceOutput:
             return ChoiceOutput(ReasoningParser.create(reasoning, prompt) if reasoning else None,
@@ -56,10 +54,15 @@ class ChatParsing:
         return make
 
 
-def _guided_fields(req: ChatCompletionRequest) -> bool:
+def _guided(req: ChatCompletionRequest, choice: Any) -> bool:
+    """Whether the request's output is constrained (a forced call, response_format, guided_*)."""
+    if not isinstance(choice, str) or choice == "required":
+        return True
+    if req.response_format is not None and req.response_format.type != "text":
+        return True
     given = [req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar]
-    spec = req.structured_outputs or {}
-    return any(v is not None for v in given) or any(k != "disable_any_whitespace" for k in spec)
+    options = {"disable_any_whitespace", "backend"}  # structured_outputs' options, not a spec
+    return any(v is not None for v in given) or any(k not in options for k in req.structured_outputs or {})
 
 
 class ChoiceOutput:

@@ -100,6 +100,13 @@ def test_hermes_what_is_not_a_call_stays_text(text):
     assert m == {"role": "assistant", "content": text}
 
 
+def test_hermes_text_after_a_call():
+    m = same_for_every_split(HermesToolParser, f"<tool_call>{WEATHER}</tool_call>\nDone. a <tool")
+    assert m["content"] == "\nDone. a <tool"
+    m = same_for_every_split(HermesToolParser, f"<tool_call>{WEATHER}</tool_call> \n")
+    assert m["content"] is None
+
+
 def test_hermes_a_call_is_a_call_once_its_arguments_open():
     """Streaming commits to a call once its name and the brace of its arguments are out; the
     whole reply parsed at once says the same, whatever follows."""
@@ -208,6 +215,10 @@ def test_tool_choice_needs_the_flags_for_auto():
     # Guided output has no thinking: the reasoning parser stays out of it.
     assert ChatParsing(reasoning_parser="qwen3").for_request(
         request(tools=TOOLS, tool_choice="required"), "")().reasoning is None
+    assert ChatParsing(reasoning_parser="qwen3").for_request(
+        request(response_format={"type": "json_object"}), "")().reasoning is None
+    assert ChatParsing(reasoning_parser="qwen3").for_request(
+        request(structured_outputs={"disable_any_whitespace": True}), "")().reasoning is not None
     with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
         ChatParsing(enable_auto_tool_choice=True)
     with pytest.raises(ValueError, match="--tool-call-parser 'mistral' is not one of hermes, llama3_json"):

@@ -55,8 +55,8 @@ class HermesToolParser(ToolParser):
             self._call.feed(self._pending)
             self._stream_call(out)
             self._close_call(out, closed=False)
-        elif self.calls_made == 0:
-            out.content = self._pending  # plain text keeps every character
+        else:  # plain text keeps every character; after a call, trailing space is dropped
+            out.content = self._pending if self.calls_made == 0 else self._pending.rstrip()
         self._pending = ""
         return out
 
