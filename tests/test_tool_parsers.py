@@ -92,6 +92,7 @@ def test_hermes_arguments_are_streamed_as_written():
     '<tool_call>{"arguments": {"a": 1}}</tool_call>',  # no name
     '<tool_call>{"name": "f", "arguments": "a=1"}</tool_call> and more',  # not an object
     '<tool_call>["name", "f"]</tool_call>',
+    '<tool_call>{"name": "", "arguments": {}}</tool_call>',
     "a < b and <tool_ca",
     "plain text, trailing space  \n",
 ])

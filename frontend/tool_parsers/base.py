@@ -86,14 +86,13 @@ class ToolParser(ABC):
         self._sent[index] = (name, arguments)
         return ToolCallDelta(index, arguments=arguments[len(sent):]) if arguments != sent else None
 
-
     def _stream_calls(self, scanner: "CallScanner", at_end: bool) -> DeltaMessage:
         """Deltas for the calls `scanner` has seen, in order (see `started`); at the end of a
         reply that parsed as calls, also those whose arguments were left out."""
         out = DeltaMessage()
         for index, call in enumerate(scanner.calls):
             arguments = scanner.arguments(call)
-            if not started(call.name, arguments) and not (at_end and call.name is not None):
+            if not started(call.name, arguments) and not (at_end and call.name):
                 break  # calls start in order
             delta = self._progress(index, call.name, arguments if arguments is not None else "{}")
             if delta is not None:
@@ -105,7 +104,7 @@ def started(name: str | None, arguments: str | None) -> bool:
     """Whether a call streams: from the moment its name and the opening brace of its arguments
     are written (as vLLM streams calls). From then on it is a call, whose arguments are the text
     the model writes for them; a reply that breaks off before that point stays text."""
-    return name is not None and arguments is not None and arguments.startswith("{")
+    return bool(name) and arguments is not None and arguments.startswith("{")
 
 
 def call_name(text: str, arguments_keys: tuple[str, ...]) -> str | None:
