@@ -237,3 +237,12 @@ def test_history_reaches_the_template_with_arguments_as_objects():
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+
+
+def test_the_frontend_flags():
+    from frontend.__main__ import config_from, parse_args
+    config = config_from(parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+                                     "--reasoning-parser", "deepseek_r1"]))
+    assert config.parsing == ChatParsing("llama3_json", True, "deepseek_r1")
+    with pytest.raises(SystemExit, match="python -m frontend: --enable-auto-tool-choice needs --tool-call-parser"):
+        config_from(parse_args(["--enable-auto-tool-choice"]))
