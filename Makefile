@@ -11,7 +11,7 @@ OPENAI_PORT ?= 9000
 # The slowest tests are listed at the end, so that a slower suite shows where its time went.
 PYTEST_ARGS ?= --timeout=600 --durations=15
 
-.PHONY: venv model serve test test-long perf-analyzer clean
+.PHONY: venv model tool-model serve test test-long perf-analyzer clean
 
 # The environment: pinned in requirements.txt, reinstalled when that file changes.
 venv: $(STAMP)
@@ -28,6 +28,15 @@ models/tiny-llama/config.json: | $(STAMP)
 models/tiny-llama/chat_template.jinja: models/tiny-llama/config.json scripts/build_default_model.py
 	$(PY) scripts/build_default_model.py --out models/tiny-llama
 	touch $@
+
+# Tiny Llamas trained here (seconds, on the CPU) on one tool-using conversation, in the Hermes and
+# the Llama 3.1 chat formats: the tool-calling tests serve them. Rebuilt when their scripts change.
+TOOL_MODEL_SOURCES := scripts/build_tool_model.py scripts/tool_chat_formats.py scripts/data/corpus.txt
+tool-model: models/tiny-tool-llama/config.json models/tiny-tool-llama3/config.json
+models/tiny-tool-llama/config.json: $(TOOL_MODEL_SOURCES) | $(STAMP)
+	$(PY) scripts/build_tool_model.py --format hermes --force
+models/tiny-tool-llama3/config.json: $(TOOL_MODEL_SOURCES) | $(STAMP)
+	$(PY) scripts/build_tool_model.py --format llama3_json --force
 
 # perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
 perf-analyzer: .perf_analyzer/perf_analyzer
@@ -52,7 +61,7 @@ serve: venv model
 		--grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
 
 # The suite without its long runs (pytest.ini leaves out tests marked `long`); CI runs this.
-test: venv model perf-analyzer
+test: venv model tool-model perf-analyzer
 	$(PY) -m pytest tests/ $(PYTEST_ARGS)
 
 # The long soak, reload and unload-stress runs only (about 8 minutes on 2 cores).

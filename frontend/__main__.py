@@ -8,6 +8,9 @@ import socket
 import sys
 
 from frontend.app import FrontendConfig, create_app
+from frontend.chat_output import ChatParsing
+from frontend.reasoning import REASONING_PARSERS
+from frontend.tool_parsers import TOOL_PARSERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,6 +28,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grpc-channels", type=int, default=None,
                     help="gRPC channels to Triton per worker, requests spread over them in turn "
                          "(default: TritonGateway's)")
+    ap.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help="let the model decide when to call tools (tool_choice 'auto', the default "
+                         "with tools); needs --tool-call-parser")
+    ap.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS),
+                    help="the format of the served model's tool calls: hermes (Qwen2.5, Qwen3, "
+                         "Hermes) or llama3_json (Llama 3.1/3.2)")
+    ap.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
+                    help="put the model's <think>...</think> in reasoning_content: qwen3 or deepseek_r1")
     ap.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
                     help="uvicorn's event loop (auto: uvloop where installed)")
     ap.add_argument("--log-level", default="warning")
@@ -36,8 +47,12 @@ def config_from(args: argparse.Namespace) -> FrontendConfig:
     if args.chat_template:
         with open(args.chat_template, encoding="utf-8") as f:
             template = f.read()
+    try:
+        parsing = ChatParsing(args.tool_call_parser, args.enable_auto_tool_choice, args.reasoning_parser)
+    except ValueError as e:
+        raise SystemExit(f"python -m frontend: {e}") from None
     return FrontendConfig(args.triton_grpc, tuple(args.models), args.api_key, template, args.tokenizer,
-                          args.grpc_channels)
+                          args.grpc_channels, parsing)
 
 
 def app_factory():  # uvicorn's factory for worker processes: the config travels in the env

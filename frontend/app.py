@@ -5,7 +5,7 @@ import gc
 import json
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from frontend.chat import ChatCompletions
+from frontend.chat_output import ChatParsing
 from frontend.completions import Completions
 from frontend.errors import OpenAIError, bad_request
 from frontend.model_registry import ModelRegistry
@@ -30,6 +31,7 @@ class FrontendConfig:
     chat_template: str | None = None  # a Jinja template's text, over the tokenizer's own
     tokenizer: str | None = None  # over the one named by the model's config
     grpc_channels: int | None = None  # per process; None: TritonGateway's default
+    parsing: ChatParsing = field(default_factory=ChatParsing)  # tool-call and reasoning parsers
 
 
 async def _json_body(request: Request) -> Any:
@@ -52,7 +54,7 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
         gateway = (TritonGateway(config.triton_grpc) if config.grpc_channels is None
                    else TritonGateway(config.triton_grpc, config.grpc_channels))
         registry = ModelRegistry(gateway, list(config.models), config.tokenizer, config.chat_template)
-        state.update(gateway=gateway, registry=registry, chat=ChatCompletions(gateway, registry),
+        state.update(gateway=gateway, registry=registry, chat=ChatCompletions(gateway, registry, config.parsing),
                      completions=Completions(gateway, registry))
         # Before the server takes connections: loading a tokenizer imports transformers, which
         # holds the GIL for seconds and would stall every stream this process serves meanwhile.

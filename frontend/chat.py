@@ -1,56 +1,74 @@
 """POST /v1/chat/completions: messages through the model's chat template, then one generation."""
 from __future__ import annotations
 
+import json
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from frontend.chat_output import ChatParsing, ChoiceOutput, delta_dict
 from frontend.errors import OpenAIError
 from frontend.logprobs import chat_logprobs
 from frontend.model_registry import ModelRegistry, ServedModel
 from frontend.protocol import ChatCompletionRequest, parse_body
-from frontend.sampling import chat_sampling, named_tool
+from frontend.sampling import chat_sampling
 from frontend.serving import SSE_DONE, collect, new_id, sse, until_disconnected, usage
 from frontend.triton_gateway import Chunk, GenerationRequest, TritonGateway
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages as chat templates take them: content as one string (text parts joined)."""
+    """Messages as chat templates take them: content as one string (text parts joined), and
+    the arguments of earlier tool calls as objects (templates write them with `tojson`), as
+    vLLM passes them."""
     messages = []
     for m in req.messages:
         message = m.model_dump(exclude_none=True)
         if isinstance(m.content, list):
             message["content"] = "\n".join(part.text for part in m.content)
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"])
+                except ValueError:
+                    pass  # left as the client wrote it
         messages.append(message)
     return messages
 
 
-def chat_prompt(model: ServedModel, req: ChatCompletionRequest) -> str | list[int]:
-    """The templated prompt: token ids when the model takes them (the template already holds
-    any BOS, so none is added, as vLLM does), else its text."""
+def chat_text(model: ServedModel, req: ChatCompletionRequest) -> str:
+    """The templated prompt's text."""
     tools = ([t.model_dump(exclude_none=True) for t in req.tools]
              if req.tools and req.tool_choice != "none" else None)
-    text = model.apply_chat_template(template_messages(req), tools, req.add_generation_prompt,
+    return model.apply_chat_template(template_messages(req), tools, req.add_generation_prompt,
                                      req.continue_final_message, req.chat_template_kwargs or {})
+
+
+def chat_prompt(model: ServedModel, text: str) -> str | list[int]:
+    """The prompt sent: token ids when the model takes them (the template already holds any
+    BOS, so none is added, as vLLM does), else its text."""
     return model.encode(text, add_special_tokens=False) if model.takes_input_ids else text
 
 
 class ChatCompletions:
     """Serves chat completions, streamed or not."""
 
-    def __init__(self, gateway: TritonGateway, registry: ModelRegistry) -> None:
+    def __init__(self, gateway: TritonGateway, registry: ModelRegistry,
+                 parsing: ChatParsing | None = None) -> None:
         self.gateway, self.registry = gateway, registry
+        self.parsing = parsing or ChatParsing()
 
     async def create(self, body: Any, request: Request) -> Response:
         req = parse_body(ChatCompletionRequest, body)
         sampling = chat_sampling(req)
-        tool = named_tool(req)
         model = await self.registry.get(req.model)
-        gen = GenerationRequest(req.model, new_id("chatcmpl"), chat_prompt(model, req), sampling,
+        text = chat_text(model, req)
+        outputs = self.parsing.for_request(req, text)
+        gen = GenerationRequest(req.model, new_id("chatcmpl"), chat_prompt(model, text), sampling,
                                 stream=req.stream, logprobs=req.logprobs)
-        reply = _Reply(req, gen.request_id, tool)
+        reply = _Reply(req, gen.request_id, outputs)
         chunks = self.gateway.generate(gen)
         if not req.stream:
             totals = await until_disconnected(request, collect(chunks, req.n))
@@ -63,18 +81,11 @@ class ChatCompletions:
 class _Reply:
     """The response objects of one chat completion."""
 
-    def __init__(self, req: ChatCompletionRequest, response_id: str, tool: dict | None) -> None:
-        self.req, self.id, self.tool = req, response_id, tool
+    def __init__(self, req: ChatCompletionRequest, response_id: str,
+                 outputs: Callable[[], ChoiceOutput]) -> None:
+        self.req, self.id, self.outputs = req, response_id, outputs
         self.created = int(time.time())
         self.k = req.top_logprobs or 0
-        self.call_id = new_id("call", "_") if tool else None
-
-    def _message(self, text: str) -> dict[str, Any]:
-        if self.tool is None:
-            return {"role": "assistant", "content": text}
-        return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": self.call_id, "type": "function",
-             "function": {"name": self.tool["name"], "arguments": text}}]}
 
     def complete(self, totals: Any) -> dict[str, Any]:
         choices = []
@@ -82,8 +93,12 @@ class _Reply:
             text = totals.text(i)
             logprobs = ({"content": chat_logprobs(totals.logprobs[i], self.k, text)}
                         if self.req.logprobs else None)
-            choices.append({"index": i, "message": self._message(text), "logprobs": logprobs,
-                            "finish_reason": totals.finish_reasons[i]})
+            output = self.outputs()
+            output.start()
+            output.feed(text)
+            output.finish()
+            choices.append({"index": i, "message": output.as_message(), "logprobs": logprobs,
+                            "finish_reason": output.finish_reason(totals.finish_reasons[i])})
         return {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.req.model, "choices": choices,
                 "usage": usage(totals.prompt_tokens, totals.completion_tokens)}
@@ -95,20 +110,16 @@ class _Reply:
             obj["usage"] = with_usage
         return sse(obj)
 
-    def _delta(self, text: str) -> dict[str, Any]:
-        if self.tool is None:
-            return {"content": text}
-        return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
-
     async def events(self, first: Chunk | None, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
         n, prompt_tokens, completion_tokens = self.req.n, 0, 0
         finished = [False] * n
         continuous = self.req.stream_options is not None and self.req.stream_options.continuous
-        opening = ({"role": "assistant", "content": ""} if self.tool is None else
-                   {"role": "assistant", "content": None, "tool_calls": [
-                       {"index": 0, "id": self.call_id, "type": "function",
-                        "function": {"name": self.tool["name"], "arguments": ""}}]})
+        outputs = [self.outputs() for _ in range(n)]
         for i in range(n):
+            opening = delta_dict(outputs[i].start())
+            # A forced call opens with its id and name; any other reply with empty content.
+            opening = {"role": "assistant", "content": None, **opening} if opening else \
+                {"role": "assistant", "content": ""}
             yield self._chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
         try:
             chunk = first
@@ -124,8 +135,14 @@ class _Reply:
                     logprobs = None
                     if self.req.logprobs and chunk.logprobs is not None and chunk.logprobs[i]:
                         logprobs = {"content": chat_logprobs(chunk.logprobs[i], self.k, text)}
-                    yield self._chunk([{"index": i, "delta": self._delta(text) if text else {},
-                                        "logprobs": logprobs, "finish_reason": reason if ends else None}],
+                    delta = outputs[i].feed(text)
+                    if ends:
+                        delta.extend(outputs[i].finish())
+                    reason = outputs[i].finish_reason(reason) if ends else None
+                    if not delta and not ends and logprobs is None:
+                        continue  # held back (a tag may be starting)
+                    yield self._chunk([{"index": i, "delta": delta_dict(delta),
+                                        "logprobs": logprobs, "finish_reason": reason}],
                                       usage(prompt_tokens, completion_tokens) if continuous else None)
                 chunk = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event

@@ -6,6 +6,7 @@ from typing import Any
 
 from frontend.errors import bad_request
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from frontend.tool_parsers.required import required_schema
 
 # Fields whose names and meanings are the same in OpenAI's API, vLLM's and the engine's.
 _PASS_THROUGH = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
@@ -67,16 +68,11 @@ def completion_sampling(req: CompletionRequest) -> dict[str, Any]:
 
 def named_tool(req: ChatCompletionRequest) -> dict[str, Any] | None:
     """The function a named tool_choice forces (its definition), or None."""
-    # OpenAI's default with tools is "auto" (and "none" without).
-    choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
-    if choice == "none":
+    choice = req.tool_choice
+    if choice is None or isinstance(choice, str):
+        if choice == "required" and not req.tools:
+            raise bad_request("tool_choice 'required' needs tools", "tool_choice")
         return None
-    if isinstance(choice, str):
-        if not req.tools:
-            return None
-        raise bad_request(f"tool_choice '{choice}' is not supported (this server has no tool-call "
-                          "parser): name a function, e.g. {\"type\": \"function\", \"function\": "
-                          "{\"name\": \"...\"}}", "tool_choice")
     for tool in req.tools or []:
         if tool.function.name == choice.function.name:
             return tool.function.model_dump(exclude_none=True)
@@ -85,13 +81,21 @@ def named_tool(req: ChatCompletionRequest) -> dict[str, Any] | None:
 
 
 def response_structure(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """structured_outputs for response_format or a named tool_choice."""
+    """structured_outputs for response_format, a named tool_choice or tool_choice "required"
+    (a JSON array of calls, as vLLM constrains it)."""
     tool = named_tool(req)
     fmt = req.response_format
+    required = req.tool_choice == "required"
+    if (tool is not None or required) and fmt is not None and fmt.type != "text":
+        raise bad_request("give response_format or a named or required tool_choice, not both",
+                          "response_format")
     if tool is not None:
-        if fmt is not None and fmt.type != "text":
-            raise bad_request("give response_format or a named tool_choice, not both", "response_format")
         return {"json": tool.get("parameters") or {"type": "object"}}
+    if required:
+        try:
+            return {"json": required_schema([t.function.model_dump(exclude_none=True) for t in req.tools])}
+        except ValueError as e:
+            raise bad_request(str(e), "tools") from None
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":

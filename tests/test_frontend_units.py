@@ -26,8 +26,11 @@ def test_chat_fields_become_vllm_sampling_parameters():
     assert chat(tools=tools, tool_choice={"type": "function", "function": {"name": "f"}})[
         "structured_outputs"] == {"json": schema}
     assert "structured_outputs" not in chat(tools=tools, tool_choice="none")
-    with pytest.raises(OpenAIError, match="tool_choice 'auto' is not supported"):
-        chat(tools=tools)  # auto, OpenAI's default with tools
+    assert "structured_outputs" not in chat(tools=tools)  # auto, OpenAI's default with tools
+    assert chat(tools=tools, tool_choice="required")["structured_outputs"]["json"]["items"]["anyOf"][0][
+        "properties"] == {"name": {"type": "string", "enum": ["f"]}, "parameters": schema}
+    with pytest.raises(OpenAIError, match="tool_choice 'required' needs tools"):
+        chat(tool_choice="required")
     with pytest.raises(OpenAIError, match="give max_completion_tokens or max_tokens"):
         chat(max_tokens=3, max_completion_tokens=4)
 

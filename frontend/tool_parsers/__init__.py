@@ -1,0 +1,16 @@
+"""Tool-call parsers (vLLM's `--tool-call-parser` names) and the parsers for tool_choice
+"required" and a named function."""
+from __future__ import annotations
+
+from frontend.tool_parsers.base import DeltaMessage, ToolCallDelta, ToolParser
+from frontend.tool_parsers.hermes import HermesToolParser
+from frontend.tool_parsers.llama3_json import Llama3JsonToolParser
+from frontend.tool_parsers.required import NamedToolParser, RequiredToolParser, required_schema
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+}
+
+__all__ = ["DeltaMessage", "ToolCallDelta", "ToolParser", "TOOL_PARSERS", "HermesToolParser",
+           "Llama3JsonToolParser", "NamedToolParser", "RequiredToolParser", "required_schema"]
