@@ -4,10 +4,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 
 from frontend.app import FrontendConfig, create_app
+from frontend.metrics import MULTIPROC_DIR
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,6 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grpc-channels", type=int, default=None,
                     help="gRPC channels to Triton per worker, requests spread over them in turn "
                          "(default: TritonGateway's)")
+    ap.add_argument("--triton-metrics", default=None, metavar="URL",
+                    help="Triton's metrics endpoint, whose vllm: families GET /metrics passes on "
+                         "(default: http://<gRPC host>:8002/metrics; '' for none)")
     ap.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
                     help="uvicorn's event loop (auto: uvloop where installed)")
     ap.add_argument("--log-level", default="warning")
@@ -37,7 +43,7 @@ def config_from(args: argparse.Namespace) -> FrontendConfig:
         with open(args.chat_template, encoding="utf-8") as f:
             template = f.read()
     return FrontendConfig(args.triton_grpc, tuple(args.models), args.api_key, template, args.tokenizer,
-                          args.grpc_channels)
+                          args.grpc_channels, args.triton_metrics)
 
 
 def app_factory():  # uvicorn's factory for worker processes: the config travels in the env
@@ -51,6 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITIUM_FRONTEND_ARGV"] = json.dumps(argv)
     print(f"OpenAI-compatible API on http://{args.host}:{args.port}/v1 -> Triton gRPC {args.triton_grpc}",
           flush=True)
+    if args.workers > 1 and MULTIPROC_DIR not in os.environ:
+        # Each worker writes its metrics there, and any of them answers /metrics with the sum.
+        os.environ[MULTIPROC_DIR] = tempfile.mkdtemp(prefix="tritium-frontend-metrics-")
+        try:
+            return _serve(args, argv)
+        finally:
+            shutil.rmtree(os.environ.pop(MULTIPROC_DIR), ignore_errors=True)
+    return _serve(args, argv)
+
+
+def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     if args.workers > 1 and hasattr(socket, "SO_REUSEPORT") and sys.platform.startswith("linux"):
         from frontend.workers import serve_workers
 

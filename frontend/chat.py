@@ -49,22 +49,35 @@ class ChatCompletions:
         tool = named_tool(req)
         model = await self.registry.get(req.model)
         gen = GenerationRequest(req.model, new_id("chatcmpl"), chat_prompt(model, req), sampling,
-                                stream=req.stream, logprobs=req.logprobs)
-        reply = _Reply(req, gen.request_id, tool)
+                                stream=req.stream, logprobs=req.logprobs,
+                                cached_tokens=model.reports_cached_tokens)
+        reply = _Reply(req, gen.request_id, tool, model.system_fingerprint)
         chunks = self.gateway.generate(gen)
-        if not req.stream:
-            totals = await until_disconnected(request, collect(chunks, req.n))
-            return JSONResponse(reply.complete(totals))
-        # The first response decides the status: a request the model rejects gets its 400.
-        first = await until_disconnected(request, anext(chunks, None))
+        try:
+            if not req.stream:
+                totals = await until_disconnected(request, collect(chunks, req.n))
+                return JSONResponse(reply.complete(totals))
+            # The first response decides the status: a request the model rejects gets its 400.
+            first = await until_disconnected(request, anext(chunks, None))
+        except OpenAIError as e:  # the engine's parameter names -> the request's
+            raise e.renamed(_field_names(req)) from None
         return StreamingResponse(reply.events(first, chunks), media_type="text/event-stream")
+
+
+def _field_names(req: ChatCompletionRequest) -> dict[str, str]:
+    """The request field behind each sampling parameter that chat names differently."""
+    names = {"logprobs": "top_logprobs"}
+    if req.max_completion_tokens is not None:
+        names["max_tokens"] = "max_completion_tokens"
+    return names
 
 
 class _Reply:
     """The response objects of one chat completion."""
 
-    def __init__(self, req: ChatCompletionRequest, response_id: str, tool: dict | None) -> None:
-        self.req, self.id, self.tool = req, response_id, tool
+    def __init__(self, req: ChatCompletionRequest, response_id: str, tool: dict | None,
+                 fingerprint: str | None = None) -> None:
+        self.req, self.id, self.tool, self.fingerprint = req, response_id, tool, fingerprint
         self.created = int(time.time())
         self.k = req.top_logprobs or 0
         self.call_id = new_id("call", "_") if tool else None
@@ -82,15 +95,15 @@ class _Reply:
             text = totals.text(i)
             logprobs = ({"content": chat_logprobs(totals.logprobs[i], self.k, text)}
                         if self.req.logprobs else None)
-            choices.append({"index": i, "message": self._message(text), "logprobs": logprobs,
-                            "finish_reason": totals.finish_reasons[i]})
+            choices.append({"index": i, "message": {**self._message(text), "refusal": None},
+                            "logprobs": logprobs, "finish_reason": totals.finish_reasons[i]})
         return {"id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.req.model, "choices": choices,
-                "usage": usage(totals.prompt_tokens, totals.completion_tokens)}
+                "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices,
+                "usage": usage(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens)}
 
     def _chunk(self, choices: list[dict[str, Any]], with_usage: dict | None = None) -> str:
         obj = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-               "model": self.req.model, "choices": choices}
+               "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices}
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
             obj["usage"] = with_usage
         return sse(obj)
@@ -101,7 +114,10 @@ class _Reply:
         return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
     async def events(self, first: Chunk | None, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
-        n, prompt_tokens, completion_tokens = self.req.n, 0, 0
+        n, completion_tokens = self.req.n, 0
+        # The first response already holds the prompt's counts: every chunk can carry them.
+        prompt_tokens = first.num_input_tokens if first is not None else 0
+        cached_tokens = first.num_cached_tokens if first is not None else None
         finished = [False] * n
         continuous = self.req.stream_options is not None and self.req.stream_options.continuous
         opening = ({"role": "assistant", "content": ""} if self.tool is None else
@@ -109,11 +125,13 @@ class _Reply:
                        {"index": 0, "id": self.call_id, "type": "function",
                         "function": {"name": self.tool["name"], "arguments": ""}}]})
         for i in range(n):
-            yield self._chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
+            yield self._chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}],
+                              usage(prompt_tokens, 0, cached_tokens) if continuous else None)
         try:
             chunk = first
             while chunk is not None:
                 prompt_tokens = chunk.num_input_tokens or prompt_tokens
+                cached_tokens = cached_tokens if chunk.num_cached_tokens is None else chunk.num_cached_tokens
                 completion_tokens += sum(chunk.num_output_tokens)
                 for i in range(n):
                     text, reason = chunk.texts[i], chunk.finish_reasons[i]
@@ -126,10 +144,11 @@ class _Reply:
                         logprobs = {"content": chat_logprobs(chunk.logprobs[i], self.k, text)}
                     yield self._chunk([{"index": i, "delta": self._delta(text) if text else {},
                                         "logprobs": logprobs, "finish_reason": reason if ends else None}],
-                                      usage(prompt_tokens, completion_tokens) if continuous else None)
+                                      usage(prompt_tokens, completion_tokens, cached_tokens)
+                                      if continuous else None)
                 chunk = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event
             yield sse(e.body())
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
-            yield self._chunk([], usage(prompt_tokens, completion_tokens))
+            yield self._chunk([], usage(prompt_tokens, completion_tokens, cached_tokens))
         yield SSE_DONE
