@@ -47,7 +47,8 @@ class KeepAlive:
         self.conn.connect()
         self.sock = self.conn.sock
 
-    def request(self, method: str, path: str, body: str | None = None) -> tuple[int, Any, http.client.HTTPResponse]:
+    def request(self, method: str, path: str,
+                body: str | None = None) -> tuple[int, Any, http.client.HTTPResponse]:
         """(status, the body: JSON decoded, else text, the response)."""
         headers = {"Content-Type": "application/json"} if body is not None else {}
         self.conn.request(method, path, body=body.encode("utf-8") if body is not None else None,
@@ -84,7 +85,8 @@ def test_lone_surrogates_are_400s_naming_the_field_and_the_connection_lives(stac
                        "which is not a Unicode character",
             "type": "invalid_request_error", "param": param, "code": 400}
     # A pair of surrogates is one character (U+1F600): served.
-    status, data, _ = c.request("POST", COMP_PATH, '{"model": "llm", "prompt": "\\ud83d\\ude00", "max_tokens": 2}')
+    pair = '{"model": "llm", "prompt": "\\ud83d\\ude00", "max_tokens": 2}'
+    status, data, _ = c.request("POST", COMP_PATH, pair)
     assert status == 200 and data["usage"]["completion_tokens"] == 2
     status, data, _ = c.request("POST", CHAT_PATH, json.dumps(CHAT))
     assert status == 200 and data["usage"]["completion_tokens"] == 4
@@ -185,7 +187,8 @@ def test_the_fields_clients_read_are_there(stack, client):
     assert fingerprint.startswith("fp_") and len(fingerprint) == 15
     message = raw["choices"][0]["message"]
     assert message["refusal"] is None and set(message) == {"role", "content", "refusal"}
-    assert set(raw["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
+    assert set(raw["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens",
+                                 "prompt_tokens_details"}
     assert isinstance(raw["usage"]["prompt_tokens_details"]["cached_tokens"], int)
 
     comp = client.completions.create(**COMP)
@@ -235,8 +238,9 @@ def test_metrics_on_the_api_port(stack):
     r = httpx.get(fe.url + "/metrics", timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     after = _samples(r.text)
+    asked = (("POST", "200"), ("POST", "400"), ("GET", "405"))
     delta = {status: _requests(after, CHAT_PATH, method, status) - _requests(before, CHAT_PATH, method, status)
-             for method, status in (("POST", "200"), ("POST", "400"), ("GET", "405"))}
+             for method, status in asked}
     assert delta == {"200": 2, "400": 1, "405": 1}
     count = ("http_request_duration_seconds_count", (("handler", CHAT_PATH), ("method", "POST")))
     assert after[count] - before.get(count, 0.0) == 3
