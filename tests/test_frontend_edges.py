@@ -259,6 +259,8 @@ def test_an_unexpected_error_is_a_500_in_openai_shape_and_the_connection_lives(t
 
     import uvicorn
 
+    from starlette.responses import StreamingResponse
+
     from frontend.app import FrontendConfig, create_app
     from triton_server import _free_ports
 
@@ -267,6 +269,13 @@ def test_an_unexpected_error_is_a_500_in_openai_shape_and_the_connection_lives(t
     @app.get("/v1/bug")
     async def bug() -> None:
         raise KeyError("a bug")
+
+    @app.get("/v1/stream-bug")
+    async def stream_bug() -> StreamingResponse:
+        async def events():
+            yield 'data: {"n": 1}\n\n'
+            raise ValueError("a bug midway")
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     (port,) = _free_ports(1)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -282,6 +291,11 @@ def test_an_unexpected_error_is_a_500_in_openai_shape_and_the_connection_lives(t
             assert status == 500
             assert data["error"] == {"message": "internal error: KeyError: 'a bug'", "type": "server_error",
                                      "param": None, "code": 500}
+        # A stream that fails midway ends with the error as its last event, then [DONE].
+        status, text, _ = c.request("GET", "/v1/stream-bug")
+        error = {"error": {"message": "internal error: ValueError: a bug midway", "type": "server_error",
+                           "param": None, "code": 500}}
+        assert (status, text) == (200, f'data: {{"n": 1}}\n\ndata: {json.dumps(error)}\n\ndata: [DONE]\n\n')
         status, text, _ = c.request("GET", "/metrics")
         assert status == 200
         assert 'http_requests_total{handler="/v1/bug",method="GET",status="500"} 2.0' in text
