@@ -18,6 +18,8 @@ MAX_LOGPROBS = 20
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_LOGIT_BIAS = 1e10
 MIN_REPETITION_PENALTY = 1e-4
+# vLLM's range for seed (torch's int64): a larger one would be cut to 64 bits, silently.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 _FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
                  "top_p", "min_p")
 
@@ -115,6 +117,9 @@ class SamplingParams:
             _check_type("max_tokens", self.max_tokens, int)
         if self.seed is not None:
             _check_type("seed", self.seed, int)
+            if not SEED_MIN <= self.seed <= SEED_MAX:
+                raise ValueError(f"seed must be a 64-bit signed integer, in [{SEED_MIN}, {SEED_MAX}], "
+                                 f"got {self.seed}.")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_type(name, getattr(self, name), int)

@@ -4,11 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 
 from frontend.app import FrontendConfig, create_app
 from frontend.chat_output import ChatParsing
+from frontend.metrics import MULTIPROC_DIR
 from frontend.reasoning import REASONING_PARSERS
 from frontend.tool_parsers import TOOL_PARSERS
 
@@ -36,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "Hermes) or llama3_json (Llama 3.1/3.2)")
     ap.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
                     help="put the model's <think>...</think> in reasoning_content: qwen3 or deepseek_r1")
+    ap.add_argument("--triton-metrics", default=None, metavar="URL",
+                    help="Triton's metrics endpoint, whose vllm: families GET /metrics passes on "
+                         "(default: http://<gRPC host>:8002/metrics; '' for none)")
     ap.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
                     help="uvicorn's event loop (auto: uvloop where installed)")
     ap.add_argument("--log-level", default="warning")
@@ -52,7 +58,7 @@ def config_from(args: argparse.Namespace) -> FrontendConfig:
     except ValueError as e:
         raise SystemExit(f"python -m frontend: {e}") from None
     return FrontendConfig(args.triton_grpc, tuple(args.models), args.api_key, template, args.tokenizer,
-                          args.grpc_channels, parsing)
+                          args.grpc_channels, parsing, args.triton_metrics)
 
 
 def app_factory():  # uvicorn's factory for worker processes: the config travels in the env
@@ -66,6 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITIUM_FRONTEND_ARGV"] = json.dumps(argv)
     print(f"OpenAI-compatible API on http://{args.host}:{args.port}/v1 -> Triton gRPC {args.triton_grpc}",
           flush=True)
+    if args.workers > 1 and MULTIPROC_DIR not in os.environ:
+        # Each worker writes its metrics there, and any of them answers /metrics with the sum.
+        os.environ[MULTIPROC_DIR] = tempfile.mkdtemp(prefix="tritium-frontend-metrics-")
+        try:
+            return _serve(args, argv)
+        finally:
+            shutil.rmtree(os.environ.pop(MULTIPROC_DIR), ignore_errors=True)
+    return _serve(args, argv)
+
+
+def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     if args.workers > 1 and hasattr(socket, "SO_REUSEPORT") and sys.platform.startswith("linux"):
         from frontend.workers import serve_workers
 

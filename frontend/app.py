@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -13,10 +12,13 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from frontend.catch_all import CatchAll
 from frontend.chat import ChatCompletions
 from frontend.chat_output import ChatParsing
 from frontend.completions import Completions
 from frontend.errors import OpenAIError, bad_request
+from frontend.json_body import decode_json_body
+from frontend.metrics import CONTENT_TYPE, FrontendMetrics, default_triton_metrics_url
 from frontend.model_registry import ModelRegistry
 from frontend.triton_gateway import TritonGateway
 
@@ -32,14 +34,13 @@ class FrontendConfig:
     tokenizer: str | None = None  # over the one named by the model's config
     grpc_channels: int | None = None  # per process; None: TritonGateway's default
     parsing: ChatParsing = field(default_factory=ChatParsing)  # tool-call and reasoning parsers
+    # Triton's metrics endpoint, whose vllm: families /metrics passes on; None: on the gRPC
+    # address's host at port 8002; "": none.
+    triton_metrics: str | None = None
 
 
 async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    return decode_json_body(await request.body())
 
 
 def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = None,
@@ -47,6 +48,8 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
     """`on_started`: called once this process is ready to serve; `all_started`: whether every
     worker process is (until then /health answers 503), where the frontend runs several."""
     state: dict[str, Any] = {}
+    metrics = FrontendMetrics(default_triton_metrics_url(config.triton_grpc)
+                              if config.triton_metrics is None else config.triton_metrics or None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -68,6 +71,7 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
             on_started()
         yield
         await gateway.close()
+        await metrics.close()
 
     app = FastAPI(title="Tritium OpenAI-compatible frontend", lifespan=lifespan)
 
@@ -76,15 +80,28 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
         return e.response()
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, e: HTTPException) -> Response:
-        return OpenAIError(e.status_code, str(e.detail)).response()
+    async def _http_error(request: Request, e: HTTPException) -> Response:
+        # OpenAI's words for a URL or method it does not serve.
+        where = f"({request.method} {request.url.path})"
+        message = {404: f"Invalid URL {where}", 405: f"Invalid method for URL {where}"}.get(
+            e.status_code, str(e.detail))
+        response = OpenAIError(e.status_code, message).response()
+        response.headers.update(e.headers or {})  # a 405's Allow
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, e: RequestValidationError) -> Response:
         return bad_request(str(e)).response()
 
+    # The last added is the outermost: every request is measured, errors included.
     if config.api_key:
         app.add_middleware(_ApiKey, key=config.api_key)
+    app.add_middleware(CatchAll)
+    app.add_middleware(metrics.middleware)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(await metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/health")
     async def health() -> Response:

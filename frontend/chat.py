@@ -67,23 +67,35 @@ class ChatCompletions:
         text = chat_text(model, req)
         outputs = self.parsing.for_request(req, text)
         gen = GenerationRequest(req.model, new_id("chatcmpl"), chat_prompt(model, text), sampling,
-                                stream=req.stream, logprobs=req.logprobs)
-        reply = _Reply(req, gen.request_id, outputs)
+                                stream=req.stream, logprobs=req.logprobs,
+                                cached_tokens=model.reports_cached_tokens)
+        reply = _Reply(req, gen.request_id, outputs, model.system_fingerprint)
         chunks = self.gateway.generate(gen)
-        if not req.stream:
-            totals = await until_disconnected(request, collect(chunks, req.n))
-            return JSONResponse(reply.complete(totals))
-        # The first response decides the status: a request the model rejects gets its 400.
-        first = await until_disconnected(request, anext(chunks, None))
+        try:
+            if not req.stream:
+                totals = await until_disconnected(request, collect(chunks, req.n))
+                return JSONResponse(reply.complete(totals))
+            # The first response decides the status: a request the model rejects gets its 400.
+            first = await until_disconnected(request, anext(chunks, None))
+        except OpenAIError as e:  # the engine's parameter names -> the request's
+            raise e.renamed(_field_names(req)) from None
         return StreamingResponse(reply.events(first, chunks), media_type="text/event-stream")
+
+
+def _field_names(req: ChatCompletionRequest) -> dict[str, str]:
+    """The request field behind each sampling parameter that chat names differently."""
+    names = {"logprobs": "top_logprobs"}
+    if req.max_completion_tokens is not None:
+        names["max_tokens"] = "max_completion_tokens"
+    return names
 
 
 class _Reply:
     """The response objects of one chat completion."""
 
     def __init__(self, req: ChatCompletionRequest, response_id: str,
-                 outputs: Callable[[], ChoiceOutput]) -> None:
-        self.req, self.id, self.outputs = req, response_id, outputs
+                 outputs: Callable[[], ChoiceOutput], fingerprint: str | None = None) -> None:
+        self.req, self.id, self.outputs, self.fingerprint = req, response_id, outputs, fingerprint
         self.created = int(time.time())
         self.k = req.top_logprobs or 0
 
@@ -97,21 +109,25 @@ class _Reply:
             output.start()
             output.feed(text)
             output.finish()
-            choices.append({"index": i, "message": output.as_message(), "logprobs": logprobs,
+            choices.append({"index": i, "message": {**output.as_message(), "refusal": None},
+                            "logprobs": logprobs,
                             "finish_reason": output.finish_reason(totals.finish_reasons[i])})
         return {"id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.req.model, "choices": choices,
-                "usage": usage(totals.prompt_tokens, totals.completion_tokens)}
+                "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices,
+                "usage": usage(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens)}
 
     def _chunk(self, choices: list[dict[str, Any]], with_usage: dict | None = None) -> str:
         obj = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-               "model": self.req.model, "choices": choices}
+               "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices}
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
             obj["usage"] = with_usage
         return sse(obj)
 
     async def events(self, first: Chunk | None, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
-        n, prompt_tokens, completion_tokens = self.req.n, 0, 0
+        n, completion_tokens = self.req.n, 0
+        # The first response already holds the prompt's counts: every chunk can carry them.
+        prompt_tokens = first.num_input_tokens if first is not None else 0
+        cached_tokens = first.num_cached_tokens if first is not None else None
         finished = [False] * n
         continuous = self.req.stream_options is not None and self.req.stream_options.continuous
         outputs = [self.outputs() for _ in range(n)]
@@ -120,11 +136,13 @@ class _Reply:
             # A forced call opens with its id and name; any other reply with empty content.
             opening = {"role": "assistant", "content": None, **opening} if opening else \
                 {"role": "assistant", "content": ""}
-            yield self._chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}])
+            yield self._chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}],
+                              usage(prompt_tokens, 0, cached_tokens) if continuous else None)
         try:
             chunk = first
             while chunk is not None:
                 prompt_tokens = chunk.num_input_tokens or prompt_tokens
+                cached_tokens = cached_tokens if chunk.num_cached_tokens is None else chunk.num_cached_tokens
                 completion_tokens += sum(chunk.num_output_tokens)
                 for i in range(n):
                     text, reason = chunk.texts[i], chunk.finish_reasons[i]
@@ -143,10 +161,11 @@ class _Reply:
                         continue  # held back (a tag may be starting)
                     yield self._chunk([{"index": i, "delta": delta_dict(delta),
                                         "logprobs": logprobs, "finish_reason": reason}],
-                                      usage(prompt_tokens, completion_tokens) if continuous else None)
+                                      usage(prompt_tokens, completion_tokens, cached_tokens)
+                                      if continuous else None)
                 chunk = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event
             yield sse(e.body())
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
-            yield self._chunk([], usage(prompt_tokens, completion_tokens))
+            yield self._chunk([], usage(prompt_tokens, completion_tokens, cached_tokens))
         yield SSE_DONE

@@ -29,6 +29,10 @@ def prompts_of(req: CompletionRequest) -> list[str | list[int]]:
         prompts = list(p)
     if not prompts or any(len(x) == 0 for x in prompts):
         raise bad_request("prompt must not be empty", "prompt")
+    for ids in prompts:  # they travel as an INT32 tensor; the engine checks the vocabulary
+        if not isinstance(ids, str) and (max(ids) >= 2**31 or min(ids) < -2**31):
+            bad = max(ids) if max(ids) >= 2**31 else min(ids)
+            raise bad_request(f"prompt: token id {bad} is out of range (token ids are 32-bit)", "prompt")
     return prompts
 
 
@@ -67,8 +71,9 @@ class Completions:
         response_id = new_id("cmpl")
         streams = [self.gateway.generate(GenerationRequest(
             req.model, f"{response_id}-{i}", part.sent, sampling, stream=req.stream,
-            logprobs=req.logprobs is not None)) for i, part in enumerate(parts)]
-        reply = _Reply(req, response_id, parts)
+            logprobs=req.logprobs is not None, cached_tokens=model.reports_cached_tokens))
+            for i, part in enumerate(parts)]
+        reply = _Reply(req, response_id, parts, model.system_fingerprint)
         if not req.stream:
             totals = await until_disconnected(request, _collect_all(streams, req.n))
             return JSONResponse(reply.complete(totals))
@@ -88,17 +93,20 @@ async def _collect_all(streams: list, n: int) -> list[Totals]:
 
 
 class _Reply:
-    def __init__(self, req: CompletionRequest, response_id: str, parts: list[_Prompt]) -> None:
-        self.req, self.id, self.parts = req, response_id, parts
+    def __init__(self, req: CompletionRequest, response_id: str, parts: list[_Prompt],
+                 fingerprint: str | None) -> None:
+        self.req, self.id, self.parts, self.fingerprint = req, response_id, parts, fingerprint
         self.created = int(time.time())
         self.k = req.logprobs or 0
 
     def _obj(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.req.model, "choices": choices, **extra}
+                "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices,
+                **extra}
 
     def complete(self, all_totals: list[Totals]) -> dict[str, Any]:
         choices, prompt_tokens, completion_tokens = [], 0, 0
+        cached = [t.cached_tokens for t in all_totals]
         for p, (part, totals) in enumerate(zip(self.parts, all_totals)):
             prompt_tokens += totals.prompt_tokens
             completion_tokens += totals.completion_tokens
@@ -113,7 +121,7 @@ class _Reply:
                 choices.append({"index": p * self.req.n + j,
                                 "text": (part.text() if self.req.echo else "") + text,
                                 "logprobs": logprobs, "finish_reason": totals.finish_reasons[j]})
-        return self._obj(choices, usage=usage(prompt_tokens, completion_tokens))
+        return self._obj(choices, usage=usage(prompt_tokens, completion_tokens, _sum(cached)))
 
     async def events(self, first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str]:
         n = self.req.n
@@ -121,6 +129,7 @@ class _Reply:
         continuous = with_usage and self.req.stream_options.continuous
         extra = {"usage": None} if with_usage else {}
         prompt_tokens = [0] * len(self.parts)
+        cached: list[int | None] = [None] * len(self.parts)
         completion_tokens = 0
         finished = [[False] * n for _ in self.parts]
         logprobs = [[CompletionLogprobs() for _ in range(n)] for _ in self.parts]
@@ -130,6 +139,8 @@ class _Reply:
             while item is not None:
                 p, chunk = item
                 prompt_tokens[p] = chunk.num_input_tokens or prompt_tokens[p]
+                if chunk.num_cached_tokens is not None:
+                    cached[p] = chunk.num_cached_tokens
                 completion_tokens += sum(chunk.num_output_tokens)
                 for j in range(n):
                     text, reason = chunk.texts[j], chunk.finish_reasons[j]
@@ -149,12 +160,18 @@ class _Reply:
                             lp.add_output(chunk.logprobs[j], self.k, chunk.texts[j])
                         choice_lp = lp.as_dict(start)
                     if continuous:
-                        extra = {"usage": usage(sum(prompt_tokens), completion_tokens)}
+                        extra = {"usage": usage(sum(prompt_tokens), completion_tokens, _sum(cached))}
                     yield sse(self._obj([{"index": p * n + j, "text": text, "logprobs": choice_lp,
                                           "finish_reason": reason if ends else None}], **extra))
                 item = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event
             yield sse(e.body())
         if with_usage:
-            yield sse(self._obj([], usage=usage(sum(prompt_tokens), completion_tokens)))
+            yield sse(self._obj([], usage=usage(sum(prompt_tokens), completion_tokens, _sum(cached))))
         yield SSE_DONE
+
+
+def _sum(cached: list[int | None]) -> int | None:
+    """The prompts' cached tokens together; None where the model reports none."""
+    known = [c for c in cached if c is not None]
+    return sum(known) if known else None

@@ -6,8 +6,13 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          499: "client_closed_request", 503: "service_unavailable", 500: "internal_server_error"}
+# OpenAI's error types by HTTP status (its API answers a wrong method or URL with
+# invalid_request_error too); a status not listed takes its class's type.
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+          413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 499: "client_closed_request", 500: "server_error",
+          503: "service_unavailable_error"}
 
 
 class OpenAIError(Exception):
@@ -20,7 +25,7 @@ class OpenAIError(Exception):
 
     @property
     def type(self) -> str:
-        return _TYPES.get(self.status, "internal_server_error")
+        return _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -28,6 +33,15 @@ class OpenAIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
+
+    def renamed(self, fields: dict[str, str]) -> OpenAIError:
+        """This error told in the request's own field names: an engine message about a sampling
+        parameter that the request named otherwise (chat's top_logprobs is the engine's logprobs)."""
+        name = fields.get(self.param or "")
+        if name is None:
+            return self
+        message = re.sub(rf"(?<!\w){re.escape(self.param)}(?!\w)", name, self.message, count=1)
+        return OpenAIError(self.status, message, name, self.code)
 
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:

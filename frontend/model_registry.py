@@ -4,6 +4,8 @@ parameter), so nothing is configured twice."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -27,6 +29,10 @@ class ServedModel:
     takes_input_ids: bool
     tokenizer_path: str | None
     chat_template: str | None = None  # --chat-template overrides the tokenizer's
+    reports_cached_tokens: bool = False  # has the return_num_cached_tokens input (Tritium's)
+    # OpenAI's system_fingerprint: the backend configuration the model runs with (here a digest
+    # of its Triton config: engine arguments, model path, inputs), which changes when that does.
+    system_fingerprint: str | None = None
     _tokenizer: Any = field(default=None, repr=False)
 
     @property
@@ -98,8 +104,10 @@ class ModelRegistry:
                 raise OpenAIError(503, f"The model '{name}' is not ready "
                                   f"(Triton reports {index[name].get('state') or 'no state'}).")
             config = await self.gateway.model_config(name)
-            model = ServedModel(name, any(i["name"] == "input_ids" for i in config.get("input", [])),
-                                self.tokenizer_override or _tokenizer_path(config), self.chat_template)
+            inputs = {i["name"] for i in config.get("input", [])}
+            model = ServedModel(name, "input_ids" in inputs,
+                                self.tokenizer_override or _tokenizer_path(config), self.chat_template,
+                                "return_num_cached_tokens" in inputs, _fingerprint(config))
             if model.tokenizer_path is not None:
                 await asyncio.to_thread(lambda: model.tokenizer)  # off the event loop, once
             self._models[name] = model
@@ -123,6 +131,11 @@ class ModelRegistry:
     def forget(self, name: str) -> None:
         """Drop what is known of a model (it was unloaded or reloaded)."""
         self._models.pop(name, None)
+
+
+def _fingerprint(config: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode("utf-8")).hexdigest()
+    return f"fp_{digest[:12]}"
 
 
 def _tokenizer_path(config: dict[str, Any]) -> str | None:

@@ -92,6 +92,26 @@ class ChatMessage(_Body):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        # Before the union's own check, whose first complaint would be "not a string".
+        for i, part in enumerate(v if isinstance(v, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in NON_TEXT_PARTS:
+                raise ValueError(f"part {i} is {NON_TEXT_PARTS[kind]} (type '{kind}'), and this "
+                                 "model takes text only: send text parts or a string")
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i} must be a text part, {{\"type\": \"text\", \"text\": "
+                                 f"\"...\"}}, got {str(part)[:80]}")
+        return v
+
+
+# OpenAI's (and vLLM's) content part types that carry something other than text.
+NON_TEXT_PARTS = {"image_url": "an image", "input_image": "an image", "image": "an image",
+                  "input_audio": "audio", "audio_url": "audio", "video_url": "a video",
+                  "file": "a file", "input_file": "a file"}
+
 
 class JsonSchemaFormat(_Body):
     name: str | None = None

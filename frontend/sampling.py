@@ -17,6 +17,8 @@ _PASS_THROUGH = ("n", "temperature", "top_p", "presence_penalty", "frequency_pen
 
 
 def common_sampling(req: SamplingFields) -> dict[str, Any]:
+    if req.stream_options is not None and not req.stream:  # vLLM's words
+        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
     params = {k: getattr(req, k) for k in _PASS_THROUGH if getattr(req, k) is not None}
     structured = _structured_outputs(req)
     if structured is not None:

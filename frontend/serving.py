@@ -27,9 +27,12 @@ def sse(obj: dict[str, Any]) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens` (prompt tokens served from the prefix cache) is
+    None where the model does not report it, and then prompt_tokens_details is null."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details}
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -96,6 +99,7 @@ class Totals:
     finish_reasons: list[str | None] = field(default_factory=list)
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int | None = None
     prompt_logprobs: list | None = None
 
     def __post_init__(self) -> None:
@@ -105,6 +109,8 @@ class Totals:
 
     def add(self, chunk: Chunk) -> None:
         self.prompt_tokens = chunk.num_input_tokens or self.prompt_tokens
+        if chunk.num_cached_tokens is not None:
+            self.cached_tokens = chunk.num_cached_tokens
         self.completion_tokens += sum(chunk.num_output_tokens)
         if chunk.prompt_logprobs is not None:
             self.prompt_logprobs = chunk.prompt_logprobs

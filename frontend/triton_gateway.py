@@ -28,6 +28,7 @@ class GenerationRequest:
     sampling: dict[str, Any]
     stream: bool
     logprobs: bool = False  # ask for the logprobs (and prompt_logprobs) outputs
+    cached_tokens: bool = False  # ask for num_cached_tokens (a model whose config declares it)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Chunk:
     num_input_tokens: int
     logprobs: list[list[dict[str, Any]] | None] | None = None
     prompt_logprobs: list[dict[str, Any] | None] | None = None
+    num_cached_tokens: int | None = None  # prompt tokens from the prefix cache; None: not reported
 
 
 def _tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
@@ -58,6 +60,8 @@ def build_inputs(req: GenerationRequest) -> list[grpcclient.InferInput]:
              "return_num_input_tokens": True, "return_num_output_tokens": True}
     if req.logprobs:
         flags["return_logprobs"] = True
+    if req.cached_tokens:
+        flags["return_num_cached_tokens"] = True
     inputs.append(_tensor("sampling_parameters",
                           np.array([json.dumps(req.sampling).encode("utf-8")], dtype=np.object_), "BYTES"))
     inputs += [_tensor(k, np.array([v], dtype=bool), "BOOL") for k, v in flags.items()]
@@ -95,7 +99,8 @@ def parse_chunk(response: Any) -> Chunk:
     num_input = outputs["num_input_tokens"][0] if "num_input_tokens" in outputs else 0
     logprobs = [json.loads(s) for s in outputs["logprobs"]] if "logprobs" in outputs else None
     prompt_logprobs = json.loads(outputs["prompt_logprobs"][0]) if "prompt_logprobs" in outputs else None
-    return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs)
+    cached = outputs["num_cached_tokens"][0] if "num_cached_tokens" in outputs else None
+    return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs, cached)
 
 
 def _channel_args() -> list[tuple[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from frontend.__main__ import config_from, parse_args
 from frontend.app import create_app
+from frontend.metrics import MULTIPROC_DIR
 
 
 # Set in each worker process by _worker: how many workers have finished starting, of how many.
@@ -92,6 +93,7 @@ def serve_workers(argv: list[str], workers: int) -> int:
                 stopping, rc = True, 1
                 break
             print(f"frontend worker {p.pid} exited ({p.exitcode}); starting another", flush=True)
+            _forget_metrics_of(p.pid)
             with counter.get_lock():
                 counter.value -= 1
             procs[i] = start()
@@ -104,3 +106,11 @@ def serve_workers(argv: list[str], workers: int) -> int:
             p.kill()
             p.join()
     return rc
+
+
+def _forget_metrics_of(pid: int) -> None:
+    """Drop a dead worker's requests in progress from the shared metrics (its counts stay)."""
+    if os.environ.get(MULTIPROC_DIR):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)

@@ -74,7 +74,8 @@ def start_stack(tiny_model: str, tmp: str) -> tuple[TritonServer, Frontend, str]
     repo = write_model_repository(os.path.join(tmp, "repo"), {"model": model, **TEST_ENGINE_ARGS})
     server = start_server(repo, os.path.join(tmp, "tritonserver.log"))
     try:
-        frontend = start_frontend(server.grpc_url, os.path.join(tmp, "frontend.log"))
+        frontend = start_frontend(server.grpc_url, os.path.join(tmp, "frontend.log"), "--triton-metrics",
+                                  f"http://127.0.0.1:{server.metrics_port}/metrics")
     except BaseException:
         server.stop()
         raise

@@ -168,3 +168,47 @@ def test_generations_spread_over_the_gateway_channels():
 
     release = asyncio.Event()
     asyncio.run(main())
+
+
+def test_engine_errors_are_renamed_to_the_fields_the_request_used():
+    e = from_triton("logprobs=21 is larger than max_logprobs=20.").renamed({"logprobs": "top_logprobs"})
+    assert (e.message, e.param, e.type) == ("top_logprobs=21 is larger than max_logprobs=20.", "top_logprobs",
+                                            "invalid_request_error")
+    other = from_triton("top_p must be in (0, 1], got 1.5.")
+    assert other.renamed({"logprobs": "top_logprobs"}) is other
+
+
+def test_json_bodies_with_lone_surrogates_name_the_field():
+    from frontend.json_body import decode_json_body
+
+    assert decode_json_body(b'{"a": ["\\ud83d\\ude00", "\\u00e9"]}') == {"a": ["\U0001F600", "\u00e9"]}
+    for raw, param in ((b'{"a": [1, {"b": "x\\udc00"}]}', "a.1.b"), (b'"\\ud800"', None),
+                       (b'{"k\\ud800": 1}', None)):
+        with pytest.raises(OpenAIError) as e:
+            decode_json_body(raw)
+        assert (e.value.status, e.value.param) == (400, param)
+        assert "unpaired UTF-16 surrogate" in e.value.message
+    with pytest.raises(OpenAIError, match="nests JSON arrays or objects too deeply"):
+        decode_json_body(b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_metrics_pass_only_the_vllm_families_and_find_triton():
+    from frontend.metrics import _is_vllm, default_triton_metrics_url
+
+    text = ("# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\n"
+            'nv_inference_count{model="llm"} 3\n# HELP vllm:prompt_tokens_total Prompt tokens\n'
+            '# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model="llm"} 7\n')
+    assert [line for line in text.splitlines() if _is_vllm(line)] == [
+        "# HELP vllm:prompt_tokens_total Prompt tokens", "# TYPE vllm:prompt_tokens_total counter",
+        'vllm:prompt_tokens_total{model="llm"} 7']
+    assert default_triton_metrics_url("triton.svc:8001") == "http://triton.svc:8002/metrics"
+    assert default_triton_metrics_url("[::1]:8001") == "http://[::1]:8002/metrics"
+
+
+def test_stream_options_need_stream_and_content_parts_must_be_text():
+    with pytest.raises(OpenAIError, match="Stream options can only be defined when `stream=True`."):
+        chat(stream_options={"include_usage": True})
+    assert chat(stream=True, stream_options={"include_usage": True}) == {"n": 1, "max_tokens": None}
+    image = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    with pytest.raises(OpenAIError, match=r"^messages.0.content: part 1 is an image \(type 'image_url'\)"):
+        parse_body(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": image}]})

@@ -72,8 +72,22 @@ def test_connections_spread_over_workers(stack):
         finally:
             for c in conns:
                 c.close()
+        # Each request on a connection of its own, so they land on several workers; whichever
+        # worker answers /metrics counts them all (the workers share their metrics' files).
+        for _ in range(6):
+            r = httpx.post(fe.url + "/v1/completions", json={"model": "llm", "prompt": [5, 6], "max_tokens": 1},
+                           timeout=60)
+            assert r.status_code == 200
+        for _ in range(3):
+            text = httpx.get(fe.url + "/metrics", timeout=30).text
+            assert 'http_requests_total{handler="/v1/completions",method="POST",status="200"} 7.0' in text, text
+        with open(f"/proc/{workers[0]}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        metrics_dir = env[b"PROMETHEUS_MULTIPROC_DIR"].decode()
+        assert os.path.isdir(metrics_dir)
     finally:
         fe.stop()
+    assert not os.path.exists(metrics_dir)  # removed with the frontend
     assert fe.proc.returncode == 0
     assert not any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
                    for p in workers)

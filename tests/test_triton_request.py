@@ -24,7 +24,7 @@ def test_defaults_match_the_vllm_backend():
     assert (r.stream, r.exclude_input_in_output) == (False, False)
     assert not any(getattr(r, f) for f in ("return_finish_reason", "return_cumulative_logprob",
                                             "return_logprobs", "return_num_input_tokens",
-                                            "return_num_output_tokens"))
+                                            "return_num_output_tokens", "return_num_cached_tokens"))
     streaming = parse_request({"text_input": s("Hello"), "stream": b(True)})
     assert (streaming.stream, streaming.exclude_input_in_output) == (True, True)
 
@@ -125,7 +125,8 @@ def test_input_ids_prompt():
      "lora_name must be a non-empty string, got 3."),
     ({"text_input": s("x"), "image": s("x")}, None, "unexpected input 'image'. Valid inputs: text_input, "
      "input_ids, sampling_parameters, stream, exclude_input_in_output, return_finish_reason, "
-     "return_cumulative_logprob, return_logprobs, return_num_input_tokens, return_num_output_tokens."),
+     "return_cumulative_logprob, return_logprobs, return_num_input_tokens, return_num_output_tokens, "
+     "return_num_cached_tokens."),
 ])
 def test_bad_requests_raise_clear_errors(inputs, parameters, message):
     with pytest.raises(ValueError) as e:
@@ -175,6 +176,26 @@ def test_non_streaming_sends_one_final_with_the_prompt_first():
     assert _texts(excluded.add(_out([(" a", [7])], "stop")).outputs["text_output"]) == [" a"]
     ids = ResponseBuilder(parse_request({"input_ids": np.array([1, 2], np.int32)}))
     assert _texts(ids.add(_out([(" a", [7])], "stop")).outputs["text_output"]) == [" a"]
+
+
+def test_num_cached_tokens_only_when_asked_for():
+    """The prompt tokens the prefix cache served, in every response of a stream; a request that
+    does not ask (every vLLM backend client) gets no such output."""
+    def cached(n: int, finish: str | None) -> RequestOutput:
+        out = _out([(" a", [7])], finish, prompt_ids=tuple(range(40)))
+        out.num_cached_tokens = n
+        return out
+
+    req = parse_request({"text_input": s("Hi"), "stream": b(True), "return_num_cached_tokens": b(True)})
+    builder = ResponseBuilder(req)
+    r1, r2 = builder.add(cached(32, None)), builder.add(cached(32, "length"))
+    assert r1.outputs["num_cached_tokens"].tolist() == r2.outputs["num_cached_tokens"].tolist() == [32]
+    assert r1.outputs["num_cached_tokens"].dtype == np.uint32
+    whole = ResponseBuilder(parse_request({"text_input": s("Hi"), "return_num_cached_tokens": b(True)}))
+    assert whole.add(cached(16, None)) is None
+    assert whole.add(cached(16, "stop")).outputs["num_cached_tokens"].tolist() == [16]
+    plain = ResponseBuilder(parse_request({"text_input": s("Hi"), "stream": b(True)}))
+    assert "num_cached_tokens" not in plain.add(cached(32, "stop")).outputs
 
 
 def test_n_samples_and_logprobs_in_the_vllm_backend_format():

@@ -19,7 +19,7 @@ from backend.sampling_params import SamplingParams
 # turns top-level JSON keys that are not inputs into request parameters).
 FLAG_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
                "return_cumulative_logprob", "return_logprobs", "return_num_input_tokens",
-               "return_num_output_tokens")
+               "return_num_output_tokens", "return_num_cached_tokens")
 INPUT_NAMES = ("text_input", "input_ids", "sampling_parameters") + FLAG_INPUTS
 # Request parameters that belong to Triton, not to the model (see Triton's parameters extension).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start",
@@ -39,6 +39,9 @@ class ParsedRequest:
     return_logprobs: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    # Tritium's own: the prompt tokens served from the prefix cache (OpenAI's usage
+    # prompt_tokens_details.cached_tokens); an input the vLLM backend's config does not declare.
+    return_num_cached_tokens: bool = False
     # The engine's scheduling priority (vLLM's add_request argument; lower first). Triton keeps
     # its own `priority` request parameter, which a Python-backend model cannot read, so this one
     # arrives in sampling_parameters.
@@ -233,6 +236,7 @@ class ResponseBuilder:
         self.request = request
         self._samples = [_Sample() for _ in range(request.sampling_params.n)]
         self._num_input_tokens = 0
+        self._num_cached_tokens = 0
         self._prompt_logprobs: str | None = None  # JSON, once the engine has sent them
         self.finished = False
 
@@ -241,6 +245,7 @@ class ResponseBuilder:
         assert not self.finished, "engine output after the final one"
         self.finished = output.finished
         self._num_input_tokens = len(output.prompt_token_ids)
+        self._num_cached_tokens = output.num_cached_tokens
         new_prompt_logprobs = output.prompt_logprobs is not None
         if new_prompt_logprobs:
             self._prompt_logprobs = json.dumps([None if d is None else _logprob_entry(d)
@@ -293,6 +298,8 @@ class ResponseBuilder:
             out["num_input_tokens"] = np.array([self._num_input_tokens], dtype=np.uint32)
         if r.return_num_output_tokens:
             out["num_output_tokens"] = np.array(counts, dtype=np.uint32)
+        if r.return_num_cached_tokens:
+            out["num_cached_tokens"] = np.array([self._num_cached_tokens], dtype=np.uint32)
         if with_prompt_logprobs and self._prompt_logprobs is not None:
             out["prompt_logprobs"] = _strings([self._prompt_logprobs])
         return out

@@ -22,6 +22,8 @@ from backend.engine.request import accumulate
     ({"logprobs": 50}, "logprobs must be in [0, 20], got 50."),
     ({"stop": [""]}, "stop must contain only non-empty strings, got ''."),
     ({"max_tokens": "8"}, "max_tokens must be of type int, got '8'."),
+    ({"seed": 2**63}, "seed must be a 64-bit signed integer, in [-9223372036854775808, "
+     "9223372036854775807], got 9223372036854775808."),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError) as info:
