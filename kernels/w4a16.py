@@ -63,6 +63,9 @@ class W4A16Config:
     # "mma": the tensor-core kernel below; "gemv": one program row per activation row, on the
     # CUDA cores; "dequant": the weight dequantized to 16 bits, then one cuBLAS GEMM.
     method: str = "mma"
+    # gemv with several K slices: add the partial sums in the kernel (the last slice to finish
+    # does) instead of a PyTorch sum after it.
+    fused_reduce: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -44,10 +44,10 @@ def _field_sum(q, x, c, J: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _w4a16_gemv_kernel(
-    x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, N, K,
+    x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, ws_ptr, count_ptr, N, K,
     stride_xm, stride_qk, stride_sg, stride_os, stride_om,
     GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
-    BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
     pid_w = tl.program_id(0)
@@ -83,8 +83,22 @@ def _w4a16_gemv_kernel(
         scale = tl.load(scale_ptr + g * stride_sg + cols, mask=c_mask, other=0.0).to(tl.float32)
         zero = tl.load(zero_ptr + g * stride_sg + cols, mask=c_mask, other=0.0).to(tl.float32)
         acc += (s - zero * tl.sum(x, axis=0)) * scale
-    tl.store(out_ptr + pid_k * stride_os + row * stride_om + cols, acc.to(out_ptr.dtype.element_ty),
-             mask=c_mask)
+    if FUSED_REDUCE:
+        # The K slices' partial sums meet in ws; the slice that finishes last adds them in slice
+        # order (the result does not depend on timing) and resets its counter for the next call.
+        tl.store(ws_ptr + pid_k * stride_os + row * N + cols, acc, mask=c_mask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        counter = count_ptr + row * tl.num_programs(0) + pid_w
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_W, PACK), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                total += tl.load(ws_ptr + s * stride_os + row * N + cols, mask=c_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(out_ptr + row * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=c_mask)
+            tl.atomic_xchg(counter, 0)
+    else:
+        tl.store(out_ptr + pid_k * stride_os + row * stride_om + cols, acc.to(out_ptr.dtype.element_ty),
+                 mask=c_mask)
 
 
 def gemv_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: int, pack: int) -> int:
@@ -97,24 +111,46 @@ def gemv_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: in
     return max(1, min(cdiv(8 * sms, cfg.num_warps * programs), k // (2 * block_k)))
 
 
+# Per device: one arrival counter per (row, column tile) of a fused-reduce GEMV, zero between
+# calls (the last slice resets it), made on the first eager call so that a CUDA graph only uses it.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_COUNTERS = 1 << 14
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                group_size: int, perm: torch.Tensor | None, bits: int, cfg: W4A16Config, block_k: int,
                split: int) -> torch.Tensor:
-    """x [M, K] (a few rows: one program row each) -> [M, N]; arguments checked by the caller."""
+    """x [M, K] (a few rows: one program row each) -> [M, N]; arguments checked by the caller.
+    Several K slices add their float32 partial sums afterwards, in PyTorch or (cfg.fused_reduce)
+    inside the kernel, by the slice that finishes last."""
     m, k = x.shape
     pack = 32 // bits
     n = qweight.shape[1] * pack
-    out = (torch.empty(1, m, n, dtype=x.dtype, device=x.device) if split == 1 else
-           torch.empty(split, m, n, dtype=torch.float32, device=x.device))
     block_w = cfg.block_n // pack
     grid = (cdiv(n // pack, block_w), split, m)
+    fused = cfg.fused_reduce and split > 1 and grid[0] * m <= MAX_COUNTERS
+    if split == 1:
+        out = torch.empty(1, m, n, dtype=x.dtype, device=x.device)
+        ws = out
+    elif fused:
+        out = torch.empty(1, m, n, dtype=x.dtype, device=x.device)
+        ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    else:
+        out = ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _w4a16_gemv_kernel[grid](
-        x, qweight, scales, zeros, qweight if perm is None else perm, out, n, k,
-        x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
+        x, qweight, scales, zeros, qweight if perm is None else perm, out, ws,
+        _counters(x.device) if fused else out, n, k,
+        x.stride(0), qweight.stride(0), scales.stride(0), ws.stride(0), out.stride(1),
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None, BLOCK_W=block_w, BLOCK_K=block_k,
-        SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, FUSED_REDUCE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else out.sum(dim=0).to(x.dtype)
+    return out[0] if split == 1 or fused else out.sum(dim=0).to(x.dtype)
 
 
 @triton.jit

@@ -38,6 +38,11 @@ SWEEP = {  # row bucket -> configs tried besides the default
     1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv") for bn, bk, w, split in
         ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 64, 4, 0), (512, 128, 4, 0),
          (1024, 128, 8, 0), (1024, 32, 4, 16), (1024, 32, 4, 64), (2048, 32, 8, 0))]
+       # Pipelined loads, and the K slices' partial sums added inside the kernel.
+       + [W4A16Config(1, bn, bk, split, 1, w, st, method="gemv", fused_reduce=fused)
+          for bn, bk, w, split in ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 32, 4, 0),
+                                   (1024, 32, 4, 8), (1024, 32, 4, 16), (512, 64, 4, 8))
+          for st, fused in ((1, True), (2, False), (2, True), (3, True))]
        + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
@@ -66,10 +71,11 @@ def random_layer(n: int, k: int):
 
 
 def cfg_name(c: W4A16Config) -> str:
-    return f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+    return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+            + (" fused" if c.fused_reduce else ""))
 
 
-def bench_matmuls(shapes: dict, sweep: bool) -> tuple[list, dict]:
+def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tuple[list, dict]:
     results, best = [], {}
     print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'w4a16 us':>9} {'speedup':>8} "
           f"{'wt GB/s':>8} {'rel diff':>9}" + ("  best (sweep)" if sweep else ""))
@@ -78,7 +84,7 @@ def bench_matmuls(shapes: dict, sweep: bool) -> tuple[list, dict]:
         qweight, scales, zeros = random_layer(n, k)
         wdq = w4a16_dequantize_ref(qweight, scales, zeros, GROUP, dtype=torch.bfloat16)
         weight_bytes = qweight.numel() * 4 + scales.numel() * 2 + zeros.numel() * 2
-        for m in ROWS:
+        for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t16 = time_us(lambda: torch.nn.functional.linear(x, w16))
             ref = torch.nn.functional.linear(x, wdq).float()
@@ -94,6 +100,13 @@ def bench_matmuls(shapes: dict, sweep: bool) -> tuple[list, dict]:
                 timed = [(t, DEFAULT_CONFIGS[row_bucket(m)])]
                 for cfg in SWEEP[row_bucket(m)]:
                     try:
+                        # Each config is checked as the default is before it is timed: a wrong
+                        # result (a race, say) is reported and never chosen.
+                        got = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg).float()
+                        err = ((got - ref).abs().max() / ref.abs().max()).item()
+                        if not err <= max(2 * diff, 1e-2):
+                            print(f"  WRONG {cfg_name(cfg)}: max rel diff {err:.3g}")
+                            continue
                         timed.append((time_us(lambda: kernels.w4a16_matmul(
                             x, qweight, scales, zeros, GROUP, config=cfg)), cfg))
                     except Exception as e:  # a config that does not fit (shared memory)
@@ -167,6 +180,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--sweep", action="store_true", help="also time the configs of SWEEP")
     ap.add_argument("--write-configs", metavar="PATH", help="with --sweep: merge the fastest configs here")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M values (default: all six)")
     ap.add_argument("--no-repack", action="store_true")
     ap.add_argument("--repack-only-on", metavar="DEVICE", help="only time the repacking, on DEVICE (cpu works)")
     a = ap.parse_args()
@@ -177,7 +191,7 @@ def main() -> None:
         return
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations")
-    results, best = bench_matmuls(shapes, a.sweep)
+    results, best = bench_matmuls(shapes, a.sweep, tuple(int(r) for r in a.rows.split(",")))
     repack = [] if a.no_repack else bench_repacking(shapes)
     if a.write_configs and best:
         write_configs(a.write_configs, gpu, best)

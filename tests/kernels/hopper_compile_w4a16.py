@@ -26,6 +26,10 @@ def cases():
     for m in (1, 16, 64, 256, 4096):
         yield f"w4a16 m={m}", lambda m=m: kernels.w4a16_matmul(e(m, k, dtype=torch.bfloat16), w, s, z, group)
     yield "w4a16 m=1 act-order", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group, perm)
+    from kernels.w4a16 import DEFAULT_CONFIGS
+    fused = DEFAULT_CONFIGS[1].__class__(**{**DEFAULT_CONFIGS[1].__dict__, "fused_reduce": True, "num_stages": 3})
+    yield "w4a16 m=1 fused reduce", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group,
+                                                                 config=fused)
     yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul(e(4096, k, dtype=torch.float16), w, s, z, group)
     w8 = e(k, n // 4, dtype=torch.int32)
     yield "w8a16 m=16", lambda: kernels.w4a16_matmul(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)

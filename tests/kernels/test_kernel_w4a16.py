@@ -74,17 +74,24 @@ GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0), (1, 96, 256, 64, 4, True, 6
               (2, 24, 64, 64, 8, False, 16, 32, 0)]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-sum", "fused-reduce"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: "m{}-n{}-k{}-g{}-w{}{}".format(
     *c[:5], "-perm" if c[5] else ""))
-def test_gemv_matches_float64(case, dtype):
+def test_gemv_matches_float64(case, dtype, fused):
     from kernels.w4a16 import W4A16Config
+    from kernels.w4a16_paths import _counters
     m, n, k, group, bits, shuffled, bn, bk, split = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
-    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
-        block_m=1, block_n=bn, block_k=bk, split_k=split, num_stages=2, method="gemv"))
-    assert out.shape == (m, n) and out.dtype == dtype
-    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+    cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_stages=2, method="gemv",
+                      fused_reduce=fused)
+    poison = torch.full((m, n), float("nan"), dtype=dtype, device=x.device)
+    for _ in range(2):  # a second call finds the arrival counters back at zero
+        out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
+        assert out.shape == (m, n) and out.dtype == dtype
+        assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+        assert not torch.equal(out, poison)
+    assert not _counters(x.device).any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
