@@ -32,25 +32,35 @@ def _generate(llm: LLM) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, PARAMS)]
 
 
-def _left_behind() -> dict:
-    """What an LLM may leave in this process: child processes, Python threads, a process group."""
-    return {"children": sorted(c.pid for c in psutil.Process().children(recursive=True)),
-            "threads": sorted(t.name for t in threading.enumerate()),
+def _snapshot() -> dict:
+    return {"children": {c.pid for c in psutil.Process().children(recursive=True)},
+            "threads": {t.ident for t in threading.enumerate()}}
+
+
+def _left_behind(before: dict) -> dict:
+    """What an LLM may leave in this process since `before`: child processes, Python threads
+    (other tests' may end meanwhile: only new ones count), a process group."""
+    now = _snapshot()
+    return {"children": sorted(now["children"] - before["children"]),
+            "threads": sorted(t.name for t in threading.enumerate() if t.ident not in before["threads"]),
             "process_group": dist.is_initialized()}
 
 
+NOTHING = {"children": [], "threads": [], "process_group": False}
+
+
 def test_a_collected_tensor_parallel_llm_frees_itself(tiny_model, hf_tokens):
-    before = _left_behind()
+    before = _snapshot()
     llm = LLM(tiny_model, tensor_parallel_size=2, **ENGINE_KWARGS)
     out1 = _generate(llm)
     assert out1 == hf_tokens
-    ranks = [p for p in psutil.Process().children(recursive=True) if p.pid not in before["children"]]
+    ranks = [psutil.Process(pid) for pid in _left_behind(before)["children"]]
     assert len(ranks) == 1 and dist.is_initialized()
     engine, kv_cache = weakref.ref(llm.engine), weakref.ref(llm.engine.runner.kv_cache)
     del llm
     gc.collect()
     assert engine() is None and kv_cache() is None  # its tensors are freed
-    assert _left_behind() == before
+    assert _left_behind(before) == NOTHING
     assert not ranks[0].is_running()  # stopped and reaped
     os_threads = psutil.Process().num_threads()
 
@@ -58,12 +68,12 @@ def test_a_collected_tensor_parallel_llm_frees_itself(tiny_model, hf_tokens):
     assert _generate(llm) == out1
     del llm
     gc.collect()
-    assert _left_behind() == before
-    assert psutil.Process().num_threads() == os_threads  # gloo's threads went with the group
+    assert _left_behind(before) == NOTHING
+    assert psutil.Process().num_threads() <= os_threads  # gloo's threads went with the group
 
 
 def test_one_rank_then_two_ranks_in_one_process(tiny_model, hf_tokens):
-    before = _left_behind()
+    before = _snapshot()
     llm = LLM(tiny_model, **ENGINE_KWARGS)
     out1 = _generate(llm)
     del llm
@@ -71,21 +81,21 @@ def test_one_rank_then_two_ranks_in_one_process(tiny_model, hf_tokens):
     llm = LLM(tiny_model, tensor_parallel_size=2, **ENGINE_KWARGS)
     assert _generate(llm) == out1 == hf_tokens
     llm.shutdown()  # explicitly
-    assert _left_behind() == before
+    assert _left_behind(before) == NOTHING
     with pytest.raises(EngineShutdownError, match=r"^This LLM was shut down; create a new one\.$"):
         llm.generate(PROMPTS, PARAMS)
     llm.shutdown()  # again: nothing to do
 
 
 def test_a_context_manager_frees_the_llm_at_its_end(tiny_model, hf_tokens):
-    before = _left_behind()
+    before = _snapshot()
     with LLM(tiny_model, tensor_parallel_size=2, **ENGINE_KWARGS) as llm:
         out1 = _generate(llm)
-        assert _left_behind() != before  # its rank runs
-    assert _left_behind() == before
+        assert _left_behind(before)["children"]  # its rank runs
+    assert _left_behind(before) == NOTHING
     with LLM(tiny_model, tensor_parallel_size=2, **ENGINE_KWARGS) as llm:
         assert _generate(llm) == out1 == hf_tokens
-    assert _left_behind() == before
+    assert _left_behind(before) == NOTHING
 
 
 def test_a_second_tensor_parallel_llm_while_one_lives_is_refused_and_leaves_it_serving(tiny_model, hf_tokens):
