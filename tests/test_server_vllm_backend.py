@@ -75,6 +75,9 @@ def server(tiny_model, tmp_path_factory):
     _model(repo, "vllm_batching", sample, config=SAMPLE_CONFIG + "max_batch_size: 8\n")
     _model(repo, "vllm_string_stream", sample, config=SAMPLE_CONFIG + 'input [ { name: "stream" '
                                                                       'data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    # The vLLM backend's optional image input, which Tritium does not read.
+    _model(repo, "vllm_image", sample, config=SAMPLE_CONFIG + 'input [ { name: "image" data_type: TYPE_STRING '
+                                                              'dims: [ -1 ] optional: true } ]\n')
     # A model directory with its own 1/model.py (backend "python") keeps working.
     write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS}, name="llm_own", own_model_py=True)
     srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
@@ -178,6 +181,19 @@ def test_invalid_engine_argument_and_invalid_model_fail_the_load(server):
     status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_conflict/load", {}, timeout=120)
     assert status == 400 and "engine argument 'enforce_eager' is set differently" in text, text
     assert server.is_ready("vllm_model")  # the others are untouched
+
+
+def test_a_declared_input_tritium_does_not_read_loads_and_a_request_carrying_it_is_refused(server):
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_image/load", {}, timeout=240)
+    assert status == 200, text
+    try:
+        status, body = _generate(server, "vllm_image", PROMPTS[0], max_tokens=4, image=["a.png"])
+        assert status == 400 and body["error"].startswith("unexpected input 'image'. Valid inputs: text_input"), body
+        assert _generate(server, "vllm_image", PROMPTS[0], max_tokens=4)[0] == 200
+        log = open(server.log_path, encoding="utf-8").read()
+        assert "tritium: input 'image' is declared, but Tritium does not read it" in log
+    finally:
+        http_request(f"{server.http_url}/v2/repository/models/vllm_image/unload", {})
 
 
 def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(server, hf_greedy):

@@ -66,8 +66,8 @@ class TritonPythonModel:
         # config.pbtxt parameters and 1/model.json (Triton's vLLM backend's engine arguments)
         serving = serving_config(config.get("parameters", {}), _ROOT,
                                  version_dir=os.path.join(args["model_repository"], args["model_version"]))
-        for note in notes + serving.notes + (["tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before "
-                                      "each batch of requests"] if serving.health_check else []):
+        health = ["tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before each batch of requests"]
+        for note in notes + serving.notes + (health if serving.health_check else []):
             pb_utils.Logger.log_info(note)
         if serving.gpu_device_ids is not None:  # the engine's process inherits it
             os.environ["CUDA_VISIBLE_DEVICES"] = serving.gpu_device_ids

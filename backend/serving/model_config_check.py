@@ -16,6 +16,10 @@ from .triton_request import FLAG_INPUTS
 _INTEGER_TYPES = frozenset({"TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64",
                             "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64"})
 
+_DECOUPLED = ("model_transaction_policy: the engine streams its responses, so the model must be "
+              "decoupled: set model_transaction_policy { decoupled: true }, or leave it out and let "
+              "Triton auto-complete it (without --disable-auto-complete-config).")
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -107,11 +111,6 @@ def check_model_config(config: Mapping[str, Any]) -> list[str]:
     if not (config.get("model_transaction_policy") or {}).get("decoupled"):
         raise ValueError(_DECOUPLED)
     return _check_common(config)
-
-
-_DECOUPLED = ("model_transaction_policy: the engine streams its responses, so the model must be "
-              "decoupled: set model_transaction_policy { decoupled: true }, or leave it out and let "
-              "Triton auto-complete it (without --disable-auto-complete-config).")
 
 
 def _check_common(config: Mapping[str, Any]) -> list[str]:
