@@ -4,6 +4,7 @@ wheel, plain Python) and configurations in the JSON form Triton hands it."""
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 import pytriton
@@ -44,19 +45,20 @@ def _complete(config):
 
 def test_the_current_vllm_sample_is_completed():
     done = _complete(_config())
-    assert [t["name"] for t in done["input"]] == list(INPUT_NAMES)
+    assert sorted(t["name"] for t in done["input"]) == sorted(INPUT_NAMES)
     assert all(t["optional"] for t in done["input"])
     assert {t["name"]: (t["data_type"], t["dims"]) for t in done["input"]} == {
         "text_input": ("TYPE_STRING", [1]), "input_ids": ("TYPE_INT32", [-1]),
         "sampling_parameters": ("TYPE_STRING", [1]), "stream": ("TYPE_BOOL", [1]),
         "exclude_input_in_output": ("TYPE_BOOL", [1]), "return_finish_reason": ("TYPE_BOOL", [1]),
         "return_cumulative_logprob": ("TYPE_BOOL", [1]), "return_logprobs": ("TYPE_BOOL", [1]),
-        "return_num_input_tokens": ("TYPE_BOOL", [1]), "return_num_output_tokens": ("TYPE_BOOL", [1])}
+        "return_num_input_tokens": ("TYPE_BOOL", [1]), "return_num_output_tokens": ("TYPE_BOOL", [1]),
+        "return_num_cached_tokens": ("TYPE_BOOL", [1])}
     assert {t["name"]: (t["data_type"], t["dims"]) for t in done["output"]} == {
         "text_output": ("TYPE_STRING", [-1]), "finish_reason": ("TYPE_STRING", [-1]),
         "cumulative_logprob": ("TYPE_FP32", [-1]), "logprobs": ("TYPE_STRING", [-1]),
         "prompt_logprobs": ("TYPE_STRING", [-1]), "num_input_tokens": ("TYPE_UINT32", [1]),
-        "num_output_tokens": ("TYPE_UINT32", [-1])}
+        "num_output_tokens": ("TYPE_UINT32", [-1]), "num_cached_tokens": ("TYPE_UINT32", [1])}
     assert done["model_transaction_policy"] == {"decoupled": True} and done["max_batch_size"] == 0
     assert check_model_config(done) == []  # what initialize() then gets passes its check
 
@@ -74,10 +76,28 @@ def test_the_older_spelled_out_sample_keeps_its_declarations():
     assert len(done["output"]) == len(OUTPUTS)
 
 
-def test_the_projects_own_configuration_is_complete_already():
-    config = _config(input=[s.as_input() for s in INPUTS], output=[s.as_output() for s in OUTPUTS],
-                     model_transaction_policy={"decoupled": True})
-    assert _complete(config) == config
+def _declared(section: str) -> list[dict]:
+    """The tensors of one section of model_repository/llm/config.pbtxt, in Triton's JSON form."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_repository",
+                        "llm", "config.pbtxt")
+    text = open(path, encoding="utf-8").read()
+    body = re.search(rf"^{section} \[(.*?)^\]", text, re.M | re.S).group(1)
+    tensors = []
+    for m in re.finditer(r'\{ name: "(\w+)" data_type: (\w+) dims: \[ ([-\d, ]+) \]( optional: true)? \}', body):
+        tensors.append({"name": m.group(1), "data_type": m.group(2),
+                        "dims": [int(d) for d in m.group(3).split(",")], "optional": bool(m.group(4))})
+    return tensors
+
+
+def test_the_projects_own_configuration_declares_what_auto_complete_would():
+    inputs, outputs = _declared("input"), _declared("output")
+    assert [t["name"] for t in inputs] == [s.name for s in INPUTS]
+    assert [t["name"] for t in outputs] == [s.name for s in OUTPUTS]
+    for t in outputs:
+        del t["optional"]
+    config = _config(input=inputs, output=outputs, model_transaction_policy={"decoupled": True})
+    assert _complete(json.loads(json.dumps(config))) == config  # nothing to add, nothing refused
+    assert _complete(_config())["input"] == inputs and _complete(_config())["output"] == outputs
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -97,7 +117,9 @@ def test_the_projects_own_configuration_is_complete_already():
      "TYPE_UINT16 or TYPE_UINT32 or TYPE_UINT64 or TYPE_UINT8, got TYPE_FP32."),
     ({"input": [_tensor("image", "TYPE_STRING", [-1])]},
      "input 'image': Tritium does not read it, and the configuration makes every request carry it; "
-     "valid inputs: " + ", ".join(INPUT_NAMES) + "."),
+     "valid inputs: text_input, input_ids, stream, sampling_parameters, exclude_input_in_output, "
+     "return_finish_reason, return_cumulative_logprob, return_logprobs, return_num_input_tokens, "
+     "return_num_output_tokens, return_num_cached_tokens."),
     ({"output": [{"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [-1]}]},
      "output 'num_output_tokens': data_type must be TYPE_UINT32, got TYPE_INT32."),
 ])

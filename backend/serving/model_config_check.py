@@ -46,18 +46,22 @@ class TensorSpec:
         return {"name": self.name, "data_type": self.data_type, "dims": list(self.dims)}
 
 
+# In model_repository/llm/config.pbtxt's order.
 INPUTS = (TensorSpec("text_input", "TYPE_STRING", (1,)),
           TensorSpec("input_ids", "TYPE_INT32", (-1,), single=False, accepted_types=_INTEGER_TYPES),
+          TensorSpec("stream", "TYPE_BOOL", (1,)),
           TensorSpec("sampling_parameters", "TYPE_STRING", (1,)),
-          *(TensorSpec(name, "TYPE_BOOL", (1,)) for name in FLAG_INPUTS))
-# One element per sample (n), except num_input_tokens; prompt_logprobs is Tritium's own (JSON).
+          *(TensorSpec(name, "TYPE_BOOL", (1,)) for name in FLAG_INPUTS if name != "stream"))
+# One element per sample (n), except the prompt's token counts; prompt_logprobs (JSON) and
+# num_cached_tokens are Tritium's own.
 OUTPUTS = (TensorSpec("text_output", "TYPE_STRING", (-1,), single=False),
            TensorSpec("finish_reason", "TYPE_STRING", (-1,), single=False),
            TensorSpec("cumulative_logprob", "TYPE_FP32", (-1,), single=False),
            TensorSpec("logprobs", "TYPE_STRING", (-1,), single=False),
            TensorSpec("prompt_logprobs", "TYPE_STRING", (-1,), single=False),
            TensorSpec("num_input_tokens", "TYPE_UINT32", (1,)),
-           TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,), single=False))
+           TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,), single=False),
+           TensorSpec("num_cached_tokens", "TYPE_UINT32", (1,)))
 
 
 @dataclass(frozen=True)
