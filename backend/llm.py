@@ -1,10 +1,15 @@
 """LLM: the offline API, `LLM(model=...).generate(prompts, sampling_params)`."""
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 from typing import Any, Sequence as Seq
 
+import torch
+
 from .config import EngineArgs
+from .errors import EngineShutdownError
 from .engine.llm_engine import LLMEngine
 from .lora_request import LoRARequest
 from .outputs import RequestOutput
@@ -15,15 +20,37 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """Generate for a batch of prompts with continuous batching; any engine argument as keyword."""
+    """Generate for a batch of prompts with continuous batching; any engine argument as keyword.
+
+    It frees itself when shut down, when used as a context manager (`with LLM(...) as llm:`) or
+    when collected: the tensor-parallel ranks' processes and process group, the engine's threads
+    and its device memory; then another LLM, tensor-parallel or not, can start in this process."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineArgs.from_kwargs(model=model, **kwargs))
+        self._engine: LLMEngine | None = LLMEngine(EngineArgs.from_kwargs(model=model, **kwargs))
+        # Holds the engine, not the LLM: collecting the LLM runs it.
+        self._finalizer = weakref.finalize(self, self._engine.shutdown)
         self._ids = itertools.count()
 
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise EngineShutdownError("This LLM was shut down; create a new one.")
+        return self._engine
+
     def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks now (otherwise when the LLM is collected)."""
-        self.engine.shutdown()
+        """Free the engine now (see the class); idempotent."""
+        self._finalizer()
+        self._engine = None
+        gc.collect()  # the engine's reference cycles hold its tensors
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     @property
     def tokenizer(self):

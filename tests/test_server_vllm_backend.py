@@ -1,7 +1,9 @@
-"""Tritium as a drop-in for Triton's vLLM backend, tried as its CI tries it: its sample model
-repository (config.pbtxt + 1/model.json, `backend: "vllm"` changed to "tritium" and the model path
-to the tiny model), its config keys, load/unload, invalid engine arguments and models, its
-messages, per-token TPOT, metrics current at the final response, the health check."""
+"""Tritium as a drop-in for Triton's vLLM backend, tried as its CI tries it: its current sample model
+repository (a config.pbtxt of only `backend` and `instance_group`, which the backend auto-completes,
+and 1/model.json; `backend: "vllm"` changed to "tritium" and the model path to the tiny model) and
+its older, fully spelled-out sample, its config keys, load/unload, invalid engine arguments, models
+and configurations, its messages, Hugging Face's greedy tokens, per-token TPOT, metrics current at
+the final response, the health check."""
 import json
 import os
 import re
@@ -9,10 +11,25 @@ import re
 import pytest
 
 from triton_server import (TEST_ENGINE_ARGS, StreamCollector, engine_pids, grpc_inputs, http_request,
-                           start_server, wait_until, write_model_repository)
+                           sse_events, start_server, wait_until, write_model_repository)
 
-# The vLLM backend's sample config.pbtxt (samples/model_repository/vllm_model), but for the backend.
+# The vLLM backend's current sample config.pbtxt (samples/model_repository/vllm_model), verbatim
+# but for the backend's name and the license header.
 SAMPLE_CONFIG = """
+# Note: You do not need to change any fields in this configuration.
+
+backend: "tritium"
+
+# The usage of device is deferred to the vLLM engine
+instance_group [
+  {
+    count: 1
+    kind: KIND_MODEL
+  }
+]
+"""
+# Its older sample, which spelled out what the backend now fills in.
+OLDER_SAMPLE_CONFIG = """
 backend: "tritium"
 max_batch_size: 0
 model_transaction_policy { decoupled: True }
@@ -41,16 +58,26 @@ def _model(repo, name, model_json, config=SAMPLE_CONFIG, parameters=None):
 def server(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm_backend")
     repo = str(tmp / "repo")
-    # The sample's model.json: only "model" changed (facebook/opt-125m -> the tiny model).
-    sample = {"model": tiny_model, "disable_log_requests": True, "gpu_memory_utilization": 0.5,
-              "enforce_eager": True, "disable_log_stats": False}
+    # The current sample's model.json: only "model" changed (facebook/opt-125m -> the tiny model).
+    sample = {"model": tiny_model, "gpu_memory_utilization": 0.1, "enforce_eager": True}
     _model(repo, "vllm_model", sample)
+    # The older sample, config.pbtxt and model.json.
+    _model(repo, "vllm_older", {"model": tiny_model, "disable_log_requests": True, "gpu_memory_utilization": 0.5,
+                                "enforce_eager": True, "disable_log_stats": False}, config=OLDER_SAMPLE_CONFIG)
     # The vLLM backend's config keys that used to stop the load.
     _model(repo, "vllm_no_metrics", {**sample, "max_model_len": 512},
            parameters={"REPORT_CUSTOM_METRICS": "false", "ENABLE_VLLM_HEALTH_CHECK": "true"})
     _model(repo, "vllm_invalid_1", {**sample, "invalid_attribute": True})
     _model(repo, "vllm_invalid_2", {**sample, "model": "./no/such/model"})
     _model(repo, "vllm_conflict", sample, parameters={"enforce_eager": "false"})
+    # Configurations that contradict what the engine needs.
+    _model(repo, "vllm_not_decoupled", sample, config=SAMPLE_CONFIG + "model_transaction_policy { decoupled: false }\n")
+    _model(repo, "vllm_batching", sample, config=SAMPLE_CONFIG + "max_batch_size: 8\n")
+    _model(repo, "vllm_string_stream", sample, config=SAMPLE_CONFIG + 'input [ { name: "stream" '
+                                                                      'data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    # The vLLM backend's optional image input, which Tritium does not read.
+    _model(repo, "vllm_image", sample, config=SAMPLE_CONFIG + 'input [ { name: "image" data_type: TYPE_STRING '
+                                                              'dims: [ -1 ] optional: true } ]\n')
     # A model directory with its own 1/model.py (backend "python") keeps working.
     write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS}, name="llm_own", own_model_py=True)
     srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
@@ -59,6 +86,23 @@ def server(tiny_model, tmp_path_factory):
     assert wait_until(lambda: srv.is_ready("vllm_no_metrics"), 120), srv.log_tail()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(tiny_model):
+    """Hugging Face's 16 greedy tokens (EOS does not stop them) and their text, for each prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    out = {}
+    for prompt in PROMPTS:
+        x = torch.tensor([tok(prompt)["input_ids"]])
+        y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, min_new_tokens=16,
+                           do_sample=False, pad_token_id=0)[0, x.shape[1]:].tolist()
+        out[prompt] = (y, tok.decode(y, skip_special_tokens=True))
+    return out
 
 
 def _generate(server, model, prompt, **body):
@@ -72,13 +116,61 @@ def _metric(server, name, model="vllm_model", **labels):
 
 
 def test_the_sample_repository_serves(server):
+    """The current sample: the backend filled in the inputs, outputs, decoupled policy and
+    max_batch_size that its config.pbtxt leaves out."""
+    status, text = http_request(f"{server.http_url}/v2/models/vllm_model/config")
+    config = json.loads(text)
+    assert status == 200 and config["model_transaction_policy"] == {"decoupled": True}
+    assert config["max_batch_size"] == 0 and "input_ids" in [t["name"] for t in config["input"]]
     status, body = _generate(server, "vllm_model", PROMPTS[1], max_tokens=8, temperature=0)
     assert status == 200 and body["text_output"].startswith(PROMPTS[1])  # the prompt comes first
     status, body = _generate(server, "vllm_model", PROMPTS[1], max_tokens=8, temperature=0,
                              exclude_input_in_output=True)
     assert status == 200 and not body["text_output"].startswith(PROMPTS[1])
-    log = open(server.log_path, encoding="utf-8").read()
-    assert "tritium: ignoring vLLM engine argument disable_log_requests=true" in log
+
+
+def test_the_current_sample_streams_hugging_faces_greedy_tokens(server, hf_greedy):
+    for prompt in PROMPTS:
+        status, text = http_request(f"{server.http_url}/v2/models/vllm_model/generate_stream",
+                                    {"text_input": prompt, "stream": True, "return_logprobs": True,
+                                     "max_tokens": 16, "ignore_eos": True, "temperature": 0, "logprobs": 0})
+        events = sse_events(text)
+        assert status == 200 and len(events) >= 2, text  # streamed, not one response
+        # logprobs=0: each token's entry holds the sampled token only.
+        token_ids = [int(tid) for e in events for step in json.loads(e["logprobs"]) or () for tid in step]
+        assert token_ids == hf_greedy[prompt][0]
+        assert "".join(e["text_output"] for e in events) == hf_greedy[prompt][1]
+
+
+def test_the_older_spelled_out_sample_still_serves(server):
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_older/load", {}, timeout=240)
+    assert status == 200, text
+    try:
+        status, text = http_request(f"{server.http_url}/v2/models/vllm_older/config")
+        config = json.loads(text)  # as declared: text_input and stream stay required
+        assert [(t["name"], t["optional"]) for t in config["input"][:3]] == [
+            ("text_input", False), ("stream", False), ("sampling_parameters", True)]
+        status, body = _generate(server, "vllm_older", PROMPTS[1], max_tokens=8, temperature=0,
+                                 exclude_input_in_output=True)
+        reference = _generate(server, "vllm_model", PROMPTS[1], max_tokens=8, temperature=0,
+                              exclude_input_in_output=True)[1]
+        assert status == 200 and body["text_output"] == reference["text_output"]
+        log = open(server.log_path, encoding="utf-8").read()
+        assert "tritium: ignoring vLLM engine argument disable_log_requests=true" in log
+    finally:
+        http_request(f"{server.http_url}/v2/repository/models/vllm_older/unload", {})
+
+
+def test_a_configuration_that_contradicts_the_engine_fails_the_load_naming_the_key(server):
+    for model, message in [
+            ("vllm_not_decoupled", "model_transaction_policy: the engine streams its responses, so the model "
+                                   "must be decoupled: set model_transaction_policy { decoupled: true }"),
+            ("vllm_batching", "max_batch_size: the engine batches requests itself (continuous batching), "
+                              "so Triton must not: set max_batch_size: 0 or leave it out, got 8."),
+            ("vllm_string_stream", "input 'stream': data_type must be TYPE_BOOL, got TYPE_STRING.")]:
+        status, text = http_request(f"{server.http_url}/v2/repository/models/{model}/load", {}, timeout=120)
+        assert status == 400 and message in text, (model, text)
+    assert server.is_ready("vllm_model")
 
 
 def test_invalid_engine_argument_and_invalid_model_fail_the_load(server):
@@ -91,9 +183,23 @@ def test_invalid_engine_argument_and_invalid_model_fail_the_load(server):
     assert server.is_ready("vllm_model")  # the others are untouched
 
 
-def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(server):
-    """3 prompts x 2 rounds x 16 tokens: vLLM records 15 inter-token samples per request (90);
-    /metrics read right after the last response already counts every request."""
+def test_a_declared_input_tritium_does_not_read_loads_and_a_request_carrying_it_is_refused(server):
+    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_image/load", {}, timeout=240)
+    assert status == 200, text
+    try:
+        status, body = _generate(server, "vllm_image", PROMPTS[0], max_tokens=4, image=["a.png"])
+        assert status == 400 and body["error"].startswith("unexpected input 'image'. Valid inputs: text_input"), body
+        assert _generate(server, "vllm_image", PROMPTS[0], max_tokens=4)[0] == 200
+        log = open(server.log_path, encoding="utf-8").read()
+        assert "tritium: input 'image' is declared, but Tritium does not read it" in log
+    finally:
+        http_request(f"{server.http_url}/v2/repository/models/vllm_image/unload", {})
+
+
+def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(server, hf_greedy):
+    """3 prompts x 2 rounds x 16 streamed tokens (Hugging Face's): vLLM records 15 inter-token
+    samples per request (90); /metrics read right after the last response already counts every
+    request."""
     count = "vllm:time_per_output_token_seconds_count"
     before = {n: _metric(server, n) for n in (count, "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                                                "vllm:request_prompt_tokens_sum", "vllm:iteration_tokens_total_sum")}
@@ -102,10 +208,10 @@ def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(
         stream = StreamCollector(server.grpc_url)
         try:
             for i, prompt in enumerate(PROMPTS):
-                stream.send(str(i), grpc_inputs(prompt, stream=False, sampling={
+                stream.send(str(i), grpc_inputs(prompt, stream=True, sampling={
                     "max_tokens": 16, "ignore_eos": True, "temperature": 0}), model="vllm_model")
-            for i in range(len(PROMPTS)):
-                stream.wait(str(i))
+            for i, prompt in enumerate(PROMPTS):
+                assert stream.wait(str(i)).text == hf_greedy[prompt][1]
         finally:
             stream.close()
     # No waiting: the metrics were published before each final response left.

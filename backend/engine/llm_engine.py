@@ -160,8 +160,10 @@ class LLMEngine:
         return req.make_delta_output()
 
     def shutdown(self) -> None:
-        """Release what outlives the object: the other tensor-parallel ranks' processes."""
+        """Release what outlives the object: the other tensor-parallel ranks' processes and the
+        process group; the grammar warm-up thread is waited for."""
         self.runner.shutdown()
+        self.input_processor.structured.join_warm_up(timeout=30.0)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or self._inflight is not None

@@ -95,6 +95,7 @@ class StructuredOutputManager:
         self._compiler = None  # built by warm_up_in_background, or on first use
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._warm_up_thread: threading.Thread | None = None
 
     def warm_up_in_background(self) -> None:
         """Import xgrammar and read the vocabulary on a thread of its own, now: with a large
@@ -107,7 +108,14 @@ class StructuredOutputManager:
         # Not a daemon: a process that exits (an engine process shut down right after start)
         # while xgrammar builds its compiler would kill the thread inside C++, which aborts the
         # process ("terminate called without an active exception"); exit waits for it instead.
-        threading.Thread(target=self._warm_up, name="tritium-grammar-warm-up", daemon=False).start()
+        self._warm_up_thread = threading.Thread(target=self._warm_up, name="tritium-grammar-warm-up",
+                                                daemon=False)
+        self._warm_up_thread.start()
+
+    def join_warm_up(self, timeout: float | None = None) -> None:
+        """Wait for the warm-up thread, if one runs (an engine that shuts down leaves none behind)."""
+        if self._warm_up_thread is not None:
+            self._warm_up_thread.join(timeout)
 
     @property
     def warm(self) -> bool:

@@ -32,6 +32,8 @@ if _ROOT not in sys.path:
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from backend.serving.model_config_check import auto_complete, check_model_config  # noqa: E402
+
 # The engine (torch, transformers: seconds to import) is imported in initialize(), not here:
 # Triton also imports this file in a short-lived stub just to auto-complete the config.
 
@@ -43,14 +45,12 @@ def _log(level: str, message: str) -> None:
     getattr(pb_utils.Logger, {"error": "log_error", "warn": "log_warn"}.get(level, "log_info"))(message)
 
 
-def _deadline(request) -> float | None:
-    """Triton's request timeout (microseconds, 0: none; the `timeout` request parameter) as an
-    absolute deadline for the engine."""
-    timeout_us = request.timeout() if hasattr(request, "timeout") else 0
-    return time.time() + timeout_us / 1e6 if timeout_us else None
-
-
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        # A config.pbtxt may say only `backend` and `instance_group`, as Triton's vLLM backend's sample.
+        return auto_complete(auto_complete_model_config)
+
     def initialize(self, args: dict) -> None:
         from backend import EngineProcess, EngineShutdownError
         from backend.errors import EngineOverloadedError
@@ -62,14 +62,12 @@ class TritonPythonModel:
         from backend.serving.triton_metrics import MetricsLoop
 
         config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("the llm model must be decoupled: set "
-                                                "model_transaction_policy { decoupled: true }")
+        notes = check_model_config(config)
         # config.pbtxt parameters and 1/model.json (Triton's vLLM backend's engine arguments)
         serving = serving_config(config.get("parameters", {}), _ROOT,
                                  version_dir=os.path.join(args["model_repository"], args["model_version"]))
-        for note in serving.notes + (["tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before "
-                                      "each batch of requests"] if serving.health_check else []):
+        health = ["tritium: ENABLE_VLLM_HEALTH_CHECK: the engine is checked before each batch of requests"]
+        for note in notes + serving.notes + (health if serving.health_check else []):
             pb_utils.Logger.log_info(note)
         if serving.gpu_device_ids is not None:  # the engine's process inherits it
             os.environ["CUDA_VISIBLE_DEVICES"] = serving.gpu_device_ids
@@ -123,11 +121,8 @@ class TritonPythonModel:
     def _submit(self, request) -> None:
         sender = request.get_response_sender()
         try:
-            inputs = {}
-            for name in self._requests.INPUT_NAMES:
-                tensor = pb_utils.get_input_tensor_by_name(request, name)
-                if tensor is not None:
-                    inputs[name] = tensor.as_numpy()
+            # Every input the request carries: one that is declared but not Tritium's is refused.
+            inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             parsed = self._requests.parse_request(inputs, request.parameters())
             self._requests.check_lora(parsed.lora_name, self._loras)
             # Clients' request ids may be empty or repeat: the engine gets its own.
@@ -137,7 +132,8 @@ class TritonPythonModel:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
                                          functools.partial(self._sender.on_output, state.request_id),
                                          priority=parsed.priority, lora_request=parsed.lora_name,
-                                         deadline=_deadline(request))
+                                         deadline=self._requests.deadline(
+                                             request.timeout() if hasattr(request, "timeout") else 0))
             except BaseException:
                 self._sender.untrack(state.request_id)
                 raise

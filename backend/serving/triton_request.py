@@ -6,6 +6,7 @@ decides what a request means, and what its responses hold, is testable without a
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -91,6 +92,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
                          exclude_input_in_output=exclude, priority=priority, lora_name=lora_name,
                          **{k: v for k, v in flags.items() if k.startswith("return_")})
+
+
+def deadline(timeout_us: int) -> float | None:
+    """Triton's request timeout (microseconds, 0: none; the `timeout` request parameter) as an
+    absolute deadline for the engine."""
+    return time.time() + timeout_us / 1e6 if timeout_us else None
 
 
 def check_lora(lora_name: str | None, served: list[str] | None) -> None:

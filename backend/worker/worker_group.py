@@ -96,22 +96,35 @@ def check_tp_shapes(hf_config: dict, tp: int) -> None:
                          f"intermediate_size={inter}.")
 
 
-def _stop(procs: list[subprocess.Popen], conns: list[Connection]) -> None:
-    """Stop the ranks (politely, then by force) and close the pipes; idempotent."""
-    for conn in conns:
-        try:
-            conn.send_bytes(pickle.dumps(Stop()))
-        except (OSError, ValueError):
-            pass
-    for proc in procs:
-        try:
-            proc.wait(timeout=_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for conn in conns:
-        conn.close()
-    conns.clear()
+class _Ranks:
+    """What a WorkerGroup holds outside Python: the ranks' processes, their pipes, rank 0's place
+    in the process group. `release` is the group's finalizer, so that an engine that is only
+    collected frees them too, and a new tensor-parallel engine can start in this process."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        self.joined = False  # this group's init_tp_group succeeded: the process group is ours
+
+    def release(self) -> None:
+        """Stop the ranks (politely, then by force), close the pipes, leave the process group."""
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(Stop()))
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for conn in self.conns:
+            conn.close()
+        self.conns.clear()
+        if self.joined:  # never another engine's group (one that made init_tp_group refuse this one)
+            self.joined = False
+            destroy_tp_group()
 
 
 class WorkerGroup:
@@ -130,9 +143,9 @@ class WorkerGroup:
         port = free_port()
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.procs: list[subprocess.Popen] = []
-        self.conns: list[Connection] = []
-        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+        self._ranks = _Ranks()
+        self.procs, self.conns = self._ranks.procs, self._ranks.conns
+        self._finalizer = weakref.finalize(self, self._ranks.release)
         for rank in range(1, tp):
             parent, child = socket.socketpair()
             self.procs.append(subprocess.Popen(
@@ -145,6 +158,7 @@ class WorkerGroup:
         try:
             self.exchange("hello", os.getpid())  # every rank runs before the group forms
             init_tp_group(0, tp, port, device)
+            self._ranks.joined = True
         except BaseException:
             self.shutdown()
             raise
@@ -239,4 +253,3 @@ class WorkerGroup:
         """Stop every rank and leave the process group; idempotent."""
         self.driving = False
         self._finalizer()
-        destroy_tp_group()
