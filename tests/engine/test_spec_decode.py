@@ -361,7 +361,7 @@ def test_position_independent_logits_adjustments_speculate_and_keep_plain_tokens
     assert 8 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens  # some were wrong
 
 
-@pytest.mark.parametrize("wrong_every", [3, 10**9])
+@pytest.mark.parametrize("wrong_every", [3, pytest.param(10**9, marks=pytest.mark.long)])  # every proposal right: make test-long
 def test_bad_words_of_several_tokens_speculate_matched_against_the_proposals(llama_dir, wrong_every):
     """Two-token bad words taken from the free output, at several positions (so the word's
     first token is the last known token, a proposal in the middle of a run, or the last one):
