@@ -11,6 +11,7 @@ from typing import Callable
 from ..config import EngineArgs, EngineConfig, EngineLimits
 from ..errors import EngineOverloadedError, overloaded_message
 from ..lora_request import LoRARequest
+from ..models import model_limits
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..worker.model_runner import ModelRunner
@@ -50,7 +51,7 @@ class LLMEngine:
     detokenize=False: see OutputProcessor (the engine process's parent makes the text)."""
 
     def __init__(self, args: EngineArgs, detokenize: bool = True) -> None:
-        self.config = EngineConfig.from_args(args)
+        self.config = EngineConfig.from_args(args, model_limits)
         self.args = args = self.config.args
         self.hf_config = self.config.hf_config
         self.tokenizer = load_tokenizer(args.tokenizer or args.model)

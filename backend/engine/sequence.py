@@ -1,11 +1,11 @@
 """Sequence: one stream of tokens (a prompt and one sample's output) and its scheduling state."""
 from __future__ import annotations
 
-import enum
 import itertools
 from typing import TYPE_CHECKING
 
 from ..outputs import Logprob
+from ..step import PLACEHOLDER, SequenceStatus  # noqa: F401 (both: public here)
 
 if TYPE_CHECKING:
     from ..sampling_params import SamplingParams
@@ -13,16 +13,7 @@ if TYPE_CHECKING:
     from .tokenizer import IncrementalDetokenizer
 
 
-class SequenceStatus(enum.Enum):
-    WAITING = enum.auto()
-    RUNNING = enum.auto()
-    FINISHED = enum.auto()
-
-
 _seq_counter = itertools.count()
-# A token sampled by a step still running on the device: its id is filled in when the step's
-# results arrive; the next step already reads it there, on the device.
-PLACEHOLDER = -1
 
 
 class Sequence:

@@ -3,8 +3,6 @@ built by `Sampler.prepare`, and what it produces (SamplerOutput)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -28,7 +26,9 @@ class SamplingMetadata:
     min_p: torch.Tensor | None = None
     top_k: torch.Tensor | None = None  # [R] int64, vocab size where disabled
     top_p: torch.Tensor | None = None
-    seeded: list[tuple[int, Any, int]] = field(default_factory=list)  # (row, sequence, token position)
+    # Seeded rows: (row, seed, sample index, token position), drawn with `generator` reseeded per token
+    seeded: list[tuple[int, int, int, int]] = field(default_factory=list)
+    generator: torch.Generator | None = None
     # Per-token adjustments of every row at once, as (rows [P], token ids [P], values [P]...)
     # over P (row, token) pairs, or None when no row has any; a row's tokens are distinct.
     min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)

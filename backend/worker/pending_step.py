@@ -7,9 +7,8 @@ from typing import Callable
 
 import torch
 
-from ..engine.scheduler_output import SchedulerOutput
-from ..engine.sequence import Sequence
 from ..layers.sampler import PromptLogprobsOutput, SamplerOutput
+from ..step import SchedulerOutput, StepSequence
 
 
 @dataclass
@@ -23,7 +22,7 @@ class SampleResult:
 @dataclass
 class PromptLogprobsResult:
     """A prompt span's logprobs: one result per position from `first` on."""
-    seq: Sequence
+    seq: StepSequence
     first: int
     results: list[SampleResult]
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..config import EngineConfig
-from ..engine.engine_process import python_executable
+from ..python_env import python_executable
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
 
 logger = logging.getLogger(__name__)
