@@ -69,10 +69,13 @@ class SampleRow:
 @dataclass(frozen=True)
 class PromptSpan:
     """Prompt positions first..end-1 of a scheduled item whose logprobs are asked for (the rows
-    of positions first-1..end-2 predict them)."""
+    of positions first-1..end-2 predict them): their tokens, and how many top logprobs each
+    position reports."""
     item: ScheduledSequence
     first: int
     end: int
+    token_ids: list[int]
+    num_logprobs: int
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,28 @@ class SchedulerOutput:
     @property
     def sampled_sequences(self) -> list[StepSequence]:
         return [row.seq for row in self.sample_rows]
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None  # requested top logprobs: (token id, logprob)
+    rank: int | None
+
+
+@dataclass
+class PromptLogprobsResult:
+    """A prompt span's logprobs: one result per position from `first` on."""
+    first: int
+    results: list[SampleResult]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What a step produced, by sequence id: the results of a sequence's sample rows in row
+    order (one row; or a verification run's k + 1, of which the engine keeps those up to the
+    first that differs from its proposal, and that one), and the prompt logprobs of each
+    sequence with a prompt span in the step."""
+    sampled: dict[int, list[SampleResult]] = field(default_factory=dict)
+    prompt_logprobs: dict[int, PromptLogprobsResult] = field(default_factory=dict)

@@ -15,7 +15,8 @@ from ..models import model_limits
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..worker.model_runner import ModelRunner
-from ..worker.pending_step import PendingStep, SampleResult
+from ..step import SampleResult
+from ..worker.pending_step import PendingStep
 from .block_manager import BlockManager, root_block_hash
 from .input_processor import InputProcessor, load_eos_token_ids
 from .lora_slots import LoRASlots
@@ -293,8 +294,9 @@ class LLMEngine:
             logger.exception("model step failed")
             self._fail(inflight.step, f"internal error while running the model: {exc}", outputs)
             return
-        for entry in result.prompt_logprobs:
-            seq = entry.seq
+        spanned = {span.item.seq.seq_id: span.item.seq for span in inflight.step.prompt_spans}
+        for seq_id, entry in result.prompt_logprobs.items():
+            seq = spanned[seq_id]
             # In order: a prompt's chunks are taken in the order they were launched.
             if seq.request_id in self.requests and entry.first == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.extend(make_logprobs_entry(r.token_id, r.logprob, r.rank, r.top)
@@ -303,8 +305,11 @@ class LLMEngine:
             self._verify(inflight, result.sampled)
         now = time.time()
         off_grammar: dict[str, int] = {}  # request id -> the token its grammar rejected
-        for row, pos, res in zip(inflight.step.sample_rows, inflight.positions, result.sampled):
+        taken: dict[int, int] = {}  # seq_id -> its results taken so far (a verification run has several)
+        for row, pos in zip(inflight.step.sample_rows, inflight.positions):
             seq = row.seq
+            j = taken[seq.seq_id] = taken.get(seq.seq_id, -1) + 1
+            res = result.sampled[seq.seq_id][j]
             req = self.requests.get(seq.request_id)
             if req is None or pos >= seq.num_tokens or seq.token_ids[pos] != PLACEHOLDER:
                 continue  # aborted, or stopped at an earlier token: this one is past the end
@@ -343,7 +348,7 @@ class LLMEngine:
             seq.finish_reason = "length"
             self.scheduler.finish(seq)
 
-    def _verify(self, inflight: InflightStep, results: list[SampleResult]) -> None:
+    def _verify(self, inflight: InflightStep, results: dict[int, list[SampleResult]]) -> None:
         """Speculative decoding: a sequence keeps its tokens up to the first that differs from
         the proposal, and that one (greedy rows took the argmax; sampled rows kept the proposal
         or drew from the rest, `_verify_drafts` in the sampler); the placeholders of the rest
@@ -354,7 +359,7 @@ class LLMEngine:
             if seq.request_id not in self.requests or seq.is_finished:
                 continue
             accepted = 0
-            while accepted < len(proposed) and results[first + accepted].token_id == proposed[accepted]:
+            while accepted < len(proposed) and results[seq.seq_id][accepted].token_id == proposed[accepted]:
                 accepted += 1
             del seq.token_ids[positions[first + accepted] + 1:positions[first + len(proposed)] + 1]
             seq.num_unresolved -= len(proposed) - accepted

@@ -194,7 +194,8 @@ class Scheduler:
                 first = max(c + 1, seq.next_prompt_logprob)
                 end = min(c + item.num_new_tokens + 1, seq.num_prompt_tokens)
                 if first < end:
-                    out.prompt_spans.append(PromptSpan(item, first, end))
+                    out.prompt_spans.append(PromptSpan(item, first, end, seq.token_ids[first:end],
+                                                       seq.params.prompt_logprobs))
             if item.spec_token_ids:
                 # Its last token and each proposed one: a row per position, verified on arrival.
                 k = len(item.spec_token_ids)

@@ -68,6 +68,7 @@ class Sampler:
         logprobs = table.logprobs[slots]
         md = SamplingMetadata(all_greedy=bool(flag["greedy"].all()))
         md.want_logprobs = bool((logprobs >= 0).any())
+        md.row_logprobs = logprobs
         md.max_logprobs = int(logprobs.max(initial=0))
         slots_on_device = None
         if not md.all_greedy or flag["has_penalties"].any():
@@ -157,6 +158,7 @@ class Sampler:
             if md.max_logprobs:
                 out.top_logprobs, out.top_token_ids = raw_logprobs.topk(md.max_logprobs, dim=-1)
             out.ranks = (raw_logprobs > out.logprobs[:, None]).sum(dim=-1) + 1
+            out.num_logprobs = md.row_logprobs
         return out
 
     @staticmethod

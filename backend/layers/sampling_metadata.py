@@ -16,6 +16,7 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # [R, K] values, K = max requested
     top_token_ids: torch.Tensor | None = None  # [R, K]
     ranks: torch.Tensor | None = None  # [R] rank of the sampled token (1 = most likely)
+    num_logprobs: np.ndarray | None = None  # [R] on the host: top logprobs asked for (-1: none)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class SamplingMetadata:
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
     max_logprobs: int = 0
     want_logprobs: bool = False
+    row_logprobs: np.ndarray | None = None  # [R] on the host: top logprobs asked for (-1: none)
     # Speculative decoding: the proposed token each random (not greedy) row verifies, -1 where
     # none; None when no such row has one
     drafts: torch.Tensor | None = None  # [R] int64

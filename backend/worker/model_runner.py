@@ -302,7 +302,7 @@ class ModelRunner:
             item, seq = span.item, span.item.seq
             row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
             prompt_index.extend(range(row_of_position_0 + span.first - 1, row_of_position_0 + span.end - 1))
-            prompt_targets.extend(seq.token_ids[span.first:span.end])
+            prompt_targets.extend(span.token_ids)
         sampling = None
         if rows and not step.defer_sampling:
             sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
@@ -337,7 +337,7 @@ class ModelRunner:
                 hidden, prompt_hidden = hidden[:len(rows_index)], hidden[len(rows_index):]
         prompt = None
         if prompt_index:
-            num_top = max(span.item.seq.params.prompt_logprobs for span in step.prompt_spans)
+            num_top = max(span.num_logprobs for span in step.prompt_spans)
             prompt = compute_prompt_logprobs(
                 self.model.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
