@@ -36,7 +36,6 @@ class StepSequence(Protocol):
     block_table: list[int]
     lora_slot: int
     params: Any  # SamplingParams
-    grammar: Any  # its structured output's matcher, or None
     status: SequenceStatus
 
 
@@ -95,6 +94,15 @@ class Fork:
 
 
 @dataclass
+class GrammarBitmask:
+    """The tokens each guided sample row's grammar allows, made by the engine from its grammars
+    once it has taken the tokens before: `rows` (indices of sample rows) and `bitmask`, a host
+    torch.Tensor [len(rows), ceil(vocab / 32)] int32 (bit j of word i allows token 32 i + j)."""
+    rows: list[int]
+    bitmask: Any
+
+
+@dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
@@ -111,6 +119,9 @@ class SchedulerOutput:
     # Queue only the forward pass: the sampling of some row reads its sequence's previous
     # tokens on the host, and the step before is still in flight (`PendingStep.sample`).
     defer_sampling: bool = False
+    # The guided rows' masks, when the step's sampling is not deferred (a deferred sampling gets
+    # them with `PendingStep.sample`).
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def is_empty(self) -> bool:

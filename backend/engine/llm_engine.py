@@ -27,7 +27,7 @@ from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .sequence import PLACEHOLDER, Sequence, SequenceStatus
 from .spec_decode import NgramProposer
-from .structured_output import Grammar
+from .structured_output import Grammar, grammar_bitmask
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class LLMEngine:
 
     def _sample_deferred(self, inflight: InflightStep, outputs: list[RequestOutput]) -> None:
         try:
-            inflight.pending.sample()
+            inflight.pending.sample(grammar_bitmask(inflight.step, self.vocab_size))
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(inflight.step, f"internal error while running the model: {exc}", outputs)
@@ -257,6 +257,8 @@ class LLMEngine:
         """Queue the step on the device, then book it as done: computed tokens, forked
         siblings, a placeholder per sample row, length limits known now."""
         try:
+            if not step.defer_sampling:  # (a deferred sampling's masks wait for the tokens before)
+                step.grammar_bitmask = grammar_bitmask(step, self.vocab_size)
             pending = self.runner.execute_model(step)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")

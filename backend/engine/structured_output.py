@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from ..step import GrammarBitmask, SchedulerOutput
 from ..structured_output_spec import KINDS, check_spec  # noqa: F401 (check_spec: public here)
 
 if TYPE_CHECKING:  # this module is imported where torch is not (the Triton stub's side)
@@ -129,6 +130,24 @@ class StructuredOutputManager:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self._vocab_size,
                                                   stop_token_ids=list(self._eos_token_ids))
         return xgr.GrammarCompiler(info)
+
+
+def grammar_bitmask(step: SchedulerOutput, vocab_size: int) -> GrammarBitmask | None:
+    """The masks of the step's guided sample rows from their sequences' grammars, as they stand
+    (every token before the rows taken): a verification run's rows from its first row, one
+    mask after each of its proposals (`Grammar.fill_bitmasks`)."""
+    guided = [i for i, row in enumerate(step.sample_rows) if row.seq.grammar is not None]
+    if not guided:
+        return None
+    import torch
+
+    proposals = {run.first_row: run.proposed for run in step.spec_runs}
+    later = {run.first_row + j for run in step.spec_runs for j in range(1, len(run.proposed) + 1)}
+    bitmask = torch.empty((len(guided), (vocab_size + 31) // 32), dtype=torch.int32)
+    for j, i in enumerate(guided):
+        if i not in later:  # a later row of a verification run is filled with its first
+            step.sample_rows[i].seq.grammar.fill_bitmasks(bitmask, j, proposals.get(i, []))
+    return GrammarBitmask(guided, bitmask)
 
 
 class Grammar:

@@ -2,8 +2,9 @@
 seeded sampling and logprobs.
 
 Works on a [num_rows, vocab] float32 logits tensor; each row comes with an object carrying
-`seq_id`, `params` (SamplingParams), `token_ids`, `num_prompt_tokens`, `index` and `grammar`
-(a `StepSequence`, backend/step.py). A row's parameters are read from its sequence's slot of a
+`seq_id`, `params` (SamplingParams), `token_ids`, `num_prompt_tokens` and `index` (a
+`StepSequence`, backend/step.py); guided rows' grammar masks come made by the engine
+(`GrammarBitmask`). A row's parameters are read from its sequence's slot of a
 `SamplingTable` (backend/layers/sampling_table.py), written once when the sequence first
 samples. Rows with a seed draw from a generator seeded afresh for each token from
 (seed, sample index, token position), so their tokens depend neither on whatever else is in
@@ -27,6 +28,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
+from ..step import GrammarBitmask
 from . import ops
 from .penalties import PenaltyCounts, PenaltyRows, apply_penalties
 from .sampling_metadata import SamplerOutput, SamplingMetadata, host_to_device, TokenPairs
@@ -45,7 +47,8 @@ class Sampler:
     def prepare(rows: Seq[Any], vocab_size: int, device: torch.device,
                 pending_tokens: int = 0, counts: PenaltyCounts | None = None,
                 drafts: Seq[int] | None = None, table: SamplingTable | None = None,
-                proposals: dict[int, list[int]] | None = None) -> SamplingMetadata:
+                proposals: dict[int, list[int]] | None = None,
+                grammar: GrammarBitmask | None = None) -> SamplingMetadata:
         """pending_tokens: each row's last tokens that are this step's own placeholders (a
         deferred sampling's rows already hold them), left out of bad words and min_tokens.
         counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens.
@@ -54,7 +57,8 @@ class Sampler:
         read from its slot there, written once when its sequence first samples; without, a
         table is made for this call. proposals: the tokens each speculating sequence (by
         seq_id) proposes; its verification rows see them after its tokens: a row's bad words,
-        grammar, penalties and seeded draw read the tokens before its position."""
+        penalties and seeded draw read the tokens before its position. grammar: the guided
+        rows' masks (made by the engine from its grammars)."""
         if proposals:
             views = {seq_id: _WithProposals(r, proposals[seq_id]) for r in rows
                      if (seq_id := r.seq_id) in proposals}
@@ -91,15 +95,9 @@ class Sampler:
                 verified = np.where(~flag["greedy"] & ~flag["has_seed"], np.asarray(drafts, dtype=np.int64), -1)
                 if (verified >= 0).any():
                     md.drafts = host_to_device(verified, None, device)
-        guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
-        if guided:
-            bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
-            for j, (i, r) in enumerate(guided):  # (the engine has given each its tokens)
-                if run_start[i] != i:
-                    continue  # a later row of a verification run: filled with its first
-                # A run's first row: its own mask, then one per proposal, each after the ones before.
-                r.grammar.fill_bitmasks(bitmask, j, r.token_ids[len(r.token_ids) - ahead[i]:] if ahead[i] else [])
-            md.grammar_rows = host_to_device([i for i, _ in guided], torch.int64, device)
+        if grammar is not None:
+            md.grammar_rows = host_to_device(grammar.rows, torch.int64, device)
+            bitmask = grammar.bitmask
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
         allowed, banned, bias, min_tokens = TokenPairs(), TokenPairs(), TokenPairs(1), TokenPairs()
         cleared = []  # rows with allowed_token_ids

@@ -17,7 +17,7 @@ from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
 from ..models import get_model_class
 from ..models.loader import load_dummy, load_safetensors
-from ..step import PLACEHOLDER, SchedulerOutput, StepSequence
+from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput, StepSequence
 from .compile_watch import CompileWatch
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .device import resolve_device, resolve_dtype, resolve_quantization
@@ -308,7 +308,8 @@ class ModelRunner:
             sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
                                        drafts=[r.draft for r in rows] if speculative else None,
                                        table=self.sampler.table,
-                                       proposals={run.seq.seq_id: run.proposed for run in step.spec_runs})
+                                       proposals={run.seq.seq_id: run.proposed for run in step.spec_runs},
+                                       grammar=step.grammar_bitmask)
         gather = None
         prompt_hidden = None
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -349,7 +350,7 @@ class ModelRunner:
             hidden = hidden[gather]
         if step.defer_sampling:
             # The graphs' output buffers stay valid: the next forward is queued after sample().
-            pending.defer(lambda: self._sample_deferred(hidden, seqs))
+            pending.defer(lambda grammar: self._sample_deferred(hidden, seqs, grammar))
             return pending
         pending.finish(self.sampler(self.model.compute_logits(hidden), seqs, sampling))
         return pending
@@ -369,9 +370,10 @@ class ModelRunner:
                 self.to_device(src_rows, torch.int64), previous.token_ids)
 
     @torch.inference_mode()
-    def _sample_deferred(self, hidden: torch.Tensor, seqs: list[StepSequence]) -> SamplerOutput:
+    def _sample_deferred(self, hidden: torch.Tensor, seqs: list[StepSequence],
+                         grammar: GrammarBitmask | None) -> SamplerOutput:
         """The rows' sampling from their host state now: each row's tokens but its last (the
         placeholder of this very step)."""
         sampling = Sampler.prepare(seqs, self.vocab_size, self.device, pending_tokens=1,
-                                   counts=self.sampler.counts, table=self.sampler.table)
+                                   counts=self.sampler.counts, table=self.sampler.table, grammar=grammar)
         return self.sampler(self.model.compute_logits(hidden), seqs, sampling)

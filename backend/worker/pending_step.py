@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from ..layers.sampler import PromptLogprobsOutput, SamplerOutput
-from ..step import ModelRunnerOutput, PromptLogprobsResult, SampleResult, SchedulerOutput
+from ..step import GrammarBitmask, ModelRunnerOutput, PromptLogprobsResult, SampleResult, SchedulerOutput
 
 
 class PendingStep:
@@ -22,7 +22,7 @@ class PendingStep:
         self.row_of = {seq_id: i for i, seq_id in enumerate(self.seq_ids)}
         self.waited_s = 0.0  # how long wait() blocked on the device
         # The sampling of a deferred step: queued by sample() once the host knows what it reads.
-        self._deferred: Callable[[], SamplerOutput] | None = None
+        self._deferred: Callable[[GrammarBitmask | None], SamplerOutput] | None = None
         self._prompt = prompt
         self.event = None
         self.token_ids: torch.Tensor | None = None  # on the device: the next step reads them
@@ -34,13 +34,14 @@ class PendingStep:
     def deferred(self) -> bool:
         return self._deferred is not None
 
-    def defer(self, sample: Callable[[], SamplerOutput]) -> None:
+    def defer(self, sample: Callable[[GrammarBitmask | None], SamplerOutput]) -> None:
         self._deferred = sample
 
-    def sample(self) -> None:
-        """Queue the deferred sampling (the previous step's tokens are on the host now)."""
+    def sample(self, grammar: GrammarBitmask | None = None) -> None:
+        """Queue the deferred sampling (the previous step's tokens are on the host now), with
+        the guided rows' masks made from them."""
         sample, self._deferred = self._deferred, None
-        self.finish(sample())
+        self.finish(sample(grammar))
 
     def finish(self, out: SamplerOutput | None) -> None:
         """Start the copies of the sampled tokens (and prompt logprobs) to the host."""

@@ -50,7 +50,6 @@ class ScratchSequence:
     num_computed_tokens: int = 0
     lora_slot: int = -1
     index: int = 0
-    grammar: Any = None
     status: SequenceStatus = SequenceStatus.RUNNING
 
     @property
