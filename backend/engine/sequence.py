@@ -62,7 +62,6 @@ class Sequence:
         self.num_text_emitted = 0  # characters of output_text already streamed
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
-        self.generator = None  # torch.Generator when params.seed is set
         # The LoRA adapter it runs with, its slot on the device while it runs (-1: none; the
         # scheduler assigns it), and, for the prefix cache, the root of its blocks' hash chain
         # (its adapter and cache_salt: block_manager.root_block_hash; None: neither) and its

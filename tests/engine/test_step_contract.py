@@ -108,3 +108,90 @@ def test_the_engine_writes_each_sequence_once_and_frees_its_slot(llama_dir, monk
     assert len(written) == 4 and not set(written) & seqs_of_first
     assert not any(table.holds(sid) for sid in seqs_of_first)
     assert [[c.token_ids for c in o.outputs] for o in second] == [[c.token_ids for c in o.outputs] for o in first]
+
+
+class _WatchedTokens(list):
+    """A sequence's token list that fails when changed while the runner works."""
+    runner_at_work: list[bool] = []
+
+    def _guard(self) -> None:
+        if self.runner_at_work:
+            raise AssertionError("the runner changed a sequence's tokens")
+
+    def append(self, x):
+        self._guard()
+        super().append(x)
+
+    def extend(self, xs):
+        self._guard()
+        super().extend(xs)
+
+    def __setitem__(self, i, x):
+        self._guard()
+        super().__setitem__(i, x)
+
+    def __delitem__(self, i):
+        self._guard()
+        super().__delitem__(i)
+
+
+def _watch_the_runner(llm: LLM) -> dict[str, int]:
+    """Fail when the runner sets a field of a Sequence or changes its tokens while it launches
+    a step or a deferred sampling; count the steps it launched of each kind."""
+    at_work = _WatchedTokens.runner_at_work
+    runner = llm.engine.runner
+    execute = runner.execute_model
+    launched = {"steps": 0, "deferred": 0, "verifying": 0}
+
+    def at_work_on(call, *args):
+        at_work.append(True)
+        try:
+            return call(*args)
+        finally:
+            at_work.pop()
+
+    def watched_execute(step):
+        for row in step.sample_rows:
+            if not isinstance(row.seq.token_ids, _WatchedTokens):
+                row.seq.token_ids = _WatchedTokens(row.seq.token_ids)
+        launched["steps"] += 1
+        launched["verifying"] += bool(step.spec_runs)
+        pending = at_work_on(execute, step)
+        if pending.deferred:
+            launched["deferred"] += 1
+            sample = pending.sample
+            pending.sample = lambda *args: at_work_on(sample, *args)
+        return pending
+    runner.execute_model = watched_execute
+    return launched
+
+
+def test_the_runner_writes_nothing_of_the_engine_sequences(llama_dir, monkeypatch):
+    """While the runner launches a step (or a deferred sampling), no field of any of the
+    engine's Sequences is set and no token list changes: speculative verification (the rows see
+    their proposals), seeded sampling, penalties, forks, and a grammar's deferred sampling."""
+    from backend.engine.sequence import Sequence
+
+    def guarded_setattr(self, name, value):
+        if _WatchedTokens.runner_at_work:
+            raise AssertionError(f"the runner set Sequence.{name}")
+        object.__setattr__(self, name, value)
+    monkeypatch.setattr(Sequence, "__setattr__", guarded_setattr)
+    loop = [5, 6, 7, 8] * 6
+    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=3, max_tokens=16, ignore_eos=True, n=2),
+              SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=16, ignore_eos=True)]
+    speculating = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    launched = _watch_the_runner(speculating)
+    outs = speculating.generate([loop, loop[:10], [9, 10, 11] * 5], params)
+    assert [len(c.token_ids) for o in outs for c in o.outputs] == [16] * 4
+    assert launched["verifying"], launched
+    pipelined = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256)
+    launched = _watch_the_runner(pipelined)
+    guided = SamplingParams(temperature=0, max_tokens=16, structured_outputs={"regex": "[a-z]{40}"})
+    outs = pipelined.generate([loop, loop[:10], [9, 10, 11] * 5, loop], params + [guided])
+    assert [len(c.token_ids) for o in outs for c in o.outputs][:4] == [16] * 4
+    assert outs[3].outputs[0].text.isalpha() and outs[3].outputs[0].text.islower()
+    assert launched["deferred"], launched
