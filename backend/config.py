@@ -6,9 +6,8 @@ import json
 import logging
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
-from .engine.spec_decode import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +22,42 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
+    method: str = "ngram"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"speculative_config must be an object, got {d!r}.")
+        unknown = set(d) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; this engine speculates by "
+                             "'method': 'ngram' with num_speculative_tokens, prompt_lookup_max and "
+                             "prompt_lookup_min.")
+        method = d.get("method", "ngram")
+        if method != "ngram":
+            raise ValueError(f"speculative_config: method {method!r} is not supported; only 'ngram' "
+                             "(no draft model) is.")
+        k = d.get("num_speculative_tokens")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
+            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer in [1, 16], got {k!r}.")
+        hi, lo = d.get("prompt_lookup_max"), d.get("prompt_lookup_min")
+        if hi is None and lo is None:
+            hi = lo = 5
+        hi = lo if hi is None else hi
+        lo = hi if lo is None else lo
+        for name, v in (("prompt_lookup_max", hi), ("prompt_lookup_min", lo)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"speculative_config: {name} must be a positive integer, got {v!r}.")
+        if lo > hi:
+            raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi}).")
+        return cls(k, hi, lo, method)
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -276,6 +311,15 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 @dataclass(frozen=True)
+class ModelLimits:
+    """What the architecture says of the sequence lengths it serves (backend/models): the
+    longest served exactly when shorter than max_position_embeddings, with why; a LongRoPE
+    model's original_max_position_embeddings."""
+    context_limit: tuple[int, str] | None
+    longrope_original_length: int | None
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The engine arguments resolved against the model (`args.max_model_len` and
     `args.max_num_batched_tokens` are set), with the model's config.json: what every part of
@@ -284,20 +328,21 @@ class EngineConfig:
     hf_config: dict[str, Any]
 
     @classmethod
-    def from_args(cls, args: EngineArgs) -> "EngineConfig":
-        """Resolve the defaults that depend on the model; ValueError when they conflict."""
-        from .models import context_limit, longrope_original_length  # torch: the engine's side only
+    def from_args(cls, args: EngineArgs, model_limits: Callable[[dict[str, Any]], ModelLimits]) -> "EngineConfig":
+        """Resolve the defaults that depend on the model (`model_limits` reads them from its
+        config.json: backend.models.model_limits); ValueError when they conflict."""
         hf_config = load_hf_config(args.model)
         max_pos = int(hf_config.get("max_position_embeddings") or 4096)
         limit = f"the model's max_position_embeddings={max_pos}"
-        exact = context_limit(hf_config)
+        limits = model_limits(hf_config)
+        exact = limits.context_limit
         if exact is not None and exact[0] < max_pos:
             max_pos, limit = exact
             logger.warning("Serving sequences of at most %d tokens: %s", max_pos, limit)
         if args.max_model_len is not None and args.max_model_len > max_pos:
             raise ValueError(f"max_model_len={args.max_model_len} is larger than {limit}.")
         max_model_len = args.max_model_len or max_pos
-        original = longrope_original_length(hf_config)
+        original = limits.longrope_original_length
         if original is not None and args.max_model_len is None and max_model_len > original:
             max_model_len = original
             logger.warning("LongRoPE: max_model_len defaults to original_max_position_embeddings=%d "

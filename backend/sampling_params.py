@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine.structured_output import check_spec
+from .structured_output_spec import check_spec
 
 # Larger requests for top logprobs are rejected: every one costs a sort over the vocabulary.
 MAX_LOGPROBS = 20

@@ -11,7 +11,7 @@ import socket
 from multiprocessing.connection import wait as wait_for_exit
 from typing import Any
 
-from frontend.__main__ import config_from, parse_args
+from frontend.cli import config_from, parse_args
 from frontend.app import create_app
 from frontend.metrics import MULTIPROC_DIR
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
-from .w4a16 import W4A16Config, _input_rows, _widen
+from .w4a16_layout import W4A16Config, _input_rows, _widen
 
 
 @triton.jit

@@ -1,43 +1,106 @@
-"""The layering the architecture guide promises: imports point one way, without cycles."""
+"""The layering the architecture guide promises (docs/architecture.md, "The layers"): packages
+import one way, and no module imports itself back through others. Every import counts: at the
+top of a module, inside a function, and under `if TYPE_CHECKING:`."""
 from __future__ import annotations
 
 import ast
 import os
+from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TREES = ("backend", "frontend", "kernels")
+
+# Each module's layer: a package's modules are its package's; the public names (backend/__init__,
+# backend/llm.py) are "api"; backend's other top-level modules (config, sampling params, the step
+# contract, outputs, ...) are "records". A layer imports only its own and the layers after it.
+PACKAGE_LAYERS = {
+    "backend.serving": "serving",
+    "backend.engine": "engine",
+    "backend.worker": "worker",
+    "backend.models": "models",
+    "backend.layers": "layers",
+    "kernels": "kernels",
+    "frontend": "frontend",
+}
+API = ("backend", "backend.llm")
+# The serving side (the Triton adapter and what it needs) uses the public names like any client.
+LAYERS = ("serving", "api", "engine", "worker", "models", "layers", "records", "kernels")
+# The OpenAI frontend is a separate process that speaks Triton's gRPC: it may load the engine's
+# tokenizer code (backend.engine.tokenizer), nothing that runs a model.
+FRONTEND_MAY_IMPORT = ("backend.engine.tokenizer",)
 
 
-def _modules(package: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str
+    line: int
+
+
+def _modules(root: str, trees=TREES) -> dict[str, str]:
     out = {}
-    for d, _, files in os.walk(os.path.join(ROOT, package)):
-        for f in files:
-            if f.endswith(".py"):
-                path = os.path.join(d, f)
-                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                out[name.removesuffix(".__init__")] = path
+    for tree in trees:
+        for d, _, files in os.walk(os.path.join(root, tree)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(d, f)
+                    name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                    out[name.removesuffix(".__init__")] = path
     return out
 
 
-def _runtime_imports(path: str, name: str, modules: dict[str, str]) -> set[str]:
-    """Modules of `modules` that `name` imports when it runs (not under `if TYPE_CHECKING:`)."""
+def _imports(path: str, name: str, modules: dict[str, str]) -> list[Import]:
+    """Every import of `name` of a module in `modules`, wherever it stands in the file."""
     tree = ast.parse(open(path, encoding="utf-8").read())
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
-    found = set()
+    found = []
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
+        targets: list[str] = []
         if isinstance(node, ast.ImportFrom):
-            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            parts = package.split(".")
+            base = parts[:len(parts) - node.level + 1] if node.level else []
             target = ".".join(base + ([node.module] if node.module else []))
-            found |= {c for c in [target] + [f"{target}.{a.name}" for a in node.names] if c in modules}
+            # `from package import module` imports the module; `from module import name`, the module
+            targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in modules}
-    return found - {name}
+            targets = [a.name for a in node.names]
+        for target in dict.fromkeys(targets):
+            if target in modules and target != name:
+                found.append(Import(name, target, node.lineno))
+    return found
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+def _layer(module: str) -> str:
+    if module in API:
+        return "api"
+    for package, layer in PACKAGE_LAYERS.items():
+        if module == package or module.startswith(package + "."):
+            return layer
+    assert module.startswith("backend."), module
+    return "records"
+
+
+def layering_violations(imports: list[Import]) -> list[str]:
+    out = []
+    for imp in imports:
+        src, dst = _layer(imp.source), _layer(imp.target)
+        if src == "frontend" or dst == "frontend":
+            ok = (src == dst) or (src == "frontend" and imp.target in FRONTEND_MAY_IMPORT)
+        else:
+            ok = LAYERS.index(dst) >= LAYERS.index(src)
+        if not ok:
+            out.append(f"{imp.source} (line {imp.line}, layer {src}) imports {imp.target} (layer {dst})")
+    return out
+
+
+def import_cycle(imports: list[Import]) -> list[str] | None:
+    """A cycle of module imports, or None. A module importing a package above it is not an edge
+    (importing any module runs its packages' __init__ first, so it is everyone's)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.target, set())
+        if not imp.source.startswith(imp.target + "."):
+            graph.setdefault(imp.source, set()).add(imp.target)
     state: dict[str, int] = {}
     path: list[str] = []
 
@@ -59,27 +122,56 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_backend_has_no_import_cycle():
-    modules = _modules("backend")
-    graph = {name: _runtime_imports(path, name, modules) for name, path in modules.items()}
-    # A package's __init__ importing its own submodules is not a cycle through them.
-    for name in graph:
-        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+def all_imports(root: str = ROOT, trees=TREES) -> list[Import]:
+    modules = _modules(root, trees)
+    return [imp for name, path in modules.items() for imp in _imports(path, name, modules)]
 
 
-def test_the_cycle_check_finds_a_cycle():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b"}, "b": set()}) is None
+def test_no_import_cycle_in_backend_frontend_or_kernels():
+    cycle = import_cycle(all_imports())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_packages_import_one_way():
+    """layers and models import nothing of worker, engine or serving (models import layers, not
+    the other way); worker nothing of engine or serving; engine nothing of serving; the records
+    (config, sampling_params, step, ...) nothing of any package; kernels nothing of backend."""
+    assert layering_violations(all_imports()) == []
+
+
+def test_the_checker_finds_a_planted_violation_and_cycle(tmp_path):
+    """The checks above fail on a tree that breaks them: a layer that imports the engine under
+    TYPE_CHECKING, and a cycle closed by a function-local import."""
+    files = {
+        "backend/__init__.py": "",
+        "backend/config.py": "",
+        "backend/engine/__init__.py": "",
+        "backend/engine/sequence.py": "from ..config import X\n",
+        "backend/layers/__init__.py": "",
+        "backend/layers/penalties.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from ..engine.sequence import Sequence\n"),
+        "kernels/__init__.py": "",
+        "kernels/a.py": "from .b import f\n",
+        "kernels/b.py": "def f():\n    from . import a\n",
+    }
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    imports = all_imports(str(tmp_path))
+    assert layering_violations(imports) == [
+        "backend.layers.penalties (line 3, layer layers) imports backend.engine.sequence (layer engine)"]
+    assert import_cycle(imports) == ["kernels.a", "kernels.b", "kernels.a"]
+    (tmp_path / "kernels/b.py").write_text("def f():\n    pass\n")
+    (tmp_path / "backend/layers/penalties.py").write_text("from ..config import X\n")
+    imports = all_imports(str(tmp_path))
+    assert layering_violations(imports) == [] and import_cycle(imports) is None
 
 
 ADAPTER = "backend.serving.model"  # the `tritium` Triton backend: the one module Triton imports
 
 
-def test_imports_point_one_way():
-    """The adapter -> backend -> kernels: only the adapter imports Triton's stub module, nothing
-    imports the adapter, and the kernels import nothing of the engine."""
-    modules = {**_modules("backend"), **_modules("kernels")}
+def test_only_the_adapter_imports_triton_and_nothing_imports_it():
+    modules = _modules(ROOT, ("backend", "kernels"))
     adapter = ast.parse(open(modules[ADAPTER], encoding="utf-8").read())
     assert any(a.name == "triton_python_backend_utils" for n in ast.walk(adapter)
                if isinstance(n, ast.Import) for a in n.names)
@@ -100,6 +192,6 @@ def test_imports_point_one_way():
 def test_model_py_is_an_adapter_and_modules_stay_small():
     with open(os.path.join(ROOT, "backend", "serving", "model.py"), encoding="utf-8") as f:
         assert len(f.readlines()) < 200
-    for name, path in {**_modules("backend"), **_modules("kernels")}.items():
+    for name, path in _modules(ROOT, ("backend", "kernels")).items():
         with open(path, encoding="utf-8") as f:
             assert len(f.readlines()) <= 420, name

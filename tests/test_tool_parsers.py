@@ -240,7 +240,7 @@ def test_history_reaches_the_template_with_arguments_as_objects():
 
 
 def test_the_frontend_flags():
-    from frontend.__main__ import config_from, parse_args
+    from frontend.cli import config_from, parse_args
     config = config_from(parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
                                      "--reasoning-parser", "deepseek_r1"]))
     assert config.parsing == ChatParsing("llama3_json", True, "deepseek_r1")

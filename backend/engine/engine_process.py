@@ -12,10 +12,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -25,6 +23,7 @@ from ..config import EngineArgs
 from ..errors import EngineShutdownError, OutputCallback
 from ..lora_request import LoRARequest
 from ..outputs import CompletionOutput, RequestOutput
+from ..python_env import python_executable
 from ..sampling_params import SamplingParams
 from .admission import Admission
 from .input_processor import InputProcessor
@@ -41,15 +40,6 @@ _STATS_TIMEOUT_S = 30.0
 ENGINE_EXITED = "The engine process exited unexpectedly; the request did not finish."
 # A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
 _GRAMMAR_CHECK_TIMEOUT_S = 60.0
-
-
-def python_executable() -> str:
-    """This environment's interpreter (inside Triton's stub, sys.executable is not Python)."""
-    exe = sys.executable or ""
-    if os.path.basename(exe).startswith("python"):
-        return exe
-    candidate = os.path.join(sys.prefix, "bin", "python3")
-    return candidate if os.path.exists(candidate) else (shutil.which("python3") or "python3")
 
 
 class EngineProcess:

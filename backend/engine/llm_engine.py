@@ -11,10 +11,12 @@ from typing import Callable
 from ..config import EngineArgs, EngineConfig, EngineLimits
 from ..errors import EngineOverloadedError, overloaded_message
 from ..lora_request import LoRARequest
+from ..models import model_limits
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..worker.model_runner import ModelRunner
-from ..worker.pending_step import PendingStep, SampleResult
+from ..step import SampleResult
+from ..worker.pending_step import PendingStep
 from .block_manager import BlockManager, root_block_hash
 from .input_processor import InputProcessor, load_eos_token_ids
 from .lora_slots import LoRASlots
@@ -25,7 +27,7 @@ from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .sequence import PLACEHOLDER, Sequence, SequenceStatus
 from .spec_decode import NgramProposer
-from .structured_output import Grammar
+from .structured_output import Grammar, grammar_bitmask
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class LLMEngine:
     detokenize=False: see OutputProcessor (the engine process's parent makes the text)."""
 
     def __init__(self, args: EngineArgs, detokenize: bool = True) -> None:
-        self.config = EngineConfig.from_args(args)
+        self.config = EngineConfig.from_args(args, model_limits)
         self.args = args = self.config.args
         self.hf_config = self.config.hf_config
         self.tokenizer = load_tokenizer(args.tokenizer or args.model)
@@ -247,7 +249,7 @@ class LLMEngine:
 
     def _sample_deferred(self, inflight: InflightStep, outputs: list[RequestOutput]) -> None:
         try:
-            inflight.pending.sample()
+            inflight.pending.sample(grammar_bitmask(inflight.step, self.vocab_size))
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(inflight.step, f"internal error while running the model: {exc}", outputs)
@@ -257,6 +259,8 @@ class LLMEngine:
         """Queue the step on the device, then book it as done: computed tokens, forked
         siblings, a placeholder per sample row, length limits known now."""
         try:
+            if not step.defer_sampling:  # (a deferred sampling's masks wait for the tokens before)
+                step.grammar_bitmask = grammar_bitmask(step, self.vocab_size)
             pending = self.runner.execute_model(step)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
@@ -294,8 +298,9 @@ class LLMEngine:
             logger.exception("model step failed")
             self._fail(inflight.step, f"internal error while running the model: {exc}", outputs)
             return
-        for entry in result.prompt_logprobs:
-            seq = entry.seq
+        spanned = {span.item.seq.seq_id: span.item.seq for span in inflight.step.prompt_spans}
+        for seq_id, entry in result.prompt_logprobs.items():
+            seq = spanned[seq_id]
             # In order: a prompt's chunks are taken in the order they were launched.
             if seq.request_id in self.requests and entry.first == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.extend(make_logprobs_entry(r.token_id, r.logprob, r.rank, r.top)
@@ -304,8 +309,11 @@ class LLMEngine:
             self._verify(inflight, result.sampled)
         now = time.time()
         off_grammar: dict[str, int] = {}  # request id -> the token its grammar rejected
-        for row, pos, res in zip(inflight.step.sample_rows, inflight.positions, result.sampled):
+        taken: dict[int, int] = {}  # seq_id -> its results taken so far (a verification run has several)
+        for row, pos in zip(inflight.step.sample_rows, inflight.positions):
             seq = row.seq
+            j = taken[seq.seq_id] = taken.get(seq.seq_id, -1) + 1
+            res = result.sampled[seq.seq_id][j]
             req = self.requests.get(seq.request_id)
             if req is None or pos >= seq.num_tokens or seq.token_ids[pos] != PLACEHOLDER:
                 continue  # aborted, or stopped at an earlier token: this one is past the end
@@ -344,7 +352,7 @@ class LLMEngine:
             seq.finish_reason = "length"
             self.scheduler.finish(seq)
 
-    def _verify(self, inflight: InflightStep, results: list[SampleResult]) -> None:
+    def _verify(self, inflight: InflightStep, results: dict[int, list[SampleResult]]) -> None:
         """Speculative decoding: a sequence keeps its tokens up to the first that differs from
         the proposal, and that one (greedy rows took the argmax; sampled rows kept the proposal
         or drew from the rest, `_verify_drafts` in the sampler); the placeholders of the rest
@@ -355,7 +363,7 @@ class LLMEngine:
             if seq.request_id not in self.requests or seq.is_finished:
                 continue
             accepted = 0
-            while accepted < len(proposed) and results[first + accepted].token_id == proposed[accepted]:
+            while accepted < len(proposed) and results[seq.seq_id][accepted].token_id == proposed[accepted]:
                 accepted += 1
             del seq.token_ids[positions[first + accepted] + 1:positions[first + len(proposed)] + 1]
             seq.num_unresolved -= len(proposed) - accepted

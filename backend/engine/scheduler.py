@@ -41,6 +41,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
+        self._stopped: list[int] = []  # seq ids for the next step's finished_seq_ids
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -84,6 +85,7 @@ class Scheduler:
         self.block_manager.free(seq)
         self.block_manager.forget(seq)
         seq.status = SequenceStatus.FINISHED
+        self._stopped.append(seq.seq_id)
 
     @property
     def num_unfinished(self) -> int:
@@ -176,6 +178,8 @@ class Scheduler:
             out.lora_loads = self.lora_slots.take_loads()
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         self._plan_samples(out)
+        if not out.is_empty:  # (an empty step is not launched: they wait for the next)
+            out.finished_seq_ids, self._stopped = self._stopped, []
         return out
 
     def _plan_samples(self, out: SchedulerOutput) -> None:
@@ -190,7 +194,8 @@ class Scheduler:
                 first = max(c + 1, seq.next_prompt_logprob)
                 end = min(c + item.num_new_tokens + 1, seq.num_prompt_tokens)
                 if first < end:
-                    out.prompt_spans.append(PromptSpan(item, first, end))
+                    out.prompt_spans.append(PromptSpan(item, first, end, seq.token_ids[first:end],
+                                                       seq.params.prompt_logprobs))
             if item.spec_token_ids:
                 # Its last token and each proposed one: a row per position, verified on arrival.
                 k = len(item.spec_token_ids)
@@ -236,6 +241,7 @@ class Scheduler:
             self.waiting.appendleft(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
+        self._stopped.append(seq.seq_id)
         return returned
 
     def update_after_step(self, out: SchedulerOutput) -> None:

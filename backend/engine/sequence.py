@@ -1,11 +1,11 @@
 """Sequence: one stream of tokens (a prompt and one sample's output) and its scheduling state."""
 from __future__ import annotations
 
-import enum
 import itertools
 from typing import TYPE_CHECKING
 
 from ..outputs import Logprob
+from ..step import PLACEHOLDER, SequenceStatus  # noqa: F401 (both: public here)
 
 if TYPE_CHECKING:
     from ..sampling_params import SamplingParams
@@ -13,16 +13,7 @@ if TYPE_CHECKING:
     from .tokenizer import IncrementalDetokenizer
 
 
-class SequenceStatus(enum.Enum):
-    WAITING = enum.auto()
-    RUNNING = enum.auto()
-    FINISHED = enum.auto()
-
-
 _seq_counter = itertools.count()
-# A token sampled by a step still running on the device: its id is filled in when the step's
-# results arrive; the next step already reads it there, on the device.
-PLACEHOLDER = -1
 
 
 class Sequence:
@@ -71,7 +62,6 @@ class Sequence:
         self.num_text_emitted = 0  # characters of output_text already streamed
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
-        self.generator = None  # torch.Generator when params.seed is set
         # The LoRA adapter it runs with, its slot on the device while it runs (-1: none; the
         # scheduler assigns it), and, for the prefix cache, the root of its blocks' hash chain
         # (its adapter and cache_salt: block_manager.root_block_hash; None: neither) and its

@@ -11,46 +11,9 @@ It pays where the output repeats its input (quoting, editing, extraction, code).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    num_speculative_tokens: int
-    prompt_lookup_max: int
-    prompt_lookup_min: int
-    method: str = "ngram"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"speculative_config must be an object, got {d!r}.")
-        unknown = set(d) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
-        if unknown:
-            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; this engine speculates by "
-                             "'method': 'ngram' with num_speculative_tokens, prompt_lookup_max and "
-                             "prompt_lookup_min.")
-        method = d.get("method", "ngram")
-        if method != "ngram":
-            raise ValueError(f"speculative_config: method {method!r} is not supported; only 'ngram' "
-                             "(no draft model) is.")
-        k = d.get("num_speculative_tokens")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
-            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer in [1, 16], got {k!r}.")
-        hi, lo = d.get("prompt_lookup_max"), d.get("prompt_lookup_min")
-        if hi is None and lo is None:
-            hi = lo = 5
-        hi = lo if hi is None else hi
-        lo = hi if lo is None else lo
-        for name, v in (("prompt_lookup_max", hi), ("prompt_lookup_min", lo)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"speculative_config: {name} must be a positive integer, got {v!r}.")
-        if lo > hi:
-            raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi}).")
-        return cls(k, hi, lo, method)
+from ..config import SpeculativeConfig
 
 
 class NgramProposer:

@@ -15,58 +15,14 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from ..step import GrammarBitmask, SchedulerOutput
+from ..structured_output_spec import KINDS, check_spec  # noqa: F401 (check_spec: public here)
+
 if TYPE_CHECKING:  # this module is imported where torch is not (the Triton stub's side)
     import torch
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
-_OPTIONS = ("disable_any_whitespace", "backend")
-_BACKENDS = (None, "auto", "xgrammar")
 _CACHE_SIZE = 256  # compiled specs kept per process
-
 logger = logging.getLogger(__name__)
-
-
-def check_spec(spec: Any) -> dict[str, Any]:
-    """The spec's shape (not yet its content: that is `compile`'s), normalized: exactly one
-    kind, with its value, plus the options. Raises ValueError with the problem."""
-    if not isinstance(spec, dict):
-        raise ValueError(f"structured_outputs must be an object with one of {', '.join(KINDS)}, "
-                         f"got {spec!r}.")
-    unknown = sorted(k for k in spec if k not in KINDS and k not in _OPTIONS)
-    if unknown:
-        raise ValueError(f"structured_outputs: unknown field '{unknown[0]}'. Valid fields: "
-                         f"{', '.join(KINDS + _OPTIONS)}.")
-    given = [k for k in KINDS if spec.get(k) is not None and spec.get(k) is not False]
-    if len(given) != 1:
-        raise ValueError(f"structured_outputs must set exactly one of {', '.join(KINDS)}; "
-                         f"got {', '.join(given) if given else 'none'}.")
-    kind = given[0]
-    value = spec[kind]
-    if kind == "json":
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"structured_outputs: json is not a valid JSON schema: {e}.") from None
-        if not isinstance(value, (dict, bool)):
-            raise ValueError(f"structured_outputs: json must be a JSON schema (an object), got {value!r}.")
-    elif kind in ("regex", "grammar"):
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"structured_outputs: {kind} must be a non-empty string, got {value!r}.")
-    elif kind == "choice":
-        if (not isinstance(value, list) or not value
-                or not all(isinstance(c, str) and c for c in value)):
-            raise ValueError(f"structured_outputs: choice must be a non-empty list of non-empty "
-                             f"strings, got {value!r}.")
-    elif value is not True:
-        raise ValueError(f"structured_outputs: json_object must be true, got {value!r}.")
-    whitespace = spec.get("disable_any_whitespace", False)
-    if not isinstance(whitespace, bool):
-        raise ValueError(f"structured_outputs: disable_any_whitespace must be a boolean, got {whitespace!r}.")
-    if spec.get("backend") not in _BACKENDS:
-        raise ValueError(f"structured_outputs: backend {spec['backend']!r} is not available; "
-                         f"the engine uses xgrammar ('auto' or 'xgrammar').")
-    return {kind: value, "disable_any_whitespace": whitespace}
 
 
 def _xgrammar():
@@ -182,6 +138,24 @@ class StructuredOutputManager:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self._vocab_size,
                                                   stop_token_ids=list(self._eos_token_ids))
         return xgr.GrammarCompiler(info)
+
+
+def grammar_bitmask(step: SchedulerOutput, vocab_size: int) -> GrammarBitmask | None:
+    """The masks of the step's guided sample rows from their sequences' grammars, as they stand
+    (every token before the rows taken): a verification run's rows from its first row, one
+    mask after each of its proposals (`Grammar.fill_bitmasks`)."""
+    guided = [i for i, row in enumerate(step.sample_rows) if row.seq.grammar is not None]
+    if not guided:
+        return None
+    import torch
+
+    proposals = {run.first_row: run.proposed for run in step.spec_runs}
+    later = {run.first_row + j for run in step.spec_runs for j in range(1, len(run.proposed) + 1)}
+    bitmask = torch.empty((len(guided), (vocab_size + 31) // 32), dtype=torch.int32)
+    for j, i in enumerate(guided):
+        if i not in later:  # a later row of a verification run is filled with its first
+            step.sample_rows[i].seq.grammar.fill_bitmasks(bitmask, j, proposals.get(i, []))
+    return GrammarBitmask(guided, bitmask)
 
 
 class Grammar:

@@ -16,7 +16,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
-from ..engine.sequence import SequenceStatus
+from ..step import SequenceStatus
 from . import ops
 
 

@@ -2,8 +2,11 @@
 seeded sampling and logprobs.
 
 Works on a [num_rows, vocab] float32 logits tensor; each row comes with an object carrying
-`params` (SamplingParams), `token_ids`, `num_prompt_tokens`, `index` and `generator`
-(a Sequence). Rows with a seed draw from their own generator, seeded afresh for each token from
+`seq_id`, `params` (SamplingParams), `token_ids`, `num_prompt_tokens` and `index` (a
+`StepSequence`, backend/step.py); guided rows' grammar masks come made by the engine
+(`GrammarBitmask`). A row's parameters are read from its sequence's slot of a
+`SamplingTable` (backend/layers/sampling_table.py), written once when the sequence first
+samples. Rows with a seed draw from a generator seeded afresh for each token from
 (seed, sample index, token position), so their tokens depend neither on whatever else is in
 the batch nor on how many positions a step samples (speculative decoding). Order of
 processing, as in vLLM: allowed_token_ids, bad_words, logit_bias, penalties, min_tokens,
@@ -25,63 +28,86 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
+from ..step import GrammarBitmask
 from . import ops
 from .penalties import PenaltyCounts, PenaltyRows, apply_penalties
 from .sampling_metadata import SamplerOutput, SamplingMetadata, host_to_device, TokenPairs
+from .sampling_table import SamplingTable
 
 
 class Sampler:
-    def __init__(self, counts: PenaltyCounts | None = None) -> None:
+    def __init__(self, counts: PenaltyCounts | None = None, table: SamplingTable | None = None) -> None:
         """counts: the engine's penalty counts (a slot per running sequence with a penalty);
-        without, each call counts its rows' tokens from the host."""
+        without, each call counts its rows' tokens from the host. table: the engine's sampling
+        parameters per running sequence (`prepare(table=...)`)."""
         self.counts = counts
+        self.table = table
 
     @staticmethod
     def prepare(rows: Seq[Any], vocab_size: int, device: torch.device,
                 pending_tokens: int = 0, counts: PenaltyCounts | None = None,
-                drafts: Seq[int] | None = None) -> SamplingMetadata:
+                drafts: Seq[int] | None = None, table: SamplingTable | None = None,
+                proposals: dict[int, list[int]] | None = None,
+                grammar: GrammarBitmask | None = None) -> SamplingMetadata:
         """pending_tokens: each row's last tokens that are this step's own placeholders (a
         deferred sampling's rows already hold them), left out of bad words and min_tokens.
         counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens.
-        drafts: per row, the proposed token it verifies (speculative decoding), -1 for none."""
-        params = [r.params for r in rows]
+        drafts: per row, the proposed token it verifies (speculative decoding), -1 for none.
+        table: the engine's per-sequence parameters (`Sampler.table`): a row's parameters are
+        read from its slot there, written once when its sequence first samples; without, a
+        table is made for this call. proposals: the tokens each speculating sequence (by
+        seq_id) proposes; its verification rows see them after its tokens: a row's bad words,
+        penalties and seeded draw read the tokens before its position. grammar: the guided
+        rows' masks (made by the engine from its grammars)."""
+        if proposals:
+            views = {seq_id: _WithProposals(r, proposals[seq_id]) for r in rows
+                     if (seq_id := r.seq_id) in proposals}
+            rows = [views.get(r.seq_id, r) for r in rows]
+        if table is None:
+            table, slots = SamplingTable.transient(rows, vocab_size, device)
+        else:
+            slots = table.slots_for(rows)
+        flag = {name: column[slots] for name, column in table.flags.items()}
         run_start, ahead = _verification_runs(rows, drafts)
-        md = SamplingMetadata(all_greedy=all(p.greedy for p in params))
-        md.want_logprobs = any(p.logprobs is not None for p in params)
-        md.max_logprobs = max((p.logprobs or 0) for p in params)
+        logprobs = table.logprobs[slots]
+        md = SamplingMetadata(all_greedy=bool(flag["greedy"].all()))
+        md.want_logprobs = bool((logprobs >= 0).any())
+        md.row_logprobs = logprobs
+        md.max_logprobs = int(logprobs.max(initial=0))
+        slots_on_device = None
+        if not md.all_greedy or flag["has_penalties"].any():
+            slots_on_device = host_to_device(slots, None, device)
         if not md.all_greedy:
-            md.greedy = host_to_device([p.greedy for p in params], torch.bool, device)
-            md.temperature = host_to_device([1.0 if p.greedy else p.temperature for p in params], torch.float32, device)
-            if any(p.min_p for p in params):
-                md.min_p = host_to_device([p.min_p for p in params], torch.float32, device)
-            if any(p.top_k > 0 for p in params):
-                md.top_k = host_to_device([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64, device)
-            if any(p.top_p < 1.0 for p in params):
-                md.top_p = host_to_device([p.top_p for p in params], torch.float32, device)
-            md.seeded = [(i, r, len(r.token_ids) - pending_tokens - ahead[i]) for i, r in enumerate(rows)
-                         if r.params.seed is not None and not r.params.greedy]
+            md.greedy = table.greedy[slots_on_device]
+            md.temperature = table.temperature[slots_on_device]
+            if flag["has_min_p"].any():
+                md.min_p = table.min_p[slots_on_device]
+            if flag["has_top_k"].any():
+                md.top_k = table.top_k[slots_on_device]
+            if flag["has_top_p"].any():
+                md.top_p = table.top_p[slots_on_device]
+            md.generator = table.generator
+            md.seeded = [(int(i), table.seed[slots[i]], table.index[slots[i]],
+                          len(rows[i].token_ids) - pending_tokens - ahead[i]) for i in np.flatnonzero(flag["has_seed"])]
             # Rejection sampling for unseeded sampled rows; a seeded row draws its token as without
             # proposals and keeps a proposal it equals (for a proposed token, the same chance p(d)).
-            verified = [d if not p.greedy and p.seed is None else -1 for d, p in zip(drafts or (), params)]
-            if any(d >= 0 for d in verified):
-                md.drafts = host_to_device(verified, torch.int64, device)
-        guided = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
-        if guided:
-            bitmask = torch.empty((len(guided), bitmask_words(vocab_size)), dtype=torch.int32)
-            for j, (i, r) in enumerate(guided):  # (the engine has given each its tokens)
-                if run_start[i] != i:
-                    continue  # a later row of a verification run: filled with its first
-                # A run's first row: its own mask, then one per proposal, each after the ones before.
-                r.grammar.fill_bitmasks(bitmask, j, r.token_ids[len(r.token_ids) - ahead[i]:] if ahead[i] else [])
-            md.grammar_rows = host_to_device([i for i, _ in guided], torch.int64, device)
+            if drafts is not None:
+                verified = np.where(~flag["greedy"] & ~flag["has_seed"], np.asarray(drafts, dtype=np.int64), -1)
+                if (verified >= 0).any():
+                    md.drafts = host_to_device(verified, None, device)
+        if grammar is not None:
+            md.grammar_rows = host_to_device(grammar.rows, torch.int64, device)
+            bitmask = grammar.bitmask
             md.grammar_bitmask = bitmask if device.type != "cuda" else bitmask.pin_memory().to(device, non_blocking=True)
         allowed, banned, bias, min_tokens = TokenPairs(), TokenPairs(), TokenPairs(1), TokenPairs()
-        for i, r in enumerate(rows):
-            p = r.params
+        cleared = []  # rows with allowed_token_ids
+        for i in np.flatnonzero(flag["has_adjustments"]).tolist():
+            r, p = rows[i], table.params[slots[i]]
             cut = pending_tokens + ahead[i]
             tokens = r.token_ids[:len(r.token_ids) - cut] if cut else r.token_ids
             if p.allowed_token_ids is not None:
                 allowed.add(i, set(p.allowed_token_ids))
+                cleared.append(i)
             if p._bad_words_token_ids:
                 banned.add(i, _banned_by_bad_words(p._bad_words_token_ids, tokens[r.num_prompt_tokens:]))
             if p.logit_bias:
@@ -90,10 +116,10 @@ class Sampler:
                 min_tokens.add(i, {t for t in p.all_stop_token_ids if t < vocab_size})
         md.allowed, md.banned, md.logit_bias = allowed.to(device), banned.to(device), bias.to(device)
         if md.allowed is not None:  # the rows to clear, listed here (unique() on the device syncs)
-            md.allowed += (host_to_device(sorted({i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None}),
-                                torch.int64, device),)
+            md.allowed += (host_to_device(cleared, torch.int64, device),)
         md.min_tokens = min_tokens.to(device)
-        md.penalties = _penalty_rows(rows, vocab_size, device, counts, drafts, run_start, ahead)
+        md.penalties = _penalty_rows(rows, vocab_size, device, counts, table, slots, slots_on_device, flag,
+                                     drafts, run_start, ahead)
         return md
 
     def __call__(self, logits: torch.Tensor, rows: Seq[Any],
@@ -130,6 +156,7 @@ class Sampler:
             if md.max_logprobs:
                 out.top_logprobs, out.top_token_ids = raw_logprobs.topk(md.max_logprobs, dim=-1)
             out.ranks = (raw_logprobs > out.logprobs[:, None]).sum(dim=-1) + 1
+            out.num_logprobs = md.row_logprobs
         return out
 
     @staticmethod
@@ -173,16 +200,26 @@ class Sampler:
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         probs = torch.softmax(logits, dim=-1)
         q = torch.empty_like(probs).exponential_()
-        for i, r, position in md.seeded:
-            if r.generator is None:
-                r.generator = torch.Generator(device=logits.device)
-            r.generator.manual_seed(_draw_seed(r.params.seed, r.index, position))
-            q[i].exponential_(generator=r.generator)
+        for i, seed, index, position in md.seeded:
+            md.generator.manual_seed(_draw_seed(seed, index, position))
+            q[i].exponential_(generator=md.generator)
         race = probs / q
         sampled = race.argmax(dim=-1)
         if md.drafts is not None:
             sampled = _verify_drafts(probs, race, sampled, md.drafts)
         return torch.where(md.greedy, greedy_ids, sampled)
+
+
+class _WithProposals:
+    """A speculating sequence as its verification rows see it: its tokens, then its proposals
+    (the sequence itself is the engine's and stays as it is)."""
+
+    def __init__(self, seq: Any, proposed: list[int]) -> None:
+        self._seq = seq
+        self.token_ids = seq.token_ids + proposed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._seq, name)
 
 
 def _draw_seed(seed: int, index: int, position: int) -> int:
@@ -226,9 +263,11 @@ def _verification_runs(rows: Seq[Any], drafts: Seq[int] | None) -> tuple[list[in
 
 
 def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
-                  counts: PenaltyCounts | None, drafts: Seq[int] | None = None,
-                  run_start: Seq[int] = (), ahead: Seq[int] = ()) -> PenaltyRows | None:
-    penalized = [i for i, r in enumerate(rows) if r.params.has_penalties]
+                  counts: PenaltyCounts | None, table: SamplingTable, slots: np.ndarray,
+                  slots_on_device: torch.Tensor | None, flag: dict[str, np.ndarray],
+                  drafts: Seq[int] | None = None, run_start: Seq[int] = (),
+                  ahead: Seq[int] = ()) -> PenaltyRows | None:
+    penalized = np.flatnonzero(flag["has_penalties"]).tolist()
     if not penalized:
         return None
     seqs = [rows[i] for i in penalized]
@@ -237,23 +276,18 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
     spec = any(ahead[i] for i in penalized) if ahead else False
     proposed = {rows[i].seq_id: ahead[i] for i in penalized if spec and run_start[i] == i and ahead[i]}
     if counts is None:
-        table = PenaltyCounts.transient(seqs, vocab_size, device, proposed)
-        slots = list(range(len(seqs)))
+        counts_table = PenaltyCounts.transient(seqs, vocab_size, device, proposed)
+        count_slots = list(range(len(seqs)))
     else:
-        table, slots = counts, counts.slots_for(seqs, proposed)
-    params = [s.params for s in seqs]
-    repetition = any(p.repetition_penalty != 1.0 for p in params)
-    additive = any(p.frequency_penalty or p.presence_penalty for p in params)
-
-    def column(values: list[float]) -> torch.Tensor:
-        return host_to_device(np.asarray(values, dtype=np.float32), None, device)
-
+        counts_table, count_slots = counts, counts.slots_for(seqs, proposed)
+    every_row = len(penalized) == len(rows)
+    param_slots = slots_on_device if every_row else slots_on_device[host_to_device(penalized, torch.int64, device)]
     out = PenaltyRows(
-        table, None if len(penalized) == len(rows) else host_to_device(penalized, torch.int64, device),
-        host_to_device(slots, torch.int64, device),
-        column([p.repetition_penalty for p in params]) if repetition else None,
-        column([p.frequency_penalty for p in params]) if additive else None,
-        column([p.presence_penalty for p in params]) if additive else None,
+        counts_table, None if every_row else host_to_device(penalized, torch.int64, device),
+        host_to_device(count_slots, torch.int64, device),
+        table.repetition[param_slots] if flag["has_repetition"].any() else None,
+        table.frequency[param_slots] if flag["has_additive"].any() else None,
+        table.presence[param_slots] if flag["has_additive"].any() else None,
         count_samples=counts is not None)
     if spec:
         q_of = {i: q for q, i in enumerate(penalized)}  # a run's rows are all penalized (one sequence)

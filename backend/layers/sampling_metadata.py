@@ -3,8 +3,6 @@ built by `Sampler.prepare`, and what it produces (SamplerOutput)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -18,6 +16,7 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # [R, K] values, K = max requested
     top_token_ids: torch.Tensor | None = None  # [R, K]
     ranks: torch.Tensor | None = None  # [R] rank of the sampled token (1 = most likely)
+    num_logprobs: np.ndarray | None = None  # [R] on the host: top logprobs asked for (-1: none)
 
 
 @dataclass
@@ -28,7 +27,9 @@ class SamplingMetadata:
     min_p: torch.Tensor | None = None
     top_k: torch.Tensor | None = None  # [R] int64, vocab size where disabled
     top_p: torch.Tensor | None = None
-    seeded: list[tuple[int, Any, int]] = field(default_factory=list)  # (row, sequence, token position)
+    # Seeded rows: (row, seed, sample index, token position), drawn with `generator` reseeded per token
+    seeded: list[tuple[int, int, int, int]] = field(default_factory=list)
+    generator: torch.Generator | None = None
     # Per-token adjustments of every row at once, as (rows [P], token ids [P], values [P]...)
     # over P (row, token) pairs, or None when no row has any; a row's tokens are distinct.
     min_tokens: tuple[torch.Tensor, ...] | None = None  # stop ids (masked until min_tokens)
@@ -42,6 +43,7 @@ class SamplingMetadata:
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(vocab / 32)] int32
     max_logprobs: int = 0
     want_logprobs: bool = False
+    row_logprobs: np.ndarray | None = None  # [R] on the host: top logprobs asked for (-1: none)
     # Speculative decoding: the proposed token each random (not greedy) row verifies, -1 where
     # none; None when no such row has one
     drafts: torch.Tensor | None = None  # [R] int64

@@ -1,6 +1,7 @@
 """Model registry: Hugging Face `architectures` name -> model class."""
 from __future__ import annotations
 
+from ..config import ModelLimits
 from ..layers.rotary import rope_type
 from .interface import CausalLM
 from .llama import LlamaArgs, LlamaForCausalLM
@@ -21,6 +22,11 @@ def get_model_class(hf_config: dict) -> type[CausalLM]:
             return cls
     raise ValueError(f"model: architecture {archs or model_type!r} is not supported; "
                      f"supported: {', '.join(MODEL_REGISTRY)}")
+
+
+def model_limits(hf_config: dict) -> ModelLimits:
+    """The architecture's limits on the sequence lengths it serves (EngineConfig.from_args)."""
+    return ModelLimits(context_limit(hf_config), longrope_original_length(hf_config))
 
 
 def context_limit(hf_config: dict) -> tuple[int, str] | None:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..layers.forward_context import AttentionMetadata
-from ..engine.scheduler_output import ScheduledSequence
+from ..step import ScheduledSequence
 
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 

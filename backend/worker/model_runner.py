@@ -1,9 +1,7 @@
 """ModelRunner: owns the model, the KV cache pool and the sampler; runs one scheduled step."""
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -11,15 +9,15 @@ import torch
 from kernels.validation import v_cache_shape
 
 from ..config import CPU_KV_CACHE_BYTES, EngineArgs, EngineConfig
-from ..engine.scheduler_output import SchedulerOutput
-from ..engine.sequence import PLACEHOLDER, Sequence
 from ..layers.attention import Attention
 from ..layers.forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from ..layers.penalties import PenaltyCounts
 from ..layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
+from ..layers.sampling_table import SamplingTable
 from ..models import get_model_class
 from ..models.loader import load_dummy, load_safetensors
+from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput, StepSequence
 from .compile_watch import CompileWatch
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .device import resolve_device, resolve_dtype, resolve_quantization
@@ -30,20 +28,6 @@ from .warmup import compile_step_variants, profile_num_blocks
 from .worker_group import RankFailed, WorkerGroup
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _proposals_appended(step: SchedulerOutput) -> Iterator[None]:
-    """While the sampler prepares a verification step, each speculating sequence's tokens end
-    with its proposals: a row's bad words, grammar, penalties and seeded draw read the tokens
-    before its position, the proposals ahead of it included."""
-    for run in step.spec_runs:
-        run.seq.token_ids.extend(run.proposed)
-    try:
-        yield
-    finally:
-        for run in step.spec_runs:
-            del run.seq.token_ids[len(run.seq.token_ids) - len(run.proposed):]
 
 
 class ModelRunner:
@@ -112,7 +96,8 @@ class ModelRunner:
         # before the memory profile, so the cache is sized around them. Only rank 0 samples: the
         # other ranks keep one slot, for the warm-up of the penalties' kernel.
         slots = args.max_num_seqs if self._peer is None else 1
-        self.sampler = Sampler(PenaltyCounts(slots, self.vocab_size, self.device, max_model_len))
+        self.sampler = Sampler(PenaltyCounts(slots, self.vocab_size, self.device, max_model_len),
+                               SamplingTable(slots, self.vocab_size, self.device))
         self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
@@ -291,6 +276,7 @@ class ModelRunner:
             raise workers.failed(exc) from exc
 
     def _execute_model(self, step: SchedulerOutput) -> PendingStep:
+        self.sampler.table.release(step.finished_seq_ids)
         for slot, name in step.lora_loads:  # adapters taking a slot, before the step reads them
             self.lora_manager.load(slot, name)
         self.copy_blocks(step.block_copies)
@@ -316,12 +302,14 @@ class ModelRunner:
             item, seq = span.item, span.item.seq
             row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
             prompt_index.extend(range(row_of_position_0 + span.first - 1, row_of_position_0 + span.end - 1))
-            prompt_targets.extend(seq.token_ids[span.first:span.end])
+            prompt_targets.extend(span.token_ids)
         sampling = None
         if rows and not step.defer_sampling:
-            with _proposals_appended(step):
-                sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
-                                           drafts=[r.draft for r in rows] if speculative else None)
+            sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
+                                       drafts=[r.draft for r in rows] if speculative else None,
+                                       table=self.sampler.table,
+                                       proposals={run.seq.seq_id: run.proposed for run in step.spec_runs},
+                                       grammar=step.grammar_bitmask)
         gather = None
         prompt_hidden = None
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -350,7 +338,7 @@ class ModelRunner:
                 hidden, prompt_hidden = hidden[:len(rows_index)], hidden[len(rows_index):]
         prompt = None
         if prompt_index:
-            num_top = max(span.item.seq.params.prompt_logprobs for span in step.prompt_spans)
+            num_top = max(span.num_logprobs for span in step.prompt_spans)
             prompt = compute_prompt_logprobs(
                 self.model.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
@@ -362,7 +350,7 @@ class ModelRunner:
             hidden = hidden[gather]
         if step.defer_sampling:
             # The graphs' output buffers stay valid: the next forward is queued after sample().
-            pending.defer(lambda: self._sample_deferred(hidden, seqs))
+            pending.defer(lambda grammar: self._sample_deferred(hidden, seqs, grammar))
             return pending
         pending.finish(self.sampler(self.model.compute_logits(hidden), seqs, sampling))
         return pending
@@ -382,9 +370,10 @@ class ModelRunner:
                 self.to_device(src_rows, torch.int64), previous.token_ids)
 
     @torch.inference_mode()
-    def _sample_deferred(self, hidden: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def _sample_deferred(self, hidden: torch.Tensor, seqs: list[StepSequence],
+                         grammar: GrammarBitmask | None) -> SamplerOutput:
         """The rows' sampling from their host state now: each row's tokens but its last (the
         placeholder of this very step)."""
         sampling = Sampler.prepare(seqs, self.vocab_size, self.device, pending_tokens=1,
-                                   counts=self.sampler.counts)
+                                   counts=self.sampler.counts, table=self.sampler.table, grammar=grammar)
         return self.sampler(self.model.compute_logits(hidden), seqs, sampling)

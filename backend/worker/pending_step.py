@@ -1,39 +1,13 @@
-"""A launched step and its typed result (`ModelRunnerOutput`)."""
+"""A launched step, whose `wait()` gives its typed result (`ModelRunnerOutput`, backend/step.py)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..engine.scheduler_output import SchedulerOutput
-from ..engine.sequence import Sequence
 from ..layers.sampler import PromptLogprobsOutput, SamplerOutput
-
-
-@dataclass
-class SampleResult:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] | None  # requested top logprobs: (token id, logprob)
-    rank: int | None
-
-
-@dataclass
-class PromptLogprobsResult:
-    """A prompt span's logprobs: one result per position from `first` on."""
-    seq: Sequence
-    first: int
-    results: list[SampleResult]
-
-
-@dataclass
-class ModelRunnerOutput:
-    """What a step produced: a result per sample row of its SchedulerOutput, in order, and the
-    prompt logprobs of its prompt spans."""
-    sampled: list[SampleResult] = field(default_factory=list)
-    prompt_logprobs: list[PromptLogprobsResult] = field(default_factory=list)
+from ..step import GrammarBitmask, ModelRunnerOutput, PromptLogprobsResult, SampleResult, SchedulerOutput
 
 
 class PendingStep:
@@ -44,28 +18,30 @@ class PendingStep:
 
     def __init__(self, step: SchedulerOutput, prompt: PromptLogprobsOutput | None = None) -> None:
         self.step = step
-        self.rows = step.sampled_sequences
-        self.row_of = {row.seq.seq_id: i for i, row in enumerate(step.sample_rows)}
+        self.seq_ids = [row.seq.seq_id for row in step.sample_rows]  # each sample row's sequence
+        self.row_of = {seq_id: i for i, seq_id in enumerate(self.seq_ids)}
         self.waited_s = 0.0  # how long wait() blocked on the device
         # The sampling of a deferred step: queued by sample() once the host knows what it reads.
-        self._deferred: Callable[[], SamplerOutput] | None = None
+        self._deferred: Callable[[GrammarBitmask | None], SamplerOutput] | None = None
         self._prompt = prompt
         self.event = None
         self.token_ids: torch.Tensor | None = None  # on the device: the next step reads them
         self.host = self.prompt_host = None
         self.has_ranks = False
+        self.num_logprobs = None  # per row, the top logprobs asked for (-1: none); None: no row asks
 
     @property
     def deferred(self) -> bool:
         return self._deferred is not None
 
-    def defer(self, sample: Callable[[], SamplerOutput]) -> None:
+    def defer(self, sample: Callable[[GrammarBitmask | None], SamplerOutput]) -> None:
         self._deferred = sample
 
-    def sample(self) -> None:
-        """Queue the deferred sampling (the previous step's tokens are on the host now)."""
+    def sample(self, grammar: GrammarBitmask | None = None) -> None:
+        """Queue the deferred sampling (the previous step's tokens are on the host now), with
+        the guided rows' masks made from them."""
         sample, self._deferred = self._deferred, None
-        self.finish(sample())
+        self.finish(sample(grammar))
 
     def finish(self, out: SamplerOutput | None) -> None:
         """Start the copies of the sampled tokens (and prompt logprobs) to the host."""
@@ -78,6 +54,7 @@ class PendingStep:
                 packed.append(out.ranks.double())
             self.host = [torch.stack(packed)] + [t for t in (out.top_logprobs, out.top_token_ids) if t is not None]
             self.has_ranks = out.ranks is not None
+            self.num_logprobs = out.num_logprobs
             on_device.append(self.host)
         if prompt is not None:
             self.prompt_host = [torch.stack([prompt.token_logprobs.double(), prompt.ranks.double()])]
@@ -105,27 +82,26 @@ class PendingStep:
         ranks = main[2] if self.has_ranks else None
         top_vals = self.host[1].tolist() if len(self.host) > 1 else None
         top_ids = self.host[2].tolist() if len(self.host) > 2 else None
-        for i, row in enumerate(self.rows):
-            k = row.params.logprobs
+        asked = self.num_logprobs.tolist() if self.num_logprobs is not None else [-1] * len(self.seq_ids)
+        for i, (seq_id, k) in enumerate(zip(self.seq_ids, asked)):
             top = None
-            if k is not None:
+            if k >= 0:
                 top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k and top_ids else []
-            out.sampled.append(SampleResult(int(token_ids[i]), logprobs[i], top,
-                                            int(ranks[i]) if k is not None else None))
+            out.sampled.setdefault(seq_id, []).append(
+                SampleResult(int(token_ids[i]), logprobs[i], top, int(ranks[i]) if k >= 0 else None))
         return out
 
-    def _prompt_logprobs(self) -> list[PromptLogprobsResult]:
+    def _prompt_logprobs(self) -> dict[int, PromptLogprobsResult]:
         main = self.prompt_host[0].tolist()
         top_vals = self.prompt_host[1].tolist() if len(self.prompt_host) > 1 else None
         top_ids = self.prompt_host[2].tolist() if len(self.prompt_host) > 1 else None
-        row, out = 0, []
+        row, out = 0, {}
         for span in self.step.prompt_spans:
-            seq = span.item.seq
-            k = seq.params.prompt_logprobs
+            k = span.num_logprobs
             results = []
-            for position in range(span.first, span.end):
+            for token_id in span.token_ids:
                 top = list(zip(top_ids[row][:k], top_vals[row][:k])) if k else None
-                results.append(SampleResult(seq.token_ids[position], main[0][row], top, int(main[1][row])))
+                results.append(SampleResult(token_id, main[0][row], top, int(main[1][row])))
                 row += 1
-            out.append(PromptLogprobsResult(seq, span.first, results))
+            out[span.item.seq.seq_id] = PromptLogprobsResult(span.first, results)
         return out

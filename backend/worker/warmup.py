@@ -4,26 +4,61 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import torch
 
-from ..engine.scheduler_output import ScheduledSequence
-from ..engine.sequence import Sequence
 from ..layers import ops
 from ..sampling_params import SamplingParams
+from ..step import ScheduledSequence, SequenceStatus
 from .input_batch import prepare_batch
-
-if TYPE_CHECKING:
-    from .model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 _PROFILE_PARAMS = SamplingParams(max_tokens=1)
 
 
+class StartupRunner(Protocol):
+    """What the start-up work reads of the ModelRunner being built (it is called from there)."""
+    args: Any
+    device: torch.device
+    model: Any
+    sampler: Any
+    lora_manager: Any
+    attn_layers: list
+    block_size: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    num_kv_heads: int
+    num_blocks: int
+    vocab_size: int
+    cache_dtype: torch.dtype
+    block_bytes: int
+    allocate_cache: Callable[..., torch.Tensor]
+    bind_cache: Callable[[torch.Tensor], None]
+    forward_eager: Callable[..., torch.Tensor]
+
+
+@dataclass
+class ScratchSequence:
+    """A sequence of scratch tokens over given blocks (a `StepSequence` for start-up passes)."""
+    seq_id: int
+    token_ids: list[int]
+    block_table: list[int] = field(default_factory=list)
+    params: SamplingParams = field(default_factory=lambda: _PROFILE_PARAMS)
+    num_computed_tokens: int = 0
+    lora_slot: int = -1
+    index: int = 0
+    status: SequenceStatus = SequenceStatus.RUNNING
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+
 @torch.inference_mode()
-def profile_num_blocks(runner: "ModelRunner") -> int:
+def profile_num_blocks(runner: StartupRunner) -> int:
     """Run a forward pass at the token budget, see the peak memory, give the rest of
     gpu_memory_utilization to the KV cache."""
     gc.collect()
@@ -39,8 +74,7 @@ def profile_num_blocks(runner: "ModelRunner") -> int:
     runner.bind_cache(scratch)
     seqs = []
     for j, n in enumerate(lens):
-        s = Sequence(f"profile-{j}", [0] * n, n, _PROFILE_PARAMS)
-        s.block_table = list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq))
+        s = ScratchSequence(-1 - j, [0] * n, list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq)))
         seqs.append(ScheduledSequence(s, n))
     hidden = runner.forward_eager(prepare_batch(seqs, runner.block_size))
     rows = min(runner.args.max_num_seqs, num_tokens)
@@ -66,7 +100,7 @@ def profile_num_blocks(runner: "ModelRunner") -> int:
 
 
 @torch.inference_mode()
-def compile_step_variants(runner: "ModelRunner") -> None:
+def compile_step_variants(runner: StartupRunner) -> None:
     """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
     tiles, with or without a KV split; prefill: 16/32/64-row tiles, with GQA heads packed for
     chunks of at most PACK_GQA_MAX_LEN tokens, and 128-row tiles for chunks over 1,024
@@ -88,12 +122,12 @@ def compile_step_variants(runner: "ModelRunner") -> None:
     lora = runner.lora_manager is not None
     next_block = 0
 
-    def fake(n: int) -> Sequence:
+    def fake(n: int) -> ScratchSequence:
         nonlocal next_block
-        s = Sequence("warm-up", [0] * n, n, _PROFILE_PARAMS)
-        s.lora_slot = 0 if lora else -1  # slot 0's delta goes into the discarded output
         blocks = -(-n // runner.block_size)
-        s.block_table = [(next_block + i) % runner.num_blocks for i in range(blocks)]
+        # LoRA slot 0's delta goes into the discarded output.
+        s = ScratchSequence(-1 - next_block, [0] * n, [(next_block + i) % runner.num_blocks for i in range(blocks)],
+                            lora_slot=0 if lora else -1)
         next_block += blocks
         return s
 
@@ -107,7 +141,7 @@ def compile_step_variants(runner: "ModelRunner") -> None:
             items.append(ScheduledSequence(fake(chunk), chunk))
         hidden = runner.forward_eager(prepare_batch(items, runner.block_size, lora=lora))
     # The greedy sampler's kernel (the memory profile samples at temperature 1).
-    greedy = Sequence("warm-up", [0], 1, SamplingParams(temperature=0, max_tokens=1))
+    greedy = ScratchSequence(-1, [0], params=SamplingParams(temperature=0, max_tokens=1))
     runner.sampler(runner.model.compute_logits(hidden[-2:]), [greedy, greedy])
     # The penalties' kernel, each variant: all rows or some; repetition, additive or both
     # (it reads slot 0's counts, still zero, and writes scratch logits).

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from ..config import EngineConfig
-from ..engine.engine_process import python_executable
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
+from ..python_env import python_executable
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

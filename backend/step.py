@@ -1,0 +1,157 @@
+"""The step contract: what the scheduler decided for one step, the runner's whole input.
+
+The scheduler (backend/engine) fills a `SchedulerOutput`; `ModelRunner.execute_model`
+(backend/worker) takes it and returns a `PendingStep` whose `wait()` gives a
+`ModelRunnerOutput`. Nothing else travels from the engine to the runner, and only the runner
+writes its pending step. Both sides import this module and neither imports the other's: the
+runner sees a sequence only as a `StepSequence`, the fields it reads.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# A token sampled by a step still running on the device: its id is filled in when the step's
+# results arrive; the next step already reads it there, on the device.
+PLACEHOLDER = -1
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+class StepSequence(Protocol):
+    """What the runner and the sampler read of a scheduled sequence (backend.engine.sequence's
+    Sequence is the one implementation): its tokens, the part of them whose K/V are cached, its
+    blocks, its LoRA slot and its sampling parameters. The runner writes none of these, except
+    that a verification step holds its proposals after its tokens while the sampler prepares."""
+    seq_id: int
+    index: int  # which of the request's n samples
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    block_table: list[int]
+    lora_slot: int
+    params: Any  # SamplingParams
+    status: SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    """A sequence's share of the step: `num_new_tokens` tokens from `seq.num_computed_tokens`
+    on. With speculative decoding its last `len(spec_token_ids)` tokens are proposals, which
+    are verified by this step and count as computed only once accepted."""
+    seq: StepSequence
+    num_new_tokens: int
+    spec_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """New tokens that are not proposals: what the step surely computes."""
+        return self.num_new_tokens - len(self.spec_token_ids)
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One token to sample: for `seq` (its parameters, generator, grammar), from the hidden
+    state `offset` rows before the last new token of the sequence with id `source` (a forked
+    sibling samples from its parent's row). `draft`: the proposed token it verifies, -1 none."""
+    seq: StepSequence
+    source: int
+    offset: int = 0
+    draft: int = -1
+
+
+@dataclass(frozen=True)
+class PromptSpan:
+    """Prompt positions first..end-1 of a scheduled item whose logprobs are asked for (the rows
+    of positions first-1..end-2 predict them): their tokens, and how many top logprobs each
+    position reports."""
+    item: ScheduledSequence
+    first: int
+    end: int
+    token_ids: list[int]
+    num_logprobs: int
+
+
+@dataclass(frozen=True)
+class SpecRun:
+    """A speculating sequence's rows: its last token's and each proposal's, from `first_row`."""
+    seq: StepSequence
+    proposed: list[int]
+    first_row: int
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A parent of n > 1 samples whose prompt completes this step, and its new siblings: they
+    sample from the parent's last row and join the running set after the step."""
+    parent: StepSequence
+    children: list[StepSequence]
+
+
+@dataclass
+class GrammarBitmask:
+    """The tokens each guided sample row's grammar allows, made by the engine from its grammars
+    once it has taken the tokens before: `rows` (indices of sample rows) and `bitmask`, a host
+    torch.Tensor [len(rows), ceil(vocab / 32)] int32 (bit j of word i allows token 32 i + j)."""
+    rows: list[int]
+    bitmask: Any
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    num_batched_tokens: int = 0
+    preempted: list[StepSequence] = field(default_factory=list)
+    # Sequences that finished, were aborted or were preempted since the last step: the runner
+    # frees what it keeps for them (their sampling parameters' slots).
+    finished_seq_ids: list[int] = field(default_factory=list)
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter) to load first
+    sample_rows: list[SampleRow] = field(default_factory=list)
+    prompt_spans: list[PromptSpan] = field(default_factory=list)
+    spec_runs: list[SpecRun] = field(default_factory=list)
+    forks: list[Fork] = field(default_factory=list)
+    # Queue only the forward pass: the sampling of some row reads its sequence's previous
+    # tokens on the host, and the step before is still in flight (`PendingStep.sample`).
+    defer_sampling: bool = False
+    # The guided rows' masks, when the step's sampling is not deferred (a deferred sampling gets
+    # them with `PendingStep.sample`).
+    grammar_bitmask: GrammarBitmask | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def sampled_sequences(self) -> list[StepSequence]:
+        return [row.seq for row in self.sample_rows]
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None  # requested top logprobs: (token id, logprob)
+    rank: int | None
+
+
+@dataclass
+class PromptLogprobsResult:
+    """A prompt span's logprobs: one result per position from `first` on."""
+    first: int
+    results: list[SampleResult]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What a step produced, by sequence id: the results of a sequence's sample rows in row
+    order (one row; or a verification run's k + 1, of which the engine keeps those up to the
+    first that differs from its proposal, and that one), and the prompt logprobs of each
+    sequence with a prompt span in the step."""
+    sampled: dict[int, list[SampleResult]] = field(default_factory=dict)
+    prompt_logprobs: dict[int, PromptLogprobsResult] = field(default_factory=dict)

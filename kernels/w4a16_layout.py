@@ -1,0 +1,65 @@
+"""What the w4a16 matmul's paths share (kernels/w4a16.py describes the layout): the config
+that picks a path and its tiles, and the Triton helpers that widen packed words and gather
+act-order rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+METHODS = ("gemv", "mma", "dequant")
+
+
+@dataclass(frozen=True)
+class W4A16Config:
+    block_m: int = 16
+    block_n: int = 64  # gemv: columns a program takes (a multiple of 32 / bits)
+    block_k: int = 128  # at most the group size (one group's scales per K step)
+    split_k: int = 0  # 0: enough K slices for about two programs per SM
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+    # "mma": the tensor-core kernel below; "gemv": one program row per activation row, on the
+    # CUDA cores; "dequant": the weight dequantized to 16 bits, then one cuBLAS GEMM.
+    method: str = "mma"
+    # gemv with several K slices: add the partial sums in the kernel (the last slice to finish
+    # does) instead of a PyTorch sum after it.
+    fused_reduce: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
+
+
+@triton.jit
+def _field(q, J: tl.constexpr, BITS: tl.constexpr):
+    """Value J of each word as the bits of the float32 2^23 + value (a constant shift)."""
+    return ((q >> (J * BITS)) & ((1 << BITS) - 1)) | 0x4B000000  # q uint32: logical shifts
+
+
+@triton.jit
+def _widen(q, BITS: tl.constexpr):
+    """[R, W] words -> [R, W * 32 / BITS]: column P * w + j holds value j of word w. Joins add a
+    minor dimension inside each thread (no data moves between threads), and every shift is a
+    constant."""
+    if BITS == 4:
+        w = tl.join(tl.join(tl.join(_field(q, 0, BITS), _field(q, 4, BITS)),
+                            tl.join(_field(q, 2, BITS), _field(q, 6, BITS))),
+                    tl.join(tl.join(_field(q, 1, BITS), _field(q, 5, BITS)),
+                            tl.join(_field(q, 3, BITS), _field(q, 7, BITS))))
+    else:
+        w = tl.join(tl.join(_field(q, 0, BITS), _field(q, 2, BITS)),
+                    tl.join(_field(q, 1, BITS), _field(q, 3, BITS)))
+    return tl.reshape(w, (q.shape[0], q.shape[1] * (32 // BITS)))
+
+
+@triton.jit
+def _input_rows(perm_ptr, k, HAS_PERM: tl.constexpr):
+    """The activation columns that weight rows k multiply (GPTQ act-order's gather)."""
+    if HAS_PERM:
+        kx = tl.load(perm_ptr + k)
+    else:
+        kx = k
+    return kx
