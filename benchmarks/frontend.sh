@@ -26,10 +26,10 @@ while [ $# -gt 0 ]; do
         --frontend-workers) WORKERS="$2"; shift 2 ;;
         --ready-timeout) READY_TIMEOUT="$2"; shift 2 ;;
         --) shift; BENCH_ARGS=("$@"); break ;;
-        *) echo "bench_frontend.sh: unknown argument $1" >&2; exit 2 ;;
+        *) echo "benchmarks/frontend.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[ -n "$REPO" ] && [ -n "$OUT_DIR" ] || { echo "bench_frontend.sh: --repo and --out-dir are required" >&2; exit 2; }
+[ -n "$REPO" ] && [ -n "$OUT_DIR" ] || { echo "benchmarks/frontend.sh: --repo and --out-dir are required" >&2; exit 2; }
 VENV="${TRITIUM_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 mkdir -p "$OUT_DIR"

@@ -22,10 +22,10 @@ while [ $# -gt 0 ]; do
         --port-base) PORT="$2"; shift 2 ;;
         --ready-timeout) READY_TIMEOUT="$2"; shift 2 ;;
         --) shift; BENCH_ARGS=("$@"); break ;;
-        *) echo "bench_triton.sh: unknown argument $1" >&2; exit 2 ;;
+        *) echo "benchmarks/triton.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[ -n "$REPO" ] && [ -n "$OUT_DIR" ] || { echo "bench_triton.sh: --repo and --out-dir are required" >&2; exit 2; }
+[ -n "$REPO" ] && [ -n "$OUT_DIR" ] || { echo "benchmarks/triton.sh: --repo and --out-dir are required" >&2; exit 2; }
 VENV="${TRITIUM_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 LOG="${LOG:-$OUT_DIR/tritonserver.log}"
