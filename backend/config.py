@@ -1,4 +1,5 @@
-"""Engine arguments with vLLM's names and meanings, checked when the engine is built."""
+"""Engine arguments with vLLM's names and meanings, checked when they are made, and their one
+resolution into the typed parts of an EngineConfig (engine_config.py). Every default is here."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +9,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
+from .engine_config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, CacheConfig, CompilationConfig, DeviceConfig,
+                            EngineConfig, LoRAConfig, ModelConfig, ModelLimits, ParallelConfig,
+                            SchedulerConfig, SpeculativeConfig)
 
 logger = logging.getLogger(__name__)
 
@@ -22,53 +26,6 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    num_speculative_tokens: int
-    prompt_lookup_max: int
-    prompt_lookup_min: int
-    method: str = "ngram"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
-        if not isinstance(d, dict):
-            raise ValueError(f"speculative_config must be an object, got {d!r}.")
-        unknown = set(d) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
-        if unknown:
-            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; this engine speculates by "
-                             "'method': 'ngram' with num_speculative_tokens, prompt_lookup_max and "
-                             "prompt_lookup_min.")
-        method = d.get("method", "ngram")
-        if method != "ngram":
-            raise ValueError(f"speculative_config: method {method!r} is not supported; only 'ngram' "
-                             "(no draft model) is.")
-        k = d.get("num_speculative_tokens")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
-            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer in [1, 16], got {k!r}.")
-        hi, lo = d.get("prompt_lookup_max"), d.get("prompt_lookup_min")
-        if hi is None and lo is None:
-            hi = lo = 5
-        hi = lo if hi is None else hi
-        lo = hi if lo is None else lo
-        for name, v in (("prompt_lookup_max", hi), ("prompt_lookup_min", lo)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"speculative_config: {name} must be a positive integer, got {v!r}.")
-        if lo > hi:
-            raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi}).")
-        return cls(k, hi, lo, method)
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """What the scheduler reads of the engine arguments (resolved: the token budget is set)."""
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    enable_chunked_prefill: bool = True
-    # While others wait, one prompt's chunk takes at most this many tokens of a step; 0: half
-    # the token budget.
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
 
 
 @dataclass
@@ -191,13 +148,8 @@ class EngineArgs:
             raise ValueError("long_prefill_token_threshold must be a non-negative integer, "
                              f"got {self.long_prefill_token_threshold!r}.")
         self._check_lora()
-        self.speculative  # parses (and so checks) speculative_config
-
-    @property
-    def speculative(self) -> SpeculativeConfig | None:
-        """speculative_config, parsed; None without speculative decoding."""
-        spec = self.speculative_config
-        return None if spec is None else SpeculativeConfig.from_dict(spec)
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)  # checks it
 
     def _check_lora(self) -> None:
         _positive_int("max_lora_rank", self.max_lora_rank)
@@ -248,12 +200,60 @@ class EngineArgs:
             kwargs[key] = _parse_string(key, raw, str(types[key]))
         return cls(**kwargs)
 
-    @property
-    def scheduler_config(self) -> SchedulerConfig:
-        if self.max_num_batched_tokens is None:
-            raise ValueError("scheduler_config needs resolved engine arguments (max_num_batched_tokens)")
-        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
-                               self.long_prefill_token_threshold, self.scheduling_policy)
+    # ---- resolution: once, into the typed parts every component is built from -----------------
+    def create_model_config(self, model_limits: Callable[[dict[str, Any]], ModelLimits]) -> ModelConfig:
+        """The model's part, with max_model_len resolved against its config.json and what
+        `model_limits` (backend.models.model_limits) says of its architecture; ValueError when
+        they conflict. The engine's process makes it; its parent receives it (Ready)."""
+        hf_config = load_hf_config(self.model)
+        max_pos = int(hf_config.get("max_position_embeddings") or 4096)
+        limit = f"the model's max_position_embeddings={max_pos}"
+        limits = model_limits(hf_config)
+        exact = limits.context_limit
+        if exact is not None and exact[0] < max_pos:
+            max_pos, limit = exact
+            logger.warning("Serving sequences of at most %d tokens: %s", max_pos, limit)
+        if self.max_model_len is not None and self.max_model_len > max_pos:
+            raise ValueError(f"max_model_len={self.max_model_len} is larger than {limit}.")
+        max_model_len = self.max_model_len or max_pos
+        original = limits.longrope_original_length
+        if original is not None and self.max_model_len is None and max_model_len > original:
+            max_model_len = original
+            logger.warning("LongRoPE: max_model_len defaults to original_max_position_embeddings=%d "
+                           "(its short factors, as transformers uses them up to there); a larger "
+                           "max_model_len uses the long factors at every position", original)
+        elif original is not None and max_model_len > original:
+            logger.warning("LongRoPE: max_model_len=%d passes original_max_position_embeddings=%d, so "
+                           "the long factors apply at every position (vLLM's rule; transformers uses "
+                           "the short ones while a sequence is shorter)", max_model_len, original)
+        return ModelConfig(self.model, self.tokenizer or self.model, self.dtype, self.seed, self.load_format,
+                           self.quantization, max_model_len, self.max_logprobs, hf_config)
+
+    def create_engine_config(self, model_config: ModelConfig) -> EngineConfig:
+        """Every part, around the model's (`create_model_config`): the defaults that depend on
+        the model resolved; ValueError when they conflict."""
+        max_model_len = model_config.max_model_len
+        budget = self.max_num_batched_tokens or (
+            DEFAULT_MAX_NUM_BATCHED_TOKENS if self.enable_chunked_prefill
+            else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS))
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_model_len="
+                             f"{max_model_len}; without chunked prefill a whole prompt must fit "
+                             f"in one step. Raise max_num_batched_tokens or enable_chunked_prefill.")
+        spec = self.speculative_config
+        return EngineConfig(
+            model_config,
+            CacheConfig(self.block_size, self.gpu_memory_utilization, self.num_kv_blocks,
+                        self.enable_prefix_caching, self.kv_cache_dtype, self.k_scale, self.v_scale),
+            SchedulerConfig(self.max_num_seqs, budget, self.enable_chunked_prefill,
+                            self.long_prefill_token_threshold, self.scheduling_policy, self.stream_interval,
+                            self.max_waiting_requests),
+            ParallelConfig(self.tensor_parallel_size),
+            DeviceConfig(self.device),
+            CompilationConfig(self.enforce_eager, self.max_prefill_graph_tokens),
+            LoRAConfig(dict(self.lora_modules or {}), self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+            if self.enable_lora else None,
+            None if spec is None else SpeculativeConfig.from_dict(spec))
 
     def replace(self, **changes: Any) -> "EngineArgs":
         return dataclasses.replace(self, **changes)
@@ -304,71 +304,6 @@ def _parse_string(key: str, raw: str, type_name: str) -> Any:
         return text
     except ValueError:
         raise ValueError(f"engine argument {key}: cannot parse {raw!r} as {type_name}.") from None
-
-
-# The token budget of a step with chunked prefill, when max_num_batched_tokens is not set.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What the architecture says of the sequence lengths it serves (backend/models): the
-    longest served exactly when shorter than max_position_embeddings, with why; a LongRoPE
-    model's original_max_position_embeddings."""
-    context_limit: tuple[int, str] | None
-    longrope_original_length: int | None
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine arguments resolved against the model (`args.max_model_len` and
-    `args.max_num_batched_tokens` are set), with the model's config.json: what every part of
-    the engine is built from."""
-    args: EngineArgs
-    hf_config: dict[str, Any]
-
-    @classmethod
-    def from_args(cls, args: EngineArgs, model_limits: Callable[[dict[str, Any]], ModelLimits]) -> "EngineConfig":
-        """Resolve the defaults that depend on the model (`model_limits` reads them from its
-        config.json: backend.models.model_limits); ValueError when they conflict."""
-        hf_config = load_hf_config(args.model)
-        max_pos = int(hf_config.get("max_position_embeddings") or 4096)
-        limit = f"the model's max_position_embeddings={max_pos}"
-        limits = model_limits(hf_config)
-        exact = limits.context_limit
-        if exact is not None and exact[0] < max_pos:
-            max_pos, limit = exact
-            logger.warning("Serving sequences of at most %d tokens: %s", max_pos, limit)
-        if args.max_model_len is not None and args.max_model_len > max_pos:
-            raise ValueError(f"max_model_len={args.max_model_len} is larger than {limit}.")
-        max_model_len = args.max_model_len or max_pos
-        original = limits.longrope_original_length
-        if original is not None and args.max_model_len is None and max_model_len > original:
-            max_model_len = original
-            logger.warning("LongRoPE: max_model_len defaults to original_max_position_embeddings=%d "
-                           "(its short factors, as transformers uses them up to there); a larger "
-                           "max_model_len uses the long factors at every position", original)
-        elif original is not None and max_model_len > original:
-            logger.warning("LongRoPE: max_model_len=%d passes original_max_position_embeddings=%d, so "
-                           "the long factors apply at every position (vLLM's rule; transformers uses "
-                           "the short ones while a sequence is shorter)", max_model_len, original)
-        budget = args.max_num_batched_tokens or (
-            DEFAULT_MAX_NUM_BATCHED_TOKENS if args.enable_chunked_prefill
-            else max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS))
-        if not args.enable_chunked_prefill and budget < max_model_len:
-            raise ValueError(f"max_num_batched_tokens={budget} is smaller than max_model_len="
-                             f"{max_model_len}; without chunked prefill a whole prompt must fit "
-                             f"in one step. Raise max_num_batched_tokens or enable_chunked_prefill.")
-        return cls(args.replace(max_model_len=max_model_len, max_num_batched_tokens=budget), hf_config)
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """What the built engine knows that request validation needs: the vocabulary, the most
-    tokens the KV cache holds, the EOS ids."""
-    vocab_size: int
-    kv_capacity_tokens: int
-    eos_token_ids: tuple[int, ...]
 
 
 def load_hf_config(model_dir: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from ..config import EngineArgs
+from ..engine_config import EngineConfig
 from ..errors import EngineShutdownError, OutputCallback
 from ..lora_request import LoRARequest
 from ..outputs import CompletionOutput, RequestOutput
@@ -67,12 +68,14 @@ class EngineProcess:
             self._proc.wait()
             raise ValueError(reply.message)
         assert isinstance(reply, Ready), reply
-        self.engine_args: EngineArgs = reply.engine_args
-        self.tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
+        # The engine's configuration as the engine's process resolved it: the model's part
+        # comes back with Ready, the rest this side resolves from its own `args`.
+        self.config: EngineConfig = args.create_engine_config(reply.model_config)
+        self.tokenizer = load_tokenizer(self.config.model_config.tokenizer)
         # The receiver thread's own copy, for output text: a Rust tokenizer borrowed by two
         # threads at once (an encode that releases the GIL, a decode) raises "Already borrowed".
-        self._output_tokenizer = load_tokenizer(self.engine_args.tokenizer or self.engine_args.model)
-        self._processor = InputProcessor(self.engine_args, self.tokenizer, reply.limits,
+        self._output_tokenizer = load_tokenizer(self.config.model_config.tokenizer)
+        self._processor = InputProcessor(self.config, self.tokenizer, reply.limits,
                                          check_structured_outputs=self._check_structured_outputs)
         self._lock = threading.Lock()
         # Structured-output specs checked by the engine's process: id -> error (None: it compiles)
@@ -83,7 +86,7 @@ class EngineProcess:
         self._requests: dict[str, tuple[Request, OutputCallback, OutputDetokenizer | None]] = {}
         self._stopped = False
         self._stats = StatsMailbox()
-        self._admission = Admission(self.engine_args.max_waiting_requests)
+        self._admission = Admission(self.config.scheduler_config.max_waiting_requests)
         # Where the receiver thread's time goes (logged by servers at unload): if it cannot keep
         # up, the engine process blocks sending and the engine slows down.
         self.receiver_stats = {"messages": 0, "outputs": 0, "busy_s": 0.0}

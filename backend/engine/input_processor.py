@@ -7,7 +7,7 @@ import os
 import time
 from typing import Callable
 
-from ..config import EngineArgs, EngineLimits
+from ..engine_config import EngineConfig, EngineLimits
 from ..lora_request import LoRARequest, lora_name_of
 from .block_manager import hash_prompt_blocks, root_block_hash
 from .request import Request
@@ -35,26 +35,28 @@ class InputProcessor:
     """Turns (prompt, SamplingParams) into a Request, or raises ValueError with a message a
     client can act on. Reads only the tokenizer and fixed limits, so any thread may call it."""
 
-    def __init__(self, args: EngineArgs, tokenizer, limits: EngineLimits,
+    def __init__(self, config: EngineConfig, tokenizer, limits: EngineLimits,
                  check_structured_outputs: Callable[[dict], None] | None = None) -> None:
-        """args: the resolved engine arguments (max_model_len set). limits: what the built
+        """config: the engine's, resolved (max_model_len set). limits: what the built
         engine knows (vocabulary, KV capacity, EOS ids). check_structured_outputs: raises
         ValueError when a spec does not compile; by default it is compiled here (EngineProcess
         has the engine's process do it). The LoRA adapters a request may name are `lora_modules`;
         more may join (`lora_names` grows)."""
-        self.lora_names = tuple(args.lora_modules or ())
-        self.lora_enabled = args.enable_lora
+        model, cache, scheduler, lora = (config.model_config, config.cache_config, config.scheduler_config,
+                                         config.lora_config)
+        self.lora_names = tuple(lora.lora_modules) if lora else ()
+        self.lora_enabled = lora is not None
         self.tokenizer = tokenizer
-        self.tokenizer_path = args.tokenizer or args.model
+        self.tokenizer_path = model.tokenizer
         self._check_structured_outputs = check_structured_outputs
-        self.scheduling_policy = args.scheduling_policy
+        self.scheduling_policy = scheduler.policy
         self.vocab_size = limits.vocab_size
-        self.max_model_len = args.max_model_len
+        self.max_model_len = model.max_model_len
         self.kv_capacity_tokens = limits.kv_capacity_tokens
-        self.max_num_seqs = args.max_num_seqs
-        self.max_logprobs = args.max_logprobs
-        self.block_size = args.block_size
-        self.enable_prefix_caching = args.enable_prefix_caching
+        self.max_num_seqs = scheduler.max_num_seqs
+        self.max_logprobs = model.max_logprobs
+        self.block_size = cache.block_size
+        self.enable_prefix_caching = cache.enable_prefix_caching
         self.eos_token_ids = limits.eos_token_ids
 
     @property

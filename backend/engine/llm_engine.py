@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config import EngineArgs, EngineConfig, EngineLimits
+from ..config import EngineArgs
+from ..engine_config import EngineConfig, EngineLimits
 from ..errors import EngineOverloadedError, overloaded_message
 from ..lora_request import LoRARequest
 from ..models import model_limits
@@ -52,23 +53,23 @@ class LLMEngine:
     detokenize=False: see OutputProcessor (the engine process's parent makes the text)."""
 
     def __init__(self, args: EngineArgs, detokenize: bool = True) -> None:
-        self.config = EngineConfig.from_args(args, model_limits)
-        self.args = args = self.config.args
-        self.hf_config = self.config.hf_config
-        self.tokenizer = load_tokenizer(args.tokenizer or args.model)
+        self.config: EngineConfig = args.create_engine_config(args.create_model_config(model_limits))
+        model, cache = self.config.model_config, self.config.cache_config
+        self.hf_config = model.hf_config
+        self.tokenizer = load_tokenizer(model.tokenizer)
         self.runner = ModelRunner(self.config)
         self.vocab_size = self.runner.vocab_size
-        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size,
-                                          args.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runner.num_blocks, cache.block_size,
+                                          cache.enable_prefix_caching)
         lora = self.runner.lora_manager
-        self.scheduler = Scheduler(args.scheduler_config, self.block_manager,
+        self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager,
                                    LoRASlots(lora.num_slots, lora.resident) if lora else None)
-        capacity = self.runner.num_blocks * args.block_size
+        capacity = self.runner.num_blocks * cache.block_size
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
-        self.max_seq_len = min(args.max_model_len, capacity)
+        self.max_seq_len = min(model.max_model_len, capacity)
         self.limits = EngineLimits(self.vocab_size, capacity,
-                                   load_eos_token_ids(args.model, self.hf_config, self.tokenizer))
-        self.input_processor = InputProcessor(args, self.tokenizer, self.limits)
+                                   load_eos_token_ids(model.model, self.hf_config, self.tokenizer))
+        self.input_processor = InputProcessor(self.config, self.tokenizer, self.limits)
         self.input_processor.structured.warm_up_in_background()
         self.requests: dict[str, Request] = {}
         # Requests with a deadline, soonest first: (deadline, tie-breaker, request).
@@ -76,15 +77,16 @@ class LLMEngine:
         self._deadline_order = itertools.count()
         self.stats = EngineStats()
         self._tokens_counted = 0  # prompt + generation tokens when the last step was recorded
-        self.output_processor = OutputProcessor(args, self.tokenizer, self.scheduler, self.stats, detokenize)
+        self.output_processor = OutputProcessor(self.config.scheduler_config, model.max_model_len, self.tokenizer,
+                                                self.scheduler, self.stats, detokenize)
         self._inflight: InflightStep | None = None  # the launched step whose tokens are not yet taken
         self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
-        spec = args.speculative
+        spec = self.config.speculative_config
         self.proposer = NgramProposer(spec) if spec else None
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains).
         graphs = self.runner.verify_graphs
-        self.max_speculating_seqs = graphs.max_seqs if graphs is not None else args.max_num_seqs
+        self.max_speculating_seqs = graphs.max_seqs if graphs is not None else self.config.scheduler_config.max_num_seqs
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -120,7 +122,7 @@ class LLMEngine:
         Raises EngineOverloadedError when max_waiting_requests requests are waiting."""
         req = prompt if isinstance(prompt, Request) else self.make_request(
             request_id, prompt, params, arrival_time, priority, lora_request, deadline)
-        bound = self.args.max_waiting_requests
+        bound = self.config.scheduler_config.max_waiting_requests
         if bound is not None and len(self.scheduler.waiting) >= bound:
             self.stats.num_requests_rejected += 1
             raise EngineOverloadedError(overloaded_message(bound))

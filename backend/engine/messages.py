@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, Union
 
-from ..config import EngineArgs, EngineLimits
+from ..engine_config import EngineLimits, ModelConfig
 from ..outputs import CompletionOutput, RequestOutput
 from .metrics import EngineStats
 from .request import Request
@@ -46,7 +46,10 @@ Command = Union[AddRequest, AbortRequest, GetStats, CheckGrammar, Shutdown]
 # ---- replies: core -> driver -------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
-    engine_args: EngineArgs  # resolved (max_model_len etc.)
+    """The engine is built. Only what the parent cannot know itself comes back: the model's
+    part of the configuration (resolved against the model) and the built engine's limits; the
+    parent resolves the rest from the EngineArgs it sent (EngineArgs.create_engine_config)."""
+    model_config: ModelConfig
     limits: EngineLimits
 
 

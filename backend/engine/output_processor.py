@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ..config import EngineArgs
+from ..engine_config import SchedulerConfig
 from ..outputs import RequestOutput
 from .metrics import EngineStats
 from .request import Request, make_logprobs_entry
@@ -21,9 +21,10 @@ class OutputProcessor:
     no text: the engine process's parent makes it (`engine_process.OutputDetokenizer`), in
     parallel with the step loop."""
 
-    def __init__(self, args: EngineArgs, tokenizer, scheduler: Scheduler, stats: EngineStats,
-                 detokenize: bool = True) -> None:
-        self.args = args
+    def __init__(self, scheduler_config: SchedulerConfig, max_model_len: int, tokenizer, scheduler: Scheduler,
+                 stats: EngineStats, detokenize: bool = True) -> None:
+        self.stream_interval = scheduler_config.stream_interval
+        self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.stats = stats
@@ -69,7 +70,7 @@ class OutputProcessor:
             if seq.detokenizer is not None:
                 self._detokenize(seq)
         outputs = []
-        interval = self.args.stream_interval
+        interval = self.stream_interval
         for req in touched.values():
             finished = req.finished
             if finished:
@@ -120,7 +121,7 @@ class OutputProcessor:
         st.request_prompt_tokens.append(len(req.prompt_token_ids))
         st.request_generation_tokens.append(sum(s.num_output_tokens - s.num_unresolved for s in req.seqs))
         st.request_params_n.append(p.n)
-        st.request_params_max_tokens.append(p.max_tokens if p.max_tokens is not None else self.args.max_model_len)
+        st.request_params_max_tokens.append(p.max_tokens if p.max_tokens is not None else self.max_model_len)
         m.first_scheduled_time = req.seqs[0].first_scheduled_time if req.seqs else None
         if m.first_scheduled_time is not None:
             st.request_queue_time.append(m.first_scheduled_time - m.arrival_time)

@@ -112,7 +112,7 @@ def serve(conn: Connection, args: EngineArgs) -> int:
     # step's outputs) and the command reader; when it wants the GIL back it should wait at most
     # 1 ms for them, not the default 5 ms, which is most of a small model's step.
     sys.setswitchinterval(0.001)
-    conn.send(Ready(engine.args, engine.limits))
+    conn.send(Ready(engine.config.model_config, engine.limits))
     outbox = Outbox(conn)
     core = EngineCore(engine, _Sink(outbox))
 

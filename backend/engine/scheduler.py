@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from ..config import SchedulerConfig
+from ..engine_config import SchedulerConfig
 from .block_manager import BlockManager
 from .lora_slots import LoRASlots
 from .scheduler_output import (Fork, PromptSpan, SampleRow, ScheduledSequence, SchedulerOutput,

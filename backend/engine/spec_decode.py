@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import SpeculativeConfig
+from ..engine_config import SpeculativeConfig
 
 
 class NgramProposer:

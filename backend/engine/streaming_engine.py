@@ -28,10 +28,10 @@ logger = logging.getLogger(__name__)
 class StreamingEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.engine = LLMEngine(args)
-        self.engine_args = self.engine.args
+        self.config = self.engine.config
         self.tokenizer = self.engine.tokenizer
         self._callbacks: dict[str, OutputCallback] = {}
-        self._admission = Admission(self.engine_args.max_waiting_requests)
+        self._admission = Admission(self.config.scheduler_config.max_waiting_requests)
         self._lock = threading.Lock()
         self._stopped = False
         self._stats = StatsMailbox()

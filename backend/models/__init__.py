@@ -1,7 +1,7 @@
 """Model registry: Hugging Face `architectures` name -> model class."""
 from __future__ import annotations
 
-from ..config import ModelLimits
+from ..engine_config import ModelLimits
 from ..layers.rotary import rope_type
 from .interface import CausalLM
 from .llama import LlamaArgs, LlamaForCausalLM
@@ -25,7 +25,7 @@ def get_model_class(hf_config: dict) -> type[CausalLM]:
 
 
 def model_limits(hf_config: dict) -> ModelLimits:
-    """The architecture's limits on the sequence lengths it serves (EngineConfig.from_args)."""
+    """The architecture's limits on the sequence lengths it serves (EngineArgs.create_model_config)."""
     return ModelLimits(context_limit(hf_config), longrope_original_length(hf_config))
 
 

@@ -34,7 +34,7 @@ class EngineSupervisor:
         self._died = threading.Event()
         self._closing = threading.Event()
         self._engine = start(self._died.set)
-        self.engine_args = self._engine.engine_args
+        self.config = self._engine.config  # the same for every engine it starts
         self.restarts = 0
         self.generation = 0
         self._state = "serving"  # serving | restarting | failed | closed

@@ -8,7 +8,8 @@ import torch
 
 from kernels.validation import v_cache_shape
 
-from ..config import CPU_KV_CACHE_BYTES, EngineArgs, EngineConfig
+from ..config import CPU_KV_CACHE_BYTES
+from ..engine_config import CacheConfig, EngineConfig
 from ..layers.attention import Attention
 from ..layers.forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
 from ..layers.penalties import PenaltyCounts
@@ -42,8 +43,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, peer=None) -> None:
         self.workers: WorkerGroup | None = None
         self._peer = peer
-        if config.args.tensor_parallel_size > 1 and peer is None:
-            self.workers = WorkerGroup(config, resolve_device(config.args))
+        if config.parallel_config.tensor_parallel_size > 1 and peer is None:
+            self.workers = WorkerGroup(config, resolve_device(config.device_config))
         try:
             self._build(config)
         except BaseException:
@@ -53,40 +54,41 @@ class ModelRunner:
             self._drive_workers()
 
     def _build(self, config: EngineConfig) -> None:
-        args, hf_config = config.args, config.hf_config
-        max_model_len, max_num_batched_tokens = args.max_model_len, args.max_num_batched_tokens
+        model_config, cache, scheduler = config.model_config, config.cache_config, config.scheduler_config
+        compilation, lora_config, hf_config = config.compilation_config, config.lora_config, model_config.hf_config
+        max_model_len, max_num_batched_tokens = model_config.max_model_len, scheduler.max_num_batched_tokens
         self.config = config
-        self.args = args
-        self.device = resolve_device(args)
-        self.dtype = resolve_dtype(args, hf_config, self.device)
-        self.block_size = args.block_size
+        self.device = resolve_device(config.device_config)
+        self.dtype = resolve_dtype(model_config, self.device)
+        self.block_size = cache.block_size
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             CompileWatch.remove_hooks()  # another engine's watch must not count this start-up
-        torch.manual_seed(args.seed)
+        torch.manual_seed(model_config.seed)
         model_cls = get_model_class(hf_config)
-        self.quantization = resolve_quantization(args, hf_config)
+        self.quantization = resolve_quantization(model_config)
         linear_method = get_linear_method(self.quantization, hf_config.get("quantization_config"))
         if self.quantization == "fp8":
             check_fp8_supported(self.device)
-        self.cache_dtype = self.dtype if args.kv_cache_dtype == "auto" else torch.float8_e4m3fn
-        if args.kv_cache_dtype != "auto":
-            check_fp8_supported(self.device, f"kv_cache_dtype='{args.kv_cache_dtype}'")
+        self.cache_dtype = self.dtype if cache.kv_cache_dtype == "auto" else torch.float8_e4m3fn
+        if cache.kv_cache_dtype != "auto":
+            check_fp8_supported(self.device, f"kv_cache_dtype='{cache.kv_cache_dtype}'")
         with torch.device(self.device):
             self.model = model_cls(hf_config, self.dtype, linear_method, max_model_len=max_model_len)
         self.model.eval()
         checkpoint_kv_scales: dict[str, dict[str, float]] = {}
-        if args.load_format == "dummy":
-            load_dummy(self.model, args.seed)
+        if model_config.load_format == "dummy":
+            load_dummy(self.model, model_config.seed)
         else:
-            checkpoint_kv_scales = load_safetensors(self.model, args.model)
+            checkpoint_kv_scales = load_safetensors(self.model, model_config.model)
         process_weights_after_loading(self.model)
         self._tp_exchange("loaded", None)  # every rank has its shard before any collective
         # LoRA adapters before the memory profile, so the cache is sized around them.
-        self.lora_manager = LoRAManager(self.model, args.lora_modules, args.max_loras, args.max_lora_rank,
-                                        self.dtype, self.device, args.max_cpu_loras) if args.enable_lora else None
+        self.lora_manager = LoRAManager(
+            self.model, lora_config.lora_modules, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
+            self.device, lora_config.max_cpu_loras) if lora_config is not None else None
         self.attn_layers = self.model.attention_layers()
         a = self.model.args
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
@@ -95,38 +97,40 @@ class ModelRunner:
         # Penalties' token counts stay on the device, a slot per running sequence; allocated
         # before the memory profile, so the cache is sized around them. Only rank 0 samples: the
         # other ranks keep one slot, for the warm-up of the penalties' kernel.
-        slots = args.max_num_seqs if self._peer is None else 1
+        slots = scheduler.max_num_seqs if self._peer is None else 1
         self.sampler = Sampler(PenaltyCounts(slots, self.vocab_size, self.device, max_model_len),
                                SamplingTable(slots, self.vocab_size, self.device))
         self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
-        self.logits_rows_per_pass = max(1, min(args.max_num_seqs, max_num_batched_tokens))
+        self.logits_rows_per_pass = max(1, min(scheduler.max_num_seqs, max_num_batched_tokens))
         self.num_blocks = min(self._tp_exchange("num_blocks", self._decide_num_blocks()))
         self.kv_cache = self.allocate_cache(self.num_blocks, zero=True)
         self.bind_cache(self.kv_cache)
-        self._set_kv_scales(args, checkpoint_kv_scales)
+        self._set_kv_scales(cache, checkpoint_kv_scales)
         if self.device.type == "cuda":
             compile_step_variants(self)
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
-        if self.device.type == "cuda" and not args.enforce_eager and args.tensor_parallel_size > 1:
+        if (self.device.type == "cuda" and not compilation.enforce_eager
+                and config.parallel_config.tensor_parallel_size > 1):
             logger.info("tensor parallelism runs eager: no CUDA graphs (collectives in graphs are not done yet)")
-        elif self.device.type == "cuda" and not args.enforce_eager:
+        elif self.device.type == "cuda" and not compilation.enforce_eager:
             max_blocks = -(-max_model_len // self.block_size)
             lora = self.lora_manager is not None
-            self.graphs = DecodeGraphs(self.model, args.max_num_seqs, max_blocks, max_model_len, self.device, lora)
+            self.graphs = DecodeGraphs(self.model, scheduler.max_num_seqs, max_blocks, max_model_len, self.device,
+                                       lora)
             self.graphs.capture()
-            prefill_tokens = min(args.max_prefill_graph_tokens, max_num_batched_tokens)
+            prefill_tokens = min(compilation.max_prefill_graph_tokens, max_num_batched_tokens)
             if prefill_tokens:
                 self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
                                                     lora=lora)
                 self.prefill_graphs.capture()
-            spec = args.speculative
+            spec = config.speculative_config
             if spec:  # each of up to `seqs` sequences verifies its last token and k proposals
                 rows = spec.num_speculative_tokens + 1
-                seqs = min(args.max_num_seqs, SPEC_GRAPH_MAX_SEQS)
+                seqs = min(scheduler.max_num_seqs, SPEC_GRAPH_MAX_SEQS)
                 self.verify_graphs = PrefillGraphs(self.model, min(seqs * rows, max_num_batched_tokens),
                                                    max_blocks, self.device, lora=lora, rows_per_seq=rows,
                                                    max_seqs=seqs, max_chunk=rows)
@@ -171,16 +175,16 @@ class ModelRunner:
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
 
-    def _set_kv_scales(self, args: EngineArgs, checkpoint: dict[str, dict[str, float]]) -> None:
+    def _set_kv_scales(self, cache: CacheConfig, checkpoint: dict[str, dict[str, float]]) -> None:
         """An FP8 cache stores keys and values divided by per-layer scales: the checkpoint's
         where it has them (FP8 checkpoints calibrated them), else k_scale / v_scale."""
         for layer in self.attn_layers:
-            layer.k_scale, layer.v_scale = float(args.k_scale), float(args.v_scale)
+            layer.k_scale, layer.v_scale = float(cache.k_scale), float(cache.v_scale)
         if not checkpoint:
             return
         if self.cache_dtype != torch.float8_e4m3fn:
             logger.info("The checkpoint's KV cache scales (%d layers) are not used: "
-                        "kv_cache_dtype is %s", len(checkpoint), args.kv_cache_dtype)
+                        "kv_cache_dtype is %s", len(checkpoint), cache.kv_cache_dtype)
             return
         blocks = {name: module.attn for name, module in self.model.named_modules()
                   if isinstance(getattr(module, "attn", None), Attention)}
@@ -219,10 +223,11 @@ class ModelRunner:
             layer.v_cache = pool[1, i].view(v_cache_shape(tuple(k_cache.shape), pool.dtype))
 
     def _decide_num_blocks(self) -> int:
-        if self.args.num_kv_blocks is not None:
-            return self.args.num_kv_blocks
+        cache = self.config.cache_config
+        if cache.num_kv_blocks is not None:
+            return cache.num_kv_blocks
         if self.device.type == "cpu":
-            enough = -(-self.max_model_len // self.block_size) * self.args.max_num_seqs
+            enough = -(-self.max_model_len // self.block_size) * self.config.scheduler_config.max_num_seqs
             return max(1, min(CPU_KV_CACHE_BYTES // self.block_bytes, enough))
         return profile_num_blocks(self)
 

@@ -89,9 +89,9 @@ def main(fd: int, rank: int, size: int, port: int) -> int:
         from ..layers.parallel_state import destroy_tp_group, init_tp_group
         from .device import resolve_device
         from .model_runner import ModelRunner
-        if resolve_device(config.args).type == "cuda":
+        if resolve_device(config.device_config).type == "cuda":
             torch.cuda.set_device(rank)  # rank r on the r-th visible GPU
-        device = resolve_device(config.args)
+        device = resolve_device(config.device_config)
         peer = Peer(conn, rank)
         peer.exchange("hello", os.getpid())
         init_tp_group(rank, size, port, device)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from ..engine_config import EngineConfig
 from ..layers import ops
 from ..sampling_params import SamplingParams
 from ..step import ScheduledSequence, SequenceStatus
@@ -21,7 +22,7 @@ _PROFILE_PARAMS = SamplingParams(max_tokens=1)
 
 class StartupRunner(Protocol):
     """What the start-up work reads of the ModelRunner being built (it is called from there)."""
-    args: Any
+    config: EngineConfig
     device: torch.device
     model: Any
     sampler: Any
@@ -77,7 +78,7 @@ def profile_num_blocks(runner: StartupRunner) -> int:
         s = ScratchSequence(-1 - j, [0] * n, list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq)))
         seqs.append(ScheduledSequence(s, n))
     hidden = runner.forward_eager(prepare_batch(seqs, runner.block_size))
-    rows = min(runner.args.max_num_seqs, num_tokens)
+    rows = min(runner.config.scheduler_config.max_num_seqs, num_tokens)
     logits = runner.model.compute_logits(hidden[:rows])
     torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's worst case
     torch.cuda.synchronize()
@@ -87,7 +88,7 @@ def profile_num_blocks(runner: StartupRunner) -> int:
         layer.k_cache = layer.v_cache = None
     gc.collect()
     torch.cuda.empty_cache()
-    available = total * runner.args.gpu_memory_utilization - others - peak
+    available = total * runner.config.cache_config.gpu_memory_utilization - others - peak
     num_blocks = int(available // runner.block_bytes)
     logger.info("KV cache: %d blocks (%.2f GiB of %s); peak activation+weights %.2f GiB",
                 num_blocks, num_blocks * runner.block_bytes / 2**30,
@@ -109,7 +110,7 @@ def compile_step_variants(runner: StartupRunner) -> None:
     (seconds each, first time on a machine; `CompileWatch` logs any that is left). Writes
     only scratch KV and outputs: no block holds cached data yet."""
     sms = torch.cuda.get_device_properties(runner.device).multi_processor_count
-    full_batch = min(-(-sms // runner.num_kv_heads), runner.args.max_num_seqs)
+    full_batch = min(-(-sms // runner.num_kv_heads), runner.config.scheduler_config.max_num_seqs)
     short, long_ = 16, min(1024, runner.max_model_len)
     # (decodes, their context length, prompt-chunk tokens alongside)
     cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]

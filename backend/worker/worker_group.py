@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig
+from ..engine_config import EngineConfig
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
 from ..python_env import python_executable
 
@@ -131,8 +131,8 @@ class WorkerGroup:
     """Ranks 1..N-1 of a tensor-parallel engine, driven by rank 0 (this process)."""
 
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
-        tp = config.args.tensor_parallel_size
-        check_tp_shapes(config.hf_config, tp)
+        tp = config.parallel_config.tensor_parallel_size
+        check_tp_shapes(config.model_config.hf_config, tp)
         if device.type == "cuda" and torch.cuda.device_count() < tp:
             raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs; "
                              f"{torch.cuda.device_count()} are visible (CUDA_VISIBLE_DEVICES).")

@@ -6,16 +6,22 @@ import random
 
 import pytest
 
-from backend.config import SchedulerConfig
+from backend.engine_config import SchedulerConfig
 from backend.engine.block_manager import BlockManager
 from backend.sampling_params import SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
 
 
+def sched_config(max_num_seqs: int, budget: int, chunked: bool = True, policy: str = "fcfs") -> SchedulerConfig:
+    return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
+                           long_prefill_token_threshold=0, policy=policy, stream_interval=1,
+                           max_waiting_requests=None)
+
+
 def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=16, chunked=True, caching=True):
     bm = BlockManager(num_blocks, block_size, caching)
-    return Scheduler(SchedulerConfig(max_num_seqs, budget, chunked), bm), bm
+    return Scheduler(sched_config(max_num_seqs, budget, chunked), bm), bm
 
 
 def seq(n: int, rid: str, start: int = 0, params: SamplingParams | None = None) -> Sequence:
@@ -110,7 +116,7 @@ def test_random_workload_keeps_integrity(policy):
     """Random arrivals (random priorities under "priority"), forks, aborts and preemptions."""
     rng = random.Random(1234)
     bm = BlockManager(24, 4, True)
-    sched = Scheduler(SchedulerConfig(6, 12, True, 0, policy), bm)
+    sched = Scheduler(sched_config(6, 12, policy=policy), bm)
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
     live: dict[str, list[Sequence]] = {}
     counter = 0
@@ -159,7 +165,7 @@ def pseq(n: int, rid: str, start: int, priority: int, arrival: float) -> Sequenc
 
 def test_priority_policy_admits_by_priority_then_arrival():
     bm = BlockManager(32, 4, False)
-    sched = Scheduler(SchedulerConfig(2, 64, True, 0, "priority"), bm)
+    sched = Scheduler(sched_config(2, 64, policy="priority"), bm)
     for rid, priority, arrival in (("late-low", 5, 3.0), ("early-low", 5, 1.0), ("high", 0, 2.0),
                                    ("mid", 1, 0.5)):
         sched.add(pseq(4, rid, 10 * len(sched.waiting), priority, arrival))
@@ -175,7 +181,7 @@ def test_priority_policy_admits_by_priority_then_arrival():
 
 def test_priority_policy_preempts_the_lowest_priority_and_requeues_it_by_priority():
     bm = BlockManager(4, 4, False)
-    sched = Scheduler(SchedulerConfig(8, 64, True, 0, "priority"), bm)
+    sched = Scheduler(sched_config(8, 64, policy="priority"), bm)
     low, high = pseq(8, "low", 0, 3, 1.0), pseq(8, "high", 100, 0, 2.0)
     sched.add(low)
     sched.add(high)
@@ -195,7 +201,7 @@ def test_priority_policy_victim_is_not_simply_the_newest():
     the highest (priority, arrival), here the one admitted first."""
     for policy, plan, victim in (("fcfs", [("a", 1)], "b"), ("priority", [("b", 1)], "a")):
         bm = BlockManager(4, 4, False)
-        sched = Scheduler(SchedulerConfig(8, 64, True, 0, policy), bm)
+        sched = Scheduler(sched_config(8, 64, policy=policy), bm)
         a = pseq(7, "a", 0, 2 if policy == "priority" else 0, 1.0)
         b = pseq(8, "b", 100, 0, 2.0)
         sched.add(a)
@@ -220,7 +226,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
     from backend.engine.lora_slots import LoRASlots
     slots = LoRASlots(2, ["a", "b"])
     bm = BlockManager(32, 4, True)
-    sched = Scheduler(SchedulerConfig(8, 64, True), bm, slots)
+    sched = Scheduler(sched_config(8, 64), bm, slots)
     for rid, adapter in (("a1", "a"), ("b1", "b"), ("c1", "c"), ("base", None), ("a2", "a")):
         sched.add(_lora_seq(4, rid, adapter, start=10 * len(sched.waiting)))
     out = sched.schedule()

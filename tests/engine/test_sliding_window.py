@@ -26,7 +26,7 @@ def _with_config(src: str, dst, **changes) -> str:
 def test_phi3_window_caps_max_model_len_and_matches_hf_within_it(phi3_dir, tmp_path):
     d = _with_config(phi3_dir, tmp_path / "phi3-window", sliding_window=40)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
-    assert engine.args.max_model_len == 40
+    assert engine.config.model_config.max_model_len == 40
     with pytest.raises(ValueError, match=r"^max_model_len=41 is larger than the model's sliding_window=40 "
                                          r"\(attention over the whole context matches the model's only up "
                                          r"to its window\)\.$"):
@@ -45,8 +45,8 @@ def test_phi3_window_caps_max_model_len_and_matches_hf_within_it(phi3_dir, tmp_p
 def test_qwen2_window_counts_only_with_use_sliding_window(qwen2_dir, tmp_path):
     off = _with_config(qwen2_dir, tmp_path / "off", sliding_window=40, use_sliding_window=False)
     on = _with_config(qwen2_dir, tmp_path / "on", sliding_window=40, use_sliding_window=True)
-    assert LLMEngine(EngineArgs(model=off, dtype="float32")).args.max_model_len == 2048
-    assert LLMEngine(EngineArgs(model=on, dtype="float32")).args.max_model_len == 40
+    assert LLMEngine(EngineArgs(model=off, dtype="float32")).config.model_config.max_model_len == 2048
+    assert LLMEngine(EngineArgs(model=on, dtype="float32")).config.model_config.max_model_len == 40
 
 
 def test_other_activations_are_refused(llama_dir, tmp_path):
@@ -76,7 +76,7 @@ def test_longrope_short_factors_by_default_up_to_the_original_length(phi3_dir, t
     d = _with_config(phi3_dir, tmp_path / "longrope", rope_parameters=LONGROPE, rope_scaling=None,
                      original_max_position_embeddings=64, max_position_embeddings=2048)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
-    assert engine.args.max_model_len == 64
+    assert engine.config.model_config.max_model_len == 64
     assert not engine.runner.model.args.long_rope
     prompts = [list(range(5, 35)), list(range(100, 112))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
@@ -91,7 +91,7 @@ def test_longrope_long_factors_past_the_original_length(phi3_dir, tmp_path):
                      original_max_position_embeddings=64, max_position_embeddings=2048)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=256, max_num_batched_tokens=48,
                                   enable_prefix_caching=False))
-    assert engine.args.max_model_len == 256 and engine.runner.model.args.long_rope
+    assert engine.config.model_config.max_model_len == 256 and engine.runner.model.args.long_rope
     prompts = [list(range(5, 75)), list(range(100, 190))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     want = hf_greedy_generate(hf, prompts, 20)

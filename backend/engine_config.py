@@ -1,0 +1,148 @@
+"""The engine's configuration, resolved: typed frozen parts with vLLM's names, one per concern.
+
+`EngineArgs` (config.py) is what a user sets and where every default is written;
+`EngineArgs.create_engine_config` resolves it once against the model into an `EngineConfig`, and
+each component is built from the parts it needs (docs/architecture.md, "Configuration"). The
+parts have no defaults of their own: a part is always made whole by that one resolution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# The token budget of a step with chunked prefill, when max_num_batched_tokens is not set.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model and how it is loaded; max_model_len resolved against its config.json and
+    architecture (the engine's process resolves it, where the model is inspected)."""
+    model: str
+    tokenizer: str  # the model's directory when `tokenizer` is not set
+    dtype: str
+    seed: int
+    load_format: str
+    quantization: str | None  # as set; the worker reads the checkpoint's own (worker/device.py)
+    max_model_len: int
+    max_logprobs: int
+    hf_config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: its blocks, how many, their dtype and scales, prefix caching."""
+    block_size: int
+    gpu_memory_utilization: float
+    num_kv_blocks: int | None  # None: sized by memory
+    enable_prefix_caching: bool
+    kv_cache_dtype: str
+    k_scale: float
+    v_scale: float
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler and the request drivers read (resolved: the token budget is set)."""
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    # While others wait, one prompt's chunk takes at most this many tokens of a step; 0: half
+    # the token budget.
+    long_prefill_token_threshold: int
+    policy: str  # EngineArgs.scheduling_policy
+    stream_interval: int
+    max_waiting_requests: int | None
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str  # auto, cpu or cuda; the worker resolves auto (worker/device.py)
+
+
+@dataclass(frozen=True)
+class CompilationConfig:
+    """CUDA graphs: none with enforce_eager; prefill graphs up to max_prefill_graph_tokens."""
+    enforce_eager: bool
+    max_prefill_graph_tokens: int
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """LoRA serving (EngineConfig.lora_config is None when enable_lora is off)."""
+    lora_modules: dict[str, str]  # adapter name -> directory; empty: adapters come with requests
+    max_loras: int | None  # None: one slot per listed adapter (none listed: 1)
+    max_lora_rank: int
+    max_cpu_loras: int | None  # None: every adapter stays in host memory
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
+    method: str = "ngram"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"speculative_config must be an object, got {d!r}.")
+        unknown = set(d) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; this engine speculates by "
+                             "'method': 'ngram' with num_speculative_tokens, prompt_lookup_max and "
+                             "prompt_lookup_min.")
+        method = d.get("method", "ngram")
+        if method != "ngram":
+            raise ValueError(f"speculative_config: method {method!r} is not supported; only 'ngram' "
+                             "(no draft model) is.")
+        k = d.get("num_speculative_tokens")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
+            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer in [1, 16], got {k!r}.")
+        hi, lo = d.get("prompt_lookup_max"), d.get("prompt_lookup_min")
+        if hi is None and lo is None:
+            hi = lo = 5
+        hi = lo if hi is None else hi
+        lo = hi if lo is None else lo
+        for name, v in (("prompt_lookup_max", hi), ("prompt_lookup_min", lo)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"speculative_config: {name} must be a positive integer, got {v!r}.")
+        if lo > hi:
+            raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi}).")
+        return cls(k, hi, lo, method)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine is built from, resolved (EngineArgs.create_engine_config)."""
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device_config: DeviceConfig
+    compilation_config: CompilationConfig
+    lora_config: LoRAConfig | None  # None: LoRA is off
+    speculative_config: SpeculativeConfig | None  # None: no speculative decoding
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the architecture says of the sequence lengths it serves (backend/models): the
+    longest served exactly when shorter than max_position_embeddings, with why; a LongRoPE
+    model's original_max_position_embeddings."""
+    context_limit: tuple[int, str] | None
+    longrope_original_length: int | None
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the built engine knows that request validation needs: the vocabulary, the most
+    tokens the KV cache holds, the EOS ids."""
+    vocab_size: int
+    kv_capacity_tokens: int
+    eos_token_ids: tuple[int, ...]
