@@ -86,7 +86,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_max: int
     prompt_lookup_min: int
-    method: str = "ngram"
+    method: str
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
