@@ -2,7 +2,6 @@
 resolution into the typed parts of an EngineConfig (engine_config.py). Every default is here."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -254,9 +253,6 @@ class EngineArgs:
             LoRAConfig(dict(self.lora_modules or {}), self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None,
             None if spec is None else SpeculativeConfig.from_dict(spec))
-
-    def replace(self, **changes: Any) -> "EngineArgs":
-        return dataclasses.replace(self, **changes)
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -19,7 +19,7 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.messages import Ready
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
-from backend.engine_config import EngineConfig, ModelConfig, ModelLimits, SchedulerConfig
+from backend.engine_config import EngineConfig, ModelLimits, SchedulerConfig
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARTS = [cls for cls in vars(engine_config).values()
