@@ -8,9 +8,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-from .engine_config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, CacheConfig, CompilationConfig, DeviceConfig,
-                            EngineConfig, LoRAConfig, ModelConfig, ModelLimits, ParallelConfig,
-                            SchedulerConfig, SpeculativeConfig)
+from .engine_config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, LoRAConfig, ModelConfig,
+                            ModelLimits, ParallelConfig, SchedulerConfig, SpeculativeConfig)
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +23,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
 # VLLM_CPU_KVCACHE_SPACE, but modest: CPU serving is for tests and tiny models).
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+# The token budget of a step with chunked prefill, when max_num_batched_tokens is not set.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 
@@ -41,7 +42,8 @@ class EngineArgs:
     num_kv_blocks: int | None = None  # overrides sizing by memory
     max_model_len: int | None = None  # defaults to the config's max_position_embeddings
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # defaults to 8192 (chunked prefill) or max_model_len
+    # None: DEFAULT_MAX_NUM_BATCHED_TOKENS, and without chunked prefill at least max_model_len.
+    max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     # Cap on one prompt's chunk per step while other requests wait; 0: half the token budget.

@@ -10,10 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The token budget of a step with chunked prefill, when max_num_batched_tokens is not set.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """The model and how it is loaded; max_model_len resolved against its config.json and
