@@ -86,7 +86,8 @@ class LLMEngine:
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains).
         graphs = self.runner.verify_graphs
-        self.max_speculating_seqs = graphs.max_seqs if graphs is not None else self.config.scheduler_config.max_num_seqs
+        self.max_speculating_seqs = (graphs.max_seqs if graphs is not None
+                                     else self.config.scheduler_config.max_num_seqs)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
