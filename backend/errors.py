@@ -11,6 +11,14 @@ from enum import Enum
 from typing import Any
 
 
+# The request parameter (Tritium's own, not a sampling parameter) with which a Triton client asks
+# for a request's error as JSON (`RequestError.to_json`: {"kind", "parameter", "message"}) in
+# place of the message alone. Triton 2.51's stream carries an error as a message without a
+# status code; the OpenAI frontend asks, to answer with the right HTTP status. A client that
+# does not ask gets the message alone.
+ERROR_DETAILS = "return_error_details"
+
+
 class ErrorKind(str, Enum):
     """Why a request failed, as a client should act on it."""
 
@@ -54,7 +62,7 @@ class RequestError(str):
         """`error` as a RequestError: a plain message (from code that predates kinds) is INTERNAL."""
         return error if isinstance(error, RequestError) else cls(error, ErrorKind.INTERNAL)
 
-    # ---- the structured form a Triton client asks for (`return_error_details`) -----------------
+    # ---- the JSON form a Triton client asks for with the ERROR_DETAILS request parameter ------
     def to_json(self) -> str:
         return json.dumps({"kind": self.kind.value, "parameter": self.parameter, "message": self.message})
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backend.errors import ParameterError, RequestError
+from backend.errors import ERROR_DETAILS, ParameterError, RequestError
 from backend.outputs import CompletionOutput, RequestOutput
 from backend.engine.request import accumulate
 from backend.sampling_params import SamplingParams
@@ -26,11 +26,6 @@ INPUT_NAMES = ("text_input", "input_ids", "sampling_parameters") + FLAG_INPUTS
 # Request parameters that belong to Triton, not to the model (see Triton's parameters extension).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start",
                                   "sequence_end", "headers"})
-# Tritium's own request parameter (not a sampling parameter): when true, an error response's
-# message is the error as JSON, {"kind", "parameter", "message"} (backend/errors.py), instead of
-# the message alone. Triton 2.51's stream carries no status code, so the OpenAI frontend asks
-# for it to answer with the right HTTP status; a client that does not ask sees the message.
-ERROR_DETAILS = "return_error_details"
 
 
 @dataclass
