@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from frontend_server import start_frontend, start_stack
-from triton_server import wait_until
+from triton_server import StreamCollector, grpc_inputs, wait_until
 
 LABELS = {"model": "llm", "version": "1"}
 
@@ -166,3 +166,33 @@ def test_api_key(stack):
         assert client.completions.create(**COMP).usage.completion_tokens == 4
     finally:
         keyed.stop()
+
+
+def test_error_kinds_reach_the_frontend_and_plain_clients_see_the_message(stack):
+    """The frontend asks the model for its errors as JSON (return_error_details) and answers by
+    kind, with the parameter; a tritonclient stream that does not ask gets the message alone."""
+    server, frontend, _ = stack
+    r = post(frontend.url, "comp", {**COMP, "top_p": 1.5})
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "top_p must be in (0, 1], got 1.5.", "type": "invalid_request_error",
+                                 "param": "top_p", "code": 400}
+    plain, asking = StreamCollector(server.grpc_url), StreamCollector(server.grpc_url)
+    try:
+        plain.send("p", grpc_inputs("x", sampling={"top_p": 1.5}))
+        assert plain.next_error(timeout=30) == "top_p must be in (0, 1], got 1.5."
+        asking.send("a", grpc_inputs("x", sampling={"top_p": 1.5}), parameters={"return_error_details": True})
+        assert json.loads(asking.next_error(timeout=30)) == {
+            "kind": "invalid_argument", "parameter": "top_p", "message": "top_p must be in (0, 1], got 1.5."}
+        # Triton's request timeout (us) ends a running request: kind "timeout"
+        asking.send("t", grpc_inputs("x", stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}),
+                    parameters={"return_error_details": True}, timeout=300_000)
+        error = json.loads(asking.next_error(timeout=30))
+        assert (error["kind"], error["parameter"]) == ("timeout", None), error
+        assert error["message"].startswith("Request timed out: its deadline passed while it was running"), error
+        plain.send("t", grpc_inputs("x", stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}),
+                   timeout=300_000)
+        assert plain.next_error(timeout=30).startswith("Request timed out: its deadline passed while it was running")
+    finally:
+        plain.close()
+        asking.close()
+    assert post(frontend.url, "comp", COMP).status_code == 200
