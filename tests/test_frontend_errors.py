@@ -1,6 +1,7 @@
 """The OpenAI frontend's reliability: every bad input gets a 400 (or 404) in OpenAI's error shape
 with a clear message while another stream carries on; a client that goes away cancels its
 Triton request (its KV blocks freed); an API key is enforced."""
+import asyncio
 import json
 import socket
 import threading
@@ -10,6 +11,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from frontend.errors import OpenAIError
+from frontend.triton_gateway import GenerationRequest, TritonGateway
 from frontend_server import start_frontend, start_stack
 from triton_server import StreamCollector, grpc_inputs, wait_until
 
@@ -196,3 +199,23 @@ def test_error_kinds_reach_the_frontend_and_plain_clients_see_the_message(stack)
         plain.close()
         asking.close()
     assert post(frontend.url, "comp", COMP).status_code == 200
+
+
+def test_tritonservers_own_stream_errors_are_answered_from_readiness(stack):
+    """An error that tritonserver itself sends on the stream is a plain message, not the model's
+    JSON: a model that is not ready (here one Triton does not have, as after an unload) is 503."""
+    server, _, _ = stack
+
+    async def generate(model: str):
+        gateway = TritonGateway(server.grpc_url)
+        try:
+            with pytest.raises(OpenAIError) as info:
+                async for _ in gateway.generate(GenerationRequest(model, "r", "Hi", {"max_tokens": 2}, False)):
+                    pass
+            return info.value
+        finally:
+            await gateway.close()
+
+    missing = asyncio.run(generate("nope"))
+    assert (missing.status, missing.param) == (503, None)
+    assert "unknown model" in missing.message and not missing.message.startswith("{"), missing.message
