@@ -8,7 +8,7 @@ from typing import Any
 
 from .config import EngineArgs
 from .engine.engine_process import EngineProcess
-from .errors import EngineOverloadedError, EngineShutdownError
+from .errors import EngineOverloadedError, EngineShutdownError, ErrorKind, ParameterError, RequestError
 from .lora_request import LoRARequest
 from .engine.metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
@@ -18,7 +18,7 @@ _LAZY = {"LLM": "llm", "LLMEngine": "engine.llm_engine", "StreamingEngine": "eng
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineProcess", "EngineArgs", "EngineStats", "SamplingParams",
            "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError", "EngineOverloadedError",
-           "LoRARequest"]
+           "ErrorKind", "RequestError", "ParameterError", "LoRARequest"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import RequestError
 
 
 @dataclass
@@ -55,7 +58,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
-    error: str | None = None  # set when the engine failed or dropped the request
+    error: RequestError | None = None  # set when the engine failed or dropped the request
     metrics: RequestMetrics | None = field(default=None, repr=False)
     # One entry per prompt token (None for the first) when prompt_logprobs was asked for; a
     # streamed request gets them once, in the output with its first token.
@@ -64,3 +67,6 @@ class RequestOutput:
     def logprob_entries(self) -> list[dict[int, Logprob] | None]:
         """Every logprob entry of this output: the prompt's, then each sample's."""
         return (self.prompt_logprobs or []) + [e for c in self.outputs for e in c.logprobs or ()]
+
+
+OutputCallback = Callable[[RequestOutput], None]

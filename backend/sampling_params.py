@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ParameterError
 from .structured_output_spec import check_spec
 
 # Larger requests for top logprobs are rejected: every one costs a sort over the vocabulary.
@@ -87,7 +88,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}.")
+                raise ParameterError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}.",
+                                     "logit_bias")
             self.logit_bias = dict(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
@@ -98,7 +100,10 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         if self.structured_outputs is not None:
-            self.structured_outputs = check_spec(self.structured_outputs)
+            try:
+                self.structured_outputs = check_spec(self.structured_outputs)
+            except ValueError as e:  # its messages name structured_outputs
+                raise ParameterError(str(e), "structured_outputs") from None
         self._verify()
 
     def _verify(self) -> None:
@@ -107,7 +112,7 @@ class SamplingParams:
             value = getattr(self, name)
             _check_type(name, value, (int, float))
             if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}.")
+                raise ParameterError(f"{name} must be a finite number, got {value}.", name)
         _check_type("top_k", self.top_k, int)
         _check_type("min_tokens", self.min_tokens, int)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
@@ -118,82 +123,94 @@ class SamplingParams:
         if self.seed is not None:
             _check_type("seed", self.seed, int)
             if not SEED_MIN <= self.seed <= SEED_MAX:
-                raise ValueError(f"seed must be a 64-bit signed integer, in [{SEED_MIN}, {SEED_MAX}], "
-                                 f"got {self.seed}.")
+                raise ParameterError(f"seed must be a 64-bit signed integer, in [{SEED_MIN}, {SEED_MAX}], "
+                                     f"got {self.seed}.", "seed")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_type(name, getattr(self, name), int)
         if self.truncate_prompt_tokens is not None:
             _check_type("truncate_prompt_tokens", self.truncate_prompt_tokens, int)
             if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
-                raise ValueError(f"truncate_prompt_tokens must be -1 or at least 1, "
-                                 f"got {self.truncate_prompt_tokens}.")
+                raise ParameterError(f"truncate_prompt_tokens must be -1 or at least 1, "
+                                     f"got {self.truncate_prompt_tokens}.", "truncate_prompt_tokens")
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}.")
+            raise ParameterError(f"n must be at least 1, got {self.n}.", "n")
         if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+            raise ParameterError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.",
+                                 "presence_penalty")
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+            raise ParameterError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.",
+                                 "frequency_penalty")
         if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+            raise ParameterError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.",
+                                 "repetition_penalty")
         if self.repetition_penalty < MIN_REPETITION_PENALTY:
-            raise ValueError(f"repetition_penalty must be at least {MIN_REPETITION_PENALTY:g} (smaller "
-                             f"values overflow the sampler's float32 logits), got {self.repetition_penalty}.")
+            raise ParameterError(f"repetition_penalty must be at least {MIN_REPETITION_PENALTY:g} (smaller "
+                                 f"values overflow the sampler's float32 logits), got {self.repetition_penalty}.",
+                                 "repetition_penalty")
         if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+            raise ParameterError(f"temperature must be non-negative, got {self.temperature}.", "temperature")
         if self.temperature > FLOAT32_MAX:
-            raise ValueError(f"temperature must be at most {FLOAT32_MAX:.4g} (the sampler's float32), "
-                             f"got {self.temperature}.")
+            raise ParameterError(f"temperature must be at most {FLOAT32_MAX:.4g} (the sampler's float32), "
+                                 f"got {self.temperature}.", "temperature")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+            raise ParameterError(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+            raise ParameterError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.", "top_k")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+            raise ParameterError(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+            raise ParameterError(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens")
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+            raise ParameterError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.",
+                                 "min_tokens")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                             f"got {self.min_tokens}.")
+            raise ParameterError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                                 f"got {self.min_tokens}.", "min_tokens")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}.")
+                raise ParameterError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}.", name)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must contain only non-empty strings, got {s!r}.")
+                raise ParameterError(f"stop must contain only non-empty strings, got {s!r}.", "stop")
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"stop_token_ids must contain only non-negative integers, got {t!r}.")
+                raise ParameterError(f"stop_token_ids must contain only non-negative integers, got {t!r}.",
+                                     "stop_token_ids")
         for t, bias in (self.logit_bias or {}).items():
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise ValueError(f"logit_bias keys must be non-negative token ids, got {t!r}.")
+                raise ParameterError(f"logit_bias keys must be non-negative token ids, got {t!r}.",
+                                     "logit_bias")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
-                raise ValueError(f"logit_bias values must be finite numbers, got {bias!r} for token {t}.")
+                raise ParameterError(f"logit_bias values must be finite numbers, got {bias!r} for token {t}.",
+                                     "logit_bias")
             if abs(bias) > MAX_LOGIT_BIAS:
-                raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
-                                 f"(the sampler adds them to float32 logits), got {bias!r} for token {t}.")
+                raise ParameterError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
+                                     f"(the sampler adds them to float32 logits), got {bias!r} for token {t}.",
+                                     "logit_bias")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string if provided, got {self.cache_salt!r}.")
+            raise ParameterError(f"cache_salt must be a non-empty string if provided, got {self.cache_salt!r}.",
+                                 "cache_salt")
         for w in self.bad_words or ():
             if not isinstance(w, str) or not w.strip():
-                raise ValueError(f"bad_words must contain only non-empty strings, got {w!r}.")
+                raise ParameterError(f"bad_words must contain only non-empty strings, got {w!r}.",
+                                     "bad_words")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids must not be empty.")
+                raise ParameterError("allowed_token_ids must not be empty.", "allowed_token_ids")
             for t in self.allowed_token_ids:
                 if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                    raise ValueError(f"allowed_token_ids must contain only non-negative integers, got {t!r}.")
+                    raise ParameterError(f"allowed_token_ids must contain only non-negative integers, got {t!r}.",
+                                         "allowed_token_ids")
         if self.structured_outputs is not None:
             # The output ends where the grammar does, with EOS: both would keep it going.
             if self.ignore_eos:
-                raise ValueError("structured_outputs cannot be combined with ignore_eos: the output "
-                                 "ends with EOS where the grammar is complete.")
+                raise ParameterError("structured_outputs cannot be combined with ignore_eos: the output "
+                                     "ends with EOS where the grammar is complete.", "structured_outputs")
             if self.min_tokens:
-                raise ValueError("structured_outputs cannot be combined with min_tokens: the output "
-                                 "ends with EOS where the grammar is complete.")
+                raise ParameterError("structured_outputs cannot be combined with min_tokens: the output "
+                                     "ends with EOS where the grammar is complete.", "structured_outputs")
 
     def tokenize_bad_words(self, encode) -> None:
         """Token ids of each bad word, as vLLM makes them: the word as given (without leading
@@ -232,8 +249,8 @@ class SamplingParams:
                           ("bad_words", bad_words)):
             bad = next((t for t in ids if t >= vocab_size), None)
             if bad is not None:
-                raise ValueError(f"{name}: token id {bad} is out of vocabulary "
-                                 f"(valid ids are 0 to {vocab_size - 1}).")
+                raise ParameterError(f"{name}: token id {bad} is out of vocabulary "
+                                     f"(valid ids are 0 to {vocab_size - 1}).", name)
 
     @property
     def greedy(self) -> bool:
@@ -262,13 +279,14 @@ class SamplingParams:
             raise ValueError(f"sampling parameters must be a JSON object, got {type(values).__name__}.")
         kwargs: dict[str, Any] = {}
         if "guided_decoding" in values and "structured_outputs" in values:
-            raise ValueError("Give structured_outputs or guided_decoding (its older name), not both.")
+            raise ParameterError("Give structured_outputs or guided_decoding (its older name), not both.",
+                                 "structured_outputs")
         for key, value in values.items():
             # guided_decoding: vLLM's older name, which Triton's vLLM backend also takes
             name = "structured_outputs" if key == "guided_decoding" else key
             if name not in _PUBLIC_FIELDS:
-                raise ValueError(f"Unknown sampling parameter '{key}'. "
-                                 f"Valid parameters: {', '.join(sorted(_PUBLIC_FIELDS))}.")
+                raise ParameterError(f"Unknown sampling parameter '{key}'. "
+                                     f"Valid parameters: {', '.join(sorted(_PUBLIC_FIELDS))}.", key)
             kwargs[name] = _coerce(key, value, _PUBLIC_FIELDS[name])
         return cls(**kwargs)
 
@@ -293,10 +311,10 @@ _PUBLIC_FIELDS: dict[str, str] = {
 
 def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise ValueError(f"{name} must be a number, got {value!r}.")
+        raise ParameterError(f"{name} must be a number, got {value!r}.", name)
     if not isinstance(value, types):
-        raise ValueError(f"{name} must be of type "
-                         f"{getattr(types, '__name__', 'number')}, got {value!r}.")
+        raise ParameterError(f"{name} must be of type "
+                             f"{getattr(types, '__name__', 'number')}, got {value!r}.", name)
 
 
 def _coerce(key: str, value: Any, kind: str) -> Any:
@@ -367,4 +385,4 @@ def _coerce(key: str, value: Any, kind: str) -> Any:
                 "str_list": "a string or a list of strings",
                 "int_list": "an integer or a list of integers",
                 "float_dict": "an object of token ids to numbers", "object": "a JSON object"}[kind]
-    raise ValueError(f"sampling parameter '{key}' must be {expected}, got {value!r}.")
+    raise ParameterError(f"sampling parameter '{key}' must be {expected}, got {value!r}.", key)

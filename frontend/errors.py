@@ -1,6 +1,7 @@
 """Errors in the OpenAI API's shape: `{"error": {"message", "type", "param", "code"}}`."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -48,32 +49,31 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param)
 
 
-# Triton 2.51's stream carries a per-request error as a message alone (no status code), so the
-# engine's well-known messages for "not now" are recognized by their text; everything else that
-# the model rejects is the request's fault (the model sends INVALID_ARG for those).
-_UNAVAILABLE = ("The model is being unloaded.", "the model was unloaded",
-                "The engine is shutting down.", "The engine is shut down.", "The engine is restarting",
-                "The engine process exited", "The server is busy", "Request timed out")
+# The request parameter that asks a Tritium model for its errors as JSON, {"kind", "parameter",
+# "message"}: Triton 2.51's stream carries an error as a message alone, without a status code.
+# Its name and the kinds are backend/errors.py's (ERROR_DETAILS, ErrorKind), a wire contract
+# that tests/test_frontend_units.py checks; this process does not import the engine's package.
+ERROR_DETAILS = "return_error_details"
+
+# Each error kind's HTTP status, once. A timeout is 504 (Gateway Timeout): the frontend is a
+# gateway and the model behind it did not finish within the request's deadline (408 would say
+# the client was too slow to send its request). A cancelled request is 499, nginx's "client
+# closed request", which OpenAI's error types also name.
+STATUSES = {"invalid_argument": 400, "unavailable": 503, "timeout": 504, "cancelled": 499, "internal": 500}
 
 
-def from_triton(message: str) -> OpenAIError:
-    """The OpenAI error for a per-request error that tritonserver or the model sent."""
-    if message.startswith(_UNAVAILABLE) or "is not ready" in message or "unavailable" in message.lower():
-        return OpenAIError(503, message)
-    if message.startswith("internal error:"):
-        return OpenAIError(500, message)
-    if "unknown model" in message.lower() or "is not found" in message:
-        return OpenAIError(404, message, "model", "model_not_found")
-    if message == "Request was cancelled":
-        return OpenAIError(499, message)
-    # The engine's messages start with the parameter they are about ("top_p must be ...").
-    first = re.match(r"(?:sampling parameter ')?(\w+)", message)
-    return OpenAIError(400, message, first.group(1) if first and first.group(1) in PARAMETERS else None)
-
-
-# Request fields an engine message may be about (vLLM's sampling parameter names).
-PARAMETERS = frozenset({
-    "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "seed", "stop", "stop_token_ids", "max_tokens", "min_tokens", "logprobs",
-    "prompt_logprobs", "logit_bias", "allowed_token_ids", "bad_words", "ignore_eos",
-    "structured_outputs", "truncate_prompt_tokens", "lora_name", "priority"})
+def from_triton(message: str) -> OpenAIError | None:
+    """The OpenAI error for a per-request error on the stream: the model's JSON (asked for
+    with ERROR_DETAILS) mapped by its kind, the parameter kept for an invalid argument; None
+    when `message` is not that JSON. An error tritonserver itself sent (the model was unloaded
+    after the frontend looked it up, a request Triton refused) is plain text: the gateway
+    answers it from the model's readiness instead (TritonGateway.refused)."""
+    try:
+        error = json.loads(message)
+        kind, text, parameter = error["kind"], error["message"], error.get("parameter")
+        status = STATUSES[kind]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(text, str) or not (parameter is None or isinstance(parameter, str)):
+        return None
+    return OpenAIError(status, text, parameter if kind == "invalid_argument" else None)

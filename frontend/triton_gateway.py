@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE
 from tritonclient.utils import InferenceServerException
 
-from frontend.errors import OpenAIError, from_triton
+from frontend.errors import ERROR_DETAILS, OpenAIError, from_triton
 
 
 @dataclass
@@ -160,6 +160,16 @@ class TritonGateway:
     async def model_config(self, model: str) -> dict[str, Any]:
         return (await self.client.get_model_config(model, as_json=True))["config"]
 
+    async def refused(self, model: str, message: str) -> OpenAIError:
+        """The OpenAI error for a stream error that is not the model's JSON: tritonserver's own
+        (the model was unloaded after the frontend looked it up; a request Triton refused), or
+        a model that does not send kinds (Triton's vLLM backend). Its text is not parsed: a
+        model that is not ready now is unavailable (503); a ready one, or Triton for it,
+        refused the request (Triton's own refusals are INVALID_ARG), so 400 without a param."""
+        if not await self.is_model_ready(model):
+            return OpenAIError(503, message)
+        return OpenAIError(400, message)
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
         """The model's responses, until its final one. A per-request error is raised as an
         OpenAIError; leaving the loop early (a client that went away) cancels the gRPC stream,
@@ -168,8 +178,10 @@ class TritonGateway:
         inputs = build_inputs(req)
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
+            # An error comes as JSON with its kind and parameter (a model that does not read
+            # ERROR_DETAILS, e.g. Triton's vLLM backend, ignores it and sends the message).
             yield {"model_name": req.model, "inputs": inputs, "request_id": req.request_id,
-                   "parameters": {"triton_enable_empty_final_response": True}}
+                   "parameters": {"triton_enable_empty_final_response": True, ERROR_DETAILS: True}}
             # Our half of the stream stays open until the final response: closing it is a
             # cancellation to some servers.
             await finished.wait()
@@ -182,7 +194,8 @@ class TritonGateway:
             async for result, error in responses:
                 if error is not None:
                     done = True
-                    raise from_triton(error.message() if hasattr(error, "message") else str(error))
+                    message = error.message() if hasattr(error, "message") else str(error)
+                    raise from_triton(message) or await self.refused(req.model, message)
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 done = final is not None and final.bool_param

@@ -1,6 +1,7 @@
 """The OpenAI frontend's reliability: every bad input gets a 400 (or 404) in OpenAI's error shape
 with a clear message while another stream carries on; a client that goes away cancels its
 Triton request (its KV blocks freed); an API key is enforced."""
+import asyncio
 import json
 import socket
 import threading
@@ -10,8 +11,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from frontend.errors import OpenAIError
+from frontend.triton_gateway import GenerationRequest, TritonGateway
 from frontend_server import start_frontend, start_stack
-from triton_server import wait_until
+from triton_server import StreamCollector, grpc_inputs, wait_until
 
 LABELS = {"model": "llm", "version": "1"}
 
@@ -166,3 +169,53 @@ def test_api_key(stack):
         assert client.completions.create(**COMP).usage.completion_tokens == 4
     finally:
         keyed.stop()
+
+
+def test_error_kinds_reach_the_frontend_and_plain_clients_see_the_message(stack):
+    """The frontend asks the model for its errors as JSON (return_error_details) and answers by
+    kind, with the parameter; a tritonclient stream that does not ask gets the message alone."""
+    server, frontend, _ = stack
+    r = post(frontend.url, "comp", {**COMP, "top_p": 1.5})
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "top_p must be in (0, 1], got 1.5.", "type": "invalid_request_error",
+                                 "param": "top_p", "code": 400}
+    plain, asking = StreamCollector(server.grpc_url), StreamCollector(server.grpc_url)
+    try:
+        plain.send("p", grpc_inputs("x", sampling={"top_p": 1.5}))
+        assert plain.next_error(timeout=30) == "top_p must be in (0, 1], got 1.5."
+        asking.send("a", grpc_inputs("x", sampling={"top_p": 1.5}), parameters={"return_error_details": True})
+        assert json.loads(asking.next_error(timeout=30)) == {
+            "kind": "invalid_argument", "parameter": "top_p", "message": "top_p must be in (0, 1], got 1.5."}
+        # Triton's request timeout (us) ends a running request: kind "timeout"
+        asking.send("t", grpc_inputs("x", stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}),
+                    parameters={"return_error_details": True}, timeout=300_000)
+        error = json.loads(asking.next_error(timeout=30))
+        assert (error["kind"], error["parameter"]) == ("timeout", None), error
+        assert error["message"].startswith("Request timed out: its deadline passed while it was running"), error
+        plain.send("t", grpc_inputs("x", stream=True, sampling={"max_tokens": 1000, "ignore_eos": True}),
+                   timeout=300_000)
+        assert plain.next_error(timeout=30).startswith("Request timed out: its deadline passed while it was running")
+    finally:
+        plain.close()
+        asking.close()
+    assert post(frontend.url, "comp", COMP).status_code == 200
+
+
+def test_tritonservers_own_stream_errors_are_answered_from_readiness(stack):
+    """An error that tritonserver itself sends on the stream is a plain message, not the model's
+    JSON: a model that is not ready (here one Triton does not have, as after an unload) is 503."""
+    server, _, _ = stack
+
+    async def generate(model: str):
+        gateway = TritonGateway(server.grpc_url)
+        try:
+            with pytest.raises(OpenAIError) as info:
+                async for _ in gateway.generate(GenerationRequest(model, "r", "Hi", {"max_tokens": 2}, False)):
+                    pass
+            return info.value
+        finally:
+            await gateway.close()
+
+    missing = asyncio.run(generate("nope"))
+    assert (missing.status, missing.param) == (503, None)
+    assert "unknown model" in missing.message and not missing.message.startswith("{"), missing.message

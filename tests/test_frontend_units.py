@@ -1,8 +1,10 @@
 """The frontend's pure parts, without a server: OpenAI fields -> sampling parameters, logprob
-entries -> the sampled token, Triton error messages -> HTTP statuses."""
+entries -> the sampled token, the model's error kinds -> HTTP statuses."""
 import pytest
 
-from frontend.errors import OpenAIError, from_triton
+from backend.errors import ERROR_DETAILS as BACKEND_ERROR_DETAILS
+from backend.errors import ErrorKind, RequestError
+from frontend.errors import ERROR_DETAILS, STATUSES, OpenAIError, from_triton
 from frontend.logprobs import CompletionLogprobs, sampled_key
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from frontend.sampling import chat_sampling, completion_sampling
@@ -61,22 +63,41 @@ def test_the_sampled_token_of_a_logprob_entry():
     assert lp.as_dict(1)["tokens"] == ["bc"]
 
 
-@pytest.mark.parametrize("message, status, param", [
-    ("top_p must be in (0, 1], got 1.5.", 400, "top_p"),
-    ("sampling parameter 'logit_bias' must be an object", 400, "logit_bias"),
-    ("Token id 99999 is out of vocabulary (valid ids are 0 to 511).", 400, None),
-    ("The model is being unloaded.", 503, None),
-    ("The engine is restarting after its process exited; retry shortly.", 503, None),
-    ("The engine process exited unexpectedly; the request did not finish.", 503, None),
-    ("The server is busy: 2 requests are already waiting to be scheduled (max_waiting_requests=2). "
-     "Retry later.", 503, None),
-    ("Request timed out: its deadline passed while it was running (0.3 s after arrival).", 503, None),
-    ("internal error: boom", 500, None),
-    ("Request for unknown model: 'x' is not found", 404, "model"),
+def _model_error(message: str, kind: ErrorKind, parameter: str | None = None) -> str:
+    """An error as a Tritium model sends it to a client that asks (ERROR_DETAILS)."""
+    return RequestError(message, kind, parameter).to_json()
+
+
+@pytest.mark.parametrize("message, kind, parameter, status, param", [
+    ("top_p must be in (0, 1], got 1.5.", ErrorKind.INVALID_ARGUMENT, "top_p", 400, "top_p"),
+    ("Token id 99999 is out of vocabulary (valid ids are 0 to 511).", ErrorKind.INVALID_ARGUMENT, None, 400, None),
+    ("The model is being unloaded.", ErrorKind.UNAVAILABLE, None, 503, None),
+    ("The engine process exited unexpectedly; the request did not finish.", ErrorKind.UNAVAILABLE, None, 503, None),
+    ("Request timed out: its deadline passed while it was running (0.3 s after arrival).", ErrorKind.TIMEOUT,
+     None, 504, None),
+    ("Request was cancelled", ErrorKind.CANCELLED, None, 499, None),
+    ("internal error: boom", ErrorKind.INTERNAL, None, 500, None),
+    # The kind decides, not the words: messages that start as the old prefix lists' did.
+    ("The engine is shutting down, says the stop parameter", ErrorKind.INVALID_ARGUMENT, "stop", 400, "stop"),
+    ("Request timed out (a model's own words)", ErrorKind.INTERNAL, None, 500, None),
+    ("top_p is fine; the queue is not", ErrorKind.UNAVAILABLE, "top_p", 503, None),
 ])
-def test_triton_errors_map_to_statuses(message, status, param):
-    e = from_triton(message)
+def test_model_errors_map_to_statuses_by_kind(message, kind, parameter, status, param):
+    e = from_triton(_model_error(message, kind, parameter))
     assert (e.status, e.param, e.message) == (status, param, message)
+
+
+def test_the_frontend_speaks_the_models_error_contract():
+    # The frontend does not import the engine's package: its copy of the contract must match.
+    assert set(STATUSES) == {kind.value for kind in ErrorKind}
+    assert ERROR_DETAILS == BACKEND_ERROR_DETAILS
+
+
+@pytest.mark.parametrize("message", [
+    "Request for unknown model: 'x' is not found", "The engine is shutting down.", "top_p must be in (0, 1]",
+    "[]", '{"kind": "bogus", "message": "m"}', '{"kind": "internal"}', '{"kind": "internal", "message": 1}'])
+def test_errors_that_are_not_the_models_json_are_left_to_the_gateway(message):
+    assert from_triton(message) is None
 
 
 def _response(outputs):
@@ -171,10 +192,11 @@ def test_generations_spread_over_the_gateway_channels():
 
 
 def test_engine_errors_are_renamed_to_the_fields_the_request_used():
-    e = from_triton("logprobs=21 is larger than max_logprobs=20.").renamed({"logprobs": "top_logprobs"})
+    e = from_triton(_model_error("logprobs=21 is larger than max_logprobs=20.", ErrorKind.INVALID_ARGUMENT,
+                                 "logprobs")).renamed({"logprobs": "top_logprobs"})
     assert (e.message, e.param, e.type) == ("top_logprobs=21 is larger than max_logprobs=20.", "top_logprobs",
                                             "invalid_request_error")
-    other = from_triton("top_p must be in (0, 1], got 1.5.")
+    other = from_triton(_model_error("top_p must be in (0, 1], got 1.5.", ErrorKind.INVALID_ARGUMENT, "top_p"))
     assert other.renamed({"logprobs": "top_logprobs"}) is other
 
 

@@ -11,13 +11,13 @@ import logging
 import queue
 import time
 
+from ..errors import ENGINE_SHUTTING_DOWN, ErrorKind, RequestError
 from ..outputs import CompletionOutput, RequestOutput
 from .llm_engine import LLMEngine
 from .messages import AbortRequest, AddRequest, CheckGrammar, CoreSink, GetStats, GrammarChecked, Shutdown
 
 logger = logging.getLogger(__name__)
 
-SHUTTING_DOWN = "The engine is shutting down."
 _IDLE_POLL_S = 0.5
 
 
@@ -67,7 +67,7 @@ class EngineCore:
         if busy_since is not None:  # stopped with requests in flight
             st["busy_s"] += time.perf_counter() - busy_since
         self._emit([o for rid in list(engine.requests)
-                    if (o := engine.abort_request(rid, error=SHUTTING_DOWN)) is not None])
+                    if (o := engine.abort_request(rid, error=ENGINE_SHUTTING_DOWN)) is not None])
         self._fail_queued()
 
     def _emit(self, outputs: list[RequestOutput]) -> None:
@@ -102,7 +102,7 @@ class EngineCore:
                 engine.enqueue(req)
             except Exception as exc:  # validated by the driver: should not happen
                 logger.exception("could not add request %s", req.request_id)
-                self._emit([_failed(req, f"internal error: {exc}")])
+                self._emit([_failed(req, RequestError(f"internal error: {exc}", ErrorKind.INTERNAL))])
         elif isinstance(command, AbortRequest):
             out = engine.abort_request(command.request_id)
             if out is not None:
@@ -117,10 +117,10 @@ class EngineCore:
             except queue.Empty:
                 return
             if isinstance(command, AddRequest):
-                self._sink.outputs([_failed(command.request, SHUTTING_DOWN)])
+                self._sink.outputs([_failed(command.request, ENGINE_SHUTTING_DOWN)])
 
 
-def _failed(req, message: str) -> RequestOutput:
+def _failed(req, error: RequestError) -> RequestOutput:
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
-                         [CompletionOutput(0, "", [], None, None, "abort")], True, error=message,
+                         [CompletionOutput(0, "", [], None, None, "abort")], True, error=error,
                          metrics=req.metrics)

@@ -21,9 +21,9 @@ from typing import Callable
 
 from ..config import EngineArgs
 from ..engine_config import EngineConfig
-from ..errors import EngineShutdownError, OutputCallback
+from ..errors import ENGINE_SHUTTING_DOWN, EngineShutdownError, ErrorKind, ParameterError, RequestError
 from ..lora_request import LoRARequest
-from ..outputs import CompletionOutput, RequestOutput
+from ..outputs import CompletionOutput, OutputCallback, RequestOutput
 from ..python_env import python_executable
 from ..sampling_params import SamplingParams
 from .admission import Admission
@@ -38,7 +38,8 @@ from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tok
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STATS_TIMEOUT_S = 30.0
-ENGINE_EXITED = "The engine process exited unexpectedly; the request did not finish."
+ENGINE_EXITED = RequestError("The engine process exited unexpectedly; the request did not finish.",
+                             ErrorKind.UNAVAILABLE)
 # A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
 _GRAMMAR_CHECK_TIMEOUT_S = 60.0
 
@@ -123,11 +124,11 @@ class EngineProcess:
             if token not in self._grammar_checks:
                 if self._stopped:
                     raise EngineShutdownError("The engine is shut down.")
-                raise ValueError(f"structured_outputs: the engine did not check the spec within "
-                                 f"{_GRAMMAR_CHECK_TIMEOUT_S:.0f} s.")
+                raise ParameterError(f"structured_outputs: the engine did not check the spec within "
+                                     f"{_GRAMMAR_CHECK_TIMEOUT_S:.0f} s.", "structured_outputs")
             error = self._grammar_checks.pop(token)
         if error is not None:
-            raise ValueError(error)
+            raise ParameterError(error, "structured_outputs")
 
     def get_stats(self) -> EngineStats:
         """Asked of the engine process, answered between two steps."""
@@ -191,7 +192,7 @@ class EngineProcess:
             except (EOFError, OSError):
                 with self._lock:
                     unasked = not self._stopped
-                self._fail_all(ENGINE_EXITED if unasked else "The engine is shutting down.")
+                self._fail_all(ENGINE_EXITED if unasked else ENGINE_SHUTTING_DOWN)
                 if unasked and self._on_exit is not None:
                     self._on_exit()
                 return
@@ -209,7 +210,7 @@ class EngineProcess:
                     self._grammar_checks[reply.token] = reply.error
                     self._grammar_checked.notify_all()
             elif isinstance(reply, Bye):
-                self._fail_all("The engine is shutting down.")
+                self._fail_all(ENGINE_SHUTTING_DOWN)
                 return
 
     def _deliver(self, payload: list) -> None:
@@ -258,7 +259,7 @@ class EngineProcess:
             _call(callback, out)
         flush()
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, error: RequestError) -> None:
         with self._lock:
             self._stopped = True
             entries, self._requests = list(self._requests.items()), {}
@@ -268,7 +269,7 @@ class EngineProcess:
         for request_id, (req, callback, _) in entries:
             _call(callback, RequestOutput(request_id, req.prompt, req.prompt_token_ids,
                                           [CompletionOutput(0, "", [], None, None, "abort")], True,
-                                          error=message, metrics=req.metrics))
+                                          error=error, metrics=req.metrics))
 
 
 def _call(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None:

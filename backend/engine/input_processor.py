@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from ..engine_config import EngineConfig, EngineLimits
+from ..errors import ParameterError
 from ..lora_request import LoRARequest, lora_name_of
 from .block_manager import hash_prompt_blocks, root_block_hash
 from .request import Request
@@ -77,10 +78,11 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams.")
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an integer, got {priority!r}.")
+            raise ParameterError(f"priority must be an integer, got {priority!r}.", "priority")
         if priority != 0 and self.scheduling_policy != "priority":
-            raise ValueError(f"Got priority {priority}, but the engine's scheduling_policy is "
-                             f"{self.scheduling_policy!r}; priorities need scheduling_policy='priority'.")
+            raise ParameterError(f"Got priority {priority}, but the engine's scheduling_policy is "
+                                 f"{self.scheduling_policy!r}; priorities need scheduling_policy='priority'.",
+                                 "priority")
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
                                      or not math.isfinite(deadline)):
             raise ValueError(f"deadline must be a finite time in seconds (time.time()), got {deadline!r}.")
@@ -126,17 +128,20 @@ class InputProcessor:
             raise ValueError(f"The prompt has {n} tokens, more than the KV cache can ever hold "
                              f"({self.kv_capacity_tokens} tokens).")
         if params.n > self.max_num_seqs:
-            raise ValueError(f"n={params.n} is larger than max_num_seqs={self.max_num_seqs}.")
+            raise ParameterError(f"n={params.n} is larger than max_num_seqs={self.max_num_seqs}.", "n")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:
-                raise ValueError(f"{name}={value} is larger than max_logprobs={self.max_logprobs}.")
+                raise ParameterError(f"{name}={value} is larger than max_logprobs={self.max_logprobs}.", name)
         params = params.clone()
         if params.bad_words:
             params.tokenize_bad_words(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         params.check_token_ids(self.vocab_size)
         if params.structured_outputs is not None:  # a bad regex, schema or grammar fails here
-            (self._check_structured_outputs or self.structured.compile)(params.structured_outputs)
+            try:
+                (self._check_structured_outputs or self.structured.compile)(params.structured_outputs)
+            except ValueError as e:  # its messages name structured_outputs
+                raise ParameterError(str(e), "structured_outputs") from None
         params._eos_token_ids = self.eos_token_ids
         block_hashes = None
         if self.enable_prefix_caching:  # hashed here, on the caller's thread, not in the step loop
@@ -149,10 +154,11 @@ class InputProcessor:
         if name is None:
             return None
         if not self.lora_enabled:
-            raise ValueError(f"lora_name {name!r}: this model serves no LoRA adapters "
-                             f"(start it with enable_lora and lora_modules).")
+            raise ParameterError(f"lora_name {name!r}: this model serves no LoRA adapters "
+                                 f"(start it with enable_lora and lora_modules).", "lora_name")
         if name not in self.lora_names:
             served = ", ".join(map(repr, self.lora_names)) or \
                 "none yet (a LoRARequest with a lora_path adds one)"
-            raise ValueError(f"lora_name {name!r} is not an adapter of this model; it serves {served}.")
+            raise ParameterError(f"lora_name {name!r} is not an adapter of this model; it serves {served}.",
+                                 "lora_name")
         return name

@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..config import EngineArgs
 from ..engine_config import EngineConfig, EngineLimits
-from ..errors import EngineOverloadedError, overloaded_message
+from ..errors import EngineOverloadedError, ErrorKind, RequestError, overloaded_message
 from ..lora_request import LoRARequest
 from ..models import model_limits
 from ..outputs import RequestOutput
@@ -150,7 +150,7 @@ class LLMEngine:
         if req.deadline is not None:
             heapq.heappush(self._deadlines, (req.deadline, next(self._deadline_order), req))
 
-    def abort_request(self, request_id: str, error: str | None = None) -> RequestOutput | None:
+    def abort_request(self, request_id: str, error: RequestError | None = None) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -227,9 +227,10 @@ class LLMEngine:
             running = any(s.status == SequenceStatus.RUNNING or s.first_scheduled_time is not None
                           for s in req.seqs)
             waited = now - req.metrics.arrival_time
-            out = self.abort_request(req.request_id, error=(
+            out = self.abort_request(req.request_id, error=RequestError(
                 f"Request timed out: its deadline passed while it was "
-                f"{'running' if running else 'waiting to be scheduled'} ({waited:.3f} s after arrival)."))
+                f"{'running' if running else 'waiting to be scheduled'} ({waited:.3f} s after arrival).",
+                ErrorKind.TIMEOUT))
             self.stats.num_requests_timed_out += 1
             if out is not None:
                 outputs.append(out)
@@ -255,7 +256,7 @@ class LLMEngine:
             inflight.pending.sample(grammar_bitmask(inflight.step, self.vocab_size))
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
-            self._fail(inflight.step, f"internal error while running the model: {exc}", outputs)
+            self._fail(inflight.step, _model_failed(exc), outputs)
             self._inflight = None
 
     def _launch(self, step: SchedulerOutput, outputs: list[RequestOutput]) -> InflightStep | None:
@@ -267,7 +268,7 @@ class LLMEngine:
             pending = self.runner.execute_model(step)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
-            self._fail(step, f"internal error while running the model: {exc}", outputs)
+            self._fail(step, _model_failed(exc), outputs)
             return None
         self.scheduler.update_after_step(step)
         for fork in step.forks:
@@ -285,10 +286,10 @@ class LLMEngine:
             self._finish_at_length_limit(seq)  # known now: free its blocks, do not schedule it again
         return InflightStep(step, pending, positions)
 
-    def _fail(self, step: SchedulerOutput, message: str, outputs: list[RequestOutput]) -> None:
+    def _fail(self, step: SchedulerOutput, error: RequestError, outputs: list[RequestOutput]) -> None:
         self.block_manager.reset_prefix_cache()
         for rid in {item.seq.request_id for item in step.scheduled}:
-            out = self.abort_request(rid, error=message)
+            out = self.abort_request(rid, error=error)
             if out is not None:
                 outputs.append(out)
 
@@ -299,7 +300,7 @@ class LLMEngine:
             self.device_wait_s += inflight.pending.waited_s
         except Exception as exc:
             logger.exception("model step failed")
-            self._fail(inflight.step, f"internal error while running the model: {exc}", outputs)
+            self._fail(inflight.step, _model_failed(exc), outputs)
             return
         spanned = {span.item.seq.seq_id: span.item.seq for span in inflight.step.prompt_spans}
         for seq_id, entry in result.prompt_logprobs.items():
@@ -343,8 +344,9 @@ class LLMEngine:
             if seq.request_id in self.requests and not seq.is_finished:
                 self._finish_at_length_limit(seq)
         for request_id, token in off_grammar.items():  # that request ends; the others carry on
-            out = self.abort_request(request_id, error=f"structured_outputs: the grammar allows no "
-                                                       f"continuation (sampled token {token}).")
+            out = self.abort_request(request_id, error=RequestError(
+                f"structured_outputs: the grammar allows no continuation (sampled token {token}).",
+                ErrorKind.INVALID_ARGUMENT, "structured_outputs"))
             if out is not None:
                 outputs.append(out)
 
@@ -405,3 +407,7 @@ class LLMEngine:
         for name in EngineStats.SAMPLE_FIELDS:
             setattr(s, name, [])
         return snapshot
+
+
+def _model_failed(exc: Exception) -> RequestError:
+    return RequestError(f"internal error while running the model: {exc}", ErrorKind.INTERNAL)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, Union
 
 from ..engine_config import EngineLimits, ModelConfig
+from ..errors import RequestError
 from ..outputs import CompletionOutput, RequestOutput
 from .metrics import EngineStats
 from .request import Request
@@ -72,7 +73,7 @@ class StatsReply:
 @dataclass(frozen=True)
 class GrammarChecked:
     token: int
-    error: str | None  # None: the spec compiles
+    error: str | None  # None: the spec compiles (else the driver refuses the request: INVALID_ARGUMENT)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class PackedOutput(NamedTuple):
     """Any other output, without the prompt (the driver has it)."""
     request_id: str
     finished: bool
-    error: str | None
+    error: RequestError | None  # travels with its kind and parameter (it pickles whole)
     num_cached_tokens: int
     completions: list[PackedCompletion]
     prompt_logprobs: Any
@@ -126,7 +127,7 @@ class EngineOutput:
     """An output as the driver rebuilds it (it adds the prompt and the request's metrics)."""
     request_id: str
     finished: bool
-    error: str | None
+    error: RequestError | None
     num_cached_tokens: int
     completions: list[CompletionOutput]
     prompt_logprobs: Any = None

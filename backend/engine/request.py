@@ -1,6 +1,7 @@
 """Request: one client request (n samples), its timing, and how its new output is reported."""
 from __future__ import annotations
 
+from ..errors import RequestError
 from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .sequence import Sequence
@@ -25,7 +26,7 @@ class Request:
         self.params = params
         self.seqs: list[Sequence] = []
         self.metrics = RequestMetrics(arrival_time=arrival_time)
-        self.error: str | None = None
+        self.error: RequestError | None = None
         self.prompt_logprobs_sent = False
 
     @property

@@ -12,9 +12,8 @@ import threading
 from typing import Any
 
 from ..config import EngineArgs
-from ..errors import OutputCallback
 from ..lora_request import LoRARequest
-from ..outputs import RequestOutput
+from ..outputs import OutputCallback, RequestOutput
 from ..sampling_params import SamplingParams
 from .admission import Admission
 from .core import EngineCore

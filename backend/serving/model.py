@@ -52,8 +52,7 @@ class TritonPythonModel:
         return auto_complete(auto_complete_model_config)
 
     def initialize(self, args: dict) -> None:
-        from backend import EngineProcess, EngineShutdownError
-        from backend.errors import EngineOverloadedError
+        from backend import EngineProcess, errors
         from backend.serving.engine_supervisor import EngineSupervisor
         from backend.serving import triton_request
         from backend.serving.response_sender import InFlight, ResponseSender
@@ -75,7 +74,7 @@ class TritonPythonModel:
         self._loras = list(engine_args.lora_modules or ()) if engine_args.enable_lora else None
         self._requests = triton_request
         self._in_flight = InFlight
-        self._unavailable_errors = (EngineShutdownError, EngineOverloadedError)
+        self._errors = errors
         # The engine runs in a process of its own unless TRITIUM_ENGINE_PROCESS=0: this stub's
         # threads (sending responses above all) would otherwise take GIL time from its steps.
         # A supervisor restarts it when it dies, unless ENABLE_VLLM_HEALTH_CHECK asks for the
@@ -107,9 +106,9 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         if self._sender.draining:  # the model is being unloaded: no new work
+            error = self._errors.unavailable("The model is being unloaded.")
             for request in requests:
-                self._sender.reject(request.get_response_sender(), "The model is being unloaded.",
-                                    pb_utils.TritonError.UNAVAILABLE)
+                self._sender.reject(request.get_response_sender(), error, self._details(request))
             return None
         if self._health_check and not self._engine.is_healthy():
             self._unhealthy(requests)
@@ -118,15 +117,21 @@ class TritonPythonModel:
             self._submit(request)
         return None
 
+    def _details(self, request) -> bool:
+        """Whether the request asks for its errors as JSON (triton_request.ERROR_DETAILS)."""
+        return self._requests.error_details_asked(request.parameters())
+
     def _submit(self, request) -> None:
-        sender = request.get_response_sender()
+        sender, details = request.get_response_sender(), False
         try:
+            details = self._details(request)
             # Every input the request carries: one that is declared but not Tritium's is refused.
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             parsed = self._requests.parse_request(inputs, request.parameters())
             self._requests.check_lora(parsed.lora_name, self._loras)
             # Clients' request ids may be empty or repeat: the engine gets its own.
-            state = self._in_flight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed))
+            state = self._in_flight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed),
+                                    error_details=details)
             self._sender.track(state)
             try:
                 self._engine.add_request(state.request_id, parsed.prompt, parsed.sampling_params,
@@ -137,13 +142,11 @@ class TritonPythonModel:
             except BaseException:
                 self._sender.untrack(state.request_id)
                 raise
-        except self._unavailable_errors as e:  # no engine serves now, or its queue is full: retry
-            self._sender.reject(sender, str(e), pb_utils.TritonError.UNAVAILABLE)
-        except ValueError as e:
-            self._sender.reject(sender, str(e), pb_utils.TritonError.INVALID_ARG)
-        except Exception as e:  # the server and the other requests carry on
-            pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
-            self._sender.reject(sender, f"internal error: {e}", pb_utils.TritonError.INTERNAL)
+        except Exception as e:  # refused with its kind; the server and the other requests carry on
+            error = self._errors.request_error(e)
+            if error.kind is self._errors.ErrorKind.INTERNAL:
+                pb_utils.Logger.log_error(f"tritium: request failed: {traceback.format_exc()}")
+            self._sender.reject(sender, error, details)
 
     def _unhealthy(self, requests: list) -> None:
         """ENABLE_VLLM_HEALTH_CHECK, as the vLLM backend: refuse, and have the model unloaded."""
@@ -155,9 +158,9 @@ class TritonPythonModel:
                 pb_utils.unload_model(self._name)  # non-blocking; needs explicit model control
             except Exception as e:
                 pb_utils.Logger.log_warn(f"tritium: cannot unload the model: {e}")
+        error = self._errors.unavailable("Model is unavailable due to unhealthy vLLM engine")
         for request in requests:
-            self._sender.reject(request.get_response_sender(), "Model is unavailable due to unhealthy "
-                                "vLLM engine", pb_utils.TritonError.UNAVAILABLE)
+            self._sender.reject(request.get_response_sender(), error, self._details(request))
 
     def _release(self) -> None:
         """Stop the metrics and the engine, once: when the sender finds the model retired, or at finalize."""
@@ -181,7 +184,8 @@ class TritonPythonModel:
         # ...and any the engine did not finish gets one here.
         for state in leftover:
             try:
-                self._sender.send_error(state.sender, "the model was unloaded", pb_utils.TritonError.UNAVAILABLE)
+                self._sender.send_error(state.sender, self._errors.unavailable("the model was unloaded"),
+                                        state.error_details)
             except Exception as e:  # (its client went away)
                 pb_utils.Logger.log_warn(f"tritium: unload: a final response could not be sent: {e}")
         self._engine = None

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import ErrorKind, RequestError
 from ..outputs import RequestOutput
 from .handoff import Handoff
 from .triton_request import ResponseBuilder, fold_outputs
@@ -27,10 +28,13 @@ _RETIRE_AFTER_S = 5.0  # idle and unloaded this long without finalize: Triton ke
 _REPLACED_GRACE_S = 2.0  # after a reload's new instance initialized, Triton swaps to it
 _CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
 _MAX_DRAIN = 4096  # queue items folded into one round of sends
-# Engine errors that are the server's state, not the request's fault: UNAVAILABLE (HTTP 503),
-# which clients retry. Others (a bad engine output) are INTERNAL.
-_UNAVAILABLE_ERRORS = ("The engine process exited", "The engine is shutting down",
-                       "The engine is shut down", "Request timed out")
+# Each error kind's pb_utils.TritonError code (by name: read off pb_utils when sent). The 2.51
+# stub has no code for a deadline: a request that ran out of time is UNAVAILABLE, which clients
+# retry, as before kinds existed (a client that asks for the error's JSON reads "timeout").
+TRITON_CODES = {ErrorKind.INVALID_ARGUMENT: "INVALID_ARG", ErrorKind.UNAVAILABLE: "UNAVAILABLE",
+                ErrorKind.TIMEOUT: "UNAVAILABLE", ErrorKind.CANCELLED: "CANCELLED",
+                ErrorKind.INTERNAL: "INTERNAL"}
+CANCELLED = RequestError("Request was cancelled", ErrorKind.CANCELLED)
 
 
 @dataclass
@@ -40,15 +44,16 @@ class InFlight:
     builder: ResponseBuilder
     cancelled: bool = False
     unloading: bool = False  # aborted because the model is being unloaded
-    failure: str | None = None  # set when building its responses failed
+    failure: RequestError | None = None  # set when building its responses failed
+    error_details: bool = False  # its client asked for errors as JSON (triton_request.ERROR_DETAILS)
 
 
 @dataclass(frozen=True)
 class Rejection:
     """A request refused before it reached the engine: one FINAL error response."""
     sender: Any
-    message: str
-    code: Any  # pb_utils.TritonError code
+    error: RequestError
+    error_details: bool
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class ResponseSender:
         self._pending = Handoff()
         self._cancel_cursor = 0
         self._stopping = False
-        self.closing = False  # the model is unloading: engine errors are "unavailable"
+        self.closing = False  # the model is unloading (finalize has begun)
         self.drain_timeout_s = drain_timeout_s
         self.draining_since: float | None = None  # monotonic time the unload was noticed
         self._drain_logged = False
@@ -114,8 +119,8 @@ class ResponseSender:
         with self._lock:
             self._inflight.pop(request_id, None)
 
-    def reject(self, sender: Any, message: str, code: Any) -> None:
-        self._pending.put(Rejection(sender, message, code))
+    def reject(self, sender: Any, error: RequestError, error_details: bool = False) -> None:
+        self._pending.put(Rejection(sender, error, error_details))
 
     def on_output(self, request_id: str, output: RequestOutput) -> None:
         # On the engine's thread: only enqueue. Holding the id, not the response sender, means
@@ -144,8 +149,12 @@ class ResponseSender:
             + (f"; engine receiver thread: {rx['messages']} messages, {rx['outputs']} outputs, "
                f"{rx['busy_s']:.2f} s busy" if rx else ""))
 
-    def send_error(self, sender: Any, message: str, code: Any) -> None:
+    def send_error(self, sender: Any, error: RequestError, error_details: bool = False) -> None:
+        """The request's FINAL response: `error` with its kind's Triton code, its message alone
+        or (error_details) the error as JSON."""
         pb = self._pb
+        code = getattr(pb.TritonError, TRITON_CODES[error.kind])
+        message = error.to_json() if error_details else error.message
         sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)),
                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -208,7 +217,7 @@ class ResponseSender:
     def _handle(self, item: Rejection | EngineOutput) -> None:
         pb = self._pb
         if isinstance(item, Rejection):
-            self.send_error(item.sender, item.message, item.code)
+            self.send_error(item.sender, item.error, item.error_details)
             return
         output = item.output
         with self._lock:
@@ -221,12 +230,12 @@ class ResponseSender:
                 response = state.builder.add(output)
             except Exception as e:  # this request fails; the engine and the others carry on
                 pb.Logger.log_error(f"tritium: bad engine output: {traceback.format_exc()}")
-                state.failure = f"internal error: {e}"
+                state.failure = RequestError(f"internal error: {e}", ErrorKind.INTERNAL)
                 self._engine.abort(state.request_id)
         if state.failure is not None:
             if output.finished:
                 self.untrack(state.request_id)
-                self.send_error(state.sender, state.failure, pb.TritonError.INTERNAL)
+                self.send_error(state.sender, state.failure, state.error_details)
             return
         if response is None:
             return
@@ -239,14 +248,12 @@ class ResponseSender:
             return
         self.untrack(state.request_id)
         if state.cancelled:
-            self.send_error(state.sender, "Request was cancelled", pb.TritonError.CANCELLED)
+            self.send_error(state.sender, CANCELLED, state.error_details)
             pb.Logger.log_info(f"[vllm] Successfully cancelled the request (tritium request {state.request_id})")
         elif state.unloading:
-            self.send_error(state.sender, unload_message(self.drain_timeout_s), pb.TritonError.UNAVAILABLE)
+            self.send_error(state.sender, unload_error(self.drain_timeout_s), state.error_details)
         elif response.error is not None:
-            code = (pb.TritonError.UNAVAILABLE if self.closing or response.error.startswith(_UNAVAILABLE_ERRORS)
-                    else pb.TritonError.INTERNAL)
-            self.send_error(state.sender, response.error, code)
+            self.send_error(state.sender, RequestError.of(response.error), state.error_details)
         else:
             state.sender.send(self._response(response.outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -345,6 +352,6 @@ class ResponseSender:
             return False
 
 
-def unload_message(drain_timeout_s: float) -> str:
-    return (f"The model is being unloaded. The request did not finish within its "
-            f"drain_timeout_s ({drain_timeout_s:g} s).")
+def unload_error(drain_timeout_s: float) -> RequestError:
+    return RequestError(f"The model is being unloaded. The request did not finish within its "
+                        f"drain_timeout_s ({drain_timeout_s:g} s).", ErrorKind.UNAVAILABLE)

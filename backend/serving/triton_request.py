@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from backend.errors import ERROR_DETAILS, ParameterError, RequestError
 from backend.outputs import CompletionOutput, RequestOutput
 from backend.engine.request import accumulate
 from backend.sampling_params import SamplingParams
@@ -66,15 +67,15 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     flags: dict[str, bool] = {}
     for name in FLAG_INPUTS:
         if name in request_params:
-            flags[name] = _bool_value(f"request parameter '{name}'", request_params.pop(name))
+            flags[name] = _bool_value(f"request parameter '{name}'", request_params.pop(name), name)
         if inputs.get(name) is not None:  # the tensor wins over a request parameter
             flags[name] = _bool_input(name, inputs[name])
     stream = flags.get("stream", False)
     # The vLLM backend's defaults: a stream sends only new text; otherwise the prompt comes first.
     exclude = flags.get("exclude_input_in_output", stream)
     if stream and not exclude:  # the vLLM backend's words, then why
-        raise ValueError("When streaming, `exclude_input_in_output` = False is not allowed. "
-                         "A stream sends only the new text.")
+        raise ParameterError("When streaming, `exclude_input_in_output` = False is not allowed. "
+                             "A stream sends only the new text.", "exclude_input_in_output")
 
     sampling = dict(request_params)
     if inputs.get("sampling_parameters") is not None:
@@ -83,10 +84,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     if isinstance(priority, str) and priority.lstrip("-").isdigit():
         priority = int(priority)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError(f"priority must be an integer, got {priority!r}.")
+        raise ParameterError(f"priority must be an integer, got {priority!r}.", "priority")
     lora_name = sampling.pop("lora_name", None)
     if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
-        raise ValueError(f"lora_name must be a non-empty string, got {lora_name!r}.")
+        raise ParameterError(f"lora_name must be a non-empty string, got {lora_name!r}.", "lora_name")
     params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
@@ -106,11 +107,11 @@ def check_lora(lora_name: str | None, served: list[str] | None) -> None:
     if lora_name is None:
         return
     if not served:
-        raise ValueError("LoRA feature is not enabled. This model serves no LoRA adapters: load it "
-                         "with enable_lora and its adapters in 1/multi_lora.json.")
+        raise ParameterError("LoRA feature is not enabled. This model serves no LoRA adapters: load it "
+                             "with enable_lora and its adapters in 1/multi_lora.json.", "lora_name")
     if lora_name not in served:
-        raise ValueError(f"LoRA {lora_name} is not supported, we currently support {served}. "
-                         f"lora_name must name one of the model's adapters.")
+        raise ParameterError(f"LoRA {lora_name} is not supported, we currently support {served}. "
+                             f"lora_name must name one of the model's adapters.", "lora_name")
 
 
 def _openai_frontend_keys(sampling: dict[str, Any]) -> dict[str, Any]:
@@ -123,8 +124,8 @@ def _openai_frontend_keys(sampling: dict[str, Any]) -> dict[str, Any]:
             sampling.setdefault("max_tokens", value)
     best_of = sampling.pop("best_of", None)
     if best_of is not None and str(best_of) != str(sampling.get("n", 1)):
-        raise ValueError(f"best_of must equal n (sampling more candidates than returned is not "
-                         f"supported), got best_of={best_of}.")
+        raise ParameterError(f"best_of must equal n (sampling more candidates than returned is not "
+                             f"supported), got best_of={best_of}.", "best_of")
     # Chat completions: logprobs is a boolean and top_logprobs the number of alternatives.
     top_logprobs = sampling.pop("top_logprobs", None)
     if isinstance(sampling.get("logprobs"), bool):
@@ -180,12 +181,12 @@ def _bool_input(name: str, array: np.ndarray) -> bool:
     raise ValueError(f"{name} must be a BOOL tensor, got {np.asarray(array).dtype}.")
 
 
-def _bool_value(what: str, value: Any) -> bool:
+def _bool_value(what: str, value: Any, parameter: str) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise ValueError(f"{what} must be a boolean, got {value!r}.")
+    raise ParameterError(f"{what} must be a boolean, got {value!r}.", parameter)
 
 
 def _json_object_input(name: str, array: np.ndarray) -> dict[str, Any]:
@@ -209,8 +210,22 @@ def _parse_request_parameters(parameters: str | Mapping[str, Any] | None) -> dic
             raise ValueError(f"request parameters are not valid JSON: {e}.") from None
     if not isinstance(parameters, Mapping):
         raise ValueError(f"request parameters must be a JSON object, got {type(parameters).__name__}.")
+    if ERROR_DETAILS in parameters:  # a bad value is refused (error_details_asked reads it leniently)
+        _bool_value(f"request parameter '{ERROR_DETAILS}'", parameters[ERROR_DETAILS], ERROR_DETAILS)
     return {k: v for k, v in parameters.items()
-            if k not in _RESERVED_PARAMETERS and not k.startswith("triton_")}
+            if k not in _RESERVED_PARAMETERS and k != ERROR_DETAILS and not k.startswith("triton_")}
+
+
+def error_details_asked(parameters: str | Mapping[str, Any] | None) -> bool:
+    """Whether a request's parameters ask for its errors as JSON (ERROR_DETAILS); read before
+    and apart from parsing, so that a request refused for any reason is answered as it asked."""
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters) if parameters else None
+        except json.JSONDecodeError:
+            return False
+    value = parameters.get(ERROR_DETAILS) if isinstance(parameters, Mapping) else None
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
 @dataclass
@@ -220,7 +235,7 @@ class Response:
 
     outputs: dict[str, np.ndarray]
     final: bool
-    error: str | None = None
+    error: RequestError | str | None = None
 
 
 @dataclass
