@@ -3,9 +3,9 @@
 device work of rank 0's ModelRunner to them: each forward pass (a `ForwardCall`: its path, graph
 or eager, and its batch) and each LM-head call is one message (pickled once, sent down every
 rank's pipe) followed by the collectives of that work, which every rank then runs in the same
-order. The pipes are the control plane (start-up
-handshakes, errors, shutdown), the process group the data plane. Ranks fail loudly: a rank that
-dies makes every later call raise RankFailed, naming it."""
+order. The pipes are the control plane (start-up handshakes, errors, shutdown), the process
+group the data plane. Ranks fail loudly: a rank that dies makes every later call raise
+RankFailed, naming it."""
 from __future__ import annotations
 
 import logging
