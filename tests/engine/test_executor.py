@@ -3,7 +3,7 @@
 under tensor parallelism every rank runs each step's forward pass by the path rank 0 chose
 (decode, prefill or verification graph, or eager). On the CPU the graphs are their static
 buffers run eagerly (`Worker.build_graphs(capture=False)`), dispatched by the same code that
-replays captured graphs on a GPU."""
+replays captured graphs on a GPU; with two GPUs the same test runs on captured graphs."""
 from __future__ import annotations
 
 import os
@@ -53,9 +53,10 @@ def test_the_engine_drives_its_executor_and_gets_hf_greedy_tokens(llama_dir, tp,
 
 
 # Run at start-up by every process of the test (rank 0 here, with `patch` = monkeypatch.setattr;
-# the other ranks from a sitecustomize, with `patch` = setattr): each Worker builds its graphs
-# as the CPU has them, each forward pass logs its path and rank, and at most two sequences
-# speculate (so that more decode plainly, pipelined, with input tokens filled on the device).
+# the other ranks from a sitecustomize, with `patch` = setattr): on the CPU each Worker builds its
+# graphs as the CPU has them (a GPU's Worker captures its own), each forward pass logs its path
+# and rank, and at most two sequences speculate (so that more decode plainly, pipelined, with
+# input tokens filled on the device).
 _GRAPHS_AND_PATH_LOG = """
 import os
 from backend.layers.parallel_state import get_tp_rank
@@ -65,7 +66,8 @@ _init, _run_path = worker.Worker.__init__, ModelRunner.run_path
 
 def _init_with_graphs(self, *args, **kwargs):
     _init(self, *args, **kwargs)
-    self.build_graphs(capture=False)
+    if self.device.type == "cpu":
+        self.build_graphs(capture=False)
 
 def _logged_run_path(self, call, fill=None):
     with open(os.path.join(LOG_DIR, f"rank{get_tp_rank()}"), "a") as f:
@@ -83,18 +85,29 @@ def _workload() -> dict[str, tuple[list[int], SamplingParams]]:
     speculate: the prompts repeat themselves), and a request whose prompt logprobs take an
     eager pass."""
     greedy = dict(temperature=0, ignore_eos=True)
-    requests = {str(i): (p, SamplingParams(max_tokens=m, **greedy)) for i, (p, m) in enumerate(zip(PROMPTS, (6, 8, 20, 20)))}
+    requests = {str(i): (p, SamplingParams(max_tokens=m, **greedy))
+                for i, (p, m) in enumerate(zip(PROMPTS, (6, 8, 20, 20)))}
     requests["logprobs"] = ([1, 306, 466, 278, 71], SamplingParams(max_tokens=4, prompt_logprobs=1, **greedy))
     return requests
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_every_rank_runs_the_forward_path_rank_0_chose(llama_dir, tp, tmp_path, monkeypatch):
-    kwargs = dict(model=llama_dir, dtype="float32", max_num_seqs=4, max_num_batched_tokens=64,
-                  num_kv_blocks=64, enable_prefix_caching=False,
+    _check_ranks_follow_rank_0(llama_dir, tp, "cpu", tmp_path, monkeypatch)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_every_rank_replays_the_cuda_graph_rank_0_chose(llama_dir, tmp_path, monkeypatch):
+    _check_ranks_follow_rank_0(llama_dir, 2, "cuda", tmp_path, monkeypatch)
+
+
+def _check_ranks_follow_rank_0(llama_dir: str, tp: int, device: str, tmp_path, monkeypatch) -> None:
+    """The tokens of one eager rank (no graphs); every rank logs rank 0's sequence of paths."""
+    kwargs = dict(model=llama_dir, device=device, dtype="float32", max_num_seqs=4,
+                  max_num_batched_tokens=64, num_kv_blocks=64, enable_prefix_caching=False,
                   speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                       "prompt_lookup_max": 3, "prompt_lookup_min": 2})
-    want = _generate(LLMEngine(EngineArgs(**kwargs)), _workload())  # eager: no graphs
+    want = _generate(LLMEngine(EngineArgs(enforce_eager=True, **kwargs)), _workload())
     log_dir = tmp_path / "paths"
     log_dir.mkdir()
     (tmp_path / "sitecustomize.py").write_text(f"LOG_DIR = {str(log_dir)!r}\npatch = setattr\n" + _GRAPHS_AND_PATH_LOG)
@@ -103,6 +116,7 @@ def test_every_rank_runs_the_forward_path_rank_0_chose(llama_dir, tp, tmp_path, 
     engine = LLMEngine(EngineArgs(tensor_parallel_size=tp, **kwargs))
     try:
         assert engine.max_speculating_seqs == 2
+        assert engine.executor.runner.graphs.use_graphs == (device == "cuda")
         got = _generate(engine, _workload())
         assert engine.stats.spec_decode_num_drafts > 0
     finally:
