@@ -96,5 +96,8 @@ class TensorParallelExecutor(Executor):
             raise workers.failed(exc) from exc
 
     def shutdown(self) -> None:
-        """Stop the other ranks and leave the process group; idempotent."""
+        """Stop the other ranks and leave the process group; idempotent. Rank 0's CUDA graphs
+        (which hold captured NCCL work) go first, before the communicator is destroyed."""
+        runner = self.worker.runner
+        runner.graphs = runner.prefill_graphs = runner.verify_graphs = None
         self.workers.shutdown()

@@ -92,6 +92,7 @@ def main(fd: int, rank: int, size: int, port: int) -> int:
         init_tp_group(rank, size, port, device)
         worker = Worker(config, rank=rank, link=peer)
         follow(worker, conn)
+        del worker  # its CUDA graphs hold NCCL work: gone before the communicator is destroyed
         destroy_tp_group()
         return 0
     except SystemExit as exc:
