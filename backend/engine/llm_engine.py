@@ -15,7 +15,7 @@ from ..lora_request import LoRARequest
 from ..models import model_limits
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from ..worker.model_runner import ModelRunner
+from ..worker.executor import Executor
 from ..step import SampleResult
 from ..worker.pending_step import PendingStep
 from .block_manager import BlockManager, root_block_hash
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class InflightStep:
-    """A launched step as the engine tracks it: its plan, the runner's handle, and where each
+    """A launched step as the engine tracks it: its plan, the executor's handle, and where each
     sample row's token goes in its sequence."""
     step: SchedulerOutput
     pending: PendingStep
@@ -57,14 +57,14 @@ class LLMEngine:
         model, cache = self.config.model_config, self.config.cache_config
         self.hf_config = model.hf_config
         self.tokenizer = load_tokenizer(model.tokenizer)
-        self.runner = ModelRunner(self.config)
-        self.vocab_size = self.runner.vocab_size
-        self.block_manager = BlockManager(self.runner.num_blocks, cache.block_size,
+        self.executor = Executor.create(self.config)  # one device, or tensor-parallel ranks
+        self.vocab_size = self.executor.vocab_size
+        self.block_manager = BlockManager(self.executor.num_blocks, cache.block_size,
                                           cache.enable_prefix_caching)
-        lora = self.runner.lora_manager
+        lora = self.executor.lora_manager
         self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager,
                                    LoRASlots(lora.num_slots, lora.resident) if lora else None)
-        capacity = self.runner.num_blocks * cache.block_size
+        capacity = self.executor.num_blocks * cache.block_size
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(model.max_model_len, capacity)
         self.limits = EngineLimits(self.vocab_size, capacity,
@@ -85,7 +85,7 @@ class LLMEngine:
         self.proposer = NgramProposer(spec) if spec else None
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains).
-        graphs = self.runner.verify_graphs
+        graphs = self.executor.verify_graphs
         self.max_speculating_seqs = (graphs.max_seqs if graphs is not None
                                      else self.config.scheduler_config.max_num_seqs)
 
@@ -105,8 +105,8 @@ class LLMEngine:
         """Validate and tokenize (ValueError with a clear message). Touches no engine state,
         except that a LoRARequest with a `lora_path` the engine does not serve yet adds that
         adapter (read from disk now)."""
-        if isinstance(lora_request, LoRARequest) and lora_request.lora_path and self.runner.lora_manager:
-            self.runner.lora_manager.add_adapter(lora_request.lora_name, lora_request.lora_path)
+        if isinstance(lora_request, LoRARequest) and lora_request.lora_path and self.executor.lora_manager:
+            self.executor.lora_manager.add_adapter(lora_request.lora_name, lora_request.lora_path)
             if lora_request.lora_name not in self.input_processor.lora_names:
                 self.input_processor.lora_names += (lora_request.lora_name,)
         return self.input_processor.process(request_id, prompt, params, arrival_time, priority,
@@ -167,7 +167,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Release what outlives the object: the other tensor-parallel ranks' processes and the
         process group; the grammar warm-up thread is waited for."""
-        self.runner.shutdown()
+        self.executor.shutdown()
         self.input_processor.structured.join_warm_up(timeout=30.0)
 
     def has_unfinished_requests(self) -> bool:
@@ -265,7 +265,7 @@ class LLMEngine:
         try:
             if not step.defer_sampling:  # (a deferred sampling's masks wait for the tokens before)
                 step.grammar_bitmask = grammar_bitmask(step, self.vocab_size)
-            pending = self.runner.execute_model(step)
+            pending = self.executor.execute_model(step)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
             self._fail(step, _model_failed(exc), outputs)

@@ -146,8 +146,8 @@ def serve(conn: Connection, args: EngineArgs) -> int:
                 "over %.2f s busy, of which %.2f s waiting for the device; %d outputs in %d "
                 "messages, %.2f s packing and sending them; %d Triton compiles while serving (%.2f s)",
                 loop["steps"], loop["step_s"], loop["step_cpu_s"], loop["busy_s"], engine.device_wait_s,
-                st["outputs"], st["messages"], st["send_s"], engine.runner.compile_watch.compiles,
-                engine.runner.compile_watch.seconds)
+                st["outputs"], st["messages"], st["send_s"], engine.executor.compile_watch.compiles,
+                engine.executor.compile_watch.seconds)
     return 0
 
 

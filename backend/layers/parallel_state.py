@@ -28,6 +28,10 @@ def init_tp_group(rank: int, world_size: int, port: int, device: torch.device) -
         raise RuntimeError("this process already serves a tensor-parallel model; one "
                            "tensor-parallel engine per process (shut the other down first)")
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        # Collectives captured in CUDA graphs must not record their tensors on NCCL's stream
+        # (read when the process group is made; vLLM captures torch.distributed all-reduces so).
+        os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=TP_TIMEOUT_S))

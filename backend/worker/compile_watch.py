@@ -4,7 +4,7 @@ Triton compiles a kernel the first time it sees a new variant: new constexprs, o
 argument that changes its specialisation (equal to 1, divisible by 16). A compile takes from
 tens of milliseconds (from the disk cache) to seconds (a first compile on a machine), and the
 step loop waits for it, so every variant a step can need is compiled at start-up
-(`ModelRunner._compile_step_variants`, graph capture). A compile after that is a stall that
+(`warmup.compile_step_variants`, graph capture). A compile after that is a stall that
 clients see; this watch logs each one, with the kernel's specialisation, so the warm-up can be
 made to cover it.
 """

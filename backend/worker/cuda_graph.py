@@ -5,7 +5,12 @@ dominates small steps.
 DecodeGraphs: decode-only steps (one token per sequence), per batch size and context bucket.
 PrefillGraphs: prefill-only steps of a few short prompt chunks, per padded token count: a lone
 request's first step, whose eager launch takes longer than its GPU work. They return the last
-row of each chunk only (the rows a step samples from)."""
+row of each chunk only (the rows a step samples from).
+
+With tensor parallelism every rank captures its own graphs (their collectives are captured
+with them) and replays the one rank 0 picked for the step. With capture=False (the CPU, tests)
+`run` executes the model eagerly on the same static buffers, so the padding and the ranks'
+choice of graph are testable without a GPU."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +20,7 @@ import torch
 from torch import nn
 
 from ..layers.forward_context import AttentionMetadata, LoRAMapping, set_attention_metadata, set_lora_mapping
+from ..layers.parallel_state import tp_broadcast
 from .input_batch import TABLE_WIDTH_MULTIPLE, PreparedBatch
 
 logger = logging.getLogger(__name__)
@@ -39,11 +45,13 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int,
-                 max_model_len: int, device: torch.device, lora: bool = False) -> None:
+                 max_model_len: int, device: torch.device, lora: bool = False,
+                 capture: bool = True) -> None:
         """lora: the model has LoRA adapters; every graph then adds each row's adapter delta
         (row slots in a fifth buffer row, -1 for rows without one)."""
         self.model = model
         self.lora = lora
+        self.use_graphs = capture
         self.sizes = capture_sizes(max_num_seqs)
         self.max_bs = self.sizes[-1]
         self.max_model_len = max_model_len
@@ -61,8 +69,9 @@ class DecodeGraphs:
         # Pinned staging: two asynchronous copies per step instead of five synchronous ones.
         # Two sets, used alternately: the copy queued for step N may still be waiting behind
         # step N-1 on the device when step N+1 is prepared; step N+2 comes after N was taken.
-        self.host_vectors = [torch.zeros(rows, n, dtype=torch.int64).pin_memory() for _ in range(2)]
-        self.host_tables = [torch.zeros(n, w, dtype=torch.int32).pin_memory() for _ in range(2)]
+        pin = device.type == "cuda"
+        self.host_vectors = [_host(torch.zeros(rows, n, dtype=torch.int64), pin) for _ in range(2)]
+        self.host_tables = [_host(torch.zeros(n, w, dtype=torch.int32), pin) for _ in range(2)]
         self.parity = 0
         self.buckets = context_buckets(max_model_len)
         # (context bucket, batch size) -> (graph, output)
@@ -75,14 +84,16 @@ class DecodeGraphs:
             num_prefill_tokens=0, prefill_block_tables=None, prefill_cu_seqlens_q=None,
             prefill_context_lens=None, decode_max_context_len=max_context_len)
 
+    def _lora(self, bs: int) -> LoRAMapping | None:
+        return LoRAMapping(self.vectors[4, :bs]) if self.lora else None
+
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for bucket in reversed(self.buckets):
             for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
                 md = self._metadata(bs, bucket)
-                lora = LoRAMapping(self.vectors[4, :bs]) if self.lora else None
-                with set_attention_metadata(md), set_lora_mapping(lora):
+                with set_attention_metadata(md), set_lora_mapping(self._lora(bs)):
                     self.model(self.input_ids[:bs], self.positions[:bs])  # compile kernels, warm up
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
@@ -104,9 +115,10 @@ class DecodeGraphs:
         return (batch.num_decodes == batch.num_tokens and 0 < batch.num_tokens <= self.max_bs
                 and batch.decode_block_tables.shape[1] <= self.block_tables.shape[1])
 
-    def run(self, batch: PreparedBatch, fill=None) -> torch.Tensor:
+    def run(self, batch: PreparedBatch, fill=None, share_input_ids: bool = False) -> torch.Tensor:
         """`fill` = (token positions, rows, tokens): input tokens that the previous step is still
-        sampling, read from its output tensor on the device."""
+        sampling, read from its output tensor on the device. `share_input_ids`: tensor-parallel
+        rank 0 broadcasts the filled input ids, which the other ranks (without `fill`) receive."""
         n = batch.num_tokens
         bs = next(s for s in self.sizes if s >= n)
         width = batch.decode_block_tables.shape[1]
@@ -127,8 +139,13 @@ class DecodeGraphs:
         self.context_lens[:bs].copy_(self.vectors[3, :bs])  # the kernel reads int32
         if fill is not None:
             self.input_ids[fill[0]] = fill[2][fill[1]]
+        if share_input_ids:
+            tp_broadcast(self.input_ids[:n])
         longest = int(batch.decode_context_lens.max())
         bucket = next(b for b in self.buckets if b >= longest)
+        if not self.use_graphs:
+            with set_attention_metadata(self._metadata(bs, bucket)), set_lora_mapping(self._lora(bs)):
+                return self.model(self.input_ids[:bs], self.positions[:bs])[:n]
         graph, out = self.graphs[(bucket, bs)]
         graph.replay()
         return out[:n]
@@ -156,10 +173,7 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
 class PrefillGraphs:
     """Graphs for steps that are only prompt chunks (no decodes): at most `max_seqs`
     chunks and `max_tokens` tokens, padded to the next captured size. Padding tokens store no
-    KV (slot -1) and sit past the last sequence, where attention neither reads nor writes.
-
-    With capture=False (the CPU, tests) `run` executes the model eagerly on the same padded
-    buffers, so the padding itself is testable without a GPU."""
+    KV (slot -1) and sit past the last sequence, where attention neither reads nor writes."""
 
     def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
                  device: torch.device, capture: bool = True, lora: bool = False,

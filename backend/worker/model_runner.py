@@ -1,171 +1,66 @@
-"""ModelRunner: owns the model, the KV cache pool and the sampler; runs one scheduled step."""
+"""ModelRunner: forward and sample. It runs one scheduled step on the model and the KV cache
+that its Worker (backend/worker/worker.py) built, sized and bound."""
 from __future__ import annotations
 
-import logging
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
-from kernels.validation import v_cache_shape
-
-from ..config import CPU_KV_CACHE_BYTES
-from ..engine_config import CacheConfig, EngineConfig
-from ..layers.attention import Attention
+from ..engine_config import EngineConfig
 from ..layers.forward_context import LoRAMapping, set_attention_metadata, set_lora_mapping
+from ..layers.parallel_state import get_tp_size, tp_broadcast
 from ..layers.penalties import PenaltyCounts
-from ..layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
 from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
-from ..models import get_model_class
-from ..models.loader import load_dummy, load_safetensors
 from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput, StepSequence
-from .compile_watch import CompileWatch
-from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
-from .device import resolve_device, resolve_dtype, resolve_quantization
+from .cuda_graph import DecodeGraphs, PrefillGraphs
+from .forward_path import ForwardCall, ForwardPath
 from .input_batch import DecodeBlockRows, prepare_batch
 from .lora import LoRAManager
 from .pending_step import PendingStep
-from .warmup import compile_step_variants, profile_num_blocks
-from .worker_group import RankFailed, WorkerGroup
 
-logger = logging.getLogger(__name__)
+
+class RankMirror(Protocol):
+    """Rank 0's link to the other tensor-parallel ranks (`WorkerGroup`): each forward pass and
+    each LM-head call of rank 0 is told to them, so that they join its collectives."""
+
+    def forward(self, call: ForwardCall) -> None: ...
+
+    def logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor: ...
 
 
 class ModelRunner:
-    """The device side of the engine. `execute_model` takes one step's SchedulerOutput, queues
-    its work and returns the step's PendingStep at once; nothing else writes that step.
+    """The device side of a step. `execute_model` takes one step's SchedulerOutput, queues its
+    work and returns the step's PendingStep at once; nothing else writes that step.
 
-    With tensor_parallel_size > 1 the runner of rank 0 starts the other ranks (`WorkerGroup`)
-    and mirrors its forward passes and LM-head calls to them; a worker rank's runner is built
-    with `peer` (backend/worker/tp_worker.py) and only follows. Every rank builds the same way,
-    in lockstep, each its shard of the model and of the KV cache."""
+    Every tensor-parallel rank has one; rank 0's has a `mirror` (set by its executor once every
+    rank is built) and decides each step's `ForwardPath`; the others run `run_path` with rank
+    0's `ForwardCall` and sample nothing."""
 
-    def __init__(self, config: EngineConfig, peer=None) -> None:
-        self.workers: WorkerGroup | None = None
-        self._peer = peer
-        if config.parallel_config.tensor_parallel_size > 1 and peer is None:
-            self.workers = WorkerGroup(config, resolve_device(config.device_config))
-        try:
-            self._build(config)
-        except BaseException:
-            self.shutdown()
-            raise
-        if self.workers is not None:
-            self._drive_workers()
-
-    def _build(self, config: EngineConfig) -> None:
-        model_config, cache, scheduler = config.model_config, config.cache_config, config.scheduler_config
-        compilation, lora_config, hf_config = config.compilation_config, config.lora_config, model_config.hf_config
-        max_model_len, max_num_batched_tokens = model_config.max_model_len, scheduler.max_num_batched_tokens
-        self.config = config
-        self.device = resolve_device(config.device_config)
-        self.dtype = resolve_dtype(model_config, self.device)
-        self.block_size = cache.block_size
-        self.max_model_len = max_model_len
-        self.max_num_batched_tokens = max_num_batched_tokens
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            CompileWatch.remove_hooks()  # another engine's watch must not count this start-up
-        torch.manual_seed(model_config.seed)
-        model_cls = get_model_class(hf_config)
-        self.quantization = resolve_quantization(model_config)
-        linear_method = get_linear_method(self.quantization, hf_config.get("quantization_config"))
-        if self.quantization == "fp8":
-            check_fp8_supported(self.device)
-        self.cache_dtype = self.dtype if cache.kv_cache_dtype == "auto" else torch.float8_e4m3fn
-        if cache.kv_cache_dtype != "auto":
-            check_fp8_supported(self.device, f"kv_cache_dtype='{cache.kv_cache_dtype}'")
-        with torch.device(self.device):
-            self.model = model_cls(hf_config, self.dtype, linear_method, max_model_len=max_model_len)
-        self.model.eval()
-        checkpoint_kv_scales: dict[str, dict[str, float]] = {}
-        if model_config.load_format == "dummy":
-            load_dummy(self.model, model_config.seed)
-        else:
-            checkpoint_kv_scales = load_safetensors(self.model, model_config.model)
-        process_weights_after_loading(self.model)
-        self._tp_exchange("loaded", None)  # every rank has its shard before any collective
-        # LoRA adapters before the memory profile, so the cache is sized around them.
-        self.lora_manager = LoRAManager(
-            self.model, lora_config.lora_modules, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
-            self.device, lora_config.max_cpu_loras) if lora_config is not None else None
-        self.attn_layers = self.model.attention_layers()
-        a = self.model.args
-        self.num_kv_heads = self.attn_layers[0].num_kv_heads
-        self.head_dim = a.head_dim
-        self.vocab_size = a.vocab_size
-        # Penalties' token counts stay on the device, a slot per running sequence; allocated
-        # before the memory profile, so the cache is sized around them. Only rank 0 samples: the
-        # other ranks keep one slot, for the warm-up of the penalties' kernel.
-        slots = scheduler.max_num_seqs if self._peer is None else 1
-        self.sampler = Sampler(PenaltyCounts(slots, self.vocab_size, self.device, max_model_len),
-                               SamplingTable(slots, self.vocab_size, self.device))
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, device: torch.device,
+                 dtype: torch.dtype, lora_manager: LoRAManager | None, sample_slots: int) -> None:
+        model_config, scheduler = config.model_config, config.scheduler_config
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.lora_manager = lora_manager
+        self.block_size = config.cache_config.block_size
+        self.vocab_size = model.args.vocab_size
+        # Penalties' token counts stay on the device, a slot per running sequence.
+        self.sampler = Sampler(PenaltyCounts(sample_slots, self.vocab_size, device, model_config.max_model_len),
+                               SamplingTable(sample_slots, self.vocab_size, device))
         self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
-        self.logits_rows_per_pass = max(1, min(scheduler.max_num_seqs, max_num_batched_tokens))
-        self.num_blocks = min(self._tp_exchange("num_blocks", self._decide_num_blocks()))
-        self.kv_cache = self.allocate_cache(self.num_blocks, zero=True)
-        self.bind_cache(self.kv_cache)
-        self._set_kv_scales(cache, checkpoint_kv_scales)
-        if self.device.type == "cuda":
-            compile_step_variants(self)
+        self.logits_rows_per_pass = max(1, min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens))
+        self.kv_cache: torch.Tensor | None = None  # the Worker's pool (copy-on-write copies in it)
+        # The Worker's captured graphs, None where a step runs eagerly.
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
-        if (self.device.type == "cuda" and not compilation.enforce_eager
-                and config.parallel_config.tensor_parallel_size > 1):
-            logger.info("tensor parallelism runs eager: no CUDA graphs (collectives in graphs are not done yet)")
-        elif self.device.type == "cuda" and not compilation.enforce_eager:
-            max_blocks = -(-max_model_len // self.block_size)
-            lora = self.lora_manager is not None
-            self.graphs = DecodeGraphs(self.model, scheduler.max_num_seqs, max_blocks, max_model_len, self.device,
-                                       lora)
-            self.graphs.capture()
-            prefill_tokens = min(compilation.max_prefill_graph_tokens, max_num_batched_tokens)
-            if prefill_tokens:
-                self.prefill_graphs = PrefillGraphs(self.model, prefill_tokens, max_blocks, self.device,
-                                                    lora=lora)
-                self.prefill_graphs.capture()
-            spec = config.speculative_config
-            if spec:  # each of up to `seqs` sequences verifies its last token and k proposals
-                rows = spec.num_speculative_tokens + 1
-                seqs = min(scheduler.max_num_seqs, SPEC_GRAPH_MAX_SEQS)
-                self.verify_graphs = PrefillGraphs(self.model, min(seqs * rows, max_num_batched_tokens),
-                                                   max_blocks, self.device, lora=lora, rows_per_seq=rows,
-                                                   max_seqs=seqs, max_chunk=rows)
-                self.verify_graphs.capture()
-        # From here on a Triton compile stalls a step: log each one (kernels the warm-up missed).
+        self.mirror: RankMirror | None = None
         self._last: PendingStep | None = None  # the step launched last (placeholders read its tokens)
-        self.compile_watch = CompileWatch()
-        if self.device.type == "cuda":
-            self.compile_watch.install()
-
-    # ---- tensor parallelism -----------------------------------------------------------------------
-    def _tp_exchange(self, tag: str, value):
-        """Every rank's `value` (rank 0's first): a start-up handshake over the ranks' pipes."""
-        link = self.workers or self._peer
-        return [value] if link is None else link.exchange(tag, value)
-
-    def _drive_workers(self) -> None:
-        """From now on each LM-head call of rank 0 is mirrored (the head is split over the
-        vocabulary: every rank computes its part of the logits)."""
-        workers, head = self.workers, self.model.compute_logits
-
-        def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
-            try:
-                return head(workers.logits(hidden))
-            except RankFailed:
-                raise
-            except Exception as exc:  # the ranks' collectives are out of step from here on
-                raise workers.failed(exc) from exc
-        self.model.compute_logits = compute_logits
-        workers.driving = True
-
-    def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do with one rank)."""
-        if self.workers is not None:
-            self.workers.shutdown()
 
     def copy_blocks(self, block_copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: each (src, dst) block of every layer's keys and values."""
@@ -175,71 +70,37 @@ class ModelRunner:
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
 
-    def _set_kv_scales(self, cache: CacheConfig, checkpoint: dict[str, dict[str, float]]) -> None:
-        """An FP8 cache stores keys and values divided by per-layer scales: the checkpoint's
-        where it has them (FP8 checkpoints calibrated them), else k_scale / v_scale."""
-        for layer in self.attn_layers:
-            layer.k_scale, layer.v_scale = float(cache.k_scale), float(cache.v_scale)
-        if not checkpoint:
-            return
-        if self.cache_dtype != torch.float8_e4m3fn:
-            logger.info("The checkpoint's KV cache scales (%d layers) are not used: "
-                        "kv_cache_dtype is %s", len(checkpoint), cache.kv_cache_dtype)
-            return
-        blocks = {name: module.attn for name, module in self.model.named_modules()
-                  if isinstance(getattr(module, "attn", None), Attention)}
-        for block, scales in sorted(checkpoint.items()):
-            attn = blocks.get(block)
-            if attn is None:
-                raise ValueError(f"model: KV cache scales for {block!r}, which is not an "
-                                 f"attention block of this model")
-            attn.k_scale = scales.get("k", attn.k_scale)
-            attn.v_scale = scales.get("v", attn.v_scale)
-        logger.info("KV cache scales from the checkpoint for %d of %d layers", len(checkpoint),
-                    len(self.attn_layers))
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on rank 0's hidden states; with tensor parallelism every rank computes
+        its part of the vocabulary from them (the mirror broadcasts them)."""
+        if self.mirror is None:
+            return self.model.compute_logits(hidden)
+        return self.mirror.logits(hidden, self.model.compute_logits)
 
-    # ---- KV pool sizing -----------------------------------------------------------------------
-    @property
-    def block_bytes(self) -> int:
-        return (2 * len(self.attn_layers) * self.block_size * self.num_kv_heads * self.head_dim
-                * self.cache_dtype.itemsize)
+    # ---- forward passes -------------------------------------------------------------------------
+    def run_path(self, call: ForwardCall, fill=None) -> torch.Tensor:
+        """The forward pass `call` describes, on this rank: what every rank runs for a step
+        (rank 0 with `fill`, the placeholders' tokens on its device; with tensor parallelism
+        the others receive the filled input ids from it)."""
+        if self.mirror is not None:
+            self.mirror.forward(call)
+        share_ids = call.fill and get_tp_size() > 1
+        if call.path is ForwardPath.DECODE_GRAPH:
+            return self.graphs.run(call.batch, fill, share_input_ids=share_ids)
+        if call.path is ForwardPath.VERIFY_GRAPH:
+            return self.verify_graphs.run(call.batch, call.rows)
+        if call.path is ForwardPath.PREFILL_GRAPH:
+            return self.prefill_graphs.run(call.batch)
+        rows = None if call.rows is None else self.to_device(call.rows, torch.int64)
+        return self.forward_eager(call.batch, fill, rows, share_input_ids=share_ids)
 
-    def allocate_cache(self, num_blocks: int, zero: bool) -> torch.Tensor:
-        """[2, layers, num_blocks, block_size, Hkv, D] in the cache dtype. Made as bytes and
-        reinterpreted, since not every device fills or indexes float8 tensors."""
-        shape = (2, len(self.attn_layers), num_blocks, self.block_size, self.num_kv_heads,
-                 self.head_dim)
-        make = torch.zeros if zero else torch.empty
-        raw = make(*shape[:-1], self.head_dim * self.cache_dtype.itemsize, dtype=torch.uint8,
-                   device=self.device)
-        return raw.view(self.cache_dtype)
-
-    def bind_cache(self, pool: torch.Tensor) -> None:
-        """Give each attention layer its views of the pool; an FP8 value cache is each block
-        transposed, [num_blocks, Hkv, D, block_size] (same bytes per block)."""
-        for i, layer in enumerate(self.attn_layers):
-            k_cache = pool[0, i]
-            layer.k_cache = k_cache
-            layer.v_cache = pool[1, i].view(v_cache_shape(tuple(k_cache.shape), pool.dtype))
-
-    def _decide_num_blocks(self) -> int:
-        cache = self.config.cache_config
-        if cache.num_kv_blocks is not None:
-            return cache.num_kv_blocks
-        if self.device.type == "cpu":
-            enough = -(-self.max_model_len // self.block_size) * self.config.scheduler_config.max_num_seqs
-            return max(1, min(CPU_KV_CACHE_BYTES // self.block_bytes, enough))
-        return profile_num_blocks(self)
-
-
-    # ---- one step -----------------------------------------------------------------------------
-    # ---- one step -----------------------------------------------------------------------------
-    def forward_eager(self, batch, fill=None, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_eager(self, batch, fill=None, logits_indices: torch.Tensor | None = None,
+                      share_input_ids: bool = False) -> torch.Tensor:
         input_ids = self.to_device(batch.input_ids, torch.int64)
         if fill is not None:
             input_ids[fill[0]] = fill[2][fill[1]]
-        if self.workers is not None and self.workers.driving:
-            self.workers.forward(batch, input_ids, fill is not None, logits_indices)
+        if share_input_ids:
+            tp_broadcast(input_ids)
         return self.run_forward(batch, input_ids, logits_indices)
 
     def run_forward(self, batch, input_ids: torch.Tensor,
@@ -257,28 +118,28 @@ class ModelRunner:
             return t.to(dtype)
         return t.to(dtype).pin_memory().to(self.device, non_blocking=True)
 
+    def choose_path(self, batch, fill, prompt_index: list[int], speculative: bool,
+                    verify_in_graph: bool) -> ForwardPath:
+        """Which way a step's forward pass runs: a decode, verification or prefill graph where
+        one fits the batch, else eagerly."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return ForwardPath.DECODE_GRAPH
+        if verify_in_graph and fill is None and self.verify_graphs.can_run(batch):
+            return ForwardPath.VERIFY_GRAPH
+        if not prompt_index and not speculative and self.prefill_graphs is not None \
+                and self.prefill_graphs.can_run(batch):
+            return ForwardPath.PREFILL_GRAPH
+        return ForwardPath.EAGER
 
+    # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> PendingStep:
         """Queue the step on the device and return at once; `PendingStep.wait()` gives its
         ModelRunnerOutput. Input tokens still being sampled by the step launched before
         (placeholders) are read from its output on the device. With `step.defer_sampling` only
         the forward pass is queued: `PendingStep.sample()` queues the sampling later, once the
-        host knows what it reads (the previous step's tokens, for a grammar). With tensor
-        parallelism, RankFailed once a rank is lost (and for every step after)."""
-        workers = self.workers
-        if workers is None:
-            return self._execute_model(step)
-        workers.check()
-        try:
-            if step.lora_loads or step.block_copies:
-                workers.prologue([(slot, name, self.lora_manager.paths[name])
-                                  for slot, name in step.lora_loads], step.block_copies)
-            return self._execute_model(step)
-        except RankFailed:
-            raise
-        except Exception as exc:  # the ranks' collectives are out of step from here on
-            raise workers.failed(exc) from exc
+        host knows what it reads (the previous step's tokens, for a grammar)."""
+        return self._execute_model(step)
 
     def _execute_model(self, step: SchedulerOutput) -> PendingStep:
         self.sampler.table.release(step.finished_seq_ids)
@@ -317,35 +178,35 @@ class ModelRunner:
                                        grammar=step.grammar_bitmask)
         gather = None
         prompt_hidden = None
-        if self.graphs is not None and self.graphs.can_run(batch):
+        path = self.choose_path(batch, fill, prompt_index, speculative, verify_in_graph)
+        if path is ForwardPath.DECODE_GRAPH:
             if not every_row:
                 gather = self.to_device(rows_index, torch.int64)
-            hidden = self.graphs.run(batch, fill)  # every row
+            hidden = self.run_path(ForwardCall(path, batch, fill is not None), fill)  # every row
             if prompt_index:
                 prompt_hidden = hidden[self.to_device(prompt_index, torch.int64)]
-        elif verify_in_graph and fill is None and pg.can_run(batch):
-            hidden = pg.run(batch, rows_index)  # the sampled rows, in order
-        elif not prompt_index and not speculative and self.prefill_graphs is not None \
-                and self.prefill_graphs.can_run(batch):
+        elif path is ForwardPath.VERIFY_GRAPH:
+            hidden = self.run_path(ForwardCall(path, batch, rows=rows_index))  # the sampled rows, in order
+        elif path is ForwardPath.PREFILL_GRAPH:
             # The graph gives the last row of each prompt chunk, in chunk order.
             chunk_of = {int(end) - 1: i for i, end in enumerate(batch.prefill_cu_seqlens_q[1:])}
             chunks = [chunk_of[r] for r in rows_index]
             if chunks != list(range(len(chunk_of))):
                 gather = self.to_device(chunks, torch.int64)
-            hidden = self.prefill_graphs.run(batch)  # prompt chunks have no placeholder tokens
+            hidden = self.run_path(ForwardCall(path, batch))  # prompt chunks have no placeholder tokens
         else:
             # Only the sampled rows (then the prompt-logprob rows) leave the last layer.
-            logits_indices = None
+            logits_rows = None
             if not every_row or prompt_index:
-                logits_indices = self.to_device(rows_index + prompt_index, torch.int64)
-            hidden = self.forward_eager(batch, fill, logits_indices)
+                logits_rows = rows_index + prompt_index
+            hidden = self.run_path(ForwardCall(path, batch, fill is not None, logits_rows), fill)
             if prompt_index:
                 hidden, prompt_hidden = hidden[:len(rows_index)], hidden[len(rows_index):]
         prompt = None
         if prompt_index:
             num_top = max(span.num_logprobs for span in step.prompt_spans)
             prompt = compute_prompt_logprobs(
-                self.model.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
+                self.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
         pending = self._last = PendingStep(step, prompt)
         if not rows:
@@ -357,7 +218,7 @@ class ModelRunner:
             # The graphs' output buffers stay valid: the next forward is queued after sample().
             pending.defer(lambda grammar: self._sample_deferred(hidden, seqs, grammar))
             return pending
-        pending.finish(self.sampler(self.model.compute_logits(hidden), seqs, sampling))
+        pending.finish(self.sampler(self.compute_logits(hidden), seqs, sampling))
         return pending
 
     def _placeholder_fill(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -381,4 +242,4 @@ class ModelRunner:
         placeholder of this very step)."""
         sampling = Sampler.prepare(seqs, self.vocab_size, self.device, pending_tokens=1,
                                    counts=self.sampler.counts, table=self.sampler.table, grammar=grammar)
-        return self.sampler(self.model.compute_logits(hidden), seqs, sampling)
+        return self.sampler(self.compute_logits(hidden), seqs, sampling)

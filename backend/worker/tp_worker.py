@@ -1,9 +1,10 @@
 """A tensor-parallel rank other than 0: `python -m backend.worker.tp_worker FD RANK SIZE PORT`.
 
-It builds its shard of the model and of the KV cache with the same ModelRunner code as rank 0
-(the start-up runs in lockstep), then follows rank 0: each message from the pipe (see
-worker_group.py) is a piece of device work whose collectives it joins. It samples nothing. It
-exits when told to, when rank 0's pipe closes, or when its parent process goes away."""
+It builds its shard of the model and of the KV cache, and its CUDA graphs, with the same Worker
+code as rank 0 (the start-up runs in lockstep), then follows rank 0: each message from the pipe
+(see worker_group.py) is a piece of device work whose collectives it joins; a forward pass runs
+by the path rank 0 chose for it (`ModelRunner.run_path`, the code rank 0 runs). It samples
+nothing. It exits when told to, when rank 0's pipe closes, or when its parent process goes away."""
 from __future__ import annotations
 
 import logging
@@ -41,13 +42,15 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def follow(runner, conn: Connection) -> None:
+def follow(worker, conn: Connection) -> None:
     """Run rank 0's device work until Stop (or its pipe closes)."""
     import torch
 
     from ..layers.parallel_state import tp_broadcast
-    from .worker_group import ForwardCall, LogitsCall, Stop, StepPrologue
-    hidden_size = runner.model.args.hidden_size
+    from .forward_path import ForwardCall
+    from .worker_group import LogitsCall, Stop, StepPrologue
+    runner = worker.runner
+    hidden_size = worker.model.args.hidden_size
     with torch.inference_mode():
         while True:
             try:
@@ -57,23 +60,15 @@ def follow(runner, conn: Connection) -> None:
             if isinstance(message, Stop):
                 return
             if isinstance(message, ForwardCall):
-                batch = message.batch
-                input_ids = runner.to_device(batch.input_ids, torch.int64)
-                if message.fill:
-                    tp_broadcast(input_ids)
-                logits_indices = None
-                if message.num_logits_rows is not None:
-                    logits_indices = tp_broadcast(torch.empty(message.num_logits_rows, dtype=torch.int64,
-                                                              device=runner.device))
-                runner.run_forward(batch, input_ids, logits_indices)
+                runner.run_path(message)
             elif isinstance(message, LogitsCall):
                 hidden = tp_broadcast(torch.empty(message.rows, hidden_size, dtype=runner.dtype,
                                                   device=runner.device))
                 runner.model.compute_logits(hidden)
             elif isinstance(message, StepPrologue):
                 for slot, name, path in message.lora_loads:
-                    runner.lora_manager.add_adapter(name, path)
-                    runner.lora_manager.load(slot, name)
+                    worker.lora_manager.add_adapter(name, path)
+                    worker.lora_manager.load(slot, name)
                 runner.copy_blocks(message.block_copies)
             else:
                 raise RuntimeError(f"unexpected message {message!r}")
@@ -88,15 +83,16 @@ def main(fd: int, rank: int, size: int, port: int) -> int:
 
         from ..layers.parallel_state import destroy_tp_group, init_tp_group
         from .device import resolve_device
-        from .model_runner import ModelRunner
+        from .worker import Worker
         if resolve_device(config.device_config).type == "cuda":
             torch.cuda.set_device(rank)  # rank r on the r-th visible GPU
         device = resolve_device(config.device_config)
         peer = Peer(conn, rank)
         peer.exchange("hello", os.getpid())
         init_tp_group(rank, size, port, device)
-        runner = ModelRunner(config, peer=peer)
-        follow(runner, conn)
+        worker = Worker(config, rank=rank, link=peer)
+        follow(worker, conn)
+        del worker  # its CUDA graphs hold NCCL work: gone before the communicator is destroyed
         destroy_tp_group()
         return 0
     except SystemExit as exc:

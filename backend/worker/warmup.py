@@ -20,12 +20,13 @@ logger = logging.getLogger(__name__)
 _PROFILE_PARAMS = SamplingParams(max_tokens=1)
 
 
-class StartupRunner(Protocol):
-    """What the start-up work reads of the ModelRunner being built (it is called from there)."""
+class StartupWorker(Protocol):
+    """What the start-up work reads of the Worker being built (it is called from there): its
+    model and cache, and its runner's eager forward pass and sampler."""
     config: EngineConfig
     device: torch.device
     model: Any
-    sampler: Any
+    runner: Any
     lora_manager: Any
     attn_layers: list
     block_size: int
@@ -38,7 +39,6 @@ class StartupRunner(Protocol):
     block_bytes: int
     allocate_cache: Callable[..., torch.Tensor]
     bind_cache: Callable[[torch.Tensor], None]
-    forward_eager: Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -59,7 +59,7 @@ class ScratchSequence:
 
 
 @torch.inference_mode()
-def profile_num_blocks(runner: StartupRunner) -> int:
+def profile_num_blocks(worker: StartupWorker) -> int:
     """Run a forward pass at the token budget, see the peak memory, give the rest of
     gpu_memory_utilization to the KV cache."""
     gc.collect()
@@ -67,32 +67,32 @@ def profile_num_blocks(runner: StartupRunner) -> int:
     torch.cuda.reset_peak_memory_stats()
     free, total = torch.cuda.mem_get_info()
     others = total - free - torch.cuda.memory_reserved()  # other processes, CUDA context
-    num_tokens = runner.max_num_batched_tokens
-    seq_len = min(runner.max_model_len, num_tokens)
+    num_tokens = worker.max_num_batched_tokens
+    seq_len = min(worker.max_model_len, num_tokens)
     lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
-    blocks_per_seq = -(-seq_len // runner.block_size)
-    scratch = runner.allocate_cache(blocks_per_seq * len(lens), zero=False)
-    runner.bind_cache(scratch)
+    blocks_per_seq = -(-seq_len // worker.block_size)
+    scratch = worker.allocate_cache(blocks_per_seq * len(lens), zero=False)
+    worker.bind_cache(scratch)
     seqs = []
     for j, n in enumerate(lens):
         s = ScratchSequence(-1 - j, [0] * n, list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq)))
         seqs.append(ScheduledSequence(s, n))
-    hidden = runner.forward_eager(prepare_batch(seqs, runner.block_size))
-    rows = min(runner.config.scheduler_config.max_num_seqs, num_tokens)
-    logits = runner.model.compute_logits(hidden[:rows])
+    hidden = worker.runner.forward_eager(prepare_batch(seqs, worker.block_size))
+    rows = min(worker.config.scheduler_config.max_num_seqs, num_tokens)
+    logits = worker.model.compute_logits(hidden[:rows])
     torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's worst case
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     del scratch, hidden, logits
-    for layer in runner.attn_layers:
+    for layer in worker.attn_layers:
         layer.k_cache = layer.v_cache = None
     gc.collect()
     torch.cuda.empty_cache()
-    available = total * runner.config.cache_config.gpu_memory_utilization - others - peak
-    num_blocks = int(available // runner.block_bytes)
+    available = total * worker.config.cache_config.gpu_memory_utilization - others - peak
+    num_blocks = int(available // worker.block_bytes)
     logger.info("KV cache: %d blocks (%.2f GiB of %s); peak activation+weights %.2f GiB",
-                num_blocks, num_blocks * runner.block_bytes / 2**30,
-                str(runner.cache_dtype).removeprefix("torch."), peak / 2**30)
+                num_blocks, num_blocks * worker.block_bytes / 2**30,
+                str(worker.cache_dtype).removeprefix("torch."), peak / 2**30)
     if num_blocks < 1:
         raise ValueError("gpu_memory_utilization: no memory is left for the KV cache "
                          f"(weights and activations peak at {peak / 2**30:.2f} GiB of "
@@ -101,7 +101,7 @@ def profile_num_blocks(runner: StartupRunner) -> int:
 
 
 @torch.inference_mode()
-def compile_step_variants(runner: StartupRunner) -> None:
+def compile_step_variants(worker: StartupWorker) -> None:
     """Run each attention-kernel variant an eager step can pick (decode: small- or full-batch
     tiles, with or without a KV split; prefill: 16/32/64-row tiles, with GQA heads packed for
     chunks of at most PACK_GQA_MAX_LEN tokens, and 128-row tiles for chunks over 1,024
@@ -109,25 +109,25 @@ def compile_step_variants(runner: StartupRunner) -> None:
     kernel once now, so Triton compiles them at startup and not in the middle of serving
     (seconds each, first time on a machine; `CompileWatch` logs any that is left). Writes
     only scratch KV and outputs: no block holds cached data yet."""
-    sms = torch.cuda.get_device_properties(runner.device).multi_processor_count
-    full_batch = min(-(-sms // runner.num_kv_heads), runner.config.scheduler_config.max_num_seqs)
-    short, long_ = 16, min(1024, runner.max_model_len)
+    sms = torch.cuda.get_device_properties(worker.device).multi_processor_count
+    full_batch = min(-(-sms // worker.num_kv_heads), worker.config.scheduler_config.max_num_seqs)
+    short, long_ = 16, min(1024, worker.max_model_len)
     # (decodes, their context length, prompt-chunk tokens alongside)
     cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
     from kernels.prefill_attention import PACK_GQA_MAX_LEN
-    group = runner.attn_layers[0].num_heads // runner.num_kv_heads
+    group = worker.attn_layers[0].num_heads // worker.num_kv_heads
     # Short chunks pack `group` heads' rows into 16-, 32- or 64-row tiles.
     packed = {min(PACK_GQA_MAX_LEN, max(1, rows // group)) for rows in (16, 32, 64)} if group > 1 else set()
     cases += [(1, short, n) for n in sorted({16, 32, 64, 1040} | packed)
-              if n <= min(runner.max_model_len, runner.max_num_batched_tokens)]
-    lora = runner.lora_manager is not None
+              if n <= min(worker.max_model_len, worker.max_num_batched_tokens)]
+    lora = worker.lora_manager is not None
     next_block = 0
 
     def fake(n: int) -> ScratchSequence:
         nonlocal next_block
-        blocks = -(-n // runner.block_size)
+        blocks = -(-n // worker.block_size)
         # LoRA slot 0's delta goes into the discarded output.
-        s = ScratchSequence(-1 - next_block, [0] * n, [(next_block + i) % runner.num_blocks for i in range(blocks)],
+        s = ScratchSequence(-1 - next_block, [0] * n, [(next_block + i) % worker.num_blocks for i in range(blocks)],
                             lora_slot=0 if lora else -1)
         next_block += blocks
         return s
@@ -140,16 +140,16 @@ def compile_step_variants(runner: StartupRunner) -> None:
             items.append(ScheduledSequence(s, 1))
         if chunk:
             items.append(ScheduledSequence(fake(chunk), chunk))
-        hidden = runner.forward_eager(prepare_batch(items, runner.block_size, lora=lora))
+        hidden = worker.runner.forward_eager(prepare_batch(items, worker.block_size, lora=lora))
     # The greedy sampler's kernel (the memory profile samples at temperature 1).
     greedy = ScratchSequence(-1, [0], params=SamplingParams(temperature=0, max_tokens=1))
-    runner.sampler(runner.model.compute_logits(hidden[-2:]), [greedy, greedy])
+    worker.runner.sampler(worker.model.compute_logits(hidden[-2:]), [greedy, greedy])
     # The penalties' kernel, each variant: all rows or some; repetition, additive or both
     # (it reads slot 0's counts, still zero, and writes scratch logits).
-    counts = runner.sampler.counts
-    logits = torch.zeros((2, runner.vocab_size), dtype=torch.float32, device=runner.device)
-    two = torch.zeros(2, dtype=torch.int64, device=runner.device)
-    ones = torch.ones(2, dtype=torch.float32, device=runner.device)
+    counts = worker.runner.sampler.counts
+    logits = torch.zeros((2, worker.vocab_size), dtype=torch.float32, device=worker.device)
+    two = torch.zeros(2, dtype=torch.int64, device=worker.device)
+    ones = torch.ones(2, dtype=torch.float32, device=worker.device)
     for rows in (None, two):
         for rep, add in ((ones, ones), (ones, None), (None, ones)):
             ops.apply_penalties(logits, rows, two, counts.output_counts, counts.in_prompt, rep, add, add)

@@ -1,10 +1,11 @@
 """WorkerGroup: rank 0's side of tensor parallelism. It starts ranks 1..N-1 as processes
 (`python -m backend.worker.tp_worker`), joins their torch.distributed group, and mirrors the
-device work of rank 0's ModelRunner to them: each forward pass and each LM-head call is one
-message (pickled once, sent down every rank's pipe) followed by the collectives of that work,
-which every rank then runs in the same order. The pipes are the control plane (start-up
-handshakes, errors, shutdown), the process group the data plane. Ranks fail loudly: a rank that
-dies makes every later call raise RankFailed, naming it."""
+device work of rank 0's ModelRunner to them: each forward pass (a `ForwardCall`: its path, graph
+or eager, and its batch) and each LM-head call is one message (pickled once, sent down every
+rank's pipe) followed by the collectives of that work, which every rank then runs in the same
+order. The pipes are the control plane (start-up handshakes, errors, shutdown), the process
+group the data plane. Ranks fail loudly: a rank that dies makes every later call raise
+RankFailed, naming it."""
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,14 @@ import sys
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..engine_config import EngineConfig
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
 from ..python_env import python_executable
+from .forward_path import ForwardCall
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,15 +54,6 @@ class StepPrologue:
     """A step's work before its forward pass: adapters into slots, copy-on-write blocks."""
     lora_loads: list[tuple[int, str, str]]  # (slot, adapter, its directory)
     block_copies: list[tuple[int, int]]
-
-
-@dataclass
-class ForwardCall:
-    """One forward pass. The batch's placeholder tokens are 0: with `fill`, rank 0 broadcasts
-    the input ids it filled on its device; with `num_logits_rows`, the rows the last layer keeps."""
-    batch: Any  # PreparedBatch
-    fill: bool
-    num_logits_rows: int | None
 
 
 @dataclass
@@ -138,7 +131,6 @@ class WorkerGroup:
                              f"{torch.cuda.device_count()} are visible (CUDA_VISIBLE_DEVICES).")
         self.size = tp
         self.device = device
-        self.driving = False  # set once every rank has built its runner: mirror from then on
         self.failure: str | None = None
         port = free_port()
         env = dict(os.environ)
@@ -193,17 +185,21 @@ class WorkerGroup:
     def prologue(self, lora_loads: list[tuple[int, str, str]], block_copies: list[tuple[int, int]]) -> None:
         self._send(StepPrologue(lora_loads, block_copies))
 
-    def forward(self, batch, input_ids: torch.Tensor, fill: bool,
-                logits_indices: torch.Tensor | None) -> None:
-        self._send(ForwardCall(batch, fill, None if logits_indices is None else len(logits_indices)))
-        if fill:
-            tp_broadcast(input_ids)
-        if logits_indices is not None:
-            tp_broadcast(logits_indices)
+    def forward(self, call: ForwardCall) -> None:
+        """Tell the ranks rank 0's forward pass, which each then runs the same way
+        (`ModelRunner.run_path`)."""
+        self._send(call)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        self._send(LogitsCall(hidden.shape[0]))
-        return tp_broadcast(hidden.contiguous())
+    def logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The LM head split over the vocabulary: every rank computes its part of the logits
+        from rank 0's hidden states, which are broadcast to them."""
+        try:
+            self._send(LogitsCall(hidden.shape[0]))
+            return head(tp_broadcast(hidden.contiguous()))
+        except RankFailed:
+            raise
+        except Exception as exc:  # the ranks' collectives are out of step from here on
+            raise self.failed(exc) from exc
 
     # ---- faults -----------------------------------------------------------------------------------
     def check(self) -> None:
@@ -251,5 +247,4 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Stop every rank and leave the process group; idempotent."""
-        self.driving = False
         self._finalizer()

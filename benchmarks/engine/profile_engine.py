@@ -217,7 +217,7 @@ def main() -> None:
                                   "decode": sum(1 for e in events if not e[2])}}
     summary = {
         "startup_s": startup, "wall_s": wall, "loop_thread_cpu_s": loop_cpu, "output_tok_s": tokens / wall, "steps": len(steps),
-        "num_kv_blocks": engine.runner.num_blocks,
+        "num_kv_blocks": engine.executor.worker.num_blocks,
         "decode_steps_full_batch": len(dec),
         "decode_step_ms_median": sorted(dec)[len(dec) // 2] * 1000 if dec else None,
         "mixed_prefill_steps": len(big),

@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from backend import LLM, SamplingParams
-    from backend.worker import model_runner
+    from backend.worker import worker
     from client.bench_model_repo import parse_assignments
     if args.spec_graph_seqs:
-        model_runner.SPEC_GRAPH_MAX_SEQS = args.spec_graph_seqs
+        worker.SPEC_GRAPH_MAX_SEQS = args.spec_graph_seqs
 
     # No prefix caching: every mode runs the same prompts, and later runs would skip the prefill.
     values: dict[str, Any] = {"load_format": "dummy", "dtype": "bfloat16", "enable_prefix_caching": False}

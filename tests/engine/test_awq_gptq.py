@@ -189,9 +189,9 @@ WIDE_FORMATS = {"awq-g128": ("awq", 4, 128, False, False),
 
 def _check_engine_against_hf(src: str, root: str, fmt, bits, group, sym, desc_act) -> None:
     qdir, ddir, packed = make_checkpoints(src, root, fmt, bits, group, sym, desc_act)
-    runner = LLM(qdir, device="cpu", dtype="float32").engine.runner
-    assert runner.quantization == fmt
-    _assert_engine_weights(runner.model, packed, fmt, bits, group)
+    worker = LLM(qdir, device="cpu", dtype="float32").engine.executor.worker
+    assert worker.quantization == fmt
+    _assert_engine_weights(worker.model, packed, fmt, bits, group)
     assert engine_tokens(qdir) == hf_tokens(ddir)
 
 
@@ -271,8 +271,8 @@ def test_speculative_decoding_and_lora_on_quantized_layers(llama_dir, llama_adap
 def test_dummy_weights_with_quantization_awq(wide_llama_dir):
     """Random packed weights of the default layout (4 bits, groups of 128): what the GPU
     benchmark runs at Llama-3-8B's shapes."""
-    runner = LLM(wide_llama_dir, device="cpu", load_format="dummy", quantization="awq").engine.runner
-    proj = runner.model.model.layers[0].mlp.gate_up_proj
+    worker = LLM(wide_llama_dir, device="cpu", load_format="dummy", quantization="awq").engine.executor.worker
+    proj = worker.model.model.layers[0].mlp.gate_up_proj
     assert proj.qweight.dtype == torch.int32 and proj.qweight.shape == (proj.in_features, proj.out_features // 8)
     assert proj.scales.dtype == torch.float16 and proj.perm is None
     out = LLM(wide_llama_dir, device="cpu", load_format="dummy", quantization="gptq").generate(
@@ -356,7 +356,7 @@ def test_gpu_projections_run_the_kernel_on_the_loaded_layout(llama_dir, tmp_path
     fmt, bits, group, sym, desc_act = FORMATS[case]
     qdir, ddir, packed = make_checkpoints(llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
     llm = LLM(qdir, device="cuda", dtype=str(dtype).split(".")[1], num_kv_blocks=256)
-    model = llm.engine.runner.model
+    model = llm.engine.executor.worker.model
     for layer in model.model.layers:
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                        layer.mlp.down_proj):

@@ -55,10 +55,10 @@ def test_fp8_engine_matches_hf_with_the_same_fake_quantization(model_dir):
     # The CPU's emulated FP8 matmul rounds exactly as the fake-quantized HF model does; a GPU's
     # FP8 tensor cores accumulate in another order, so this comparison is CPU-only by design.
     llm = LLM(model_dir, dtype="float32", device="cpu", quantization="fp8")
-    linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, LinearBase)]
+    linears = [m for m in llm.engine.executor.worker.model.modules() if isinstance(m, LinearBase)]
     assert linears and all(m.weight.dtype == torch.float8_e4m3fn for m in linears)
     assert all(m.weight_scale.shape == (1, m.weight.shape[0]) for m in linears)
-    assert llm.engine.runner.model.lm_head.weight.dtype == torch.float32  # the head stays 16/32-bit
+    assert llm.engine.executor.worker.model.lm_head.weight.dtype == torch.float32  # the head stays 16/32-bit
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == hf_fp8_greedy(model_dir, prompts)
 

@@ -94,7 +94,7 @@ def test_fp8_checkpoint_keeps_its_values_and_scales(model_dir, tmp_path, per_cha
     checkpoint = {}
     for path in glob.glob(os.path.join(fp8_dir, "*.safetensors")):
         checkpoint.update(load_file(path))
-    model = LLM(fp8_dir, device=device, dtype=dtype, quantization="fp8").engine.runner.model
+    model = LLM(fp8_dir, device=device, dtype=dtype, quantization="fp8").engine.executor.worker.model
     packs = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
     checked = 0
     for i, layer in enumerate(model.model.layers):
@@ -160,9 +160,9 @@ FP8_CONFIGS = [
 def test_a_declared_fp8_checkpoint_is_served_in_fp8(llama_dir, tmp_path, declared):
     fp8_dir, wide_dir = _fp8_and_widened(llama_dir, str(tmp_path), True, False)
     _declare(fp8_dir, declared)
-    runner = LLM(fp8_dir, device="cpu").engine.runner
-    assert runner.quantization == "fp8"
-    assert runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    worker = LLM(fp8_dir, device="cpu").engine.executor.worker
+    assert worker.quantization == "fp8"
+    assert worker.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
     assert _outputs(fp8_dir) == _outputs(wide_dir, quantization="fp8")
 
 

@@ -55,7 +55,7 @@ def test_fp8_kv_cache_matches_hf_with_the_same_fake_quantization(model_dir, monk
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
     llm = LLM(model_dir, dtype="float32", device="cpu", kv_cache_dtype="fp8", k_scale=K_SCALE,
               v_scale=V_SCALE)
-    assert llm.engine.runner.kv_cache.dtype == torch.float8_e4m3fn
+    assert llm.engine.executor.worker.kv_cache.dtype == torch.float8_e4m3fn
     outs = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == hf_fp8_kv_greedy(model_dir, prompts, monkeypatch)
     # The quantization is real: the same prompts with a float32 cache give other log-probabilities.
@@ -67,9 +67,9 @@ def test_fp8_kv_cache_matches_hf_with_the_same_fake_quantization(model_dir, monk
 def test_fp8_pool_holds_twice_the_blocks(llama_dir):
     sizes = {}
     for kv_dtype in ("auto", "fp8"):
-        runner = LLM(llama_dir, dtype="float16", device="cpu", kv_cache_dtype=kv_dtype,
-                     max_model_len=2048, max_num_seqs=4096).engine.runner
-        sizes[kv_dtype] = (runner.num_blocks, runner.block_bytes)
+        worker = LLM(llama_dir, dtype="float16", device="cpu", kv_cache_dtype=kv_dtype,
+                     max_model_len=2048, max_num_seqs=4096).engine.executor.worker
+        sizes[kv_dtype] = (worker.num_blocks, worker.block_bytes)
     (blocks16, bytes16), (blocks8, bytes8) = sizes["auto"], sizes["fp8"]
     assert bytes8 * 2 == bytes16
     assert blocks16 == CPU_KV_CACHE_BYTES // bytes16 and blocks8 == CPU_KV_CACHE_BYTES // bytes8
@@ -81,10 +81,10 @@ def test_fp8_cache_forks_copy_on_write_like_one_request(llama_dir, monkeypatch):
     copy moves FP8 keys and transposed values as bytes, so each fork continues exactly as a
     lone request does."""
     llm = LLM(llama_dir, kv_cache_dtype="fp8", k_scale=K_SCALE, v_scale=V_SCALE)
-    runner = llm.engine.runner
+    executor = llm.engine.executor
     copies = []
-    execute = runner.execute_model
-    monkeypatch.setattr(runner, "execute_model", lambda step: (
+    execute = executor.execute_model
+    monkeypatch.setattr(executor, "execute_model", lambda step: (
         copies.extend(step.block_copies), execute(step))[1])
     params = dict(temperature=0, max_tokens=8, ignore_eos=True)
     one = llm.generate([[0, 3, 5]], SamplingParams(**params))[0].outputs[0].token_ids
@@ -128,7 +128,7 @@ def test_fp8_kv_cache_on_gpu_matches_the_cpu_engine(model_dir):
     common = dict(dtype="float32", kv_cache_dtype="fp8", k_scale=K_SCALE, v_scale=V_SCALE,
                   num_kv_blocks=256)
     gpu = LLM(model_dir, device="cuda", **common)
-    assert gpu.engine.runner.kv_cache.dtype == torch.float8_e4m3fn and gpu.engine.runner.graphs
+    assert gpu.engine.executor.worker.kv_cache.dtype == torch.float8_e4m3fn and gpu.engine.executor.runner.graphs
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
     want = [o.outputs[0].token_ids for o in LLM(model_dir, device="cpu", **common).generate(prompts, params)]
     assert got == want

@@ -25,7 +25,7 @@ def test_gpu_engine_matches_the_cpu_engine(model_dir):
     common = dict(dtype="float32", num_kv_blocks=256, max_num_batched_tokens=48,
                   enable_prefix_caching=True)
     gpu = LLM(model_dir, device="cuda", **common)
-    assert gpu.engine.runner.graphs
+    assert gpu.engine.executor.runner.graphs
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
     want = [o.outputs[0].token_ids for o in LLM(model_dir, device="cpu", **common).generate(prompts, params)]
     assert got == want
@@ -40,7 +40,7 @@ def test_gpu_prompt_logprobs_match_the_cpu_engine(llama_dir, budget):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=2)
     common = dict(dtype="float32", num_kv_blocks=128, max_num_batched_tokens=budget)
     gpu = LLM(llama_dir, device="cuda", **common)
-    assert gpu.engine.runner.graphs and gpu.engine.runner.prefill_graphs
+    assert gpu.engine.executor.runner.graphs and gpu.engine.executor.runner.prefill_graphs
     got = gpu.generate(prompts, params)
     want = LLM(llama_dir, device="cpu", **common).generate(prompts, params)
     for g, w in zip(got, want):
@@ -68,7 +68,7 @@ def test_no_triton_compile_while_serving(llama_dir, tmp_path, lora):
             str(tmp_path / "a"), llama_dir, ["q_proj", "v_proj", "down_proj"], 8, 16, seed=1)})
     llm = LLM(llama_dir, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_model_len=2048,
               max_num_batched_tokens=1536, enable_prefix_caching=True, **adapters)
-    watch = llm.engine.runner.compile_watch
+    watch = llm.engine.executor.worker.compile_watch
     assert watch.installed and watch.compiles == 0
     for count, length, max_tokens in ((1, 5, 20), (3, 33, 9), (16, 16, 4), (17, 100, 6), (40, 7, 3),
                                       (2, 513, 5), (1, 1100, 4), (5, 1300, 3)):
@@ -124,8 +124,8 @@ def test_gpu_speculation_of_many_sequences_with_logprobs_and_sampling(llama_dir)
     want = LLM(llama_dir, device="cpu", **common).generate(prompts, greedy)
     gpu = LLM(llama_dir, device="cuda", speculative_config=NGRAM, **common)
     assert gpu.engine.max_speculating_seqs >= len(prompts) > PREFILL_GRAPH_MAX_SEQS
-    pg = gpu.engine.runner.verify_graphs
-    assert pg.max_chunk == NGRAM["num_speculative_tokens"] + 1 and gpu.engine.runner.prefill_graphs.max_chunk is None
+    pg = gpu.engine.executor.runner.verify_graphs
+    assert pg.max_chunk == NGRAM["num_speculative_tokens"] + 1 and gpu.engine.executor.runner.prefill_graphs.max_chunk is None
     replays, run = [], pg.run
     pg.run = lambda batch, rows=None: (rows is not None and replays.append(len(batch.prefill_cu_seqlens_q) - 1)
                                        or run(batch, rows))

@@ -94,9 +94,9 @@ def test_start_up_kernel_variants_run_on_any_pool(llama_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls = []
-    forward = engine.runner.forward_eager
-    monkeypatch.setattr(engine.runner, "forward_eager", lambda batch: calls.append(batch) or forward(batch))
-    compile_step_variants(engine.runner)  # 8 blocks: block ids wrap around the pool
+    forward = engine.executor.runner.forward_eager
+    monkeypatch.setattr(engine.executor.runner, "forward_eager", lambda batch: calls.append(batch) or forward(batch))
+    compile_step_variants(engine.executor.worker)  # 8 blocks: block ids wrap around the pool
     shapes = [(b.num_decodes, b.num_tokens - b.num_decodes) for b in calls]
     # Prompt chunks: the tiny model has 2 query heads per KV head, so chunks of 8, 16 and 17
     # tokens fill 16-, 32- and 64-row tiles with heads packed; 32 and 64 tokens take unpacked
@@ -135,11 +135,11 @@ def test_prefill_graph_padding_changes_nothing(llama_dir):
     # On the CPU even where a GPU is present: the graphs' buffers here are CPU tensors.
     args = EngineArgs(model=llama_dir, num_kv_blocks=64, max_num_seqs=8, max_model_len=256, device="cpu")
     eager, padded = LLMEngine(args), LLMEngine(args)
-    graphs = PrefillGraphs(padded.runner.model, 64, 256 // 16, torch.device("cpu"), capture=False)
+    graphs = PrefillGraphs(padded.executor.worker.model, 64, 256 // 16, torch.device("cpu"), capture=False)
     seen = []
     run = graphs.run
     graphs.run = lambda batch: seen.append((batch.num_tokens, len(batch.prefill_cu_seqlens_q) - 1)) or run(batch)
-    padded.runner.prefill_graphs = graphs
+    padded.executor.runner.prefill_graphs = graphs
     rng = torch.Generator().manual_seed(4)
 
     def ids(n: int) -> list[int]:
@@ -158,7 +158,7 @@ def test_prefill_graph_padding_changes_nothing(llama_dir):
             assert [t for t, _ in got[rid]] == [t for t, _ in want[rid]]
             assert [lp for _, lp in got[rid]] == pytest.approx([lp for _, lp in want[rid]], abs=1e-5)
     assert seen == [(52, 3), (9, 1), (35, 1), (7, 1)]
-    assert torch.allclose(padded.runner.kv_cache, eager.runner.kv_cache, atol=1e-5)
+    assert torch.allclose(padded.executor.worker.kv_cache, eager.executor.worker.kv_cache, atol=1e-5)
 
 
 def test_prefill_graphs_serve_only_prefill_steps_that_fit(llama_dir):

@@ -69,7 +69,7 @@ def test_checkpoint_scales_apply_per_layer(scaled_dir, monkeypatch):
     # The engine-wide k_scale / v_scale would apply only to layers the checkpoint leaves out.
     llm = LLM(scaled_dir, dtype="float32", device="cpu", kv_cache_dtype="fp8", k_scale=0.5,
               v_scale=0.5)
-    layers = llm.engine.runner.attn_layers
+    layers = llm.engine.executor.worker.attn_layers
     assert [(a.k_scale, a.v_scale) for a in layers] == [pytest.approx(s) for s in PER_LAYER]
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
@@ -79,14 +79,14 @@ def test_checkpoint_scales_apply_per_layer(scaled_dir, monkeypatch):
 def test_layers_without_checkpoint_scales_keep_the_engine_scales(llama_dir, tmp_path):
     model = _with_scales(llama_dir, str(tmp_path / "m"),
                          {"model.layers.1.self_attn.v_proj.output_scale": torch.tensor([0.25])})
-    layers = LLM(model, device="cpu", kv_cache_dtype="fp8", k_scale=0.5).engine.runner.attn_layers
+    layers = LLM(model, device="cpu", kv_cache_dtype="fp8", k_scale=0.5).engine.executor.worker.attn_layers
     assert [(a.k_scale, a.v_scale) for a in layers] == [(0.5, 1.0), (0.5, 0.25)]
 
 
 def test_a_16_bit_cache_leaves_checkpoint_scales_unused(llama_dir, scaled_dir):
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
     runs = [LLM(d, dtype="float32", device="cpu") for d in (scaled_dir, llama_dir)]
-    assert [(a.k_scale, a.v_scale) for a in runs[0].engine.runner.attn_layers] == [(1.0, 1.0)] * 2
+    assert [(a.k_scale, a.v_scale) for a in runs[0].engine.executor.worker.attn_layers] == [(1.0, 1.0)] * 2
     scaled, plain = ([(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob)
                       for o in r.generate(PROMPTS, params)] for r in runs)
     assert scaled == plain

@@ -25,7 +25,7 @@ def _prompt_batch(lengths: list[int], block_size: int = 16):
 
 def test_logits_indices_give_those_rows_and_store_every_key(model_dir):
     args = EngineArgs(model=model_dir, num_kv_blocks=16, max_num_seqs=4, max_model_len=128)
-    full, pruned = LLMEngine(args).runner, LLMEngine(args).runner
+    full, pruned = LLMEngine(args).executor.runner, LLMEngine(args).executor.runner
     batch = _prompt_batch([5, 17, 30])
     want = full.forward_eager(batch)
     # out of order and with a repeat (two samples from one sequence), as launch may ask
@@ -35,7 +35,7 @@ def test_logits_indices_give_those_rows_and_store_every_key(model_dir):
     torch.testing.assert_close(got, want[rows], atol=1e-5, rtol=1e-5)
     assert torch.equal(pruned.kv_cache, full.kv_cache)
     # a step that samples nothing (a prompt chunk that does not end its prompt)
-    empty = LLMEngine(args).runner
+    empty = LLMEngine(args).executor.runner
     assert empty.forward_eager(batch, logits_indices=torch.tensor([], dtype=torch.int64)).shape[0] == 0
     assert torch.equal(empty.kv_cache, full.kv_cache)
 
@@ -44,7 +44,7 @@ def test_eager_steps_run_the_last_mlp_on_sampled_rows_only(llama_dir):
     # On the CPU every step is eager (a GPU replays CUDA graphs, which hooks do not see).
     engine = LLMEngine(EngineArgs(model=llama_dir, device="cpu", num_kv_blocks=32, max_num_seqs=4,
                                   max_model_len=128, max_num_batched_tokens=32))
-    layers = engine.runner.model.model.layers
+    layers = engine.executor.worker.model.model.layers
     steps: list[list[int]] = []  # per forward: [rows through the first MLP, through the last]
     layers[0].mlp.register_forward_hook(lambda m, a, out: steps.append([a[0].shape[0], 0]))
     layers[-1].mlp.register_forward_hook(lambda m, a, out: steps[-1].__setitem__(1, a[0].shape[0]))

@@ -56,7 +56,7 @@ def test_a_collected_tensor_parallel_llm_frees_itself(tiny_model, hf_tokens):
     assert out1 == hf_tokens
     ranks = [psutil.Process(pid) for pid in _left_behind(before)["children"]]
     assert len(ranks) == 1 and dist.is_initialized()
-    engine, kv_cache = weakref.ref(llm.engine), weakref.ref(llm.engine.runner.kv_cache)
+    engine, kv_cache = weakref.ref(llm.engine), weakref.ref(llm.engine.executor.worker.kv_cache)
     del llm
     gc.collect()
     assert engine() is None and kv_cache() is None  # its tensors are freed

@@ -132,11 +132,11 @@ def test_requests_bring_adapters_and_host_memory_keeps_max_cpu_loras(llama_dir, 
     prompts = _prompts(2, seed=6)
     refs = {n: _hf(llama_dir, llama_adapters.get(n), prompts) for n in ("qv", "mlp", None)}
     llm = LLM(llama_dir, enable_lora=True, max_loras=1, max_cpu_loras=1, **CPU)
-    manager = llm.engine.runner.lora_manager
+    manager = llm.engine.executor.worker.lora_manager
     assert (manager.num_slots, manager.host_adapters, manager.disk_reads) == (1, [], 0)
     # With none listed, every projection takes adapters (the "mlp" one targets no attention).
     assert all(layer.self_attn.o_proj.lora is not None and layer.mlp.down_proj.lora is not None
-               for layer in llm.engine.runner.model.model.layers)
+               for layer in llm.engine.executor.worker.model.model.layers)
 
     def run(lora):
         return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request=lora)]
@@ -168,7 +168,7 @@ def test_listed_adapters_beyond_max_cpu_loras_are_checked_then_dropped(llama_dir
     still fails the load."""
     prompts = _prompts(2, seed=9)
     llm = LLM(llama_dir, enable_lora=True, lora_modules=llama_adapters, max_loras=1, max_cpu_loras=1, **CPU)
-    manager = llm.engine.runner.lora_manager
+    manager = llm.engine.executor.worker.lora_manager
     assert (manager.disk_reads, manager.host_adapters, manager.resident) == (3, ["qv"], ["qv"])
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, lora_request="mlp")]
     assert got == _hf(llama_dir, llama_adapters["mlp"], prompts)
@@ -183,7 +183,7 @@ def test_listed_adapters_beyond_max_cpu_loras_are_checked_then_dropped(llama_dir
 def test_a_brought_adapter_must_fit_the_listed_adapters_projections(llama_dir, llama_adapters):
     """Listed adapters decide which projections hold slots (no kernel work on the others)."""
     llm = LLM(llama_dir, enable_lora=True, lora_modules={"qv": llama_adapters["qv"]}, max_model_len=128, **CPU)
-    assert llm.engine.runner.model.model.layers[0].mlp.down_proj.lora is None
+    assert llm.engine.executor.worker.model.model.layers[0].mlp.down_proj.lora is None
     with pytest.raises(ValueError, match=r"^LoRA adapter 'mlp' targets layer 0 down_proj, layer 0 gate_proj, "
                                          r"layer 1 down_proj, layer 1 gate_proj, which no adapter listed at "
                                          r"start-up targets; list one that does in lora_modules \(or list none, "
@@ -238,7 +238,7 @@ def test_gpu_graphs_match_the_cpu_engine(llama_dir, llama_adapters, budget, max_
     common = dict(dtype="float32", num_kv_blocks=256, enable_lora=True, lora_modules=llama_adapters,
                   max_num_batched_tokens=budget, max_loras=max_loras)
     gpu = LLM(llama_dir, device="cuda", **common)
-    assert gpu.engine.runner.graphs and gpu.engine.runner.prefill_graphs
+    assert gpu.engine.executor.runner.graphs and gpu.engine.executor.runner.prefill_graphs
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, GREEDY, lora_request=names)]
     alone = [gpu.generate([p], GREEDY, lora_request=n)[0].outputs[0].token_ids for p, n in zip(prompts, names)]
     want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", **common).generate(prompts, GREEDY, lora_request=names)]
@@ -259,7 +259,7 @@ def test_gpu_adapters_brought_by_requests_with_one_in_host_memory(llama_dir, lla
         llm = LLM(llama_dir, device=device, **common)
         results.append([[o.outputs[0].token_ids for o in llm.generate(
             prompts, GREEDY, lora_request=LoRARequest(name, 1, llama_adapters[name]))] for name in order])
-        assert llm.engine.runner.lora_manager.disk_reads == len(order)
+        assert llm.engine.executor.worker.lora_manager.disk_reads == len(order)
     assert results[0] == results[1]
 
 

@@ -65,13 +65,13 @@ def test_prompt_logprobs_match_hf_with_chunks_and_a_cached_prefix(model_dir, bud
     engine = LLMEngine(EngineArgs(model=model_dir, dtype="float32", max_num_batched_tokens=budget,
                                   block_size=16, num_kv_blocks=64, enable_prefix_caching=True))
     spans: list = []
-    execute = engine.runner.execute_model
+    execute = engine.executor.execute_model
 
     def execute_and_record(step):
         spans.extend((span.item.num_new_tokens, span.first, span.end) for span in step.prompt_spans)
         return execute(step)
 
-    engine.runner.execute_model = execute_and_record
+    engine.executor.execute_model = execute_and_record
     greedy = dict(temperature=0, max_tokens=4, ignore_eos=True)
     requests = {"warm": (prompts[2], SamplingParams(**greedy))}  # puts the shared prefix in the cache
     ks = {"p0": 3, "p1": 0, "p2": 5, "p3": 2}

@@ -360,15 +360,15 @@ def test_penalties_read_the_previous_token_while_steps_overlap(llama_dir, monkey
     plain = hf_greedy_generate(hf, prompts, 12)
     assert want != plain  # the penalty changes the output: the test can tell
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=128)
-    runner, deferred, overlapped = llm.engine.runner, [], []
-    execute = runner.execute_model
+    executor, deferred, overlapped = llm.engine.executor, [], []
+    execute = executor.execute_model
 
     def watch_execute(step):  # a placeholder input: the previous step is in flight
         overlapped.append(any(PLACEHOLDER in item.seq.token_ids for item in step.scheduled))
         if step.defer_sampling:
             deferred.append(len(step.sample_rows))
         return execute(step)
-    monkeypatch.setattr(runner, "execute_model", watch_execute)
+    monkeypatch.setattr(executor, "execute_model", watch_execute)
     penalty = SamplingParams(temperature=0, max_tokens=12, min_tokens=12, repetition_penalty=1.8)
     greedy = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
     outs = llm.generate(prompts + prompts, [penalty] * 3 + [greedy] * 3)

@@ -77,7 +77,7 @@ def test_longrope_short_factors_by_default_up_to_the_original_length(phi3_dir, t
                      original_max_position_embeddings=64, max_position_embeddings=2048)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
     assert engine.config.model_config.max_model_len == 64
-    assert not engine.runner.model.args.long_rope
+    assert not engine.executor.worker.model.args.long_rope
     prompts = [list(range(5, 35)), list(range(100, 112))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     assert _generate(engine, prompts, 30) == hf_greedy_generate(hf, prompts, 30)
@@ -91,15 +91,15 @@ def test_longrope_long_factors_past_the_original_length(phi3_dir, tmp_path):
                      original_max_position_embeddings=64, max_position_embeddings=2048)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=256, max_num_batched_tokens=48,
                                   enable_prefix_caching=False))
-    assert engine.config.model_config.max_model_len == 256 and engine.runner.model.args.long_rope
+    assert engine.config.model_config.max_model_len == 256 and engine.executor.worker.model.args.long_rope
     prompts = [list(range(5, 75)), list(range(100, 190))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     want = hf_greedy_generate(hf, prompts, 20)
     assert _generate(engine, prompts, 20) == want
     # The short factors (the default engine, max_model_len 64) would give other tokens for the
     # same prompts, had they fit: the two sets differ where it matters.
-    short = LLMEngine(EngineArgs(model=d, dtype="float32")).runner.model.model.layers[0].self_attn.rotary_emb
-    long = engine.runner.model.model.layers[0].self_attn.rotary_emb
+    short = LLMEngine(EngineArgs(model=d, dtype="float32")).executor.worker.model.model.layers[0].self_attn.rotary_emb
+    long = engine.executor.worker.model.model.layers[0].self_attn.rotary_emb
     assert not torch.allclose(short.cos_sin_cache[:64], long.cos_sin_cache[:64])
 
 

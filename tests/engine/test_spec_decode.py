@@ -185,14 +185,14 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     params = SamplingParams(temperature=0, max_tokens=18, ignore_eos=True)
     want = [o.token_ids for o in _plain(llama_dir, prompts, params)]
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
-    graphs = PrefillGraphs(llm.engine.runner.model, 64, 512, torch.device("cpu"), capture=False,
+    graphs = PrefillGraphs(llm.engine.executor.worker.model, 64, 512, torch.device("cpu"), capture=False,
                            rows_per_seq=NGRAM["num_speculative_tokens"] + 1, max_seqs=SPEC_GRAPH_MAX_SEQS,
                            max_chunk=NGRAM["num_speculative_tokens"] + 1)
     assert graphs.max_rows == SPEC_GRAPH_MAX_SEQS * 4 == 128
     calls = []
     run = graphs.run
     graphs.run = lambda batch, rows=None: calls.append((batch.num_decodes, rows)) or run(batch, rows)
-    llm.engine.runner.verify_graphs = graphs
+    llm.engine.executor.runner.verify_graphs = graphs
     # Every third request's proposals wrong from the second token on, and none for the 7-token
     # prompt's request (a decode, as a one-token chunk, beside the others' verifications).
     _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts[:2], want[:2])}, wrong_every=3)

@@ -89,7 +89,7 @@ def test_the_engine_writes_each_sequence_once_and_frees_its_slot(llama_dir, monk
     however many steps sample it. The next batch's first step frees the finished sequences'
     slots, and seeded requests give the same tokens from reused slots."""
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256, max_num_seqs=4)
-    table = llm.engine.runner.sampler.table
+    table = llm.engine.executor.runner.sampler.table
     written: list[int] = []
     write = SamplingTable._write
     monkeypatch.setattr(SamplingTable, "_write", lambda self, new: (
@@ -139,8 +139,8 @@ def _watch_the_runner(llm: LLM) -> dict[str, int]:
     """Fail when the runner sets a field of a Sequence or changes its tokens while it launches
     a step or a deferred sampling; count the steps it launched of each kind."""
     at_work = _WatchedTokens.runner_at_work
-    runner = llm.engine.runner
-    execute = runner.execute_model
+    executor = llm.engine.executor
+    execute = executor.execute_model
     launched = {"steps": 0, "deferred": 0, "verifying": 0}
 
     def at_work_on(call, *args):
@@ -162,7 +162,7 @@ def _watch_the_runner(llm: LLM) -> dict[str, int]:
             sample = pending.sample
             pending.sample = lambda *args: at_work_on(sample, *args)
         return pending
-    runner.execute_model = watched_execute
+    executor.execute_model = watched_execute
     return launched
 
 

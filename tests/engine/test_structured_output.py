@@ -288,7 +288,7 @@ def test_verification_masks_follow_the_proposals_and_leave_the_matcher_in_place(
     assert all(len(v) == 1 for v in ids.values())
     a, b, c = ids["a"][0], ids["b"][0], ids["c"][0]
     compiled = llm.engine.input_processor.structured.compile({"regex": "a(b|c)b+"})
-    words = bitmask_words(llm.engine.runner.vocab_size)
+    words = bitmask_words(llm.engine.executor.vocab_size)
 
     def mask_after(tokens):
         g = Grammar(compiled)

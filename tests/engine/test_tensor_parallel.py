@@ -41,7 +41,7 @@ def test_matches_hf_under_chunking_prefix_hits_and_preemption(parity, name, tp):
                                   num_kv_blocks=24, block_size=16, enable_prefix_caching=True,
                                   tensor_parallel_size=tp))
     try:
-        assert engine.runner.attn_layers[0].num_kv_heads == 1
+        assert engine.executor.worker.attn_layers[0].num_kv_heads == 1
         got = run_staggered(engine, prompts)
         assert engine.scheduler.num_preemptions > 0
         assert engine.block_manager.prefix_cache_hits > 0
@@ -128,7 +128,7 @@ def _alive(pid: int) -> bool:
 def test_a_rank_that_dies_fails_every_request_once_and_a_new_engine_serves(llama_dir):
     engine = StreamingEngine(EngineArgs(model=llama_dir, dtype="float32", tensor_parallel_size=2,
                                         max_num_seqs=4))
-    workers = engine.engine.runner.workers
+    workers = engine.engine.executor.workers
     pids = [p.pid for p in workers.procs]
     finals: dict[str, list] = {}
     first_token = threading.Event()
@@ -160,21 +160,21 @@ def test_a_rank_that_dies_fails_every_request_once_and_a_new_engine_serves(llama
     try:
         out = llm.generate(["The engine streams tokens"], SamplingParams(temperature=0, max_tokens=4))
         assert len(out[0].outputs[0].token_ids) == 4
-        new_pids = [p.pid for p in llm.engine.runner.workers.procs]
+        new_pids = [p.pid for p in llm.engine.executor.workers.procs]
     finally:
         llm.shutdown()
     assert not any(_alive(pid) for pid in new_pids)
 
 
-# Loaded by every Python process started with it on PYTHONPATH: rank 1's ModelRunner cannot be built.
+# Loaded by every Python process started with it on PYTHONPATH: rank 1's Worker cannot be built.
 _FAILING_RANK_1 = """
-from backend.worker.model_runner import ModelRunner
-_build = ModelRunner.__init__
-def _init(self, config, peer=None):
-    if peer is not None and peer.rank == 1:
+from backend.worker.worker import Worker
+_build = Worker.__init__
+def _init(self, config, rank=0, link=None):
+    if rank == 1:
         raise RuntimeError("injected start-up failure")
-    _build(self, config, peer=peer)
-ModelRunner.__init__ = _init
+    _build(self, config, rank, link)
+Worker.__init__ = _init
 """
 
 
@@ -207,7 +207,7 @@ def test_dummy_weights_on_each_rank(llama_dir):
     try:
         out = llm.generate(["The engine"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 5
-        shard = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.weight
+        shard = llm.engine.executor.worker.model.model.layers[0].self_attn.qkv_proj.weight
         assert shard.shape[0] == (4 + 2 * 2) * 16 // 2  # half of q, k, v's rows
     finally:
         llm.shutdown()

@@ -1,0 +1,103 @@
+"""Executors: what the engine drives. One model on one device (`UniProcExecutor`) or split over
+tensor-parallel ranks (`TensorParallelExecutor`); the engine sees the same surface either way:
+`execute_model`, the KV cache's size, the LoRA adapters, `shutdown`."""
+from __future__ import annotations
+
+from ..engine_config import EngineConfig
+from ..step import SchedulerOutput
+from .compile_watch import CompileWatch
+from .cuda_graph import PrefillGraphs
+from .device import resolve_device
+from .lora import LoRAManager
+from .model_runner import ModelRunner
+from .pending_step import PendingStep
+from .worker import Worker
+from .worker_group import RankFailed, WorkerGroup
+
+
+class Executor:
+    """Rank 0's Worker and what the engine reads of it. `Executor.create` picks the kind."""
+
+    worker: Worker
+
+    @staticmethod
+    def create(config: EngineConfig) -> Executor:
+        if config.parallel_config.tensor_parallel_size > 1:
+            return TensorParallelExecutor(config)
+        return UniProcExecutor(config)
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.worker.runner
+
+    @property
+    def num_blocks(self) -> int:
+        """KV cache blocks (each rank holds its heads' part of every block)."""
+        return self.worker.num_blocks
+
+    @property
+    def vocab_size(self) -> int:
+        return self.worker.vocab_size
+
+    @property
+    def lora_manager(self) -> LoRAManager | None:
+        return self.worker.lora_manager
+
+    @property
+    def verify_graphs(self) -> PrefillGraphs | None:
+        """Speculative decoding's verification graphs (None: verification runs eagerly)."""
+        return self.runner.verify_graphs
+
+    @property
+    def compile_watch(self) -> CompileWatch:
+        return self.worker.compile_watch
+
+    def execute_model(self, step: SchedulerOutput) -> PendingStep:
+        """Queue the step and return at once (`ModelRunner.execute_model`)."""
+        return self.worker.execute_model(step)
+
+    def shutdown(self) -> None:
+        """Release what outlives the executor (nothing with one device)."""
+
+
+class UniProcExecutor(Executor):
+    """The model on one device, in this process."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.worker = Worker(config)
+
+
+class TensorParallelExecutor(Executor):
+    """Rank 0's Worker in this process and ranks 1..N-1 (`WorkerGroup`) in theirs. Every rank
+    builds in lockstep; from then on rank 0's runner tells the ranks each forward pass and
+    LM-head call (its `mirror`), and each step's prologue (adapters, block copies) comes first."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.workers = WorkerGroup(config, resolve_device(config.device_config))
+        try:
+            self.worker = Worker(config, rank=0, link=self.workers)
+        except BaseException:
+            self.workers.shutdown()
+            raise
+        self.worker.runner.mirror = self.workers
+
+    def execute_model(self, step: SchedulerOutput) -> PendingStep:
+        """As one device's; RankFailed once a rank is lost (and for every step after)."""
+        workers = self.workers
+        workers.check()
+        try:
+            if step.lora_loads or step.block_copies:
+                workers.prologue([(slot, name, self.lora_manager.paths[name])
+                                  for slot, name in step.lora_loads], step.block_copies)
+            return self.worker.execute_model(step)
+        except RankFailed:
+            raise
+        except Exception as exc:  # the ranks' collectives are out of step from here on
+            raise workers.failed(exc) from exc
+
+    def shutdown(self) -> None:
+        """Stop the other ranks and leave the process group; idempotent. Rank 0's CUDA graphs
+        (which hold captured NCCL work) go first, before the communicator is destroyed."""
+        runner = self.worker.runner
+        runner.graphs = runner.prefill_graphs = runner.verify_graphs = None
+        self.workers.shutdown()
