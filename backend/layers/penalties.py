@@ -2,7 +2,7 @@
 
 A sequence with a penalty holds a slot of `PenaltyCounts` while it runs: a row of counts of
 its output tokens and a row marking its prompt's tokens. The slot is filled once from the
-host's tokens when the sequence first samples (or is sampled again after being dropped), and
+host's tokens when the sequence first samples (or first again after a preemption freed it), and
 from then on the sampler adds each token it samples to the counts on the device, in stream
 order. So a step's sampling reads every earlier step's token, those of a step still in flight
 included, with no work on the host that grows with the sequence's length, and the engine can
@@ -83,7 +83,7 @@ class PenaltyCounts:
     def slots_for(self, seqs: Seq[Any], proposed: dict[int, int] | None = None) -> list[int]:
         """Each sequence's slot; sequences without one take a free slot, filled from their
         tokens on the host (placeholders of steps in flight left out: a new slot is taken only
-        before a sequence's first sample, or after it was dropped while it waited; so are the
+        before a sequence's first sample, or after a preemption freed it; so are the
         `proposed[seq_id]` last tokens of a sequence verifying proposals)."""
         slots: list[int] = []
         new: list[tuple[int, Any]] = []

@@ -24,7 +24,7 @@ from .device import resolve_device, resolve_dtype, resolve_quantization
 from .input_batch import prepare_batch
 from .lora import LoRAManager
 from .pending_step import PendingStep, PromptSpanTokens
-from .request_states import RequestState, RequestStates, add_placeholder
+from .request_states import RequestState, RequestStates
 from .warmup import compile_step_variants, profile_num_blocks
 from .worker_group import RankFailed, WorkerGroup
 
@@ -355,7 +355,7 @@ class ModelRunner:
                 self.model.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
         pending = self._last = PendingStep(step, spans, prompt)
-        self._book_launch(step, row_states, pending)
+        pending.placeholders, pending.spec_states = self.states.book_launch(step, row_states)
         if not rows:
             pending.finish(None)
             return pending
@@ -367,23 +367,6 @@ class ModelRunner:
             return pending
         pending.finish(self.sampler(self.model.compute_logits(hidden), row_states, sampling))
         return pending
-
-    def _book_launch(self, step: SchedulerOutput, row_states: list[RequestState], pending: PendingStep) -> None:
-        """The worker's states after the launch, as the scheduler books it: the known new tokens
-        count as computed (a verification run's accepted proposals on arrival), siblings start
-        from their parent's count, and each ordinary sample row leaves a placeholder, filled in
-        by `PendingStep.wait()`."""
-        states = self.states
-        for item in step.scheduled:
-            states[item.seq_id].num_computed_tokens += item.num_known_tokens
-        for fork in step.forks:
-            computed = states[fork.parent].num_computed_tokens
-            for child in fork.children:
-                states[child].num_computed_tokens = computed
-        speculating = {run.seq_id for run in step.spec_runs}
-        pending.placeholders = [None if state.seq_id in speculating else (state, add_placeholder(state))
-                                for state in row_states]
-        pending.spec_states = [states[run.seq_id] for run in step.spec_runs]
 
     def _placeholder_fill(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(input rows, rows of the previous step's output, that output) for the input tokens

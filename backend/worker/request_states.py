@@ -102,6 +102,29 @@ class RequestStates:
                 f"sequence {diff.seq_id}, the worker {state.num_computed_tokens}")
         state.set_blocks_from(diff.blocks_from, diff.new_block_ids)
 
+    def book_launch(self, step: SchedulerOutput, row_states: list[RequestState]
+                    ) -> tuple[list[tuple[RequestState, int] | None], list[RequestState]]:
+        """The states after the launch, as the scheduler books it: the known new tokens count as
+        computed (a verification run's accepted proposals on arrival), siblings start from their
+        parent's count, and each ordinary sample row leaves a placeholder. Returns, per sample
+        row, (state, position of its placeholder) or None for a verification row, and the state
+        of each verification run: what `PendingStep.wait()` completes."""
+        for item in step.scheduled:
+            self[item.seq_id].num_computed_tokens += item.num_known_tokens
+        for fork in step.forks:
+            computed = self[fork.parent].num_computed_tokens
+            for child in fork.children:
+                self[child].num_computed_tokens = computed
+        speculating = {run.seq_id for run in step.spec_runs}
+        placeholders: list[tuple[RequestState, int] | None] = []
+        for state in row_states:
+            if state.seq_id in speculating:
+                placeholders.append(None)
+            else:
+                state.token_ids.append(PLACEHOLDER)
+                placeholders.append((state, len(state.token_ids) - 1))
+        return placeholders, [self[run.seq_id] for run in step.spec_runs]
+
     def fork(self, fork: Fork) -> list[RequestState]:
         """Each sibling starts as a copy of its parent (after the parent's step is booked)."""
         parent = self[fork.parent]
@@ -111,8 +134,3 @@ class RequestStates:
             children.append(child)
         return children
 
-
-def add_placeholder(state: RequestState) -> int:
-    """A token this step samples for the state; returns its position (filled in on arrival)."""
-    state.token_ids.append(PLACEHOLDER)
-    return len(state.token_ids) - 1
