@@ -43,7 +43,7 @@ class NewSequenceData:
     lora_slot: int  # -1: no adapter
 
 
-@dataclass(frozen=True)
+@dataclass
 class CachedSequenceData:
     """A held sequence's change since the step before: its computed tokens as the scheduler
     counts them (the worker checks its own count against it) and its block table from index
@@ -54,7 +54,7 @@ class CachedSequenceData:
     new_block_ids: list[int] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ScheduledSequence:
     """A sequence's share of the step: `num_new_tokens` tokens from its computed ones on. With
     speculative decoding its last `len(spec_token_ids)` tokens are proposals, which are

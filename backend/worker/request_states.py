@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..step import PLACEHOLDER, CachedSequenceData, Fork, NewSequenceData, SchedulerOutput
+from ..step import PLACEHOLDER, Fork, NewSequenceData, SchedulerOutput
 
 
 @dataclass
@@ -90,17 +90,18 @@ class RequestStates:
                                    "worker holds it already")
             state = self._states[data.seq_id] = RequestState.from_new(data)
             added.append(state)
+        states = self._states
         for diff in step.cached_sequences:
-            self._apply_diff(diff)
+            state = states.get(diff.seq_id)
+            if state is None:
+                state = self[diff.seq_id]  # (raises)
+            if diff.num_computed_tokens != state.num_computed_tokens:
+                raise RuntimeError(
+                    f"step contract: the scheduler counts {diff.num_computed_tokens} computed tokens "
+                    f"of sequence {diff.seq_id}, the worker {state.num_computed_tokens}")
+            if diff.new_block_ids or diff.blocks_from < len(state.block_table):
+                state.set_blocks_from(diff.blocks_from, diff.new_block_ids)
         return added
-
-    def _apply_diff(self, diff: CachedSequenceData) -> None:
-        state = self[diff.seq_id]
-        if diff.num_computed_tokens != state.num_computed_tokens:
-            raise RuntimeError(
-                f"step contract: the scheduler counts {diff.num_computed_tokens} computed tokens of "
-                f"sequence {diff.seq_id}, the worker {state.num_computed_tokens}")
-        state.set_blocks_from(diff.blocks_from, diff.new_block_ids)
 
     def book_launch(self, step: SchedulerOutput, row_states: list[RequestState]
                     ) -> tuple[list[tuple[RequestState, int] | None], list[RequestState]]:
