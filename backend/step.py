@@ -3,14 +3,18 @@
 The scheduler (backend/engine) fills a `SchedulerOutput`; `ModelRunner.execute_model`
 (backend/worker) takes it and returns a `PendingStep` whose `wait()` gives a
 `ModelRunnerOutput`. Nothing else travels from the engine to the runner, and only the runner
-writes its pending step. Both sides import this module and neither imports the other's: the
-runner sees a sequence only as a `StepSequence`, the fields it reads.
+writes its pending step. Both sides import this module and neither imports the other's.
+
+The step is data only, as in vLLM v1: it names sequences by id, carries a sequence's tokens,
+parameters and blocks once (when the worker does not hold it yet) and after that only what
+changed. The worker keeps its own state of each sequence it holds (backend/worker/
+request_states.py) and never sees the engine's `Sequence`.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 # A token sampled by a step still running on the device: its id is filled in when the step's
 # results arrive; the next step already reads it there, on the device.
@@ -23,28 +27,39 @@ class SequenceStatus(enum.Enum):
     FINISHED = enum.auto()
 
 
-class StepSequence(Protocol):
-    """What the runner and the sampler read of a scheduled sequence (backend.engine.sequence's
-    Sequence is the one implementation): its tokens, the part of them whose K/V are cached, its
-    blocks, its LoRA slot and its sampling parameters. The runner writes none of these, except
-    that a verification step holds its proposals after its tokens while the sampler prepares."""
+@dataclass(frozen=True)
+class NewSequenceData:
+    """A sequence the worker does not hold yet: first scheduled, or resumed after preemption
+    (then with every token so far, its blocks from scratch). Sent once; later steps send only
+    a `CachedSequenceData`. `params` is its SamplingParams, written into the worker's sampling
+    table when it arrives."""
     seq_id: int
     index: int  # which of the request's n samples
     token_ids: list[int]
     num_prompt_tokens: int
-    num_computed_tokens: int
-    block_table: list[int]
-    lora_slot: int
     params: Any  # SamplingParams
-    status: SequenceStatus
+    block_ids: list[int]
+    num_computed_tokens: int
+    lora_slot: int  # -1: no adapter
+
+
+@dataclass
+class CachedSequenceData:
+    """A held sequence's change since the step before: its computed tokens as the scheduler
+    counts them (the worker checks its own count against it) and its block table from index
+    `blocks_from` on (appended blocks, or a copy-on-write block replacing the last)."""
+    seq_id: int
+    num_computed_tokens: int
+    blocks_from: int
+    new_block_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
 class ScheduledSequence:
-    """A sequence's share of the step: `num_new_tokens` tokens from `seq.num_computed_tokens`
-    on. With speculative decoding its last `len(spec_token_ids)` tokens are proposals, which
-    are verified by this step and count as computed only once accepted."""
-    seq: StepSequence
+    """A sequence's share of the step: `num_new_tokens` tokens from its computed ones on. With
+    speculative decoding its last `len(spec_token_ids)` tokens are proposals, which are
+    verified by this step and count as computed only once accepted."""
+    seq_id: int
     num_new_tokens: int
     spec_token_ids: list[int] = field(default_factory=list)
 
@@ -56,10 +71,10 @@ class ScheduledSequence:
 
 @dataclass(frozen=True)
 class SampleRow:
-    """One token to sample: for `seq` (its parameters, generator, grammar), from the hidden
-    state `offset` rows before the last new token of the sequence with id `source` (a forked
+    """One token to sample for sequence `seq_id` (its parameters, generator, grammar), from the
+    hidden state `offset` rows before the last new token of the sequence `source` (a forked
     sibling samples from its parent's row). `draft`: the proposed token it verifies, -1 none."""
-    seq: StepSequence
+    seq_id: int
     source: int
     offset: int = 0
     draft: int = -1
@@ -67,30 +82,30 @@ class SampleRow:
 
 @dataclass(frozen=True)
 class PromptSpan:
-    """Prompt positions first..end-1 of a scheduled item whose logprobs are asked for (the rows
-    of positions first-1..end-2 predict them): their tokens, and how many top logprobs each
-    position reports."""
-    item: ScheduledSequence
+    """Prompt positions first..end-1 of scheduled sequence `seq_id` whose logprobs are asked
+    for (the rows of positions first-1..end-2 predict them); the worker reads the tokens and
+    how many top logprobs to report from what it holds of the sequence."""
+    seq_id: int
     first: int
     end: int
-    token_ids: list[int]
-    num_logprobs: int
 
 
 @dataclass(frozen=True)
 class SpecRun:
     """A speculating sequence's rows: its last token's and each proposal's, from `first_row`."""
-    seq: StepSequence
+    seq_id: int
     proposed: list[int]
     first_row: int
 
 
 @dataclass(frozen=True)
 class Fork:
-    """A parent of n > 1 samples whose prompt completes this step, and its new siblings: they
-    sample from the parent's last row and join the running set after the step."""
-    parent: StepSequence
-    children: list[StepSequence]
+    """A parent of n > 1 samples whose prompt completes this step, and its new siblings (child
+    j is sample `indices[j]` of the request): the worker copies the parent's state into each
+    after the step; they sample from the parent's last row and run from the next step on."""
+    parent: int
+    children: list[int]
+    indices: list[int]
 
 
 @dataclass
@@ -104,12 +119,17 @@ class GrammarBitmask:
 
 @dataclass
 class SchedulerOutput:
+    """One step, as data only (it pickles; it holds no engine object): the sequences by id, in
+    the order the step packs them; the data of those the worker does not hold yet, and the
+    changes of those it holds."""
     scheduled: list[ScheduledSequence] = field(default_factory=list)
+    new_sequences: list[NewSequenceData] = field(default_factory=list)
+    cached_sequences: list[CachedSequenceData] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     num_batched_tokens: int = 0
-    preempted: list[StepSequence] = field(default_factory=list)
+    preempted_seq_ids: list[int] = field(default_factory=list)
     # Sequences that finished, were aborted or were preempted since the last step: the runner
-    # frees what it keeps for them (their sampling parameters' slots).
+    # frees what it holds for them (before it adds this step's new sequences).
     finished_seq_ids: list[int] = field(default_factory=list)
     lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter) to load first
     sample_rows: list[SampleRow] = field(default_factory=list)
@@ -126,10 +146,6 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
-
-    @property
-    def sampled_sequences(self) -> list[StepSequence]:
-        return [row.seq for row in self.sample_rows]
 
 
 @dataclass

@@ -36,11 +36,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class InflightStep:
-    """A launched step as the engine tracks it: its plan, the executor's handle, and where each
-    sample row's token goes in its sequence."""
+    """A launched step as the engine tracks it: its plan, the executor's handle, the sequences
+    it names (by id: the step itself carries ids only), and where each sample row's token goes in
+    its sequence."""
     step: SchedulerOutput
     pending: PendingStep
     positions: list[int]
+    seqs: dict[int, Sequence]
 
     @property
     def speculative(self) -> bool:
@@ -253,42 +255,47 @@ class LLMEngine:
 
     def _sample_deferred(self, inflight: InflightStep, outputs: list[RequestOutput]) -> None:
         try:
-            inflight.pending.sample(grammar_bitmask(inflight.step, self.vocab_size))
+            inflight.pending.sample(grammar_bitmask(inflight.step, inflight.seqs, self.vocab_size))
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
-            self._fail(inflight.step, _model_failed(exc), outputs)
+            self._fail(inflight.step, inflight.seqs, _model_failed(exc), outputs)
             self._inflight = None
 
     def _launch(self, step: SchedulerOutput, outputs: list[RequestOutput]) -> InflightStep | None:
         """Queue the step on the device, then book it as done: computed tokens, forked
         siblings, a placeholder per sample row, length limits known now."""
+        sequence = self.scheduler.sequence
+        seqs = {item.seq_id: sequence(item.seq_id) for item in step.scheduled}
+        seqs.update((row.seq_id, sequence(row.seq_id)) for row in step.sample_rows)  # forked siblings
         try:
             if not step.defer_sampling:  # (a deferred sampling's masks wait for the tokens before)
-                step.grammar_bitmask = grammar_bitmask(step, self.vocab_size)
+                step.grammar_bitmask = grammar_bitmask(step, seqs, self.vocab_size)
             pending = self.executor.execute_model(step)
         except Exception as exc:  # fail this batch's requests, keep serving the others
             logger.exception("model step failed")
-            self._fail(step, _model_failed(exc), outputs)
+            self._fail(step, seqs, _model_failed(exc), outputs)
             return None
         self.scheduler.update_after_step(step)
         for fork in step.forks:
-            req = self.requests[fork.parent.request_id]
-            for child in fork.children:
+            req = self.requests[seqs[fork.parent].request_id]
+            for child_id in fork.children:
+                child = seqs[child_id]
                 self.output_processor.attach_detokenizer(child, req)
                 req.seqs.append(child)
-        speculating = {run.seq.seq_id for run in step.spec_runs}
+        speculating = {run.seq_id for run in step.spec_runs}
         positions = []
         for row in step.sample_rows:
-            seq = row.seq
+            seq = seqs[row.seq_id]
             positions.append(seq.add_placeholder())
             if seq.seq_id in speculating:
                 continue  # how many of its rows become tokens is known on arrival (`_verify`)
             self._finish_at_length_limit(seq)  # known now: free its blocks, do not schedule it again
-        return InflightStep(step, pending, positions)
+        return InflightStep(step, pending, positions, seqs)
 
-    def _fail(self, step: SchedulerOutput, error: RequestError, outputs: list[RequestOutput]) -> None:
+    def _fail(self, step: SchedulerOutput, seqs: dict[int, Sequence], error: RequestError,
+              outputs: list[RequestOutput]) -> None:
         self.block_manager.reset_prefix_cache()
-        for rid in {item.seq.request_id for item in step.scheduled}:
+        for rid in {seqs[item.seq_id].request_id for item in step.scheduled}:
             out = self.abort_request(rid, error=error)
             if out is not None:
                 outputs.append(out)
@@ -300,11 +307,11 @@ class LLMEngine:
             self.device_wait_s += inflight.pending.waited_s
         except Exception as exc:
             logger.exception("model step failed")
-            self._fail(inflight.step, _model_failed(exc), outputs)
+            self._fail(inflight.step, inflight.seqs, _model_failed(exc), outputs)
             return
-        spanned = {span.item.seq.seq_id: span.item.seq for span in inflight.step.prompt_spans}
+        seqs = inflight.seqs
         for seq_id, entry in result.prompt_logprobs.items():
-            seq = spanned[seq_id]
+            seq = seqs[seq_id]
             # In order: a prompt's chunks are taken in the order they were launched.
             if seq.request_id in self.requests and entry.first == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.extend(make_logprobs_entry(r.token_id, r.logprob, r.rank, r.top)
@@ -315,7 +322,7 @@ class LLMEngine:
         off_grammar: dict[str, int] = {}  # request id -> the token its grammar rejected
         taken: dict[int, int] = {}  # seq_id -> its results taken so far (a verification run has several)
         for row, pos in zip(inflight.step.sample_rows, inflight.positions):
-            seq = row.seq
+            seq = seqs[row.seq_id]
             j = taken[seq.seq_id] = taken.get(seq.seq_id, -1) + 1
             res = result.sampled[seq.seq_id][j]
             req = self.requests.get(seq.request_id)
@@ -340,7 +347,7 @@ class LLMEngine:
             elif not seq.is_finished:
                 self.block_manager.cache_full_blocks(seq)
         for run in inflight.step.spec_runs:  # length limits of speculating sequences, now known
-            seq = run.seq
+            seq = seqs[run.seq_id]
             if seq.request_id in self.requests and not seq.is_finished:
                 self._finish_at_length_limit(seq)
         for request_id, token in off_grammar.items():  # that request ends; the others carry on
@@ -364,7 +371,7 @@ class LLMEngine:
         go, and the accepted proposals' keys and values count as computed."""
         positions = inflight.positions
         for run in inflight.step.spec_runs:
-            seq, proposed, first = run.seq, run.proposed, run.first_row
+            seq, proposed, first = inflight.seqs[run.seq_id], run.proposed, run.first_row
             if seq.request_id not in self.requests or seq.is_finished:
                 continue
             accepted = 0

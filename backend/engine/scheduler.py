@@ -21,6 +21,7 @@ from .lora_slots import LoRASlots
 from .scheduler_output import (Fork, PromptSpan, SampleRow, ScheduledSequence, SchedulerOutput,
                                SpecRun)
 from .sequence import Sequence, SequenceStatus
+from .worker_view import WorkerView
 
 
 class Scheduler:
@@ -42,10 +43,16 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
         self.num_preemptions = 0
         self._stopped: list[int] = []  # seq ids for the next step's finished_seq_ids
+        # Every sequence waiting or running, by id (a step names sequences by id), and the
+        # siblings forked by the step planned last, which run once it is launched.
+        self.sequences: dict[int, Sequence] = {}
+        self._forking: dict[int, Sequence] = {}
+        self.worker_view = WorkerView()  # what the worker holds of each sequence
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        self.sequences[seq.seq_id] = seq
         if self.policy == "priority":
             self._insert_by_priority(seq)
         else:
@@ -65,6 +72,7 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self._take_lora_slot(seq)
         self.running.append(seq)
+        self.sequences[seq.seq_id] = seq
 
     def _take_lora_slot(self, seq: Sequence) -> None:
         if seq.lora_name is not None:
@@ -85,6 +93,8 @@ class Scheduler:
         self.block_manager.free(seq)
         self.block_manager.forget(seq)
         seq.status = SequenceStatus.FINISHED
+        self.sequences.pop(seq.seq_id, None)
+        self.worker_view.forget(seq.seq_id)
         self._stopped.append(seq.seq_id)
 
     @property
@@ -94,6 +104,11 @@ class Scheduler:
     def all_sequences(self) -> list[Sequence]:
         return list(self.running) + list(self.waiting)
 
+    def sequence(self, seq_id: int) -> Sequence:
+        """A sequence the last step names (a sibling it forks included)."""
+        seq = self.sequences.get(seq_id)
+        return seq if seq is not None else self._forking[seq_id]
+
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self, proposals: dict[int, list[int]] | None = None,
                  step_in_flight: bool = False) -> SchedulerOutput:
@@ -101,6 +116,7 @@ class Scheduler:
         decode (seq_id -> tokens), verified in this step as far as the budget and the cache
         allow. step_in_flight: the previous step's tokens are not on the host yet."""
         out = SchedulerOutput()
+        self._forking = {}
         # A row whose sampling reads its sequence's tokens on the host waits for them.
         out.defer_sampling = step_in_flight and any(s.params.needs_output_on_host for s in self.running)
         proposals = proposals or {}
@@ -131,14 +147,14 @@ class Scheduler:
                     if victim is seq:
                         break
                 else:
-                    out.scheduled.append(ScheduledSequence(seq, num_new, spec))
+                    out.scheduled.append(ScheduledSequence(seq.seq_id, num_new, spec))
                     budget -= num_new
 
         # 2. Waiting sequences, unless this step had to preempt (memory is tight). A sequence of
         #    n > 1 samples forks when its prompt is done: its siblings count from admission.
         forks_pending = sum(s.num_forks_pending for s in self.running) if self.waiting else 0
         index = 0  # waiting sequences before it wait for a LoRA slot
-        while index < len(self.waiting) and budget > 0 and not out.preempted:
+        while index < len(self.waiting) and budget > 0 and not out.preempted_seq_ids:
             seq = self.waiting[index]
             if seq.lora_name is not None and not self.lora_slots.can_use(seq.lora_name):
                 index += 1  # every slot serves running sequences of other adapters
@@ -170,7 +186,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             forks_pending += seq.num_forks_pending
-            out.scheduled.append(ScheduledSequence(seq, num_new))
+            out.scheduled.append(ScheduledSequence(seq.seq_id, num_new))
             budget -= num_new
 
         out.block_copies = self.block_manager.take_copies()
@@ -178,6 +194,7 @@ class Scheduler:
             out.lora_loads = self.lora_slots.take_loads()
         out.num_batched_tokens = self.max_num_batched_tokens - budget
         self._plan_samples(out)
+        self.worker_view.describe(out, self.sequence)
         if not out.is_empty:  # (an empty step is not launched: they wait for the next)
             out.finished_seq_ids, self._stopped = self._stopped, []
         return out
@@ -187,29 +204,29 @@ class Scheduler:
         one for each sibling it forks into), one per position of a speculating sequence; and
         the prompt positions whose logprobs it computes."""
         for item in out.scheduled:
-            seq = item.seq
+            seq = self.sequences[item.seq_id]
             if seq.needs_prompt_logprobs:
                 # The rows of positions c..c+n-1 predict tokens c+1..c+n.
                 c = seq.num_computed_tokens
                 first = max(c + 1, seq.next_prompt_logprob)
                 end = min(c + item.num_new_tokens + 1, seq.num_prompt_tokens)
                 if first < end:
-                    out.prompt_spans.append(PromptSpan(item, first, end, seq.token_ids[first:end],
-                                                       seq.params.prompt_logprobs))
+                    out.prompt_spans.append(PromptSpan(seq.seq_id, first, end))
             if item.spec_token_ids:
                 # Its last token and each proposed one: a row per position, verified on arrival.
                 k = len(item.spec_token_ids)
-                out.spec_runs.append(SpecRun(seq, item.spec_token_ids, len(out.sample_rows)))
-                out.sample_rows.extend(SampleRow(seq, seq.seq_id, k - j, d)
+                out.spec_runs.append(SpecRun(seq.seq_id, item.spec_token_ids, len(out.sample_rows)))
+                out.sample_rows.extend(SampleRow(seq.seq_id, seq.seq_id, k - j, d)
                                        for j, d in enumerate(item.spec_token_ids + [-1]))
                 continue
             if seq.num_computed_tokens + item.num_new_tokens < seq.num_tokens:
                 continue  # a prompt chunk that does not reach the end: nothing to sample
-            out.sample_rows.append(SampleRow(seq, seq.seq_id))
+            out.sample_rows.append(SampleRow(seq.seq_id, seq.seq_id))
             if seq.num_forks_pending:
                 children = [seq.fork(i) for i in range(1, seq.params.n)]
-                out.forks.append(Fork(seq, children))
-                out.sample_rows.extend(SampleRow(child, seq.seq_id) for child in children)
+                self._forking.update((child.seq_id, child) for child in children)
+                out.forks.append(Fork(seq.seq_id, [c.seq_id for c in children], [c.index for c in children]))
+                out.sample_rows.extend(SampleRow(child.seq_id, seq.seq_id) for child in children)
 
     def _victim(self) -> Sequence:
         if self.policy == "priority":  # the last of the latest among the lowest priority
@@ -226,7 +243,7 @@ class Scheduler:
         been scheduled in this step."""
         returned = 0
         for i, item in enumerate(out.scheduled):
-            if item.seq is seq:
+            if item.seq_id == seq.seq_id:
                 returned = item.num_new_tokens
                 del out.scheduled[i]
                 break
@@ -240,7 +257,8 @@ class Scheduler:
         else:
             self.waiting.appendleft(seq)
         self.num_preemptions += 1
-        out.preempted.append(seq)
+        out.preempted_seq_ids.append(seq.seq_id)
+        self.worker_view.forget(seq.seq_id)
         self._stopped.append(seq.seq_id)
         return returned
 
@@ -249,16 +267,20 @@ class Scheduler:
         full blocks join the prefix cache, prompt logprobs are not computed again, and forked
         siblings join the running set sharing their parent's blocks."""
         for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_known_tokens
-            self.block_manager.cache_full_blocks(item.seq)
+            seq = self.sequences[item.seq_id]
+            seq.num_computed_tokens += item.num_known_tokens
+            self.block_manager.cache_full_blocks(seq)
         for span in out.prompt_spans:
-            span.item.seq.next_prompt_logprob = span.end
+            self.sequences[span.seq_id].next_prompt_logprob = span.end
         for fork in out.forks:
-            fork.parent.num_forks_pending = 0
-            for child in fork.children:
-                child.num_computed_tokens = fork.parent.num_computed_tokens
-                self.block_manager.fork(fork.parent, child)
+            parent = self.sequences[fork.parent]
+            parent.num_forks_pending = 0
+            for child_id in fork.children:
+                child = self._forking.pop(child_id)
+                child.num_computed_tokens = parent.num_computed_tokens
+                self.block_manager.fork(parent, child)
                 self.add_running(child)
+                self.worker_view.fork(parent.seq_id, child_id)
 
     def num_wasted_slots(self) -> int:
         """Allocated KV slots not holding a computed token; under one block per sequence."""

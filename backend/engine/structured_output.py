@@ -140,11 +140,12 @@ class StructuredOutputManager:
         return xgr.GrammarCompiler(info)
 
 
-def grammar_bitmask(step: SchedulerOutput, vocab_size: int) -> GrammarBitmask | None:
-    """The masks of the step's guided sample rows from their sequences' grammars, as they stand
-    (every token before the rows taken): a verification run's rows from its first row, one
-    mask after each of its proposals (`Grammar.fill_bitmasks`)."""
-    guided = [i for i, row in enumerate(step.sample_rows) if row.seq.grammar is not None]
+def grammar_bitmask(step: SchedulerOutput, seqs: dict[int, Any], vocab_size: int) -> GrammarBitmask | None:
+    """The masks of the step's guided sample rows from their sequences' grammars (`seqs`: the
+    step's sequences by id), as they stand (every token before the rows taken): a verification
+    run's rows from its first row, one mask after each of its proposals (`Grammar.fill_bitmasks`)."""
+    grammars = [seqs[row.seq_id].grammar for row in step.sample_rows]
+    guided = [i for i, grammar in enumerate(grammars) if grammar is not None]
     if not guided:
         return None
     import torch
@@ -154,7 +155,7 @@ def grammar_bitmask(step: SchedulerOutput, vocab_size: int) -> GrammarBitmask | 
     bitmask = torch.empty((len(guided), (vocab_size + 31) // 32), dtype=torch.int32)
     for j, i in enumerate(guided):
         if i not in later:  # a later row of a verification run is filled with its first
-            step.sample_rows[i].seq.grammar.fill_bitmasks(bitmask, j, proposals.get(i, []))
+            grammars[i].fill_bitmasks(bitmask, j, proposals.get(i, []))
     return GrammarBitmask(guided, bitmask)
 
 

@@ -2,7 +2,7 @@
 
 A sequence with a penalty holds a slot of `PenaltyCounts` while it runs: a row of counts of
 its output tokens and a row marking its prompt's tokens. The slot is filled once from the
-host's tokens when the sequence first samples (or is sampled again after being dropped), and
+host's tokens when the sequence first samples (or first again after a preemption freed it), and
 from then on the sampler adds each token it samples to the counts on the device, in stream
 order. So a step's sampling reads every earlier step's token, those of a step still in flight
 included, with no work on the host that grows with the sequence's length, and the engine can
@@ -16,7 +16,6 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
-from ..step import SequenceStatus
 from . import ops
 
 
@@ -67,7 +66,6 @@ class PenaltyCounts:
         self._one = torch.ones((), dtype=dtype, device=device)  # what `count` adds to each (slot, token)
         self._free = list(range(num_slots - 1, -1, -1))
         self._slot_of: dict[int, int] = {}  # seq_id -> slot
-        self._holder: dict[int, Any] = {}  # slot -> sequence
 
     @classmethod
     def transient(cls, seqs: Seq[Any], vocab_size: int, device: torch.device,
@@ -85,7 +83,7 @@ class PenaltyCounts:
     def slots_for(self, seqs: Seq[Any], proposed: dict[int, int] | None = None) -> list[int]:
         """Each sequence's slot; sequences without one take a free slot, filled from their
         tokens on the host (placeholders of steps in flight left out: a new slot is taken only
-        before a sequence's first sample, or after it was dropped while it waited; so are the
+        before a sequence's first sample, or after a preemption freed it; so are the
         `proposed[seq_id]` last tokens of a sequence verifying proposals)."""
         slots: list[int] = []
         new: list[tuple[int, Any]] = []
@@ -93,13 +91,10 @@ class PenaltyCounts:
             slot = self._slot_of.get(seq.seq_id)
             if slot is None:
                 if not self._free:
-                    self._release_idle(exclude={s.seq_id for s in seqs})
-                if not self._free:
-                    raise RuntimeError(f"penalties: all {len(self._holder)} count slots are taken "
+                    raise RuntimeError(f"penalties: all {len(self._slot_of)} count slots are taken "
                                        "(more sequences with penalties than max_num_seqs)")
                 slot = self._free.pop()
                 self._slot_of[seq.seq_id] = slot
-                self._holder[slot] = seq
                 new.append((slot, seq))
             slots.append(slot)
         if new:
@@ -112,13 +107,12 @@ class PenaltyCounts:
         ones = self._one.expand(slots.shape) if kept is None else kept.to(self.output_counts.dtype)
         self.output_counts.index_put_((slots, token_ids), ones, accumulate=True)
 
-    def _release_idle(self, exclude: set[int]) -> None:
-        """Free the slots of sequences that no longer run (finished, aborted, or waiting after
-        preemption: those are filled again when they next sample). A sequence of the step being
-        prepared keeps its slot even when already marked finished."""
-        for slot, seq in list(self._holder.items()):
-            if seq.seq_id not in exclude and seq.status != SequenceStatus.RUNNING:
-                del self._holder[slot], self._slot_of[seq.seq_id]
+    def release(self, seq_ids: Seq[int]) -> None:
+        """Free the slots of sequences that stopped running (finished, aborted, preempted: a
+        preempted one is filled again from its tokens when it next samples)."""
+        for seq_id in seq_ids:
+            slot = self._slot_of.pop(seq_id, None)
+            if slot is not None:
                 self._free.append(slot)
 
     def _fill(self, new: list[tuple[int, Any]], proposed: dict[int, int] | None = None) -> None:

@@ -2,11 +2,11 @@
 seeded sampling and logprobs.
 
 Works on a [num_rows, vocab] float32 logits tensor; each row comes with an object carrying
-`seq_id`, `params` (SamplingParams), `token_ids`, `num_prompt_tokens` and `index` (a
-`StepSequence`, backend/step.py); guided rows' grammar masks come made by the engine
-(`GrammarBitmask`). A row's parameters are read from its sequence's slot of a
-`SamplingTable` (backend/layers/sampling_table.py), written once when the sequence first
-samples. Rows with a seed draw from a generator seeded afresh for each token from
+`seq_id`, `params` (SamplingParams), `token_ids`, `num_prompt_tokens` and `index` (in the
+engine, the worker's `RequestState`, backend/worker/request_states.py); guided rows' grammar
+masks come made by the engine (`GrammarBitmask`). A row's parameters are read from its
+sequence's slot of a `SamplingTable` (backend/layers/sampling_table.py), written once when the
+worker takes the sequence in. Rows with a seed draw from a generator seeded afresh for each token from
 (seed, sample index, token position), so their tokens depend neither on whatever else is in
 the batch nor on how many positions a step samples (speculative decoding). Order of
 processing, as in vLLM: allowed_token_ids, bad_words, logit_bias, penalties, min_tokens,
@@ -54,8 +54,8 @@ class Sampler:
         counts: the engine's penalty counts (`Sampler.counts`); the sampling adds its tokens.
         drafts: per row, the proposed token it verifies (speculative decoding), -1 for none.
         table: the engine's per-sequence parameters (`Sampler.table`): a row's parameters are
-        read from its slot there, written once when its sequence first samples; without, a
-        table is made for this call. proposals: the tokens each speculating sequence (by
+        read from its slot there, written when its sequence was added (`SamplingTable.add`);
+        without, a table is made for this call. proposals: the tokens each speculating sequence (by
         seq_id) proposes; its verification rows see them after its tokens: a row's bad words,
         penalties and seeded draw read the tokens before its position. grammar: the guided
         rows' masks (made by the engine from its grammars)."""

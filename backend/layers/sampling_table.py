@@ -1,6 +1,6 @@
 """Each running sequence's sampling parameters, written once into per-slot tensors on the device.
 
-A sequence takes a slot the first time one of its rows is sampled; its temperature, min-p,
+A sequence takes a slot when the worker takes it in (`add`); its temperature, min-p,
 top-k, top-p, greedy flag and penalty weights go into that slot's entries in one copy per
 field, with its seed, sample index and SamplingParams on the host. Every later step reads them
 by slot: the step's host work is the slot lookup, one copy of the slot indices to the device,
@@ -62,24 +62,29 @@ class SamplingTable:
     def num_free(self) -> int:
         return len(self._free)
 
-    def slots_for(self, rows: Seq[Any]) -> np.ndarray:
-        """Each row's slot (rows of one sequence share it); a sequence seen for the first time
-        takes a free slot, written from its parameters."""
-        slots = np.empty(len(rows), dtype=np.int64)
+    def add(self, rows: Seq[Any]) -> None:
+        """Give each new sequence (a row with `seq_id`, `params`, `index`) a free slot and write
+        its parameters there: once, when the worker takes the sequence in."""
         new: list[tuple[int, Any]] = []
-        slot_of = self._slot_of
-        for i, r in enumerate(rows):
-            slot = slot_of.get(r.seq_id)
-            if slot is None:
-                if not self._free:
-                    raise RuntimeError(f"sampling: all {len(slot_of)} parameter slots are taken "
-                                       "(more sequences sampling than max_num_seqs)")
-                slot = slot_of[r.seq_id] = self._free.pop()
-                new.append((slot, r))
-            slots[i] = slot
+        for r in rows:
+            if r.seq_id in self._slot_of:
+                raise RuntimeError(f"sampling: sequence {r.seq_id} holds a parameter slot already")
+            if not self._free:
+                raise RuntimeError(f"sampling: all {len(self._slot_of)} parameter slots are taken "
+                                   "(more sequences running than max_num_seqs)")
+            slot = self._slot_of[r.seq_id] = self._free.pop()
+            new.append((slot, r))
         if new:
             self._write(new)
-        return slots
+
+    def slots_for(self, rows: Seq[Any]) -> np.ndarray:
+        """Each row's slot (rows of one sequence share it)."""
+        slot_of = self._slot_of
+        try:
+            return np.fromiter((slot_of[r.seq_id] for r in rows), dtype=np.int64, count=len(rows))
+        except KeyError as e:
+            raise RuntimeError(f"sampling: sequence {e.args[0]} has no parameter slot (it was "
+                               "never added, or was released)") from None
 
     def release(self, seq_ids: Seq[int]) -> None:
         """Free the slots of sequences that stopped running (finished, aborted, preempted)."""

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
 from ..layers.forward_context import AttentionMetadata
 from ..step import ScheduledSequence
+from .request_states import RequestState
 
 _TORCH_DTYPES = {np.int64: torch.int64, np.int32: torch.int32}
 
@@ -67,66 +68,32 @@ def _padded_width(width: int) -> int:
     return -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
 
 
-def _block_table_matrix(items: list[ScheduledSequence]) -> np.ndarray:
-    width = _padded_width(max(len(it.seq.block_table) for it in items))
-    table = np.zeros((len(items), width), dtype=np.int32)
-    for i, it in enumerate(items):
-        bt = it.seq.block_table
-        table[i, :len(bt)] = bt
-    return table
+def _block_table_matrix(states: list[RequestState]) -> np.ndarray:
+    """The states' block tables as one int32 matrix, each row reused from the step before
+    while its table is unchanged (`RequestState.block_row`)."""
+    arrays = [s.block_row() for s in states]
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    width = _padded_width(int(lengths.max()))
+    matrix = np.zeros((len(arrays), width), dtype=np.int32)
+    matrix[np.arange(width) < lengths[:, None]] = np.concatenate(arrays)
+    return matrix
 
 
-class DecodeBlockRows:
-    """Builds the decode rows' block-table matrix, reusing each sequence's row from the step
-    before: converting 256 Python lists of ~40 block ids took ~0.7 ms a step (CPU machine), as
-    much as the rest of prepare_batch, and small models' decode steps are bound by host time.
-
-    A kept row is valid while the sequence's table is the same list object with the same last
-    entry. Between two steps a decoding sequence's table changes only by appending a block (a
-    new last entry: a table never holds a block twice), by copy-on-write of the block its next
-    token goes into (the last entry: a table covers exactly the tokens computed so far plus the
-    new one), or by being freed (BlockManager.free puts a new list in its place). Rows are kept
-    only for the sequences of the last decode batch."""
-
-    def __init__(self) -> None:
-        self._rows: dict[int, tuple[list[int], int, np.ndarray]] = {}
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def matrix(self, items: list[ScheduledSequence]) -> np.ndarray:
-        kept, rows, arrays = self._rows, {}, []
-        for it in items:
-            seq = it.seq
-            table = seq.block_table
-            row = kept.get(seq.seq_id)
-            if row is None or row[0] is not table or row[1] != table[-1]:
-                row = (table, table[-1], np.asarray(table, dtype=np.int32))
-            rows[seq.seq_id] = row
-            arrays.append(row[2])
-        self._rows = rows
-        lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-        width = _padded_width(int(lengths.max()))
-        matrix = np.zeros((len(arrays), width), dtype=np.int32)
-        matrix[np.arange(width) < lengths[:, None]] = np.concatenate(arrays)
-        return matrix
-
-
-def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
-                  decode_rows: DecodeBlockRows | None = None, lora: bool = False,
-                  all_chunks: bool = False) -> PreparedBatch:
-    """Decodes (one new token) first, then prompt chunks. decode_rows (kept by the caller
-    from step to step) reuses the decode rows' block tables. lora: the engine serves LoRA
-    adapters, so the batch says which one each token uses. all_chunks: every item as a chunk,
-    decodes as chunks of one token (a verification step of speculative decoding, so that the
-    prefill graphs can run it whole)."""
+def prepare_batch(scheduled: list[ScheduledSequence], states: Mapping[int, RequestState], block_size: int,
+                  lora: bool = False, all_chunks: bool = False) -> PreparedBatch:
+    """Decodes (one new token) first, then prompt chunks, each read from the worker's state of
+    its sequence (`states`, by seq id). lora: the engine serves LoRA adapters, so the batch
+    says which one each token uses. all_chunks: every item as a chunk, decodes as chunks of one
+    token (a verification step of speculative decoding, so that the prefill graphs can run it
+    whole)."""
     decodes = [] if all_chunks else [it for it in scheduled if it.num_new_tokens == 1]
     prefills = list(scheduled) if all_chunks else [it for it in scheduled if it.num_new_tokens > 1]
+    decode_states = [states[it.seq_id] for it in decodes]
+    prefill_states = [states[it.seq_id] for it in prefills]
     nd = len(decodes)
     ids, pos, slots = [], [], []
     last_index: dict[int, int] = {}
-    for i, it in enumerate(decodes):
-        s = it.seq
+    for i, s in enumerate(decode_states):
         p = s.num_computed_tokens
         ids.append(s.token_ids[p])
         pos.append(p)
@@ -136,8 +103,7 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
     parts_pos = [np.asarray(pos, dtype=np.int64)]
     parts_slots = [np.asarray(slots, dtype=np.int64)]
     offset = nd
-    for it in prefills:
-        s = it.seq
+    for it, s in zip(prefills, prefill_states):
         start, end = s.num_computed_tokens, s.num_computed_tokens + it.num_new_tokens
         p = np.arange(start, end, dtype=np.int64)
         bt = np.asarray(s.block_table, dtype=np.int64)
@@ -149,9 +115,10 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
         offset += it.num_new_tokens
         last_index[s.seq_id] = offset - 1
     lora_slots = None
-    if lora and any(it.seq.lora_slot >= 0 for it in scheduled):
-        lora_slots = np.asarray([it.seq.lora_slot for it in decodes] + [
-            it.seq.lora_slot for it in prefills for _ in range(it.num_new_tokens)], dtype=np.int64)
+    if lora and any(s.lora_slot >= 0 for s in decode_states + prefill_states):
+        lora_slots = np.asarray([s.lora_slot for s in decode_states] + [
+            s.lora_slot for it, s in zip(prefills, prefill_states) for _ in range(it.num_new_tokens)],
+            dtype=np.int64)
     cu = None
     if prefills:
         cu = np.zeros(len(prefills) + 1, dtype=np.int32)
@@ -159,13 +126,13 @@ def prepare_batch(scheduled: list[ScheduledSequence], block_size: int,
     return PreparedBatch(
         input_ids=np.concatenate(parts_ids), positions=np.concatenate(parts_pos),
         slot_mapping=np.concatenate(parts_slots), num_decodes=nd,
-        decode_block_tables=(None if not decodes else decode_rows.matrix(decodes) if decode_rows is not None
-                             else _block_table_matrix(decodes)),
-        decode_context_lens=np.asarray([it.seq.num_computed_tokens + 1 for it in decodes],
+        decode_block_tables=_block_table_matrix(decode_states) if decodes else None,
+        decode_context_lens=np.asarray([s.num_computed_tokens + 1 for s in decode_states],
                                        dtype=np.int32) if decodes else None,
-        prefill_block_tables=_block_table_matrix(prefills) if prefills else None,
+        prefill_block_tables=_block_table_matrix(prefill_states) if prefills else None,
         prefill_cu_seqlens_q=cu,
-        prefill_context_lens=np.asarray([it.seq.num_computed_tokens + it.num_new_tokens
-                                         for it in prefills], dtype=np.int32) if prefills else None,
+        prefill_context_lens=np.asarray([s.num_computed_tokens + it.num_new_tokens
+                                         for it, s in zip(prefills, prefill_states)],
+                                        dtype=np.int32) if prefills else None,
         prefill_max_seqlen_q=max((it.num_new_tokens for it in prefills), default=0),
-        last_index=last_index, decode_seq_ids=[it.seq.seq_id for it in decodes], lora_slots=lora_slots)
+        last_index=last_index, decode_seq_ids=[it.seq_id for it in decodes], lora_slots=lora_slots)

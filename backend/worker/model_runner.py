@@ -13,12 +13,13 @@ from ..layers.parallel_state import get_tp_size, tp_broadcast
 from ..layers.penalties import PenaltyCounts
 from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
-from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput, StepSequence
+from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput
 from .cuda_graph import DecodeGraphs, PrefillGraphs
 from .forward_path import ForwardCall, ForwardPath
-from .input_batch import DecodeBlockRows, prepare_batch
+from .input_batch import prepare_batch
 from .lora import LoRAManager
-from .pending_step import PendingStep
+from .pending_step import PendingStep, PromptSpanTokens
+from .request_states import RequestState, RequestStates
 
 
 class RankMirror(Protocol):
@@ -50,7 +51,7 @@ class ModelRunner:
         # Penalties' token counts stay on the device, a slot per running sequence.
         self.sampler = Sampler(PenaltyCounts(sample_slots, self.vocab_size, device, model_config.max_model_len),
                                SamplingTable(sample_slots, self.vocab_size, device))
-        self.decode_rows = DecodeBlockRows()  # decode rows' block tables, kept across steps
+        self.states = RequestStates()  # the worker's own state of each sequence it holds
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
         self.logits_rows_per_pass = max(1, min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens))
@@ -142,19 +143,24 @@ class ModelRunner:
         return self._execute_model(step)
 
     def _execute_model(self, step: SchedulerOutput) -> PendingStep:
-        self.sampler.table.release(step.finished_seq_ids)
+        table, counts, states = self.sampler.table, self.sampler.counts, self.states
+        table.release(step.finished_seq_ids)
+        counts.release(step.finished_seq_ids)
+        table.add(states.apply(step))  # parameters are written once, when a sequence arrives
+        for fork in step.forks:  # siblings copy their parent now: they sample in this step
+            table.add(states.fork(fork))
         for slot, name in step.lora_loads:  # adapters taking a slot, before the step reads them
             self.lora_manager.load(slot, name)
         self.copy_blocks(step.block_copies)
         rows = step.sample_rows
-        seqs = step.sampled_sequences
+        row_states = [states[r.seq_id] for r in rows]
         speculative = bool(step.spec_runs)
         # A verification step of speculative decoding (rows before a sequence's last) of a few
         # sequences runs whole through the verification graphs, its decodes as one-token chunks.
         pg = self.verify_graphs
         verify_in_graph = (speculative and pg is not None and not step.prompt_spans
                            and len(step.scheduled) <= pg.max_seqs and len(rows) <= pg.max_rows)
-        batch = prepare_batch(step.scheduled, self.block_size, self.decode_rows, self.lora_manager is not None,
+        batch = prepare_batch(step.scheduled, states, self.block_size, self.lora_manager is not None,
                               all_chunks=verify_in_graph)
         fill = self._placeholder_fill(batch)
         # The packed row whose hidden state each sample row reads.
@@ -164,17 +170,23 @@ class ModelRunner:
         # token j + 1), and those tokens.
         prompt_index: list[int] = []
         prompt_targets: list[int] = []
-        for span in step.prompt_spans:
-            item, seq = span.item, span.item.seq
-            row_of_position_0 = batch.last_index[seq.seq_id] - (seq.num_computed_tokens + item.num_new_tokens - 1)
-            prompt_index.extend(range(row_of_position_0 + span.first - 1, row_of_position_0 + span.end - 1))
-            prompt_targets.extend(span.token_ids)
+        spans: list[PromptSpanTokens] = []
+        if step.prompt_spans:
+            num_new = {it.seq_id: it.num_new_tokens for it in step.scheduled}
+            for span in step.prompt_spans:
+                state = states[span.seq_id]
+                row_of_position_0 = (batch.last_index[span.seq_id]
+                                     - (state.num_computed_tokens + num_new[span.seq_id] - 1))
+                prompt_index.extend(range(row_of_position_0 + span.first - 1, row_of_position_0 + span.end - 1))
+                spans.append(PromptSpanTokens(span.seq_id, span.first, state.token_ids[span.first:span.end],
+                                              state.params.prompt_logprobs))
+                prompt_targets.extend(spans[-1].token_ids)
         sampling = None
         if rows and not step.defer_sampling:
-            sampling = Sampler.prepare(seqs, self.vocab_size, self.device, counts=self.sampler.counts,
+            sampling = Sampler.prepare(row_states, self.vocab_size, self.device, counts=counts,
                                        drafts=[r.draft for r in rows] if speculative else None,
-                                       table=self.sampler.table,
-                                       proposals={run.seq.seq_id: run.proposed for run in step.spec_runs},
+                                       table=table,
+                                       proposals={run.seq_id: run.proposed for run in step.spec_runs},
                                        grammar=step.grammar_bitmask)
         gather = None
         prompt_hidden = None
@@ -204,11 +216,12 @@ class ModelRunner:
                 hidden, prompt_hidden = hidden[:len(rows_index)], hidden[len(rows_index):]
         prompt = None
         if prompt_index:
-            num_top = max(span.num_logprobs for span in step.prompt_spans)
+            num_top = max(span.num_logprobs for span in spans)
             prompt = compute_prompt_logprobs(
                 self.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
-        pending = self._last = PendingStep(step, prompt)
+        pending = self._last = PendingStep(step, spans, prompt)
+        pending.placeholders, pending.spec_states = self.states.book_launch(step, row_states)
         if not rows:
             pending.finish(None)
             return pending
@@ -216,9 +229,9 @@ class ModelRunner:
             hidden = hidden[gather]
         if step.defer_sampling:
             # The graphs' output buffers stay valid: the next forward is queued after sample().
-            pending.defer(lambda grammar: self._sample_deferred(hidden, seqs, grammar))
+            pending.defer(lambda grammar: self._sample_deferred(hidden, row_states, grammar))
             return pending
-        pending.finish(self.sampler(self.compute_logits(hidden), seqs, sampling))
+        pending.finish(self.sampler(self.compute_logits(hidden), row_states, sampling))
         return pending
 
     def _placeholder_fill(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -236,7 +249,7 @@ class ModelRunner:
                 self.to_device(src_rows, torch.int64), previous.token_ids)
 
     @torch.inference_mode()
-    def _sample_deferred(self, hidden: torch.Tensor, seqs: list[StepSequence],
+    def _sample_deferred(self, hidden: torch.Tensor, seqs: list[RequestState],
                          grammar: GrammarBitmask | None) -> SamplerOutput:
         """The rows' sampling from their host state now: each row's tokens but its last (the
         placeholder of this very step)."""

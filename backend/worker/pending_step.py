@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from ..layers.sampler import PromptLogprobsOutput, SamplerOutput
-from ..step import GrammarBitmask, ModelRunnerOutput, PromptLogprobsResult, SampleResult, SchedulerOutput
+from ..step import (PLACEHOLDER, GrammarBitmask, ModelRunnerOutput, PromptLogprobsResult, SampleResult,
+                    SchedulerOutput)
+
+
+@dataclass(frozen=True)
+class PromptSpanTokens:
+    """A prompt span as the worker read it from its state: the tokens whose logprobs the step
+    computes, from position `first`, and how many top logprobs each reports."""
+    seq_id: int
+    first: int
+    token_ids: list[int]
+    num_logprobs: int
 
 
 class PendingStep:
@@ -16,9 +28,11 @@ class PendingStep:
     on a CUDA event, which releases the GIL so that other threads (the server's response
     sender) run meanwhile."""
 
-    def __init__(self, step: SchedulerOutput, prompt: PromptLogprobsOutput | None = None) -> None:
+    def __init__(self, step: SchedulerOutput, spans: list[PromptSpanTokens] = (),
+                 prompt: PromptLogprobsOutput | None = None) -> None:
         self.step = step
-        self.seq_ids = [row.seq.seq_id for row in step.sample_rows]  # each sample row's sequence
+        self.spans = list(spans)
+        self.seq_ids = [row.seq_id for row in step.sample_rows]  # each sample row's sequence
         self.row_of = {seq_id: i for i, seq_id in enumerate(self.seq_ids)}
         self.waited_s = 0.0  # how long wait() blocked on the device
         # The sampling of a deferred step: queued by sample() once the host knows what it reads.
@@ -29,6 +43,11 @@ class PendingStep:
         self.host = self.prompt_host = None
         self.has_ranks = False
         self.num_logprobs = None  # per row, the top logprobs asked for (-1: none); None: no row asks
+        # The worker's states to complete on arrival (`RequestState`s, backend/worker/
+        # request_states.py): per sample row, (state, position of its placeholder) or None for a
+        # verification row; and each verification run's state.
+        self.placeholders: list[tuple[Any, int] | None] = []
+        self.spec_states: list[Any] = []
 
     @property
     def deferred(self) -> bool:
@@ -89,19 +108,37 @@ class PendingStep:
                 top = list(zip(top_ids[i][:k], top_vals[i][:k])) if k and top_ids else []
             out.sampled.setdefault(seq_id, []).append(
                 SampleResult(int(token_ids[i]), logprobs[i], top, int(ranks[i]) if k >= 0 else None))
+        self._complete_states(out)
         return out
+
+    def _complete_states(self, out: ModelRunnerOutput) -> None:
+        """The worker's host tokens from the results: each placeholder filled in; a verification
+        run keeps its tokens up to the first that differs from its proposal, and that one (the
+        engine's rule), its accepted proposals counted as computed."""
+        for entry, seq_id in zip(self.placeholders, self.seq_ids):
+            if entry is not None:
+                state, pos = entry
+                if pos < len(state.token_ids) and state.token_ids[pos] == PLACEHOLDER:
+                    state.token_ids[pos] = out.sampled[seq_id][0].token_id  # its one row
+        for run, state in zip(self.step.spec_runs, self.spec_states):
+            results = out.sampled[run.seq_id]
+            accepted = 0
+            while accepted < len(run.proposed) and results[accepted].token_id == run.proposed[accepted]:
+                accepted += 1
+            state.token_ids.extend(r.token_id for r in results[:accepted + 1])
+            state.num_computed_tokens += accepted
 
     def _prompt_logprobs(self) -> dict[int, PromptLogprobsResult]:
         main = self.prompt_host[0].tolist()
         top_vals = self.prompt_host[1].tolist() if len(self.prompt_host) > 1 else None
         top_ids = self.prompt_host[2].tolist() if len(self.prompt_host) > 1 else None
         row, out = 0, {}
-        for span in self.step.prompt_spans:
+        for span in self.spans:
             k = span.num_logprobs
             results = []
             for token_id in span.token_ids:
                 top = list(zip(top_ids[row][:k], top_vals[row][:k])) if k else None
                 results.append(SampleResult(token_id, main[0][row], top, int(main[1][row])))
                 row += 1
-            out[span.item.seq.seq_id] = PromptLogprobsResult(span.first, results)
+            out[span.seq_id] = PromptLogprobsResult(span.first, results)
         return out

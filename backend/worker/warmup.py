@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -12,8 +11,9 @@ import torch
 from ..engine_config import EngineConfig
 from ..layers import ops
 from ..sampling_params import SamplingParams
-from ..step import ScheduledSequence, SequenceStatus
+from ..step import ScheduledSequence
 from .input_batch import prepare_batch
+from .request_states import RequestState
 
 logger = logging.getLogger(__name__)
 
@@ -41,21 +41,10 @@ class StartupWorker(Protocol):
     bind_cache: Callable[[torch.Tensor], None]
 
 
-@dataclass
-class ScratchSequence:
-    """A sequence of scratch tokens over given blocks (a `StepSequence` for start-up passes)."""
-    seq_id: int
-    token_ids: list[int]
-    block_table: list[int] = field(default_factory=list)
-    params: SamplingParams = field(default_factory=lambda: _PROFILE_PARAMS)
-    num_computed_tokens: int = 0
-    lora_slot: int = -1
-    index: int = 0
-    status: SequenceStatus = SequenceStatus.RUNNING
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.token_ids)
+def scratch_state(seq_id: int, token_ids: list[int], block_table: list[int] | None = None,
+                  params: SamplingParams = _PROFILE_PARAMS, lora_slot: int = -1) -> RequestState:
+    """A sequence of scratch tokens over given blocks, for start-up passes."""
+    return RequestState(seq_id, 0, token_ids, len(token_ids), params, block_table or [], 0, lora_slot)
 
 
 @torch.inference_mode()
@@ -73,11 +62,11 @@ def profile_num_blocks(worker: StartupWorker) -> int:
     blocks_per_seq = -(-seq_len // worker.block_size)
     scratch = worker.allocate_cache(blocks_per_seq * len(lens), zero=False)
     worker.bind_cache(scratch)
-    seqs = []
+    seqs, states = [], {}
     for j, n in enumerate(lens):
-        s = ScratchSequence(-1 - j, [0] * n, list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq)))
-        seqs.append(ScheduledSequence(s, n))
-    hidden = worker.runner.forward_eager(prepare_batch(seqs, worker.block_size))
+        s = states[-1 - j] = scratch_state(-1 - j, [0] * n, list(range(j * blocks_per_seq, (j + 1) * blocks_per_seq)))
+        seqs.append(ScheduledSequence(s.seq_id, n))
+    hidden = worker.runner.forward_eager(prepare_batch(seqs, states, worker.block_size))
     rows = min(worker.config.scheduler_config.max_num_seqs, num_tokens)
     logits = worker.model.compute_logits(hidden[:rows])
     torch.log_softmax(logits.float(), dim=-1).sort(dim=-1)  # the sampler's worst case
@@ -123,12 +112,15 @@ def compile_step_variants(worker: StartupWorker) -> None:
     lora = worker.lora_manager is not None
     next_block = 0
 
-    def fake(n: int) -> ScratchSequence:
+    states: dict[int, RequestState] = {}
+
+    def fake(n: int) -> RequestState:
         nonlocal next_block
         blocks = -(-n // worker.block_size)
         # LoRA slot 0's delta goes into the discarded output.
-        s = ScratchSequence(-1 - next_block, [0] * n, [(next_block + i) % worker.num_blocks for i in range(blocks)],
-                            lora_slot=0 if lora else -1)
+        s = states[-1 - next_block] = scratch_state(
+            -1 - next_block, [0] * n, [(next_block + i) % worker.num_blocks for i in range(blocks)],
+            lora_slot=0 if lora else -1)
         next_block += blocks
         return s
 
@@ -137,12 +129,12 @@ def compile_step_variants(worker: StartupWorker) -> None:
         for _ in range(decodes):
             s = fake(context)
             s.num_computed_tokens = context - 1
-            items.append(ScheduledSequence(s, 1))
+            items.append(ScheduledSequence(s.seq_id, 1))
         if chunk:
-            items.append(ScheduledSequence(fake(chunk), chunk))
-        hidden = worker.runner.forward_eager(prepare_batch(items, worker.block_size, lora=lora))
+            items.append(ScheduledSequence(fake(chunk).seq_id, chunk))
+        hidden = worker.runner.forward_eager(prepare_batch(items, states, worker.block_size, lora=lora))
     # The greedy sampler's kernel (the memory profile samples at temperature 1).
-    greedy = ScratchSequence(-1, [0], params=SamplingParams(temperature=0, max_tokens=1))
+    greedy = scratch_state(-1, [0], params=SamplingParams(temperature=0, max_tokens=1))
     worker.runner.sampler(worker.model.compute_logits(hidden[-2:]), [greedy, greedy])
     # The penalties' kernel, each variant: all rows or some; repetition, additive or both
     # (it reads slot 0's counts, still zero, and writes scratch logits).

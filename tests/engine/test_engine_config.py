@@ -115,7 +115,8 @@ def test_the_scheduler_is_built_from_its_part_alone(llama_dir):
     sched = Scheduler(config, BlockManager(16, 4, True))
     for i in range(3):
         sched.add(Sequence(f"r{i}", [1, 2, 3], 3, SamplingParams()))
-    assert [it.seq.request_id for it in sched.schedule().scheduled] == ["r0", "r1"]
+    step = sched.schedule()
+    assert [sched.sequence(it.seq_id).request_id for it in step.scheduled] == ["r0", "r1"]
 
 
 def test_only_the_drivers_read_engine_args():

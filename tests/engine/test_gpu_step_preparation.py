@@ -1,7 +1,9 @@
 """The parts of the GPU step path that are plain Python, checked on the CPU: block-table padding,
-the decode rows' block tables kept across steps, the decode graphs' context buckets, and the
+the worker's block tables kept across steps by tail diffs, the decode graphs' context buckets, and the
 start-up run of every eager kernel variant."""
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
@@ -10,76 +12,114 @@ import torch
 from backend import EngineArgs, LLMEngine
 from backend.worker.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
 from backend.engine.block_manager import BlockManager
-from backend.worker.input_batch import DecodeBlockRows, prepare_batch
+from backend.worker.input_batch import prepare_batch
+from backend.worker.request_states import RequestStates
 from backend.worker.warmup import compile_step_variants
-from backend.engine.scheduler_output import ScheduledSequence
+from backend.engine.worker_view import WorkerView
+from backend.step import (CachedSequenceData, Fork, NewSequenceData, ScheduledSequence,
+                          SchedulerOutput)
 from backend.sampling_params import SamplingParams
 from backend.engine.sequence import Sequence
+from step_helpers import make_state, pack
+
+
+def pack_states(out: SchedulerOutput, states: RequestStates):
+    return prepare_batch(out.scheduled, states, 4)
 
 
 def test_block_tables_are_padded_to_a_multiple_of_16():
     items = []
     for i, (n, new) in enumerate([(40, 1), (17 * 16 + 3, 1), (50, 50)]):
-        s = Sequence(str(i), list(range(n)), n, SamplingParams())
-        s.block_table = list(range(100 * i, 100 * i + -(-n // 16)))
-        s.num_computed_tokens = n - new
-        items.append(ScheduledSequence(s, new))
-    batch = prepare_batch(items, 16)
+        s = make_state(i, list(range(n)), list(range(100 * i, 100 * i + -(-n // 16))), n - new)
+        items.append((s, new))
+    batch = pack(items, 16)
     assert batch.decode_block_tables.shape == (2, 32)  # 18 blocks, padded
     assert batch.decode_block_tables[1, :18].tolist() == list(range(100, 118))
     assert batch.decode_block_tables[1, 18:].tolist() == [0] * 14
     assert batch.prefill_block_tables.shape == (1, 16)  # 4 blocks, padded
 
 
-def test_kept_decode_rows_follow_every_block_table_change():
-    """DecodeBlockRows against a fresh build after each kind of change the block manager makes
-    between decode steps: appends, copy-on-write of the last block after a fork, a sequence
-    freed and given new blocks of the same count, one that skips steps, one that finishes."""
+def test_the_workers_block_tables_follow_every_change_by_tail_diffs():
+    """The scheduler sends a held sequence only the tail of its block table that changed
+    (`WorkerView`); the worker's tables (`RequestStates`) and its kept int32 rows must equal the
+    block manager's after each kind of change between decode steps: appends, copy-on-write of
+    the last block after a fork, a sequence freed and given new blocks of the same count (sent
+    whole again), one that skips steps, one that finishes."""
     bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    view, states = WorkerView(), RequestStates()
     seqs = []
     for i in range(3):
         s = Sequence(str(i), list(range(10 + i)), 10 + i, SamplingParams())
         assert bm.allocate_slots(s, len(s.token_ids))
         s.num_computed_tokens = len(s.token_ids)
         seqs.append(s)
-    rows = DecodeBlockRows()
+    by_id = {s.seq_id: s for s in seqs}
+    sent_whole: list[int] = []
 
-    def step(active):
-        for s in active:  # room for this step's token, then the token is computed
+    def step(active, finished=()):
+        for s in active:  # room for this step's token
             s.token_ids.append(7)
             assert bm.allocate_slots(s, 1)
-        got = prepare_batch([ScheduledSequence(s, 1) for s in active], 4, rows).decode_block_tables
-        want = prepare_batch([ScheduledSequence(s, 1) for s in active], 4).decode_block_tables
-        assert got.tolist() == want.tolist()
-        for s in active:
+        out = SchedulerOutput(scheduled=[ScheduledSequence(s.seq_id, 1) for s in active],
+                              finished_seq_ids=list(finished))
+        view.describe(out, by_id.__getitem__)
+        assert pickle.loads(pickle.dumps(out)) == out
+        sent_whole.extend(d.seq_id for d in out.new_sequences)
+        states.apply(out)
+        for s in active:  # the token the worker sampled itself in the step before
+            if len(states[s.seq_id].token_ids) < len(s.token_ids):
+                states[s.seq_id].token_ids.append(7)
+        got = pack_states(out, states).decode_block_tables
+        for row, s in zip(got, active):
+            assert states[s.seq_id].block_table == s.block_table
+            assert row[:len(s.block_table)].tolist() == s.block_table
+        for s in active:  # the token is computed, on both sides
             s.num_computed_tokens += 1
-        return got
+            states[s.seq_id].num_computed_tokens += 1
 
     for _ in range(3):  # seq 0 crosses into a new block (an append)
         step(seqs)
+    assert sent_whole == [s.seq_id for s in seqs]
     # A fork shares the partial last block; the parent's next token copies it (copy-on-write).
     child = Sequence("1", list(seqs[1].token_ids), 11, SamplingParams(), index=1)
     child.num_computed_tokens = seqs[1].num_computed_tokens
     bm.fork(seqs[1], child)
+    by_id[child.seq_id] = child
+    view.fork(seqs[1].seq_id, child.seq_id)
+    states.fork(Fork(seqs[1].seq_id, [child.seq_id], [1]))
     before = list(seqs[1].block_table)
     step(seqs + [child])
     assert seqs[1].block_table[:-1] == before[:-1] and seqs[1].block_table[-1] != before[-1]
-    # Freed (preempted) and given new blocks, as many as before, while it skipped a step.
+    # Freed (preempted) and given new blocks, as many as before, while it skipped a step: the
+    # worker frees it and gets it whole again.
     old = list(seqs[2].block_table)
     bm.free(seqs[2])
-    step(seqs[:2] + [child])
+    view.forget(seqs[2].seq_id)
+    step(seqs[:2] + [child], finished=[seqs[2].seq_id])
+    assert seqs[2].seq_id not in states
     computed, seqs[2].num_computed_tokens = seqs[2].num_computed_tokens, 0  # recomputed
     assert bm.allocate_slots(seqs[2], computed)
     seqs[2].num_computed_tokens = computed
     assert len(seqs[2].block_table) == len(old) and seqs[2].block_table != old
     step(seqs + [child])
-    bm.free(seqs[0])  # finished: its row is dropped
-    step(seqs[1:] + [child])
-    assert len(rows) == 3
-    # Any new list is read afresh, even with the same length and last block.
-    items = [ScheduledSequence(s, 1) for s in seqs[1:] + [child]]
-    child.block_table = [63] + child.block_table[1:]
-    assert rows.matrix(items)[2, 0] == 63
+    assert sent_whole == [s.seq_id for s in seqs] + [seqs[2].seq_id]
+    bm.free(seqs[0])  # finished
+    view.forget(seqs[0].seq_id)
+    step(seqs[1:] + [child], finished=[seqs[0].seq_id])
+    assert len(states) == 3
+
+
+def test_the_worker_refuses_a_computed_count_it_does_not_share():
+    states = RequestStates()
+    states.apply(SchedulerOutput(new_sequences=[NewSequenceData(5, 0, [1, 2, 3], 3, SamplingParams(), [0], 0, -1)]))
+    states[5].num_computed_tokens = 3
+    with pytest.raises(RuntimeError) as e:
+        states.apply(SchedulerOutput(cached_sequences=[CachedSequenceData(5, 2, 1, [])]))
+    assert str(e.value) == "step contract: the scheduler counts 2 computed tokens of sequence 5, the worker 3"
+    with pytest.raises(RuntimeError) as e:
+        states.apply(SchedulerOutput(cached_sequences=[CachedSequenceData(6, 0, 0, [])]))
+    assert str(e.value) == ("step contract: the step names sequence 6, which the worker does not hold "
+                            "(it was never sent as new, or was freed)")
 
 
 def test_decode_graph_context_buckets():
@@ -165,13 +205,8 @@ def test_prefill_graphs_serve_only_prefill_steps_that_fit(llama_dir):
     graphs = PrefillGraphs(torch.nn.Identity(), 64, 4, torch.device("cpu"), capture=False)
 
     def batch(*items, all_chunks=False):  # (prompt length, tokens already computed, tokens this step)
-        scheduled = []
-        for i, (n, done, new) in enumerate(items):
-            s = Sequence(str(i), list(range(n)), n, SamplingParams())
-            s.block_table = list(range(4 * i, 4 * i + -(-n // 16)))
-            s.num_computed_tokens = done
-            scheduled.append(ScheduledSequence(s, new))
-        return prepare_batch(scheduled, 16, all_chunks=all_chunks)
+        return pack([(make_state(i, list(range(n)), list(range(4 * i, 4 * i + -(-n // 16))), done), new)
+                     for i, (n, done, new) in enumerate(items)], 16, all_chunks=all_chunks)
 
     assert graphs.can_run(batch((40, 0, 40), (20, 0, 20)))
     assert graphs.can_run(batch((64, 0, 64)))

@@ -5,22 +5,21 @@ from __future__ import annotations
 import torch
 
 from backend import EngineArgs, LLMEngine
-from backend.worker.input_batch import prepare_batch
 from backend.sampling_params import SamplingParams
-from backend.engine.scheduler_output import ScheduledSequence
-from backend.engine.sequence import Sequence
+
+from step_helpers import make_state, pack
 
 
 def _prompt_batch(lengths: list[int], block_size: int = 16):
     rng = torch.Generator().manual_seed(11)
     items, next_block = [], 0
     for i, n in enumerate(lengths):
-        s = Sequence(str(i), torch.randint(3, 250, (n,), generator=rng).tolist(), n, SamplingParams())
         blocks = -(-n // block_size)
-        s.block_table = list(range(next_block, next_block + blocks))
+        s = make_state(i, torch.randint(3, 250, (n,), generator=rng).tolist(),
+                       list(range(next_block, next_block + blocks)))
         next_block += blocks
-        items.append(ScheduledSequence(s, n))
-    return prepare_batch(items, block_size)
+        items.append((s, n))
+    return pack(items, block_size)
 
 
 def test_logits_indices_give_those_rows_and_store_every_key(model_dir):

@@ -85,7 +85,7 @@ def test_more_adapters_than_device_slots(llama_dir, llama_adapters, monkeypatch)
 
     def recording(*args, **kwargs):
         out = schedule(*args, **kwargs)
-        steps.append([it.seq.lora_name for it in out.scheduled])
+        steps.append([scheduler.sequence(it.seq_id).lora_name for it in out.scheduled])
         stats.append(llm.engine.get_stats())
         return out
     monkeypatch.setattr(scheduler, "schedule", recording)

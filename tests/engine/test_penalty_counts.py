@@ -42,17 +42,15 @@ def test_slots_of_sequences_that_stopped_running_are_reused_and_refilled():
     counts = PenaltyCounts(2, 10, torch.device("cpu"))
     a, b, c = seq([1, 3], 1, **PENALTIES), seq([2, 4], 1, **PENALTIES), seq([6, 6, 8], 2, **PENALTIES)
     assert counts.slots_for([a, b]) == [0, 1]
-    b.status = SequenceStatus.FINISHED  # b in the step being prepared keeps its slot even so
     with pytest.raises(RuntimeError) as e:
         counts.slots_for([b, c])
     assert str(e.value) == ("penalties: all 2 count slots are taken (more sequences with penalties "
                             "than max_num_seqs)")
-    a.status = SequenceStatus.WAITING  # preempted: its slot goes, it is filled again later
+    counts.release([a.seq_id])  # preempted: its slot goes, it is filled again later
     assert counts.slots_for([b, c]) == [1, 0]
     assert counts.output_counts[0].tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 1, 0]  # c's, not a's
     assert counts.in_prompt[0].nonzero().flatten().tolist() == [6]
-    a.status = SequenceStatus.RUNNING
-    b.status = SequenceStatus.FINISHED
+    counts.release([b.seq_id, 12345])  # finished (an id without a slot is no error)
     assert counts.slots_for([a]) == [1]  # b's slot, now a's again from its host tokens
     assert counts.output_counts[1].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
 
@@ -117,22 +115,29 @@ def test_a_preempted_sequence_whose_slot_was_taken_is_refilled_with_its_output(l
     fills = []
     fill = penalties.PenaltyCounts._fill
     monkeypatch.setattr(penalties.PenaltyCounts, "_fill", lambda self, new, proposed=None: (
-        fills.append([(slot, s.request_id, s.num_output_tokens) for slot, s in new]), fill(self, new, proposed)))
+        fills.append([(slot, s.seq_id, len(s.token_ids) - s.num_prompt_tokens) for slot, s in new]),
+        fill(self, new, proposed)))
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (30, 30, 12)]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, **PENALTIES)
     engine = LLMEngine(EngineArgs(model=llama_dir, device="cpu", dtype="float32", max_num_seqs=2, block_size=16,
                                   num_kv_blocks=6, scheduling_policy="priority"))
-    engine.add_request("a", prompts[0], params, priority=0)
-    engine.add_request("b", prompts[1], params, priority=1)
+    names = {}  # seq id -> request id (the worker knows sequences by id only)
+
+    def add(rid: str, prompt: list[int], priority: int) -> None:
+        engine.add_request(rid, prompt, params, priority=priority)
+        names[engine.requests[rid].seqs[0].seq_id] = rid
+    add("a", prompts[0], 0)
+    add("b", prompts[1], 1)
     got: dict = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             got[out.request_id] = accumulate(got.get(out.request_id), out)
         if engine.scheduler.num_preemptions and "c" not in engine.requests and "c" not in got:
-            engine.add_request("c", prompts[2], params, priority=0)
+            add("c", prompts[2], 0)
     assert engine.scheduler.num_preemptions == 1
-    assert fills == [[(0, "a", 0), (1, "b", 0)], [(1, "c", 0)], [(0, "b", 19)]]
+    assert [[(slot, names[sid], n) for slot, sid, n in fill] for fill in fills] == [
+        [(0, "a", 0), (1, "b", 0)], [(1, "c", 0)], [(0, "b", 19)]]
     alone = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256)
     for rid, prompt in zip("abc", prompts):
         assert got[rid].outputs[0].token_ids == alone.generate([prompt], [params])[0].outputs[0].token_ids, rid

@@ -68,7 +68,8 @@ def test_prompt_logprobs_match_hf_with_chunks_and_a_cached_prefix(model_dir, bud
     execute = engine.executor.execute_model
 
     def execute_and_record(step):
-        spans.extend((span.item.num_new_tokens, span.first, span.end) for span in step.prompt_spans)
+        num_new = {item.seq_id: item.num_new_tokens for item in step.scheduled}
+        spans.extend((num_new[span.seq_id], span.first, span.end) for span in step.prompt_spans)
         return execute(step)
 
     engine.executor.execute_model = execute_and_record

@@ -364,7 +364,9 @@ def test_penalties_read_the_previous_token_while_steps_overlap(llama_dir, monkey
     execute = executor.execute_model
 
     def watch_execute(step):  # a placeholder input: the previous step is in flight
-        overlapped.append(any(PLACEHOLDER in item.seq.token_ids for item in step.scheduled))
+        # (the worker's own tokens of the sequences it holds, and those of the new ones)
+        tokens = [executor.runner.states[d.seq_id].token_ids for d in step.cached_sequences]
+        overlapped.append(any(PLACEHOLDER in t for t in tokens + [d.token_ids for d in step.new_sequences]))
         if step.defer_sampling:
             deferred.append(len(step.sample_rows))
         return execute(step)

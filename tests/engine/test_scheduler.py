@@ -2,6 +2,7 @@
 workload with the block manager's integrity check after every step."""
 from __future__ import annotations
 
+import pickle
 import random
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from backend.engine_config import SchedulerConfig
 from backend.engine.block_manager import BlockManager
 from backend.sampling_params import SamplingParams
+from backend.worker.request_states import RequestStates
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
 
@@ -31,8 +33,9 @@ def seq(n: int, rid: str, start: int = 0, params: SamplingParams | None = None) 
 def run_step(sched: Scheduler, sample_token: int = 7) -> list[tuple[str, int]]:
     """Schedule, pretend the model ran, append a token to each sequence that reached its end."""
     out = sched.schedule()
-    plan = [(it.seq.request_id, it.num_new_tokens) for it in out.scheduled]
-    done = [it.seq for it in out.scheduled if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens]
+    seqs = [sched.sequence(it.seq_id) for it in out.scheduled]
+    plan = [(s.request_id, it.num_new_tokens) for s, it in zip(seqs, out.scheduled)]
+    done = [s for s, it in zip(seqs, out.scheduled) if s.num_computed_tokens + it.num_new_tokens == s.num_tokens]
     sched.update_after_step(out)
     for s in done:
         s.append_token(sample_token)
@@ -119,6 +122,7 @@ def test_random_workload_keeps_integrity(policy):
     sched = Scheduler(sched_config(6, 12, policy=policy), bm)
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
     live: dict[str, list[Sequence]] = {}
+    worker = RequestStates()
     counter = 0
     finished = 0
     for step in range(600):
@@ -137,14 +141,29 @@ def test_random_workload_keeps_integrity(policy):
                     sched.finish(s)
         out = sched.schedule()
         bm.check_integrity(sched.all_sequences())
-        assert [row.seq for row in out.sample_rows] == [
-            s for it in out.scheduled if it.seq.num_computed_tokens + it.num_new_tokens == it.seq.num_tokens
-            for s in [it.seq] + next((f.children for f in out.forks if f.parent is it.seq), [])]
+        assert pickle.loads(pickle.dumps(out)) == out  # data only
+        assert [row.seq_id for row in out.sample_rows] == [
+            sid for it in out.scheduled
+            if sched.sequence(it.seq_id).num_computed_tokens + it.num_new_tokens == sched.sequence(it.seq_id).num_tokens
+            for sid in [it.seq_id] + next((f.children for f in out.forks if f.parent == it.seq_id), [])]
+        children = {c: sched.sequence(c) for f in out.forks for c in f.children}
+        # The worker's mirror, from the step's data alone: tables and computed counts agree.
+        worker.apply(out)
+        for it in out.scheduled:
+            assert worker[it.seq_id].block_table == sched.sequence(it.seq_id).block_table
+        for fork in out.forks:
+            worker.fork(fork)
+        for it in out.scheduled:
+            worker[it.seq_id].num_computed_tokens += it.num_known_tokens
+        for fork in out.forks:
+            for c in fork.children:
+                worker[c].num_computed_tokens = worker[fork.parent].num_computed_tokens
         sched.update_after_step(out)
         for fork in out.forks:  # the siblings run from now on, sharing the parent's blocks
-            assert len(fork.children) == fork.parent.params.n - 1 and fork.parent.num_forks_pending == 0
-            assert all(c.status == SequenceStatus.RUNNING for c in fork.children)
-            live[fork.parent.request_id].extend(fork.children)
+            parent = sched.sequence(fork.parent)
+            assert len(fork.children) == parent.params.n - 1 and parent.num_forks_pending == 0
+            assert all(children[c].status == SequenceStatus.RUNNING for c in fork.children)
+            live[parent.request_id].extend(children[c] for c in fork.children)
         for s in [c for group in live.values() for c in group if c.status == SequenceStatus.RUNNING
                   and c.num_computed_tokens == c.num_tokens]:
             s.append_token(rng.randrange(50))
@@ -230,8 +249,9 @@ def test_lora_slots_bound_the_adapters_of_a_step():
     for rid, adapter in (("a1", "a"), ("b1", "b"), ("c1", "c"), ("base", None), ("a2", "a")):
         sched.add(_lora_seq(4, rid, adapter, start=10 * len(sched.waiting)))
     out = sched.schedule()
-    assert [(it.seq.request_id, it.seq.lora_slot) for it in out.scheduled] == [
-        ("a1", 0), ("b1", 1), ("base", -1), ("a2", 0)]
+    assert [(sched.sequence(it.seq_id).request_id, sched.sequence(it.seq_id).lora_slot)
+            for it in out.scheduled] == [("a1", 0), ("b1", 1), ("base", -1), ("a2", 0)]
+    assert [d.lora_slot for d in out.new_sequences] == [0, 1, -1, 0]
     assert out.lora_loads == [] and [s.request_id for s in sched.waiting] == ["c1"]
     assert slots.refs == [2, 1]
     sched.update_after_step(out)
@@ -241,7 +261,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
     sched.finish(b1)  # slot 1 is free now; "c" takes it in the next step
     assert slots.refs == [2, 0]
     out = sched.schedule()
-    assert ("c1", 1) in [(it.seq.request_id, it.seq.lora_slot) for it in out.scheduled]
+    assert ("c1", 1) in [(sched.sequence(d.seq_id).request_id, d.lora_slot) for d in out.new_sequences]
     assert out.lora_loads == [(1, "c")] and slots.names == ["a", "c"]
     assert sched.schedule().lora_loads == []  # loaded once
     victim = sched.running[-1]

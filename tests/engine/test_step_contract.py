@@ -1,8 +1,11 @@
-"""The worker's side of the step contract: a running sequence's sampling parameters are written
-into per-slot tensors once, when it first samples, and every later step reads them by slot
-(backend/layers/sampling_table.py); the scheduler's finished_seq_ids free the slots."""
+"""The step contract: the step is data only (it pickles, holds no engine object, names sequences
+by id, and sends a sequence's tokens, parameters and blocks once); a sequence's sampling
+parameters are written into per-slot tensors once, when the worker takes it in, and every later
+step reads them by slot (backend/layers/sampling_table.py); finished_seq_ids free the slots."""
 from __future__ import annotations
 
+import dataclasses
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -33,11 +36,13 @@ class _SealedRow:
         raise AssertionError(f"the parameters of sequence {self.seq_id} were read again")
 
 
-def test_parameters_are_written_when_a_sequence_first_samples_then_read_by_slot(monkeypatch):
+def test_parameters_are_written_when_a_sequence_is_added_then_read_by_slot(monkeypatch):
     table = SamplingTable(4, VOCAB, CPU)
     rows = [_row(10, SamplingParams(temperature=0.5, top_p=0.9, seed=7)),
             _row(11, SamplingParams(temperature=0)),
             _row(12, SamplingParams(temperature=1.3, top_k=5, min_p=0.1, presence_penalty=0.5))]
+    table.add(rows)
+    assert table.rows_written == 3
     md = Sampler.prepare(rows, VOCAB, CPU, table=table)
     assert table.rows_written == 3
     assert md.temperature.tolist() == pytest.approx([0.5, 1.0, 1.3])
@@ -69,7 +74,12 @@ def test_parameters_are_written_when_a_sequence_first_samples_then_read_by_slot(
     # A finished sequence's slot is freed and the next new sequence's parameters take it.
     table.release([11])
     assert table.num_free == 2 and not table.holds(11)
-    md = Sampler.prepare([sealed[0], _row(13, SamplingParams(temperature=0.25, top_k=3))], VOCAB, CPU, table=table)
+    new = _row(13, SamplingParams(temperature=0.25, top_k=3))
+    with pytest.raises(RuntimeError) as e:
+        Sampler.prepare([sealed[0], new], VOCAB, CPU, table=table)
+    assert str(e.value) == "sampling: sequence 13 has no parameter slot (it was never added, or was released)"
+    table.add([new])
+    md = Sampler.prepare([sealed[0], new], VOCAB, CPU, table=table)
     assert table.rows_written == 4 and table.holds(13)
     assert md.temperature.tolist() == pytest.approx([1.3, 0.25])
     assert md.top_k.tolist() == [5, 3]
@@ -77,10 +87,10 @@ def test_parameters_are_written_when_a_sequence_first_samples_then_read_by_slot(
 
 def test_a_full_table_says_so():
     table = SamplingTable(1, VOCAB, CPU)
-    Sampler.prepare([_row(1, SamplingParams(temperature=0.7))], VOCAB, CPU, table=table)
+    table.add([_row(1, SamplingParams(temperature=0.7))])
     with pytest.raises(RuntimeError) as e:
-        Sampler.prepare([_row(2, SamplingParams(temperature=0.7))], VOCAB, CPU, table=table)
-    assert str(e.value) == ("sampling: all 1 parameter slots are taken (more sequences sampling "
+        table.add([_row(2, SamplingParams(temperature=0.7))])
+    assert str(e.value) == ("sampling: all 1 parameter slots are taken (more sequences running "
                             "than max_num_seqs)")
 
 
@@ -110,73 +120,66 @@ def test_the_engine_writes_each_sequence_once_and_frees_its_slot(llama_dir, monk
     assert [[c.token_ids for c in o.outputs] for o in second] == [[c.token_ids for c in o.outputs] for o in first]
 
 
-class _WatchedTokens(list):
-    """A sequence's token list that fails when changed while the runner works."""
-    runner_at_work: list[bool] = []
-
-    def _guard(self) -> None:
-        if self.runner_at_work:
-            raise AssertionError("the runner changed a sequence's tokens")
-
-    def append(self, x):
-        self._guard()
-        super().append(x)
-
-    def extend(self, xs):
-        self._guard()
-        super().extend(xs)
-
-    def __setitem__(self, i, x):
-        self._guard()
-        super().__setitem__(i, x)
-
-    def __delitem__(self, i):
-        self._guard()
-        super().__delitem__(i)
+def _no_engine_object(value, path: str = "step") -> None:
+    """Fail on anything in the step but plain data: the records of backend/step.py, containers,
+    numbers, strings, SamplingParams and a grammar's host bitmask."""
+    from backend.sampling_params import SamplingParams as Params
+    from backend import step as records
+    if value is None or isinstance(value, (bool, int, float, str, Params, torch.Tensor)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _no_engine_object(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _no_engine_object(v, f"{path}[{k!r}]")
+    elif dataclasses.is_dataclass(value) and type(value).__module__ == records.__name__:
+        for f in dataclasses.fields(value):
+            _no_engine_object(getattr(value, f.name), f"{path}.{f.name}")
+    else:
+        raise AssertionError(f"{path} is a {type(value).__name__}, not data")
 
 
-def _watch_the_runner(llm: LLM) -> dict[str, int]:
-    """Fail when the runner sets a field of a Sequence or changes its tokens while it launches
-    a step or a deferred sampling; count the steps it launched of each kind."""
-    at_work = _WatchedTokens.runner_at_work
+def _watch_the_steps(llm: LLM) -> dict[str, int]:
+    """Check every step the executor gets: it pickles, holds only data, sends as new exactly the
+    sequences the worker does not hold, and a held sequence's change is its computed count and
+    block-table tail, nothing more (no token list, no parameters). Counts what it saw."""
     executor = llm.engine.executor
     execute = executor.execute_model
-    launched = {"steps": 0, "deferred": 0, "verifying": 0}
-
-    def at_work_on(call, *args):
-        at_work.append(True)
-        try:
-            return call(*args)
-        finally:
-            at_work.pop()
+    seen = {"steps": 0, "new": 0, "cached": 0, "deferred": 0, "verifying": 0, "forks": 0}
 
     def watched_execute(step):
-        for row in step.sample_rows:
-            if not isinstance(row.seq.token_ids, _WatchedTokens):
-                row.seq.token_ids = _WatchedTokens(row.seq.token_ids)
-        launched["steps"] += 1
-        launched["verifying"] += bool(step.spec_runs)
-        pending = at_work_on(execute, step)
-        if pending.deferred:
-            launched["deferred"] += 1
-            sample = pending.sample
-            pending.sample = lambda *args: at_work_on(sample, *args)
+        _no_engine_object(step)
+        copy = pickle.loads(pickle.dumps(step))
+        assert dataclasses.replace(copy, grammar_bitmask=None) == dataclasses.replace(step, grammar_bitmask=None)
+        if step.grammar_bitmask is not None:
+            assert torch.equal(copy.grammar_bitmask.bitmask, step.grammar_bitmask.bitmask)
+        freed = set(step.finished_seq_ids)
+        for d in step.new_sequences:
+            assert d.seq_id not in executor.runner.states or d.seq_id in freed
+        for d in step.cached_sequences:
+            assert d.seq_id in executor.runner.states and d.seq_id not in freed
+            assert [f.name for f in dataclasses.fields(d)] == [
+                "seq_id", "num_computed_tokens", "blocks_from", "new_block_ids"]
+            assert len(d.new_block_ids) <= 2  # a copy-on-write block and a new one, at most
+        scheduled = {it.seq_id for it in step.scheduled}
+        assert scheduled == {d.seq_id for d in step.new_sequences + step.cached_sequences}
+        seen["steps"] += 1
+        seen["new"] += len(step.new_sequences)
+        seen["cached"] += len(step.cached_sequences)
+        seen["verifying"] += bool(step.spec_runs)
+        seen["forks"] += len(step.forks)
+        pending = execute(step)
+        seen["deferred"] += pending.deferred
         return pending
     executor.execute_model = watched_execute
-    return launched
+    return seen
 
 
-def test_the_runner_writes_nothing_of_the_engine_sequences(llama_dir, monkeypatch):
-    """While the runner launches a step (or a deferred sampling), no field of any of the
-    engine's Sequences is set and no token list changes: speculative verification (the rows see
-    their proposals), seeded sampling, penalties, forks, and a grammar's deferred sampling."""
-    from backend.engine.sequence import Sequence
-
-    def guarded_setattr(self, name, value):
-        if _WatchedTokens.runner_at_work:
-            raise AssertionError(f"the runner set Sequence.{name}")
-        object.__setattr__(self, name, value)
-    monkeypatch.setattr(Sequence, "__setattr__", guarded_setattr)
+def test_the_step_is_data_and_sends_a_sequence_once(llama_dir):
+    """Speculative verification, seeded sampling, penalties, forks, a grammar's deferred
+    sampling and preemption: every step is plain data; each sequence is sent whole once (again
+    after a preemption), then as changes."""
     loop = [5, 6, 7, 8] * 6
     params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
               SamplingParams(temperature=0.9, seed=3, max_tokens=16, ignore_eos=True, n=2),
@@ -184,14 +187,24 @@ def test_the_runner_writes_nothing_of_the_engine_sequences(llama_dir, monkeypatc
     speculating = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256,
                       speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                           "prompt_lookup_max": 3, "prompt_lookup_min": 1})
-    launched = _watch_the_runner(speculating)
+    seen = _watch_the_steps(speculating)
     outs = speculating.generate([loop, loop[:10], [9, 10, 11] * 5], params)
     assert [len(c.token_ids) for o in outs for c in o.outputs] == [16] * 4
-    assert launched["verifying"], launched
+    assert seen["verifying"] and seen["forks"] == 1, seen
+    assert seen["new"] == 3 and seen["cached"] > 20, seen  # the fork's sibling is cloned, never sent
     pipelined = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=256)
-    launched = _watch_the_runner(pipelined)
+    seen = _watch_the_steps(pipelined)
     guided = SamplingParams(temperature=0, max_tokens=16, structured_outputs={"regex": "[a-z]{40}"})
     outs = pipelined.generate([loop, loop[:10], [9, 10, 11] * 5, loop], params + [guided])
     assert [len(c.token_ids) for o in outs for c in o.outputs][:4] == [16] * 4
     assert outs[3].outputs[0].text.isalpha() and outs[3].outputs[0].text.islower()
-    assert launched["deferred"], launched
+    assert seen["deferred"] and seen["new"] == 4, seen
+    tight = LLM(llama_dir, device="cpu", dtype="float32", max_num_seqs=2, block_size=16, num_kv_blocks=5,
+                max_num_batched_tokens=32)
+    seen = _watch_the_steps(tight)
+    longer = SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=30, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in pipelined.generate([loop, loop[:10]], longer)]
+    outs = tight.generate([loop, loop[:10]], longer)
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert seen["new"] == 2 + tight.engine.scheduler.num_preemptions, seen
+    assert [o.outputs[0].token_ids for o in outs] == alone
