@@ -8,7 +8,8 @@ request's first step, whose eager launch takes longer than its GPU work. They re
 row of each chunk only (the rows a step samples from).
 
 With tensor parallelism every rank captures its own graphs (their collectives are captured
-with them) and replays the one rank 0 picked for the step. With capture=False (the CPU, tests)
+with them) and replays the one that every rank picks from the same step, its input ids
+broadcast from rank 0 into the graph's buffer first. With capture=False (the CPU, tests)
 `run` executes the model eagerly on the same static buffers, so the padding and the ranks'
 choice of graph are testable without a GPU."""
 from __future__ import annotations
@@ -118,7 +119,8 @@ class DecodeGraphs:
     def run(self, batch: PreparedBatch, fill=None, share_input_ids: bool = False) -> torch.Tensor:
         """`fill` = (token positions, rows, tokens): input tokens that the previous step is still
         sampling, read from its output tensor on the device. `share_input_ids`: tensor-parallel
-        rank 0 broadcasts the filled input ids, which the other ranks (without `fill`) receive."""
+        rank 0 broadcasts the (filled) input ids into the other ranks' buffer, since only rank 0
+        knows sampled tokens."""
         n = batch.num_tokens
         bs = next(s for s in self.sizes if s >= n)
         width = batch.decode_block_tables.shape[1]
@@ -258,9 +260,12 @@ class PrefillGraphs:
                 and (self.max_chunk is None or int(np.diff(batch.prefill_cu_seqlens_q).max()) <= self.max_chunk)
                 and batch.prefill_block_tables.shape[1] <= self.block_tables.shape[1])
 
-    def run(self, batch: PreparedBatch, rows: list[int] | None = None) -> torch.Tensor:
+    def run(self, batch: PreparedBatch, rows: list[int] | None = None,
+            share_input_ids: bool = False) -> torch.Tensor:
         """Final hidden states of each chunk's last token, one row per chunk; or of these rows
-        of the batch (at most max_rows), in this order."""
+        of the batch (at most max_rows), in this order. `share_input_ids`: tensor-parallel rank
+        0's input ids replace the other ranks' (a verification chunk starts with a sampled
+        token, which only rank 0 knows)."""
         n = batch.num_tokens
         size = next(s for s in self.sizes if s >= n)
         p, chunks = self.max_seqs, len(batch.prefill_cu_seqlens_q) - 1
@@ -290,6 +295,8 @@ class PrefillGraphs:
         self.tokens[:, :cols].copy_(host_tokens[:, :cols], non_blocking=True)
         self.seq_info.copy_(host_info, non_blocking=True)
         self.block_tables[:chunks, :width].copy_(host_tables[:chunks, :width], non_blocking=True)
+        if share_input_ids:
+            tp_broadcast(self.tokens[0, :n])
         if not self.use_graphs:
             return self._forward(size)[:len(wanted)]
         graph, out = self.graphs[size]
