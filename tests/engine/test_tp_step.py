@@ -11,28 +11,30 @@ import pickle
 import pytest
 from lora_adapters import write_adapter
 
-from backend import EngineArgs, LLMEngine, SamplingParams
+from backend import EngineArgs, LLMEngine, LoRARequest, SamplingParams
 from backend.engine.request import accumulate
 from backend.step import (PLACEHOLDER, CachedSequenceData, NewSequenceData, SampleRow, ScheduledSequence,
                           SchedulerOutput, SpecRun)
 from backend.worker.request_states import RequestStates
 from backend.worker.worker_group import LogitsCall, StepCall, WorkerGroup
 
-# Run by rank 1 at start-up (a sitecustomize): each message it handles is logged by type, a
-# step with its scheduled sequence ids.
+# Run by rank 1 at start-up (a sitecustomize): each message it unpickles from rank 0's pipe is
+# logged by type, a step with its type and scheduled sequence ids.
 _RANK_LOG = """
-from backend.worker import tp_worker
-_handle = tp_worker.handle
+import pickle
+_loads = pickle.loads
 
-def _logged(worker, message):
-    with open(LOG, "a") as f:
+def _logged_loads(data, *args, **kwargs):
+    message = _loads(data, *args, **kwargs)
+    kind = type(message).__name__
+    if kind in ("StepCall", "LogitsCall", "Stop"):
         step = getattr(message, "step", None)
-        ids = "" if step is None else " " + type(step).__name__ + " " + ",".join(
-            str(it.seq_id) for it in step.scheduled)
-        f.write(type(message).__name__ + ids + "\\n")
-    return _handle(worker, message)
+        with open(LOG, "a") as f:
+            f.write(kind + ("" if step is None else " " + type(step).__name__ + " " + ",".join(
+                str(it.seq_id) for it in step.scheduled)) + "\\n")
+    return message
 
-tp_worker.handle = _logged
+pickle.loads = _logged_loads
 """
 
 # Prompts that repeat themselves, so that n-gram speculation proposes tokens.
@@ -56,11 +58,14 @@ def _engine_args(llama_dir: str, adapter: str, tp: int) -> EngineArgs:
                                           "prompt_lookup_max": 3, "prompt_lookup_min": 2})
 
 
-def _run(engine: LLMEngine) -> dict[str, object]:
+def _run(engine: LLMEngine, adapter: str) -> dict[str, object]:
     greedy = dict(temperature=0, ignore_eos=True, max_tokens=40)
     requests = {
         "greedy": (PROMPTS[0], SamplingParams(**greedy), None),
         "lora": (PROMPTS[1], SamplingParams(**greedy), "qv"),
+        # An adapter the request brings: rank 0 reads it, and the step that loads it into the
+        # one slot (taking turns with "qv") tells the other ranks its directory.
+        "dyn": (PROMPTS[1], SamplingParams(**greedy), LoRARequest("dyn", 1, adapter)),
         "n2": (PROMPTS[2], SamplingParams(temperature=0.8, top_p=0.9, n=2, seed=11, max_tokens=40,
                                           ignore_eos=True), None),
         "logprobs": (PROMPTS[3], SamplingParams(prompt_logprobs=2, **greedy), None),
@@ -76,7 +81,7 @@ def _run(engine: LLMEngine) -> dict[str, object]:
 
 def test_ranks_receive_the_scheduler_output_and_give_one_ranks_tokens(llama_dir, adapter, tmp_path,
                                                                        monkeypatch):
-    want = _run(LLMEngine(_engine_args(llama_dir, adapter, 1)))
+    want = _run(LLMEngine(_engine_args(llama_dir, adapter, 1)), adapter)
     rank_log = tmp_path / "rank1"
     (tmp_path / "sitecustomize.py").write_text(f"LOG = {str(rank_log)!r}\n" + _RANK_LOG)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -96,7 +101,7 @@ def test_ranks_receive_the_scheduler_output_and_give_one_ranks_tokens(llama_dir,
         return execute(step)
     monkeypatch.setattr(engine.executor, "execute_model", _recorded_execute)
     try:
-        got = _run(engine)
+        got = _run(engine, adapter)
         assert engine.scheduler.num_preemptions > 0
         assert engine.stats.spec_decode_num_drafts > 0
     finally:
@@ -121,8 +126,10 @@ def test_ranks_receive_the_scheduler_output_and_give_one_ranks_tokens(llama_dir,
     assert all(type(call.step) is SchedulerOutput for call in steps)
     assert any(call.step.spec_runs for call in steps) and any(call.step.forks for call in steps)
     assert any(call.step.preempted_seq_ids for call in steps) and any(call.step.prompt_spans for call in steps)
-    loads = [call.adapter_dirs for call in steps if call.step.lora_loads]
-    assert loads and all(dirs == {"qv": adapter} for dirs in loads)
+    loads = [call for call in steps if call.step.lora_loads]
+    assert "dyn" in {name for call in loads for _, name in call.step.lora_loads}
+    for call in loads:
+        assert call.adapter_dirs == {name: adapter for _, name in call.step.lora_loads}
     for _, data in sent:
         for name in (b"PreparedBatch", b"ForwardCall", b"input_batch", b"numpy"):
             assert name not in data
