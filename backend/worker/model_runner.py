@@ -86,16 +86,16 @@ class ModelRunner:
     def run_path(self, call: ForwardCall, fill=None) -> torch.Tensor:
         """The forward pass `call` describes, on this rank: rank 0 with `fill`, the placeholders'
         tokens on its device. With tensor parallelism every rank runs it for the step and the
-        input ids are rank 0's, broadcast to the others (which do not know sampled tokens)."""
-        share_ids = get_tp_size() > 1
+        input ids are rank 0's, broadcast into the others' graph buffers or eager ids (they do
+        not know sampled tokens)."""
         if call.path is ForwardPath.DECODE_GRAPH:
-            return self.graphs.run(call.batch, fill, share_input_ids=share_ids)
+            return self.graphs.run(call.batch, fill)
         if call.path is ForwardPath.VERIFY_GRAPH:
-            return self.verify_graphs.run(call.batch, call.rows, share_input_ids=share_ids)
+            return self.verify_graphs.run(call.batch, call.rows)
         if call.path is ForwardPath.PREFILL_GRAPH:
-            return self.prefill_graphs.run(call.batch, share_input_ids=share_ids)
+            return self.prefill_graphs.run(call.batch)
         rows = None if call.rows is None else self.to_device(call.rows, torch.int64)
-        return self.forward_eager(call.batch, fill, rows, share_input_ids=share_ids)
+        return self.forward_eager(call.batch, fill, rows, share_input_ids=get_tp_size() > 1)
 
     def forward_eager(self, batch, fill=None, logits_indices: torch.Tensor | None = None,
                       share_input_ids: bool = False) -> torch.Tensor:
