@@ -1,9 +1,9 @@
 """The executor seam: the engine drives one device (UniProcExecutor) or tensor-parallel ranks
 (TensorParallelExecutor) through one surface, with Hugging Face's greedy tokens either way; and
 under tensor parallelism every rank, given the step itself, runs its forward pass by the path
-rank 0 takes (decode, prefill or verification graph, or eager). On the CPU the graphs are their static
-buffers run eagerly (`Worker.build_graphs(capture=False)`), dispatched by the same code that
-replays captured graphs on a GPU; with two GPUs the same test runs on captured graphs."""
+rank 0 takes (decode, prefill or verification graph, or eager). On the CPU the graphs are their
+static buffers run eagerly (`Worker.build_graphs(capture=False)`), dispatched by the same code
+that replays captured graphs on a GPU; with two GPUs the same test runs on captured graphs."""
 from __future__ import annotations
 
 import os
