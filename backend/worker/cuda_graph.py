@@ -8,7 +8,8 @@ request's first step, whose eager launch takes longer than its GPU work. They re
 row of each chunk only (the rows a step samples from).
 
 With tensor parallelism every rank captures its own graphs (their collectives are captured
-with them) and replays the one rank 0 picked for the step. With capture=False (the CPU, tests)
+with them) and replays the one that every rank picks from the same step, its input ids
+broadcast from rank 0 into the graph's buffer first. With capture=False (the CPU, tests)
 `run` executes the model eagerly on the same static buffers, so the padding and the ranks'
 choice of graph are testable without a GPU."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..layers.forward_context import AttentionMetadata, LoRAMapping, set_attention_metadata, set_lora_mapping
-from ..layers.parallel_state import tp_broadcast
+from ..layers.parallel_state import get_tp_size, tp_broadcast
 from .input_batch import TABLE_WIDTH_MULTIPLE, PreparedBatch
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class DecodeGraphs:
         self.model = model
         self.lora = lora
         self.use_graphs = capture
+        # Tensor parallelism: rank 0's input ids replace every rank's before a run (only rank 0
+        # knows sampled tokens).
+        self.share_input_ids = get_tp_size() > 1
         self.sizes = capture_sizes(max_num_seqs)
         self.max_bs = self.sizes[-1]
         self.max_model_len = max_model_len
@@ -115,10 +119,10 @@ class DecodeGraphs:
         return (batch.num_decodes == batch.num_tokens and 0 < batch.num_tokens <= self.max_bs
                 and batch.decode_block_tables.shape[1] <= self.block_tables.shape[1])
 
-    def run(self, batch: PreparedBatch, fill=None, share_input_ids: bool = False) -> torch.Tensor:
+    def run(self, batch: PreparedBatch, fill=None) -> torch.Tensor:
         """`fill` = (token positions, rows, tokens): input tokens that the previous step is still
-        sampling, read from its output tensor on the device. `share_input_ids`: tensor-parallel
-        rank 0 broadcasts the filled input ids, which the other ranks (without `fill`) receive."""
+        sampling, read from its output tensor on the device (rank 0's, which it then broadcasts
+        under tensor parallelism)."""
         n = batch.num_tokens
         bs = next(s for s in self.sizes if s >= n)
         width = batch.decode_block_tables.shape[1]
@@ -139,7 +143,7 @@ class DecodeGraphs:
         self.context_lens[:bs].copy_(self.vectors[3, :bs])  # the kernel reads int32
         if fill is not None:
             self.input_ids[fill[0]] = fill[2][fill[1]]
-        if share_input_ids:
+        if self.share_input_ids:
             tp_broadcast(self.input_ids[:n])
         longest = int(batch.decode_context_lens.max())
         bucket = next(b for b in self.buckets if b >= longest)
@@ -191,6 +195,8 @@ class PrefillGraphs:
         self.max_chunk = max_chunk
         self.max_rows = self.max_seqs * rows_per_seq
         self.use_graphs = capture
+        # As DecodeGraphs: rank 0's input ids (a verification chunk starts with a sampled token).
+        self.share_input_ids = get_tp_size() > 1
         t, p = self.max_tokens, self.max_seqs
         w = -(-max_blocks_per_seq // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
         # input ids, positions, slot mapping, the rows whose final hidden states come out (the
@@ -290,6 +296,8 @@ class PrefillGraphs:
         self.tokens[:, :cols].copy_(host_tokens[:, :cols], non_blocking=True)
         self.seq_info.copy_(host_info, non_blocking=True)
         self.block_tables[:chunks, :width].copy_(host_tables[:chunks, :width], non_blocking=True)
+        if self.share_input_ids:
+            tp_broadcast(self.tokens[0, :n])
         if not self.use_graphs:
             return self._forward(size)[:len(wanted)]
         graph, out = self.graphs[size]

@@ -69,8 +69,8 @@ class UniProcExecutor(Executor):
 
 class TensorParallelExecutor(Executor):
     """Rank 0's Worker in this process and ranks 1..N-1 (`WorkerGroup`) in theirs. Every rank
-    builds in lockstep; from then on rank 0's runner tells the ranks each forward pass and
-    LM-head call (its `mirror`), and each step's prologue (adapters, block copies) comes first."""
+    builds in lockstep; from then on each step goes to every rank as the scheduler made it, and
+    rank 0's runner tells the ranks its LM-head calls (its `mirror`)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.workers = WorkerGroup(config, resolve_device(config.device_config))
@@ -86,9 +86,7 @@ class TensorParallelExecutor(Executor):
         workers = self.workers
         workers.check()
         try:
-            if step.lora_loads or step.block_copies:
-                workers.prologue([(slot, name, self.lora_manager.paths[name])
-                                  for slot, name in step.lora_loads], step.block_copies)
+            workers.step(step, {name: self.lora_manager.paths[name] for _, name in step.lora_loads})
             return self.worker.execute_model(step)
         except RankFailed:
             raise

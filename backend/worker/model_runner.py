@@ -15,18 +15,17 @@ from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
 from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput
 from .cuda_graph import DecodeGraphs, PrefillGraphs
-from .forward_path import ForwardCall, ForwardPath
+from .forward_path import ForwardCall, ForwardPath, StepBatch
 from .input_batch import prepare_batch
 from .lora import LoRAManager
 from .pending_step import PendingStep, PromptSpanTokens
 from .request_states import RequestState, RequestStates
 
 
-class RankMirror(Protocol):
-    """Rank 0's link to the other tensor-parallel ranks (`WorkerGroup`): each forward pass and
-    each LM-head call of rank 0 is told to them, so that they join its collectives."""
-
-    def forward(self, call: ForwardCall) -> None: ...
+class LogitsMirror(Protocol):
+    """Rank 0's link to the other tensor-parallel ranks (`WorkerGroup`) for LM-head calls: rank
+    0 alone knows when one comes (deferred sampling, prompt logprobs), so each is told to them
+    with its hidden states, and every rank computes its part of the vocabulary."""
 
     def logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor: ...
 
@@ -35,12 +34,13 @@ class ModelRunner:
     """The device side of a step. `execute_model` takes one step's SchedulerOutput, queues its
     work and returns the step's PendingStep at once; nothing else writes that step.
 
-    Every tensor-parallel rank has one; rank 0's has a `mirror` (set by its executor once every
-    rank is built) and decides each step's `ForwardPath`; the others run `run_path` with rank
-    0's `ForwardCall` and sample nothing."""
+    Every tensor-parallel rank has one and receives every step (the same SchedulerOutput); each
+    applies it to its own states, packs the same batch and takes the same `ForwardPath`. Rank 0
+    samples (`execute_model`) and its `mirror` (set by its executor once every rank is built)
+    tells the others its LM-head calls; the others run `follow_step` and sample nothing."""
 
     def __init__(self, config: EngineConfig, model: torch.nn.Module, device: torch.device,
-                 dtype: torch.dtype, lora_manager: LoRAManager | None, sample_slots: int) -> None:
+                 dtype: torch.dtype, lora_manager: LoRAManager | None, rank: int = 0) -> None:
         model_config, scheduler = config.model_config, config.scheduler_config
         self.model = model
         self.device = device
@@ -48,10 +48,14 @@ class ModelRunner:
         self.lora_manager = lora_manager
         self.block_size = config.cache_config.block_size
         self.vocab_size = model.args.vocab_size
+        # Only rank 0 samples: the other ranks keep one sampling slot, for the warm-up of the
+        # penalties' kernel, and never learn the sampled tokens.
+        self.samples = rank == 0
+        sample_slots = scheduler.max_num_seqs if self.samples else 1
         # Penalties' token counts stay on the device, a slot per running sequence.
         self.sampler = Sampler(PenaltyCounts(sample_slots, self.vocab_size, device, model_config.max_model_len),
                                SamplingTable(sample_slots, self.vocab_size, device))
-        self.states = RequestStates()  # the worker's own state of each sequence it holds
+        self.states = RequestStates(receives_results=self.samples)  # its own state of each sequence it holds
         # Prompt logprobs take the logits of this many rows at a time: the rows the memory
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
         self.logits_rows_per_pass = max(1, min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens))
@@ -60,7 +64,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
-        self.mirror: RankMirror | None = None
+        self.mirror: LogitsMirror | None = None
         self._last: PendingStep | None = None  # the step launched last (placeholders read its tokens)
 
     def copy_blocks(self, block_copies: list[tuple[int, int]]) -> None:
@@ -80,20 +84,18 @@ class ModelRunner:
 
     # ---- forward passes -------------------------------------------------------------------------
     def run_path(self, call: ForwardCall, fill=None) -> torch.Tensor:
-        """The forward pass `call` describes, on this rank: what every rank runs for a step
-        (rank 0 with `fill`, the placeholders' tokens on its device; with tensor parallelism
-        the others receive the filled input ids from it)."""
-        if self.mirror is not None:
-            self.mirror.forward(call)
-        share_ids = call.fill and get_tp_size() > 1
+        """The forward pass `call` describes, on this rank: rank 0 with `fill`, the placeholders'
+        tokens on its device. With tensor parallelism every rank runs it for the step and the
+        input ids are rank 0's, broadcast into the others' graph buffers or eager ids (they do
+        not know sampled tokens)."""
         if call.path is ForwardPath.DECODE_GRAPH:
-            return self.graphs.run(call.batch, fill, share_input_ids=share_ids)
+            return self.graphs.run(call.batch, fill)
         if call.path is ForwardPath.VERIFY_GRAPH:
             return self.verify_graphs.run(call.batch, call.rows)
         if call.path is ForwardPath.PREFILL_GRAPH:
             return self.prefill_graphs.run(call.batch)
         rows = None if call.rows is None else self.to_device(call.rows, torch.int64)
-        return self.forward_eager(call.batch, fill, rows, share_input_ids=share_ids)
+        return self.forward_eager(call.batch, fill, rows, share_input_ids=get_tp_size() > 1)
 
     def forward_eager(self, batch, fill=None, logits_indices: torch.Tensor | None = None,
                       share_input_ids: bool = False) -> torch.Tensor:
@@ -119,15 +121,17 @@ class ModelRunner:
             return t.to(dtype)
         return t.to(dtype).pin_memory().to(self.device, non_blocking=True)
 
-    def choose_path(self, batch, fill, prompt_index: list[int], speculative: bool,
-                    verify_in_graph: bool) -> ForwardPath:
+    def choose_path(self, packed: StepBatch) -> ForwardPath:
         """Which way a step's forward pass runs: a decode, verification or prefill graph where
-        one fits the batch, else eagerly."""
+        one fits the batch, else eagerly. A function of the packed step and the graphs only, so
+        that every tensor-parallel rank takes the same path (a verification step has no
+        placeholder input: the engine takes the step before first)."""
+        batch = packed.batch
         if self.graphs is not None and self.graphs.can_run(batch):
             return ForwardPath.DECODE_GRAPH
-        if verify_in_graph and fill is None and self.verify_graphs.can_run(batch):
+        if packed.verify_in_graph and self.verify_graphs.can_run(batch):
             return ForwardPath.VERIFY_GRAPH
-        if not prompt_index and not speculative and self.prefill_graphs is not None \
+        if not packed.prompt_index and not packed.speculative and self.prefill_graphs is not None \
                 and self.prefill_graphs.can_run(batch):
             return ForwardPath.PREFILL_GRAPH
         return ForwardPath.EAGER
@@ -142,18 +146,36 @@ class ModelRunner:
         host knows what it reads (the previous step's tokens, for a grammar)."""
         return self._execute_model(step)
 
-    def _execute_model(self, step: SchedulerOutput) -> PendingStep:
+    @torch.inference_mode()
+    def follow_step(self, step: SchedulerOutput) -> None:
+        """A tensor-parallel rank > 0's share of the step rank 0 runs: the same states, batch,
+        path and forward pass, with rank 0's input ids (broadcast); no sampling (rank 0's
+        LM-head calls reach this rank as messages of their own)."""
+        self._apply(step)
+        packed = self._pack(step)
+        ids = packed.batch.input_ids
+        ids[ids == PLACEHOLDER] = 0  # tokens this rank does not know; rank 0's ids replace them
+        self._forward(packed, None)
+        self.states.book_launch(step, packed.row_states)
+
+    def _apply(self, step: SchedulerOutput) -> None:
+        """The step's changes to the runner's states (and rank 0's sampling slots), adapters
+        and KV blocks, before its forward pass."""
         table, counts, states = self.sampler.table, self.sampler.counts, self.states
-        table.release(step.finished_seq_ids)
-        counts.release(step.finished_seq_ids)
-        table.add(states.apply(step))  # parameters are written once, when a sequence arrives
+        if self.samples:
+            table.release(step.finished_seq_ids)
+            counts.release(step.finished_seq_ids)
+        added = states.apply(step)
         for fork in step.forks:  # siblings copy their parent now: they sample in this step
-            table.add(states.fork(fork))
+            added += states.fork(fork)
+        if self.samples:
+            table.add(added)  # parameters are written once, when a sequence arrives
         for slot, name in step.lora_loads:  # adapters taking a slot, before the step reads them
             self.lora_manager.load(slot, name)
         self.copy_blocks(step.block_copies)
-        rows = step.sample_rows
-        row_states = [states[r.seq_id] for r in rows]
+
+    def _pack(self, step: SchedulerOutput) -> StepBatch:
+        states, rows = self.states, step.sample_rows
         speculative = bool(step.spec_runs)
         # A verification step of speculative decoding (rows before a sequence's last) of a few
         # sequences runs whole through the verification graphs, its decodes as one-token chunks.
@@ -162,10 +184,8 @@ class ModelRunner:
                            and len(step.scheduled) <= pg.max_seqs and len(rows) <= pg.max_rows)
         batch = prepare_batch(step.scheduled, states, self.block_size, self.lora_manager is not None,
                               all_chunks=verify_in_graph)
-        fill = self._placeholder_fill(batch)
         # The packed row whose hidden state each sample row reads.
         rows_index = [batch.last_index[r.source] - r.offset for r in rows]
-        every_row = rows_index == list(range(batch.num_tokens))
         # The rows that predict prompt tokens whose logprobs are asked for (position j predicts
         # token j + 1), and those tokens.
         prompt_index: list[int] = []
@@ -181,20 +201,20 @@ class ModelRunner:
                 spans.append(PromptSpanTokens(span.seq_id, span.first, state.token_ids[span.first:span.end],
                                               state.params.prompt_logprobs))
                 prompt_targets.extend(spans[-1].token_ids)
-        sampling = None
-        if rows and not step.defer_sampling:
-            sampling = Sampler.prepare(row_states, self.vocab_size, self.device, counts=counts,
-                                       drafts=[r.draft for r in rows] if speculative else None,
-                                       table=table,
-                                       proposals={run.seq_id: run.proposed for run in step.spec_runs},
-                                       grammar=step.grammar_bitmask)
+        return StepBatch(batch, [states[r.seq_id] for r in rows], rows_index, prompt_index, spans,
+                         prompt_targets, speculative, verify_in_graph)
+
+    def _forward(self, packed: StepBatch, fill) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Run the step's forward pass by its path: (hidden states, the rows of them that the
+        sample rows read in order or None for all, the prompt-logprob rows' hidden states)."""
+        batch, rows_index, prompt_index = packed.batch, packed.rows_index, packed.prompt_index
         gather = None
         prompt_hidden = None
-        path = self.choose_path(batch, fill, prompt_index, speculative, verify_in_graph)
+        path = self.choose_path(packed)
         if path is ForwardPath.DECODE_GRAPH:
-            if not every_row:
+            if not packed.every_row:
                 gather = self.to_device(rows_index, torch.int64)
-            hidden = self.run_path(ForwardCall(path, batch, fill is not None), fill)  # every row
+            hidden = self.run_path(ForwardCall(path, batch), fill)  # every row
             if prompt_index:
                 prompt_hidden = hidden[self.to_device(prompt_index, torch.int64)]
         elif path is ForwardPath.VERIFY_GRAPH:
@@ -209,16 +229,31 @@ class ModelRunner:
         else:
             # Only the sampled rows (then the prompt-logprob rows) leave the last layer.
             logits_rows = None
-            if not every_row or prompt_index:
+            if not packed.every_row or prompt_index:
                 logits_rows = rows_index + prompt_index
-            hidden = self.run_path(ForwardCall(path, batch, fill is not None, logits_rows), fill)
+            hidden = self.run_path(ForwardCall(path, batch, logits_rows), fill)
             if prompt_index:
                 hidden, prompt_hidden = hidden[:len(rows_index)], hidden[len(rows_index):]
+        return hidden, gather, prompt_hidden
+
+    def _execute_model(self, step: SchedulerOutput) -> PendingStep:
+        self._apply(step)
+        packed = self._pack(step)
+        rows, row_states, spans = step.sample_rows, packed.row_states, packed.spans
+        fill = self._placeholder_fill(packed.batch)
+        sampling = None
+        if rows and not step.defer_sampling:
+            sampling = Sampler.prepare(row_states, self.vocab_size, self.device, counts=self.sampler.counts,
+                                       drafts=[r.draft for r in rows] if packed.speculative else None,
+                                       table=self.sampler.table,
+                                       proposals={run.seq_id: run.proposed for run in step.spec_runs},
+                                       grammar=step.grammar_bitmask)
+        hidden, gather, prompt_hidden = self._forward(packed, fill)
         prompt = None
-        if prompt_index:
+        if packed.prompt_index:
             num_top = max(span.num_logprobs for span in spans)
             prompt = compute_prompt_logprobs(
-                self.compute_logits, prompt_hidden, self.to_device(prompt_targets, torch.int64),
+                self.compute_logits, prompt_hidden, self.to_device(packed.prompt_targets, torch.int64),
                 num_top, self.logits_rows_per_pass)
         pending = self._last = PendingStep(step, spans, prompt)
         pending.placeholders, pending.spec_states = self.states.book_launch(step, row_states)

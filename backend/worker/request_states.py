@@ -7,6 +7,11 @@ appends the tokens it samples itself: a placeholder for an ordinary sample row w
 is launched, filled in when the step's results arrive; a verification run's kept tokens when
 they arrive. The scheduler's count of computed tokens is checked against the worker's own: a
 difference is a bug of one side, reported, never repaired.
+
+A tensor-parallel rank > 0 keeps the same states from the same steps but never learns sampled
+tokens (only rank 0 samples; the input ids of each step reach it by broadcast): its sampled
+tokens stay placeholders, and after a verification run it adopts the scheduler's count of
+computed tokens, the accepted proposals being known to rank 0 only.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ class RequestState:
     block_table: list[int]
     num_computed_tokens: int
     lora_slot: int = -1
+    # A rank that does not receive results: the proposals of the verification run launched
+    # last, of which the scheduler's next count tells how many were accepted (None: no run).
+    unverified_proposals: int | None = None
     _block_row: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
@@ -59,8 +67,11 @@ class RequestState:
 class RequestStates:
     """The states of the sequences the worker holds, by seq id."""
 
-    def __init__(self) -> None:
+    def __init__(self, receives_results: bool = True) -> None:
+        """receives_results: the step's sampled tokens arrive here (`PendingStep.wait`), as on
+        rank 0; False on a tensor-parallel rank > 0."""
         self._states: dict[int, RequestState] = {}
+        self.receives_results = receives_results
 
     def __len__(self) -> int:
         return len(self._states)
@@ -95,13 +106,29 @@ class RequestStates:
             state = states.get(diff.seq_id)
             if state is None:
                 state = self[diff.seq_id]  # (raises)
-            if diff.num_computed_tokens != state.num_computed_tokens:
+            if state.unverified_proposals is not None:
+                self._adopt_verified_count(state, diff.num_computed_tokens)
+            elif diff.num_computed_tokens != state.num_computed_tokens:
                 raise RuntimeError(
                     f"step contract: the scheduler counts {diff.num_computed_tokens} computed tokens "
                     f"of sequence {diff.seq_id}, the worker {state.num_computed_tokens}")
             if diff.new_block_ids or diff.blocks_from < len(state.block_table):
                 state.set_blocks_from(diff.blocks_from, diff.new_block_ids)
         return added
+
+    @staticmethod
+    def _adopt_verified_count(state: RequestState, computed: int) -> None:
+        """A rank without results after a verification run: the scheduler's count includes the
+        accepted proposals; the tokens up to it and the next one are there, of unknown value
+        (their ids reach this rank by broadcast)."""
+        pending, state.unverified_proposals = state.unverified_proposals, None
+        if not state.num_computed_tokens <= computed <= state.num_computed_tokens + pending:
+            raise RuntimeError(
+                f"step contract: the scheduler counts {computed} computed tokens of sequence "
+                f"{state.seq_id} after a verification run of {pending} proposals from "
+                f"{state.num_computed_tokens}")
+        state.num_computed_tokens = computed
+        state.token_ids.extend([PLACEHOLDER] * (computed + 1 - len(state.token_ids)))
 
     def book_launch(self, step: SchedulerOutput, row_states: list[RequestState]
                     ) -> tuple[list[tuple[RequestState, int] | None], list[RequestState]]:
@@ -118,6 +145,9 @@ class RequestStates:
                 self[child].num_computed_tokens = computed
         speculating = {run.seq_id for run in step.spec_runs}
         placeholders: list[tuple[RequestState, int] | None] = []
+        if not self.receives_results:
+            for run in step.spec_runs:
+                self[run.seq_id].unverified_proposals = len(run.proposed)
         for state in row_states:
             if state.seq_id in speculating:
                 placeholders.append(None)

@@ -2,9 +2,10 @@
 
 It builds its shard of the model and of the KV cache, and its CUDA graphs, with the same Worker
 code as rank 0 (the start-up runs in lockstep), then follows rank 0: each message from the pipe
-(see worker_group.py) is a piece of device work whose collectives it joins; a forward pass runs
-by the path rank 0 chose for it (`ModelRunner.run_path`, the code rank 0 runs). It samples
-nothing. It exits when told to, when rank 0's pipe closes, or when its parent process goes away."""
+(see worker_group.py) is a piece of device work whose collectives it joins. A step is the
+scheduler's output itself, which its runner applies to its own states and runs by the path rank
+0 takes too (`ModelRunner.follow_step`, the code rank 0 runs, with rank 0's input ids). It
+samples nothing. It exits when told to, when rank 0's pipe closes, or when its parent process goes away."""
 from __future__ import annotations
 
 import logging
@@ -45,33 +46,36 @@ def _exit_with_parent(parent: int) -> None:
 def follow(worker, conn: Connection) -> None:
     """Run rank 0's device work until Stop (or its pipe closes)."""
     import torch
-
-    from ..layers.parallel_state import tp_broadcast
-    from .forward_path import ForwardCall
-    from .worker_group import LogitsCall, Stop, StepPrologue
-    runner = worker.runner
-    hidden_size = worker.model.args.hidden_size
     with torch.inference_mode():
         while True:
             try:
                 message = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 return
-            if isinstance(message, Stop):
+            if not handle(worker, message):
                 return
-            if isinstance(message, ForwardCall):
-                runner.run_path(message)
-            elif isinstance(message, LogitsCall):
-                hidden = tp_broadcast(torch.empty(message.rows, hidden_size, dtype=runner.dtype,
-                                                  device=runner.device))
-                runner.model.compute_logits(hidden)
-            elif isinstance(message, StepPrologue):
-                for slot, name, path in message.lora_loads:
-                    worker.lora_manager.add_adapter(name, path)
-                    worker.lora_manager.load(slot, name)
-                runner.copy_blocks(message.block_copies)
-            else:
-                raise RuntimeError(f"unexpected message {message!r}")
+
+
+def handle(worker, message) -> bool:
+    """Run one message of rank 0's; False for Stop."""
+    import torch
+
+    from ..layers.parallel_state import tp_broadcast
+    from .worker_group import LogitsCall, StepCall, Stop
+    runner = worker.runner
+    if isinstance(message, StepCall):
+        for name, path in message.adapter_dirs.items():
+            worker.lora_manager.add_adapter(name, path)
+        runner.follow_step(message.step)
+    elif isinstance(message, LogitsCall):
+        hidden = tp_broadcast(torch.empty(message.rows, worker.model.args.hidden_size, dtype=runner.dtype,
+                                          device=runner.device))
+        runner.model.compute_logits(hidden)
+    elif isinstance(message, Stop):
+        return False
+    else:
+        raise RuntimeError(f"unexpected message {message!r}")
+    return True
 
 
 def main(fd: int, rank: int, size: int, port: int) -> int:

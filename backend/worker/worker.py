@@ -72,13 +72,11 @@ class Worker:
         process_weights_after_loading(self.model)
         self._exchange("loaded", None)  # every rank has its shard before any collective
         # LoRA adapters and the sampler's device state before the memory profile, so the cache is
-        # sized around them. Only rank 0 samples: the other ranks keep one sampling slot, for the
-        # warm-up of the penalties' kernel.
+        # sized around them.
         self.lora_manager = LoRAManager(
             self.model, lora_config.lora_modules, lora_config.max_loras, lora_config.max_lora_rank, self.dtype,
             self.device, lora_config.max_cpu_loras) if lora_config is not None else None
-        self.runner = ModelRunner(config, self.model, self.device, self.dtype, self.lora_manager,
-                                  scheduler.max_num_seqs if rank == 0 else 1)
+        self.runner = ModelRunner(config, self.model, self.device, self.dtype, self.lora_manager, rank)
         self.attn_layers = self.model.attention_layers()
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.model.args.head_dim

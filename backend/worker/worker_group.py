@@ -1,13 +1,15 @@
 """WorkerGroup: rank 0's side of tensor parallelism. It starts ranks 1..N-1 as processes
-(`python -m backend.worker.tp_worker`), joins their torch.distributed group, and mirrors the
-device work of rank 0's ModelRunner to them: each forward pass (a `ForwardCall`: its path, graph
-or eager, and its batch) and each LM-head call is one message (pickled once, sent down every
-rank's pipe) followed by the collectives of that work, which every rank then runs in the same
-order. The pipes are the control plane (start-up handshakes, errors, shutdown), the process
-group the data plane. Ranks fail loudly: a rank that dies makes every later call raise
-RankFailed, naming it."""
+(`python -m backend.worker.tp_worker`), joins their torch.distributed group, and sends them the
+engine's work: each step as the scheduler made it (a `StepCall`: the `SchedulerOutput` itself,
+and the directories of adapters it loads), which every rank applies to its own states and runs
+the same way, and each LM-head call of rank 0 (a `LogitsCall`). A message is pickled once and
+sent down every rank's pipe; the collectives of that work follow, which every rank runs in the
+same order. The pipes are the control plane (start-up handshakes, steps, errors, shutdown), the
+process group the data plane (the step's input ids, activations, hidden states). Ranks fail
+loudly: a rank that dies makes every later call raise RankFailed, naming it."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -24,7 +26,7 @@ import torch
 from ..engine_config import EngineConfig
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
 from ..python_env import python_executable
-from .forward_path import ForwardCall
+from ..step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,10 +52,12 @@ class Failed:
 
 
 @dataclass
-class StepPrologue:
-    """A step's work before its forward pass: adapters into slots, copy-on-write blocks."""
-    lora_loads: list[tuple[int, str, str]]  # (slot, adapter, its directory)
-    block_copies: list[tuple[int, int]]
+class StepCall:
+    """A step for every rank: the scheduler's output (as rank 0's runner receives it, less the
+    guided rows' masks, which only the sampler reads) and the directory of each adapter it
+    loads into a slot, which the ranks read themselves."""
+    step: SchedulerOutput
+    adapter_dirs: dict[str, str]
 
 
 @dataclass
@@ -175,20 +179,18 @@ class WorkerGroup:
             conn.send(Exchange(tag, values))
         return values
 
-    # ---- mirroring rank 0's device work ---------------------------------------------------------
+    # ---- the work of every rank -----------------------------------------------------------------
     def _send(self, message: Any) -> None:
         self.check()
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for conn in self.conns:
             conn.send_bytes(data)
 
-    def prologue(self, lora_loads: list[tuple[int, str, str]], block_copies: list[tuple[int, int]]) -> None:
-        self._send(StepPrologue(lora_loads, block_copies))
-
-    def forward(self, call: ForwardCall) -> None:
-        """Tell the ranks rank 0's forward pass, which each then runs the same way
-        (`ModelRunner.run_path`)."""
-        self._send(call)
+    def step(self, step: SchedulerOutput, adapter_dirs: dict[str, str]) -> None:
+        """Send the step to the ranks, which run it as rank 0 does (`ModelRunner.follow_step`)."""
+        if step.grammar_bitmask is not None:
+            step = dataclasses.replace(step, grammar_bitmask=None)
+        self._send(StepCall(step, adapter_dirs))
 
     def logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The LM head split over the vocabulary: every rank computes its part of the logits
