@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
 from .engine_config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, LoRAConfig, ModelConfig,
@@ -85,9 +85,10 @@ class EngineArgs:
     # Adapters kept in host memory (vLLM's name), the least recently used dropped first and read
     # from disk again when needed; default: every adapter. At least max_loras.
     max_cpu_loras: int | None = None
-    # Speculative decoding by n-gram lookup (vLLM's form): {"method": "ngram",
-    # "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}; every running
-    # decode speculates while few run (backend/engine/spec_decode.py). Steps then do not overlap.
+    # Speculative decoding, vLLM's form: {"method": "ngram", "num_speculative_tokens": k,
+    # "prompt_lookup_max": 5, "prompt_lookup_min": 5}, a draft model {"model": DIR,
+    # "num_speculative_tokens": k} or EAGLE heads {"method": "eagle3", "model": DIR, ...}
+    # (docs/speculative_decoding.md). Steps then do not overlap.
     speculative_config: dict[str, Any] | None = None
     # Overload control: at most this many requests wait to be scheduled; one more is refused at
     # once with EngineOverloadedError (servers answer "unavailable" / 503) instead of queueing
@@ -254,7 +255,28 @@ class EngineArgs:
             CompilationConfig(self.enforce_eager, self.max_prefill_graph_tokens),
             LoRAConfig(dict(self.lora_modules or {}), self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None,
-            None if spec is None else SpeculativeConfig.from_dict(spec))
+            None if spec is None else self._resolve_speculative(SpeculativeConfig.from_dict(spec), model_config))
+
+    def _resolve_speculative(self, spec: SpeculativeConfig, target: ModelConfig) -> SpeculativeConfig:
+        """A draft model's or EAGLE heads' own ModelConfig: their config.json, the target's
+        dtype unless the speculative config sets one, the target's context length (proposals run
+        to its end), their checkpoint's quantization unless set."""
+        if not spec.uses_draft_model:
+            return spec
+        if self.tensor_parallel_size > 1:
+            raise ValueError(f"speculative_config: method {spec.method!r} runs its model on one device; "
+                             f"with tensor_parallel_size={self.tensor_parallel_size} only 'ngram' is supported.")
+        if not os.path.isdir(spec.model):
+            raise ValueError(f"speculative_config: model directory {spec.model!r} does not exist.")
+        hf_config = load_hf_config(spec.model)
+        if not spec.is_eagle:
+            max_pos = int(hf_config.get("max_position_embeddings") or 4096)
+            if max_pos < target.max_model_len:
+                raise ValueError(f"speculative_config: the draft model's max_position_embeddings={max_pos} "
+                                 f"is smaller than max_model_len={target.max_model_len}.")
+        draft = ModelConfig(spec.model, target.tokenizer, spec.dtype or target.dtype, target.seed,
+                            target.load_format, spec.quantization, target.max_model_len, 0, hf_config)
+        return replace(spec, draft_model_config=draft)
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

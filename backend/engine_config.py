@@ -77,29 +77,73 @@ class LoRAConfig:
     max_cpu_loras: int | None  # None: every adapter stays in host memory
 
 
+# Speculative methods with a model of their own (a draft model, EAGLE heads): the proposer runs
+# in the worker, on the target's device, after each step.
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
+SPECULATIVE_METHODS = ("ngram",) + DRAFT_METHODS
+_SPEC_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
+              "quantization", "dtype")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
+    """vLLM's `speculative_config`: n-gram lookup, a draft model (`model` with the target's
+    vocabulary) or EAGLE-1/EAGLE-3 heads (`model` the heads' directory). `draft_model_config`
+    is the draft's or head's own ModelConfig, resolved against the target's
+    (`with_draft_model_config`); None for n-gram and until resolved."""
     num_speculative_tokens: int
     prompt_lookup_max: int
     prompt_lookup_min: int
     method: str
+    model: str | None
+    quantization: str | None
+    dtype: str | None  # None: the target's
+    draft_model_config: ModelConfig | None
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method in DRAFT_METHODS
+
+    @property
+    def is_eagle(self) -> bool:
+        return self.method in ("eagle", "eagle3")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpeculativeConfig":
         if not isinstance(d, dict):
             raise ValueError(f"speculative_config must be an object, got {d!r}.")
-        unknown = set(d) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = set(d) - set(_SPEC_KEYS)
         if unknown:
-            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; this engine speculates by "
-                             "'method': 'ngram' with num_speculative_tokens, prompt_lookup_max and "
-                             "prompt_lookup_min.")
-        method = d.get("method", "ngram")
-        if method != "ngram":
-            raise ValueError(f"speculative_config: method {method!r} is not supported; only 'ngram' "
-                             "(no draft model) is.")
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)}; valid keys: "
+                             f"{', '.join(_SPEC_KEYS)}.")
+        model = d.get("model")
+        # vLLM's inference: a model without a method is a draft model.
+        method = d.get("method") or ("draft_model" if model is not None else "ngram")
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config: method {method!r} is not supported; supported: "
+                             f"{', '.join(SPECULATIVE_METHODS)}.")
         k = d.get("num_speculative_tokens")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
             raise ValueError(f"speculative_config: num_speculative_tokens must be an integer in [1, 16], got {k!r}.")
+        if method in DRAFT_METHODS:
+            if not isinstance(model, str) or not model:
+                raise ValueError(f"speculative_config: method {method!r} needs 'model', the directory of "
+                                 f"the {'EAGLE heads' if method != 'draft_model' else 'draft model'}.")
+            for key in ("prompt_lookup_max", "prompt_lookup_min"):
+                if key in d:
+                    raise ValueError(f"speculative_config: {key} is for method 'ngram', not {method!r}.")
+            dtype = d.get("dtype")
+            if dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+                raise ValueError(f"speculative_config: dtype must be auto, float32, bfloat16 or float16, "
+                                 f"got {dtype!r}.")
+            quantization = d.get("quantization")
+            if quantization is not None and not isinstance(quantization, str):
+                raise ValueError(f"speculative_config: quantization must be a string, got {quantization!r}.")
+            return cls(k, 0, 0, method, model, quantization, None if dtype == "auto" else dtype, None)
+        for key in ("model", "quantization", "dtype"):
+            if key in d:
+                raise ValueError(f"speculative_config: {key} is for a draft model or EAGLE heads, not "
+                                 "method 'ngram'.")
         hi, lo = d.get("prompt_lookup_max"), d.get("prompt_lookup_min")
         if hi is None and lo is None:
             hi = lo = 5
@@ -110,7 +154,7 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config: {name} must be a positive integer, got {v!r}.")
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi}).")
-        return cls(k, hi, lo, method)
+        return cls(k, hi, lo, method, None, None, None, None)
 
 
 @dataclass(frozen=True)

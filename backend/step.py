@@ -168,6 +168,9 @@ class ModelRunnerOutput:
     """What a step produced, by sequence id: the results of a sequence's sample rows in row
     order (one row; or a verification run's k + 1, of which the engine keeps those up to the
     first that differs from its proposal, and that one), and the prompt logprobs of each
-    sequence with a prompt span in the step."""
+    sequence with a prompt span in the step; with a draft model, the next proposals."""
     sampled: dict[int, list[SampleResult]] = field(default_factory=dict)
     prompt_logprobs: dict[int, PromptLogprobsResult] = field(default_factory=dict)
+    # Speculative decoding with a draft model: each sequence's proposed tokens after this step's
+    # (the next step verifies them).
+    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)

@@ -27,7 +27,7 @@ from .request import Request, make_logprobs_entry
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .sequence import PLACEHOLDER, Sequence, SequenceStatus
-from .spec_decode import NgramProposer
+from .spec_decode import NgramProposer, check_draft_vocabulary, proposal_room
 from .structured_output import Grammar, grammar_bitmask
 from .tokenizer import load_tokenizer
 
@@ -59,13 +59,20 @@ class LLMEngine:
         model, cache = self.config.model_config, self.config.cache_config
         self.hf_config = model.hf_config
         self.tokenizer = load_tokenizer(model.tokenizer)
+        check_draft_vocabulary(self.config.speculative_config, self.tokenizer, self.hf_config)  # before loading it
         self.executor = Executor.create(self.config)  # one device, or tensor-parallel ranks
         self.vocab_size = self.executor.vocab_size
         self.block_manager = BlockManager(self.executor.num_blocks, cache.block_size,
                                           cache.enable_prefix_caching)
-        lora = self.executor.lora_manager
+        lora, spec = self.executor.lora_manager, self.config.speculative_config
+        # n-gram lookup proposes here; a draft model in the worker, after each step (its last
+        # proposals: `_draft_token_ids`), into lookahead slots the scheduler adds.
+        self.drafts_in_worker = bool(spec and spec.uses_draft_model)
+        self.proposer = NgramProposer(spec) if spec and not self.drafts_in_worker else None
+        self._draft_token_ids: dict[int, list[int]] = {}
         self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager,
-                                   LoRASlots(lora.num_slots, lora.resident) if lora else None)
+                                   LoRASlots(lora.num_slots, lora.resident) if lora else None,
+                                   spec.num_speculative_tokens if self.drafts_in_worker else 0)
         capacity = self.executor.num_blocks * cache.block_size
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(model.max_model_len, capacity)
@@ -83,13 +90,10 @@ class LLMEngine:
                                                 self.scheduler, self.stats, detokenize)
         self._inflight: InflightStep | None = None  # the launched step whose tokens are not yet taken
         self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
-        spec = self.config.speculative_config
-        self.proposer = NgramProposer(spec) if spec else None
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains).
         graphs = self.executor.verify_graphs
-        self.max_speculating_seqs = (graphs.max_seqs if graphs is not None
-                                     else self.config.scheduler_config.max_num_seqs)
+        self.max_speculating_seqs = graphs.max_seqs if graphs else self.config.scheduler_config.max_num_seqs
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -190,12 +194,12 @@ class LLMEngine:
         if self._deadlines:
             self._expire(outputs)
         proposals = None
-        if self.proposer is not None:
+        if self.proposer is not None or self.drafts_in_worker:
             # Proposals continue from the latest tokens, and a verified step's token count is
-            # known only on arrival: take the step in flight first (no overlap of the two).
-            # Beyond what a verification graph holds, the batch decodes plainly, pipelined.
+            # known only on arrival: take the step in flight first (no overlap of the two). Past
+            # a verification graph's size the batch decodes plainly, pipelined (n-gram lookup).
             speculate = len(self.scheduler.running) <= self.max_speculating_seqs
-            if self._inflight is not None and (speculate or self._inflight.speculative):
+            if self._inflight is not None and (speculate or self._inflight.speculative or self.drafts_in_worker):
                 previous, self._inflight = self._inflight, None
                 self._take_results(previous, outputs)
             if speculate:
@@ -239,18 +243,15 @@ class LLMEngine:
 
     def _propose(self) -> dict[int, list[int]]:
         """Speculative decoding: proposed tokens for each running decode, at most what its length
-        limits leave after one token (none before min_tokens)."""
+        limits leave after one token (none before min_tokens): n-gram lookup's, or the draft
+        model's from the last step."""
         proposals = {}
         for seq in self.scheduler.running:
-            p = seq.params
-            if (seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_unresolved or seq.finish_reason
-                    or seq.num_output_tokens < p.min_tokens):
-                continue
-            room = self.max_seq_len - seq.num_tokens
-            if p.max_tokens is not None:
-                room = min(room, p.max_tokens - seq.num_output_tokens)
-            proposals[seq.seq_id] = self.proposer.propose(seq.token_ids, room - 1, seq.seq_id)
-        self.proposer.retain({seq.seq_id for seq in self.scheduler.running})
+            if (room := proposal_room(seq, self.max_seq_len)) > 0:
+                proposals[seq.seq_id] = (self.proposer.propose(seq.token_ids, room, seq.seq_id) if self.proposer
+                                         else self._draft_token_ids.get(seq.seq_id, [])[:room])
+        if self.proposer is not None:
+            self.proposer.retain({seq.seq_id for seq in self.scheduler.running})
         return proposals
 
     def _sample_deferred(self, inflight: InflightStep, outputs: list[RequestOutput]) -> None:
@@ -310,6 +311,7 @@ class LLMEngine:
             self._fail(inflight.step, inflight.seqs, _model_failed(exc), outputs)
             return
         seqs = inflight.seqs
+        self._draft_token_ids = result.draft_token_ids
         for seq_id, entry in result.prompt_logprobs.items():
             seq = seqs[seq_id]
             # In order: a prompt's chunks are taken in the order they were launched.
@@ -380,10 +382,7 @@ class LLMEngine:
             del seq.token_ids[positions[first + accepted] + 1:positions[first + len(proposed)] + 1]
             seq.num_unresolved -= len(proposed) - accepted
             seq.num_computed_tokens += accepted
-            st = self.stats
-            st.spec_decode_num_drafts += 1
-            st.spec_decode_num_draft_tokens += len(proposed)
-            st.spec_decode_num_accepted_tokens += accepted
+            self.stats.record_verification(len(proposed), accepted)
 
     # ---- stats ----------------------------------------------------------------------------------
     def _lora_stats(self) -> dict:
@@ -410,6 +409,7 @@ class LLMEngine:
             spec_decode_num_drafts=s.spec_decode_num_drafts,
             spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
             spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(s.spec_decode_num_accepted_tokens_per_pos),
             **self._lora_stats(), **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
         for name in EngineStats.SAMPLE_FIELDS:
             setattr(s, name, [])

@@ -45,6 +45,9 @@ class EngineStats:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # Proposals accepted by their position in the run (vLLM's num_accepted_tokens_per_pos): entry
+    # j counts runs that kept proposal j.
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     # LoRA (vLLM's lora_requests_info): device slots (0: no LoRA), and the adapters of running
     # and of waiting requests, comma-separated.
     max_lora: int = 0
@@ -56,6 +59,16 @@ class EngineStats:
                      "request_prompt_tokens", "request_generation_tokens", "request_params_n",
                      "request_params_max_tokens", "request_queue_time", "request_prefill_time",
                      "request_decode_time", "request_inference_time", "iteration_tokens")
+
+    def record_verification(self, num_proposed: int, accepted: int) -> None:
+        """A speculating sequence's verification: `accepted` of its `num_proposed` proposals kept."""
+        self.spec_decode_num_drafts += 1
+        self.spec_decode_num_draft_tokens += num_proposed
+        self.spec_decode_num_accepted_tokens += accepted
+        per_pos = self.spec_decode_num_accepted_tokens_per_pos
+        per_pos.extend([0] * (num_proposed - len(per_pos)))
+        for j in range(accepted):
+            per_pos[j] += 1
 
     def merged_after(self, older: "EngineStats") -> "EngineStats":
         """This snapshot (the newer: its gauges and counters) with `older`'s samples first."""

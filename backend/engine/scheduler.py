@@ -26,9 +26,12 @@ from .worker_view import WorkerView
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 lora_slots: LoRASlots | None = None) -> None:
+                 lora_slots: LoRASlots | None = None, num_lookahead_tokens: int = 0) -> None:
         """lora_slots: with LoRA adapters, the device's adapter slots; a waiting sequence is
-        admitted only when its adapter is in a slot or can take one."""
+        admitted only when its adapter is in a slot or can take one. num_lookahead_tokens: slots
+        past the step's tokens for a sequence that samples, where a draft model writes its
+        proposals' keys and values after the step (vLLM's lookahead); taken when free."""
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.config = config
         self.block_manager = block_manager
         self.lora_slots = lora_slots
@@ -138,7 +141,7 @@ class Scheduler:
                 spec = spec[:max(0, num_new - 1)]
                 if num_new > 1 and self.waiting and not decodes:
                     num_new = min(num_new, self._chunk_cap())
-                while not self.block_manager.allocate_slots(seq, num_new):
+                while not self._allocate(seq, num_new, seq.num_computed_tokens):
                     if spec:  # proposed tokens go before anyone is preempted
                         spec, num_new = [], 1
                         continue
@@ -174,7 +177,7 @@ class Scheduler:
                 if not self.enable_chunked_prefill:
                     break
                 num_new = budget
-            if not self.block_manager.allocate_slots(seq, num_new, hit):
+            if not self._allocate(seq, num_new, num_hit, hit):
                 break
             del self.waiting[index]
             self._take_lora_slot(seq)
@@ -227,6 +230,15 @@ class Scheduler:
                 self._forking.update((child.seq_id, child) for child in children)
                 out.forks.append(Fork(seq.seq_id, [c.seq_id for c in children], [c.index for c in children]))
                 out.sample_rows.extend(SampleRow(child.seq_id, seq.seq_id) for child in children)
+
+    def _allocate(self, seq: Sequence, num_new: int, num_computed: int, hit=None) -> bool:
+        """Slots for the step's tokens, and the lookahead when the sequence samples in this
+        step and blocks are free for it."""
+        lookahead = self.num_lookahead_tokens
+        if lookahead and num_computed + num_new >= seq.num_tokens and \
+                self.block_manager.allocate_slots(seq, num_new + lookahead, hit):
+            return True
+        return self.block_manager.allocate_slots(seq, num_new, hit)
 
     def _victim(self) -> Sequence:
         if self.policy == "priority":  # the last of the latest among the lowest priority

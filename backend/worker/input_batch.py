@@ -68,7 +68,7 @@ def _padded_width(width: int) -> int:
     return -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
 
 
-def _block_table_matrix(states: list[RequestState]) -> np.ndarray:
+def block_table_matrix(states: list[RequestState]) -> np.ndarray:
     """The states' block tables as one int32 matrix, each row reused from the step before
     while its table is unchanged (`RequestState.block_row`)."""
     arrays = [s.block_row() for s in states]
@@ -126,10 +126,10 @@ def prepare_batch(scheduled: list[ScheduledSequence], states: Mapping[int, Reque
     return PreparedBatch(
         input_ids=np.concatenate(parts_ids), positions=np.concatenate(parts_pos),
         slot_mapping=np.concatenate(parts_slots), num_decodes=nd,
-        decode_block_tables=_block_table_matrix(decode_states) if decodes else None,
+        decode_block_tables=block_table_matrix(decode_states) if decodes else None,
         decode_context_lens=np.asarray([s.num_computed_tokens + 1 for s in decode_states],
                                        dtype=np.int32) if decodes else None,
-        prefill_block_tables=_block_table_matrix(prefill_states) if prefills else None,
+        prefill_block_tables=block_table_matrix(prefill_states) if prefills else None,
         prefill_cu_seqlens_q=cu,
         prefill_context_lens=np.asarray([s.num_computed_tokens + it.num_new_tokens
                                          for it, s in zip(prefills, prefill_states)],

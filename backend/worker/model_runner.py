@@ -2,6 +2,7 @@
 that its Worker (backend/worker/worker.py) built, sized and bound."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Protocol
 
 import numpy as np
@@ -15,6 +16,7 @@ from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
 from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput
 from .cuda_graph import DecodeGraphs, PrefillGraphs
+from .draft_proposer import DraftModelProposer
 from .forward_path import ForwardCall, ForwardPath, StepBatch
 from .input_batch import prepare_batch
 from .lora import LoRAManager
@@ -65,6 +67,7 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
         self.mirror: LogitsMirror | None = None
+        self.drafter: DraftModelProposer | None = None  # speculative decoding with a draft model
         self._last: PendingStep | None = None  # the step launched last (placeholders read its tokens)
 
     def copy_blocks(self, block_copies: list[tuple[int, int]]) -> None:
@@ -74,6 +77,8 @@ class ModelRunner:
             dst = self.to_device([c[1] for c in block_copies], torch.int64)
             raw = self.kv_cache.view(torch.uint8)  # index_put has no float8 kernel on every device
             raw[:, :, dst] = raw[:, :, src]
+            if self.drafter is not None:
+                self.drafter.copy_blocks(src, dst)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on rank 0's hidden states; with tensor parallelism every rank computes
@@ -239,6 +244,10 @@ class ModelRunner:
     def _execute_model(self, step: SchedulerOutput) -> PendingStep:
         self._apply(step)
         packed = self._pack(step)
+        # The draft proposes once the step's tokens are known: from each sequence's computed
+        # tokens before the step on.
+        starts = None if self.drafter is None else {
+            item.seq_id: self.states[item.seq_id].num_computed_tokens for item in step.scheduled}
         rows, row_states, spans = step.sample_rows, packed.row_states, packed.spans
         fill = self._placeholder_fill(packed.batch)
         sampling = None
@@ -257,6 +266,8 @@ class ModelRunner:
                 num_top, self.logits_rows_per_pass)
         pending = self._last = PendingStep(step, spans, prompt)
         pending.placeholders, pending.spec_states = self.states.book_launch(step, row_states)
+        if self.drafter is not None:
+            pending.propose = partial(self.drafter.propose, step, starts, self.states)
         if not rows:
             pending.finish(None)
             return pending

@@ -48,6 +48,9 @@ class PendingStep:
         # verification row; and each verification run's state.
         self.placeholders: list[tuple[Any, int] | None] = []
         self.spec_states: list[Any] = []
+        # Speculative decoding with a draft model: the proposals for the next step, made once
+        # this step's tokens are in the worker's states (`DraftModelProposer.propose`).
+        self.propose: Callable[[], dict[int, list[int]]] | None = None
 
     @property
     def deferred(self) -> bool:
@@ -87,6 +90,12 @@ class PendingStep:
             self.event.record()
 
     def wait(self) -> ModelRunnerOutput:
+        out = self._results()
+        if self.propose is not None:
+            out.draft_token_ids = self.propose()
+        return out
+
+    def _results(self) -> ModelRunnerOutput:
         if self.event is not None:
             start = time.perf_counter()
             self.event.synchronize()

@@ -13,14 +13,14 @@ from kernels.validation import v_cache_shape
 from ..config import CPU_KV_CACHE_BYTES
 from ..engine_config import CacheConfig, EngineConfig
 from ..layers.attention import Attention
-from ..layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
-from ..models import get_model_class
-from ..models.loader import load_dummy, load_safetensors
+from ..layers.quantization import check_fp8_supported
 from ..step import SchedulerOutput
 from .compile_watch import CompileWatch
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
-from .device import resolve_device, resolve_dtype, resolve_quantization
+from .device import resolve_device, resolve_dtype
 from .lora import LoRAManager
+from .model_builder import build_model
+from .draft_proposer import DraftModelProposer
 from .model_runner import ModelRunner
 from .pending_step import PendingStep
 from .warmup import compile_step_variants, profile_num_blocks
@@ -42,7 +42,7 @@ class Worker:
 
     def __init__(self, config: EngineConfig, rank: int = 0, link: StartupLink | None = None) -> None:
         model_config, cache, scheduler = config.model_config, config.cache_config, config.scheduler_config
-        lora_config, hf_config = config.lora_config, model_config.hf_config
+        lora_config = config.lora_config
         self.config, self.rank, self._link = config, rank, link
         self.device = resolve_device(config.device_config)
         self.dtype = resolve_dtype(model_config, self.device)
@@ -53,23 +53,12 @@ class Worker:
             torch.cuda.set_device(self.device)
             CompileWatch.remove_hooks()  # another engine's watch must not count this start-up
         torch.manual_seed(model_config.seed)
-        self.quantization = resolve_quantization(model_config)
-        linear_method = get_linear_method(self.quantization, hf_config.get("quantization_config"))
-        if self.quantization == "fp8":
-            check_fp8_supported(self.device)
+        built = build_model(model_config, self.device, self.dtype)
+        self.model, self.quantization = built.model, built.quantization
+        checkpoint_kv_scales = built.kv_scales
         self.cache_dtype = self.dtype if cache.kv_cache_dtype == "auto" else torch.float8_e4m3fn
         if cache.kv_cache_dtype != "auto":
             check_fp8_supported(self.device, f"kv_cache_dtype='{cache.kv_cache_dtype}'")
-        with torch.device(self.device):
-            self.model = get_model_class(hf_config)(hf_config, self.dtype, linear_method,
-                                                    max_model_len=self.max_model_len)
-        self.model.eval()
-        checkpoint_kv_scales: dict[str, dict[str, float]] = {}
-        if model_config.load_format == "dummy":
-            load_dummy(self.model, model_config.seed)
-        else:
-            checkpoint_kv_scales = load_safetensors(self.model, model_config.model)
-        process_weights_after_loading(self.model)
         self._exchange("loaded", None)  # every rank has its shard before any collective
         # LoRA adapters and the sampler's device state before the memory profile, so the cache is
         # sized around them.
@@ -81,10 +70,16 @@ class Worker:
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.model.args.head_dim
         self.vocab_size = self.model.args.vocab_size
+        spec = config.speculative_config
+        # A draft model before the memory profile: its weights and its share of each block count.
+        self.drafter = self.runner.drafter = DraftModelProposer(config, self.device, self.vocab_size) \
+            if spec is not None and spec.uses_draft_model else None
         self.num_blocks = min(self._exchange("num_blocks", self._decide_num_blocks()))
         self.kv_cache = self.allocate_cache(self.num_blocks, zero=True)
         self.bind_cache(self.kv_cache)
         self.runner.kv_cache = self.kv_cache
+        if self.drafter is not None:
+            self.drafter.allocate_cache(self.num_blocks)
         self._set_kv_scales(cache, checkpoint_kv_scales)
         if self.device.type == "cuda":
             compile_step_variants(self)
@@ -129,12 +124,16 @@ class Worker:
             runner.verify_graphs = ready(PrefillGraphs(
                 self.model, min(seqs * rows, self.max_num_batched_tokens), max_blocks, self.device,
                 capture=capture, lora=lora, rows_per_seq=rows, max_seqs=seqs, max_chunk=rows))
+        if self.drafter is not None:
+            self.drafter.build_graphs(capture)
 
     # ---- the KV cache ---------------------------------------------------------------------------
     @property
     def block_bytes(self) -> int:
-        return (2 * len(self.attn_layers) * self.block_size * self.num_kv_heads * self.head_dim
-                * self.cache_dtype.itemsize)
+        """Bytes of one block: the target's keys and values, and the draft model's."""
+        target = (2 * len(self.attn_layers) * self.block_size * self.num_kv_heads * self.head_dim
+                  * self.cache_dtype.itemsize)
+        return target + (self.drafter.block_bytes if self.drafter is not None else 0)
 
     def allocate_cache(self, num_blocks: int, zero: bool) -> torch.Tensor:
         """[2, layers, num_blocks, block_size, Hkv, D] in the cache dtype. Made as bytes and

@@ -71,13 +71,13 @@ def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, ma
 
 @pytest.mark.parametrize("config, message", [
     ({"method": "eagle", "num_speculative_tokens": 3},
-     "speculative_config: method 'eagle' is not supported; only 'ngram' (no draft model) is."),
+     "speculative_config: method 'eagle' needs 'model', the directory of the EAGLE heads."),
     ({"method": "ngram"}, "speculative_config: num_speculative_tokens must be an integer in [1, 16], got None."),
     ({"num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "speculative_config: prompt_lookup_min (4) must not exceed prompt_lookup_max (2)."),
     ({"num_speculative_tokens": 2, "draft_model": "x"},
-     "speculative_config: unknown keys ['draft_model']; this engine speculates by 'method': 'ngram' with "
-     "num_speculative_tokens, prompt_lookup_max and prompt_lookup_min."),
+     "speculative_config: unknown keys ['draft_model']; valid keys: method, num_speculative_tokens, "
+     "prompt_lookup_max, prompt_lookup_min, model, quantization, dtype."),
 ])
 def test_bad_configs_are_refused(llama_dir, config, message):
     with pytest.raises(ValueError) as e:
@@ -87,7 +87,7 @@ def test_bad_configs_are_refused(llama_dir, config, message):
 
 def test_config_from_a_model_config_string(llama_dir):
     args = EngineArgs.from_strings({"model": llama_dir, "speculative_config": '{"num_speculative_tokens": 4}'})
-    assert SpeculativeConfig.from_dict(args.speculative_config) == SpeculativeConfig(4, 5, 5, "ngram")
+    assert SpeculativeConfig.from_dict(args.speculative_config) == SpeculativeConfig(4, 5, 5, "ngram", None, None, None, None)
 
 
 def _plain(llama_dir, prompts, params):

@@ -1,0 +1,212 @@
+"""Proposals from a draft model (vLLM's `speculative_config={"model": DRAFT_DIR, ...}`).
+
+The draft runs in the worker after every step, on the target's device, with a paged KV cache
+of its own that uses the target's block tables: a block id names the same token positions in
+both caches, so a sequence's draft and target keys and values are allocated, freed, preempted
+and prefix-cached together by the one block manager.
+
+After a step's tokens are known (`PendingStep.wait`), one batched pass runs the draft over
+every position the target computed in the step (prompt chunks, decodes, accepted proposals)
+and the newly sampled token, so the draft's cache always covers what the target's does; each
+sequence that sampled a token then proposes the draft's argmax there, and `k - 1` one-token
+passes extend the proposals. Proposals are greedy, as vLLM v1 drafts: the verifier's rejection
+sampling treats each as a point mass (`_verify_drafts` in the sampler), which keeps sampled
+requests' tokens distributed exactly as the target's. A proposal goes only as far as the
+sequence's allocated blocks (the scheduler adds `num_speculative_tokens` slots of lookahead
+to each step) and max_model_len.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..engine_config import EngineConfig
+from ..layers.forward_context import set_attention_metadata
+from ..step import SchedulerOutput
+from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
+from .input_batch import PreparedBatch, block_table_matrix
+from .model_builder import build_model
+from .request_states import RequestState, RequestStates
+from .device import resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftSpan:
+    """A sequence's share of the draft's first pass: positions `start`..`end` - 1 (what the
+    target computed in the step, then its new token when it fits), and whether it proposes."""
+    state: RequestState
+    start: int
+    end: int
+    proposes: bool
+
+
+class DraftModelProposer:
+    """The draft model, its KV cache and graphs, and the passes that propose."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, target_vocab_size: int) -> None:
+        spec = config.speculative_config
+        draft_config = spec.draft_model_config
+        self.k = spec.num_speculative_tokens
+        self.device = device
+        self.dtype = resolve_dtype(draft_config, device)
+        self.block_size = config.cache_config.block_size
+        self.max_model_len = config.model_config.max_model_len
+        self.max_num_seqs = config.scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = config.scheduler_config.max_num_batched_tokens
+        self.target_vocab_size = target_vocab_size
+        # Random weights (load_format=dummy) from another seed than the target's: a draft of
+        # the target's shape must not be the target itself.
+        self.model = build_model(draft_config, device, self.dtype, seed=draft_config.seed + 1).model
+        self.attn_layers = self.model.attention_layers()
+        self.kv_cache: torch.Tensor | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
+        self.decode_graphs: DecodeGraphs | None = None
+
+    # ---- the KV cache -------------------------------------------------------------------------
+    @property
+    def block_bytes(self) -> int:
+        layer = self.attn_layers[0]
+        return 2 * len(self.attn_layers) * self.block_size * layer.num_kv_heads * layer.head_dim * self.dtype.itemsize
+
+    def allocate_cache(self, num_blocks: int) -> None:
+        """[2, layers, num_blocks, block_size, Hkv, D]: the same block ids as the target's."""
+        layer = self.attn_layers[0]
+        self.kv_cache = torch.zeros(2, len(self.attn_layers), num_blocks, self.block_size, layer.num_kv_heads,
+                                    layer.head_dim, dtype=self.dtype, device=self.device)
+        for i, attn in enumerate(self.attn_layers):
+            attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+
+    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy-on-write of the target's blocks, applied to the draft's cache too."""
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    def build_graphs(self, capture: bool) -> None:
+        """The first pass's graphs (each sequence a short chunk: its accepted tokens and the
+        new one, at most k + 2) and the one-token passes' decode graphs."""
+        max_blocks = -(-self.max_model_len // self.block_size)
+        seqs = min(self.max_num_seqs, SPEC_GRAPH_MAX_SEQS)
+        chunk = self.k + 2
+        self.prefill_graphs = PrefillGraphs(self.model, min(seqs * chunk, self.max_num_batched_tokens), max_blocks,
+                                            self.device, capture=capture, max_seqs=seqs, max_chunk=chunk)
+        self.decode_graphs = DecodeGraphs(self.model, self.max_num_seqs, max_blocks, self.max_model_len,
+                                          self.device, capture=capture)
+        if capture:
+            self.prefill_graphs.capture()
+            self.decode_graphs.capture()
+
+    # ---- proposing ----------------------------------------------------------------------------
+    def spans(self, step: SchedulerOutput, starts: dict[int, int], states: RequestStates) -> list[DraftSpan]:
+        """Each scheduled sequence's positions for the first pass, once the step's tokens are
+        in the worker's states; `starts`: its computed tokens before the step."""
+        spans = []
+        for item in step.scheduled:
+            if item.seq_id not in states:
+                continue
+            state = states[item.seq_id]
+            start, computed = starts[item.seq_id], state.num_computed_tokens
+            capacity = self._capacity(state)
+            # The new token (the step sampled one and every earlier one is computed) when its
+            # key and value have a slot.
+            proposes = len(state.token_ids) == computed + 1 and computed < capacity
+            end = computed + 1 if proposes else computed
+            if end > start:
+                spans.append(DraftSpan(state, start, end, proposes))
+        return spans
+
+    @torch.inference_mode()
+    def propose(self, step: SchedulerOutput, starts: dict[int, int], states: RequestStates) -> dict[int, list[int]]:
+        """Proposals (up to k tokens) of each sequence that sampled a token in the step."""
+        spans = self.spans(step, starts, states)
+        if not spans:
+            return {}
+        proposing = [i for i, s in enumerate(spans) if s.proposes]
+        hidden = self._first_pass(spans)  # (also when none proposes: the draft's cache follows)
+        if not proposing:
+            return {}
+        active = [spans[i] for i in proposing]
+        tokens = [self._greedy(hidden[torch.tensor(proposing, device=self.device)])]
+        members = [list(range(len(active)))]  # per pass: which active sequences its rows are
+        for j in range(1, self.k):
+            # Pass j stores proposal j at position end - 1 + j: only where a block holds it.
+            current = members[-1]
+            kept = [(r, a) for r, a in enumerate(current) if active[a].end + j - 1 < self._capacity(active[a].state)]
+            if not kept:
+                break
+            rows = torch.tensor([r for r, _ in kept], device=self.device)
+            batch = self._decode_batch([active[a] for _, a in kept], j)
+            fill = (torch.arange(len(kept), device=self.device), rows, tokens[-1])
+            tokens.append(self._greedy(self._decode(batch, fill)))
+            members.append([a for _, a in kept])
+        out: dict[int, list[int]] = {}
+        for values, mem in zip((t.tolist() for t in tokens), members):  # one sync per pass, at the end
+            for value, a in zip(values, mem):
+                out.setdefault(active[a].state.seq_id, []).append(value)
+        return out
+
+    def _capacity(self, state: RequestState) -> int:
+        return min(len(state.block_table) * self.block_size, self.max_model_len)
+
+    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft's argmax among the target's token ids."""
+        logits = self.model.compute_logits(hidden)[:, :self.target_vocab_size]
+        return logits.argmax(dim=-1)
+
+    def _first_pass(self, spans: list[DraftSpan]) -> torch.Tensor:
+        """Final hidden states of each span's last row, in span order."""
+        bs = self.block_size
+        ids, pos, slots, lengths = [], [], [], []
+        for s in spans:
+            p = np.arange(s.start, s.end, dtype=np.int64)
+            table = s.state.block_row().astype(np.int64)
+            ids.append(np.asarray(s.state.token_ids[s.start:s.end], dtype=np.int64))
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            lengths.append(s.end - s.start)
+        cu = np.zeros(len(spans) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        batch = PreparedBatch(
+            input_ids=np.concatenate(ids), positions=np.concatenate(pos), slot_mapping=np.concatenate(slots),
+            num_decodes=0, decode_block_tables=None, decode_context_lens=None,
+            prefill_block_tables=block_table_matrix([s.state for s in spans]), prefill_cu_seqlens_q=cu,
+            prefill_context_lens=np.asarray([s.end for s in spans], dtype=np.int32),
+            prefill_max_seqlen_q=max(lengths), last_index={}, decode_seq_ids=[])
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            return self.prefill_graphs.run(batch)
+        last = torch.tensor(cu[1:] - 1, dtype=torch.int64, device=self.device)
+        return self._eager(batch, self._to_device(batch.input_ids), last)
+
+    def _decode_batch(self, active: list[DraftSpan], j: int) -> PreparedBatch:
+        """Proposal j of each active sequence as one decode token (its id filled on the device)."""
+        bs = self.block_size
+        pos = np.asarray([s.end - 1 + j for s in active], dtype=np.int64)
+        tables = [s.state.block_table for s in active]
+        slots = np.asarray([t[p // bs] * bs + p % bs for t, p in zip(tables, pos.tolist())], dtype=np.int64)
+        return PreparedBatch(
+            input_ids=np.zeros(len(active), dtype=np.int64), positions=pos, slot_mapping=slots,
+            num_decodes=len(active), decode_block_tables=block_table_matrix([s.state for s in active]),
+            decode_context_lens=(pos + 1).astype(np.int32), prefill_block_tables=None, prefill_cu_seqlens_q=None,
+            prefill_context_lens=None, prefill_max_seqlen_q=0, last_index={},
+            decode_seq_ids=[s.state.seq_id for s in active])
+
+    def _decode(self, batch: PreparedBatch, fill) -> torch.Tensor:
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            return self.decode_graphs.run(batch, fill)
+        input_ids = self._to_device(batch.input_ids)
+        input_ids[fill[0]] = fill[2][fill[1]]
+        return self._eager(batch, input_ids, None)
+
+    def _eager(self, batch: PreparedBatch, input_ids: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        with set_attention_metadata(batch.attention_metadata(self._array_to_device)):
+            return self.model(input_ids, self._to_device(batch.positions), rows)
+
+    def _array_to_device(self, values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(values).to(dtype)
+        return t if self.device.type != "cuda" else t.pin_memory().to(self.device, non_blocking=True)
+
+    def _to_device(self, values: np.ndarray) -> torch.Tensor:
+        return self._array_to_device(values, torch.int64)
