@@ -163,3 +163,26 @@ def test_gpu_speculation_with_penalties_matches_the_cpu_engine(llama_dir):
     assert got == want
     st = gpu.engine.get_stats()
     assert 10 < st.spec_decode_num_accepted_tokens < st.spec_decode_num_draft_tokens
+
+
+def test_gpu_draft_model_speculation_matches_the_cpu_engine(llama_dir):
+    """A draft model on the GPU (its first pass through its prefill graphs, its one-token
+    passes through its decode graphs, its cache beside the target's): greedy tokens are the
+    CPU engine's; the target as its own draft is always right."""
+    gen = torch.Generator().manual_seed(14)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 40, 23)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    common = dict(dtype="float32", num_kv_blocks=256, max_num_batched_tokens=32)
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", **common).generate(prompts, params)]
+    gpu = LLM(llama_dir, device="cuda", speculative_config={"model": llama_dir, "num_speculative_tokens": 3},
+              **common)
+    drafter = gpu.engine.executor.worker.drafter
+    assert drafter.decode_graphs.graphs and drafter.prefill_graphs.graphs
+    replays = []
+    for graphs in (drafter.decode_graphs, drafter.prefill_graphs):
+        run = graphs.run
+        graphs.run = lambda *a, _run=run, _g=graphs: replays.append(type(_g).__name__) or _run(*a)
+    assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
+    assert {"DecodeGraphs", "PrefillGraphs"} <= set(replays)
+    st = gpu.engine.get_stats()
+    assert 0 < st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens
