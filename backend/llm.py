@@ -12,6 +12,7 @@ from .config import EngineArgs
 from .errors import EngineShutdownError
 from .engine.llm_engine import LLMEngine
 from .lora_request import LoRARequest
+from .metrics_reader import Metric, metrics_from_stats
 from .outputs import RequestOutput
 from .engine.request import accumulate
 from .sampling_params import SamplingParams
@@ -55,6 +56,12 @@ class LLM:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's counters and gauges, as vLLM's LLM.get_metrics(): e.g. speculative
+        decoding's acceptance, `vllm:spec_decode_num_accepted_tokens` over
+        `vllm:spec_decode_num_draft_tokens`, and per position."""
+        return metrics_from_stats(self.engine.get_stats())
 
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

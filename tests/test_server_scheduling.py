@@ -1,7 +1,9 @@
 """Engine arguments that shape serving, through the real server: scheduling_policy="priority"
 runs waiting requests in priority order (the `priority` of sampling_parameters, lower first),
-stream_interval groups the streamed tokens, and speculative_config (n-gram) gives plain greedy
-decoding's text with proposals verified."""
+stream_interval groups the streamed tokens, and speculative_config (a draft model) gives plain
+greedy decoding's text with proposals verified."""
+import json
+
 import pytest
 
 from triton_server import TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, start_server, wait_until, write_model_repository
@@ -59,8 +61,8 @@ def test_stream_interval_groups_streamed_tokens(priority_server):
 def spec_server(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("spec")
     args = {"model": tiny_model, **TEST_ENGINE_ARGS,
-            "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, '
-                                  '"prompt_lookup_min": 1}'}
+            # A draft model (the target as its own: every proposal right) through config.pbtxt.
+            "speculative_config": json.dumps({"model": tiny_model, "num_speculative_tokens": 3})}
     server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
     yield server
     server.stop()
@@ -81,5 +83,6 @@ def test_speculative_decoding_gives_plain_greedy_text(spec_server, llm_server):
     assert texts[0] == texts[1] and texts[0]
     labels = {"model": "llm", "version": "1"}
     assert wait_until(lambda: spec_server.metric("vllm:spec_decode_num_drafts_total", **labels) > 0, 5)
-    assert spec_server.metric("vllm:spec_decode_num_draft_tokens_total", **labels) >= \
-        spec_server.metric("vllm:spec_decode_num_accepted_tokens_total", **labels)
+    proposed = spec_server.metric("vllm:spec_decode_num_draft_tokens_total", **labels)
+    assert proposed == spec_server.metric("vllm:spec_decode_num_accepted_tokens_total", **labels) > 0
+    assert spec_server.metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0", **labels) > 0

@@ -44,7 +44,7 @@ def test_metric_names_are_vllms():
         "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
         "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
         "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
         "vllm:request_success_total", "vllm:time_to_first_token_seconds",
         "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
         "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_params_n",

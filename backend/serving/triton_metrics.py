@@ -57,6 +57,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts."),
     MetricSpec("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens."),
     MetricSpec("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens."),
+    MetricSpec("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+               "Accepted tokens per draft position."),
     MetricSpec("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
     MetricSpec("vllm:generation_tokens_total", "counter", "Number of generation tokens processed."),
     MetricSpec("vllm:request_success_total", "counter",
@@ -157,6 +159,9 @@ class MetricsTracker:
         for reason, count in sorted(stats.request_success.items()):
             ops += self._increment(f"vllm:request_success_total/{reason}", "vllm:request_success_total",
                                    float(count), {"finished_reason": reason})
+        per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+        for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            ops += self._increment(f"{per_pos}/{position}", per_pos, float(count), {"position": str(position)})
         for name, field in _HISTOGRAMS:
             ops += [(name, "observe", float(v), {}) for v in getattr(stats, field)]
         if stats.max_lora:

@@ -50,6 +50,14 @@ def test_greedy_tokens_equal_hugging_face_with_a_disagreeing_draft_and_with_the_
     # Every proposal of the target's own copy is right: each step takes k + 1 tokens.
     assert st.spec_decode_num_draft_tokens > 0
     assert st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens
+    # Acceptance offline, as vLLM's LLM.get_metrics() gives it: counters and per position.
+    from backend.metrics_reader import Counter, Vector
+    metrics = {m.name: m for m in own.get_metrics()}
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
+    assert isinstance(accepted, Counter) and accepted.value == st.spec_decode_num_accepted_tokens
+    per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert isinstance(per_pos, Vector) and len(per_pos.values) == K and sum(per_pos.values) == accepted.value
+    assert per_pos.values[0] == metrics["vllm:spec_decode_num_drafts"].value  # every first proposal kept
     other = LLM(llama_dir, speculative_config=_draft(other_draft), **engine)
     assert _tokens(other, prompts, greedy) == want
     st = other.engine.get_stats()
