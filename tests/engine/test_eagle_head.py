@@ -61,7 +61,9 @@ def run(model, items, *inputs, **kwargs):
 
 
 def states(token_lists: list[list[int]], computed: list[int]):
-    return [make_state(i, tokens, [2 * i, 2 * i + 1], c) for i, (tokens, c) in enumerate(zip(token_lists, computed))]
+    """Worker states of the sequences, two blocks each, `computed` tokens of each already cached."""
+    return [make_state(i, tokens, [2 * i, 2 * i + 1], c)
+            for i, (tokens, c) in enumerate(zip(token_lists, computed))]
 
 
 def draft_and_compare(method: str, head_dir: str, target_dir: str, num_steps: int = 3) -> None:
@@ -147,8 +149,10 @@ def test_target_keeps_hidden_states_of_every_row_while_returning_the_sampled_one
         bind_cache(target)
         got = run(target, [(states([PROMPTS[1]], [0])[0], len(PROMPTS[1]))], rows)
         torch.testing.assert_close(got, full[rows], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(target.model.aux_hidden_states, torch.cat(want, dim=-1), atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match=re.escape("auxiliary hidden state layers (2, 9) must be distinct layer ids in 0..8")):
+        torch.testing.assert_close(target.model.aux_hidden_states, torch.cat(want, dim=-1),
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=re.escape(
+            "model: auxiliary hidden state layers (2, 9) must be distinct layer ids in 0..8")):
         target.model.keep_hidden_states((2, 9))
 
 
@@ -162,7 +166,8 @@ def test_shared_and_own_embeddings_are_reported(llama_dir, tmp_path):
     own_dir = build_eagle3_head(str(tmp_path / "b"), llama_dir, 1, 100, [0, 1, 2], own_embed_tokens=True)
     own = EagleDraftHead.from_pretrained("eagle3", own_dir, target, torch.float32)
     assert own.share_target_weights(target) == SharedWeights(own_embed_tokens=True, own_lm_head=True)
-    torch.testing.assert_close(own.embed_tokens.weight, load_file(own_dir + "/model.safetensors")["embed_tokens.weight"])
+    checkpoint = load_file(os.path.join(own_dir, "model.safetensors"))
+    torch.testing.assert_close(own.embed_tokens.weight, checkpoint["embed_tokens.weight"])
 
 
 def edited_head(tmp_path, llama_dir, edit) -> str:
