@@ -80,12 +80,13 @@ def vocab_map(target_vocab_size: int, draft_vocab_size: int, seed: int) -> tuple
 
 def build_eagle3_head(out_dir: str, target_dir: str, seed: int, draft_vocab_size: int | None = None,
                       aux_layer_ids: list[int] | None = None, hidden_size: int | None = None,
-                      own_embed_tokens: bool = False) -> str:
+                      own_embed_tokens: bool = False, norm_before_residual: bool = False) -> str:
     """An EAGLE-3 head (SpecForge / EAGLE's layout): fc over three target layers, one midlayer,
     norm, lm_head over `draft_vocab_size` tokens with d2t / t2d. aux_layer_ids: written as
     eagle_aux_hidden_state_layer_ids (else the reader's default applies). hidden_size: the head's,
     if it differs from the target's (then it has its own embedding). own_embed_tokens: ship an
-    embedding (random, unlike a trained head's copy of the target's)."""
+    embedding (random, unlike a trained head's copy of the target's). norm_before_residual:
+    vLLM's variant whose residual is the normed hidden state."""
     target = _target_config(target_dir)
     config = _head_config(target, "LlamaForCausalLMEagle3", hidden_size, 1)
     vocab, h = target["vocab_size"], config["hidden_size"]
@@ -93,6 +94,8 @@ def build_eagle3_head(out_dir: str, target_dir: str, seed: int, draft_vocab_size
     config["draft_vocab_size"] = draft_vocab
     if aux_layer_ids is not None:
         config["eagle_aux_hidden_state_layer_ids"] = list(aux_layer_ids)
+    if norm_before_residual:
+        config["norm_before_residual"] = True
     g = torch.Generator().manual_seed(seed)
     tensors = {"fc.weight": _random(g, (h, 3 * target["hidden_size"]))}
     tensors.update(_decoder_layer(g, "midlayer.", config, 2 * h, input_norm=True))
@@ -105,14 +108,16 @@ def build_eagle3_head(out_dir: str, target_dir: str, seed: int, draft_vocab_size
 
 
 def build_eagle1_head(out_dir: str, target_dir: str, seed: int, fc_bias: bool = True,
-                      num_hidden_layers: int = 1, own_embed_tokens: bool = False) -> str:
+                      num_hidden_layers: int = 1, own_embed_tokens: bool = False,
+                      state_bias: bool = True) -> str:
     """An EAGLE-1 head (EAGLE's layout): fc over cat(embedding, hidden state), decoder layers
     whose first has no input_layernorm; the target's lm_head (and embedding, unless
-    own_embed_tokens). fc_bias: EAGLE's default; false is written as "bias": false."""
+    own_embed_tokens). fc_bias: EAGLE's default; state_bias: write it in the config as "bias"
+    (else the reader goes by the checkpoint)."""
     target = _target_config(target_dir)
     config = _head_config(target, "LlamaForCausalLM", None, num_hidden_layers)
-    if not fc_bias:
-        config["bias"] = False
+    if state_bias:
+        config["bias"] = fc_bias
     h = config["hidden_size"]
     g = torch.Generator().manual_seed(seed)
     tensors = {"fc.weight": _random(g, (h, 2 * h))}

@@ -69,9 +69,9 @@ class EagleDraftHead(nn.Module):
     packed_modules = LlamaForCausalLM.packed_modules
 
     def __init__(self, method: str, config: dict, target: LlamaArgs, dtype: torch.dtype,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, checkpoint_has_fc_bias: bool = True) -> None:
         super().__init__()
-        self.spec = EagleHeadSpec.from_config(method, config, target, max_model_len)
+        self.spec = EagleHeadSpec.from_config(method, config, target, max_model_len, checkpoint_has_fc_bias)
         self.method = method
         a = self.args = self.spec.args
         self.aux_layer_ids: tuple[int, ...] = self.spec.aux_layer_ids
@@ -97,7 +97,8 @@ class EagleDraftHead(nn.Module):
         `target`. Build it on the target's device (a `torch.device` context)."""
         with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
-        head = cls(method, config, target.args, dtype, max_model_len)
+        has_fc_bias = "fc.bias" in checkpoint_tensor_shapes(head_dir)
+        head = cls(method, config, target.args, dtype, max_model_len, has_fc_bias)
         head.eval()
         head.load_weights(head_dir)
         head.share_target_weights(target)

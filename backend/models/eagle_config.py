@@ -42,12 +42,14 @@ class EagleHeadSpec:
     draft_vocab_size: int  # rows of the head's lm_head: the target vocabulary or a subset (EAGLE-3)
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...]  # EAGLE-3: target layers whose inputs it reads; EAGLE-1: ()
-    fc_bias: bool  # EAGLE-1's fc has a bias unless its config says "bias": false
+    fc_bias: bool  # EAGLE-1: its config's "bias", else whether its checkpoint has fc.bias
     norm_before_residual: bool  # EAGLE-3 variant: the residual is hidden_norm(hidden)
 
     @classmethod
-    def from_config(cls, method: str, config: dict, target: LlamaArgs,
-                    max_model_len: int | None = None) -> "EagleHeadSpec":
+    def from_config(cls, method: str, config: dict, target: LlamaArgs, max_model_len: int | None = None,
+                    checkpoint_has_fc_bias: bool = True) -> "EagleHeadSpec":
+        """checkpoint_has_fc_bias: decides EAGLE-1's fc bias where the config does not (EAGLE's
+        checkpoints have one; vLLM's EAGLE-1 reads none)."""
         if method not in EAGLE_METHODS:
             raise ValueError(f"eagle head: method {method!r} is not one of {EAGLE_METHODS}")
         archs = config.get("architectures") or []
@@ -84,7 +86,7 @@ class EagleHeadSpec:
         if target_hidden != args.hidden_size:
             raise ValueError("eagle head: an EAGLE-1 head's hidden_size must be the target's")
         return cls(method, args, args.vocab_size, target_hidden, (),
-                   bool(config.get("bias", True)), False)
+                   bool(config.get("bias", checkpoint_has_fc_bias)), False)
 
     @property
     def has_vocab_map(self) -> bool:

@@ -60,7 +60,9 @@ class ReferenceHead:
             # attention input: cat(input_layernorm(embeds), hidden_norm(hidden)); residual: hidden
             x = torch.cat([rms(embeds, w["midlayer.input_layernorm.weight"], eps),
                            rms(hidden, w["midlayer.hidden_norm.weight"], eps)], dim=-1)
-            r = hidden + self.attention("midlayer.", x)
+            residual = rms(hidden, w["midlayer.hidden_norm.weight"], eps) \
+                if self.config.get("norm_before_residual") else hidden
+            r = residual + self.attention("midlayer.", x)
             out = r + self.mlp("midlayer.", rms(r, w["midlayer.post_attention_layernorm.weight"], eps))
             normed = rms(out, w["norm.weight"], eps)
             return out, normed, normed @ self.lm_head.T

@@ -118,8 +118,10 @@ def draft_and_compare(method: str, head_dir: str, target_dir: str, num_steps: in
         nxt, normed = run(head, [(s, 1) for s in head_states], torch.cat(last_hidden))
 
 
-def test_eagle3_head_drafts_as_the_layout_defines(target8_dir, tmp_path):
-    head_dir = build_eagle3_head(str(tmp_path / "eagle3"), target8_dir, seed=3, draft_vocab_size=200)
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_eagle3_head_drafts_as_the_layout_defines(target8_dir, tmp_path, norm_before_residual):
+    head_dir = build_eagle3_head(str(tmp_path / "eagle3"), target8_dir, seed=3, draft_vocab_size=200,
+                                 norm_before_residual=norm_before_residual)
     draft_and_compare("eagle3", head_dir, target8_dir)
 
 
@@ -131,8 +133,12 @@ def test_eagle3_head_of_its_own_width_with_named_layers(llama_dir, tmp_path):
     draft_and_compare("eagle3", head_dir, llama_dir)
 
 
-def test_eagle1_head_drafts_as_the_layout_defines(llama_dir, tmp_path):
-    head_dir = build_eagle1_head(str(tmp_path / "eagle"), llama_dir, seed=5, num_hidden_layers=2)
+# two layers (the second with its input_layernorm) and fc's bias; one layer, no bias, the config
+# silent about it (the checkpoint decides)
+@pytest.mark.parametrize("num_layers, fc_bias, state_bias", [(2, True, True), (1, False, False)])
+def test_eagle1_head_drafts_as_the_layout_defines(llama_dir, tmp_path, num_layers, fc_bias, state_bias):
+    head_dir = build_eagle1_head(str(tmp_path / "eagle"), llama_dir, seed=5, num_hidden_layers=num_layers,
+                                 fc_bias=fc_bias, state_bias=state_bias)
     draft_and_compare("eagle", head_dir, llama_dir)
 
 
@@ -199,6 +205,18 @@ def test_broken_checkpoints_are_refused_by_name(llama_dir, tmp_path, edit, messa
     broken = edited_head(tmp_path, llama_dir, edit)
     with pytest.raises(ValueError, match="^" + re.escape(message.format(dir=broken)) + "$"):
         EagleDraftHead.from_pretrained("eagle3", broken, target, torch.float32)
+
+
+def test_eagle1_bias_the_config_states_must_be_there(llama_dir, tmp_path):
+    target, _ = load_target(llama_dir)
+    head_dir = build_eagle1_head(str(tmp_path / "e"), llama_dir, seed=2, fc_bias=False, state_bias=False)
+    with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    with open(os.path.join(head_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({**config, "bias": True}, f)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"eagle head: checkpoint '{head_dir}' lacks tensor 'fc.bias' (shape (64,)) of the EAGLE-1 layout") + "$"):
+        EagleDraftHead.from_pretrained("eagle", head_dir, target, torch.float32)
 
 
 def test_configs_that_do_not_fit_the_target_are_refused(llama_dir, tmp_path):
