@@ -7,6 +7,7 @@ Its attention is the project's paged attention, over a KV cache of its own, unde
 attention metadata as the target's step."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ class EagleDraftHead(nn.Module):
                         max_model_len: int | None = None) -> "EagleDraftHead":
         """The head of `head_dir` (config.json + safetensors), loaded, sharing what it lacks with
         `target`. Build it on the target's device (a `torch.device` context)."""
+        if not glob.glob(os.path.join(head_dir, "*.safetensors")):
+            raise ValueError(f"eagle head: {head_dir!r} has no *.safetensors file (a head saved as "
+                             f"pytorch_model.bin converts with safetensors.torch.save_file)")
         with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         has_fc_bias = "fc.bias" in checkpoint_tensor_shapes(head_dir)

@@ -229,3 +229,6 @@ def test_configs_that_do_not_fit_the_target_are_refused(llama_dir, tmp_path):
     with pytest.raises(ValueError, match=re.escape(
             "eagle head: architectures ['LlamaForCausalLMEagle3'] is an EAGLE-3 head; use method 'eagle3'")):
         EagleDraftHead.from_pretrained("eagle", head_dir, target, torch.float32)
+    os.rename(os.path.join(head_dir, "model.safetensors"), os.path.join(head_dir, "pytorch_model.bin"))
+    with pytest.raises(ValueError, match=re.escape(f"eagle head: '{head_dir}' has no *.safetensors file")):
+        EagleDraftHead.from_pretrained("eagle3", head_dir, target, torch.float32)
