@@ -162,6 +162,27 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList([LlamaDecoderLayer(a, dtype, linear_method)
                                      for _ in range(a.num_hidden_layers)])
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
+        # Speculative decoding with an EAGLE head reads hidden states of every packed row besides
+        # the sampled rows' output (see `keep_hidden_states`); left unset, nothing is kept.
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
+        self.keep_final_hidden_states = False
+        self.aux_hidden_states: torch.Tensor | None = None
+
+    def keep_hidden_states(self, layers: tuple[int, ...] = (), final: bool = False) -> None:
+        """From the next forward on, `aux_hidden_states` holds every packed row's hidden states:
+        with `layers` (EAGLE-3), the input of each of those decoder layers (the residual stream
+        before layer i runs, Hugging Face's hidden_states[i]; i == num_hidden_layers: the last
+        layer's output before the final norm), concatenated in layer order, [T, len(layers) * H];
+        with `final` (EAGLE-1), the final normed hidden states, [T, H]."""
+        num_layers = len(self.layers)
+        ids = tuple(sorted(int(i) for i in layers))
+        if len(set(ids)) != len(ids) or any(not 0 <= i <= num_layers for i in ids):
+            raise ValueError(f"model: auxiliary hidden state layers {tuple(layers)} must be distinct "
+                             f"layer ids in 0..{num_layers}")
+        if ids and final:
+            raise ValueError("model: keep either auxiliary layers' hidden states or the final ones")
+        self.aux_hidden_state_layers, self.keep_final_hidden_states = ids, final
+        self.aux_hidden_states = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,16 +190,30 @@ class LlamaModel(nn.Module):
         that order. Later steps need every token's keys and values, but only the sampled rows'
         hidden states: the last layer stores all keys and values, then runs its output
         projection and MLP on those rows alone (a prompt chunk of 8,192 tokens saves 1/32 of
-        Llama-3-8B's prefill GEMMs). An empty index gives an empty result."""
+        Llama-3-8B's prefill GEMMs), unless `keep_hidden_states` asked for every row's output.
+        An empty index gives an empty result."""
         hidden = self.embed_tokens(input_ids)
         residual = None
-        *body, last = self.layers
-        for layer in body:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, residual = last(positions, hidden, residual, logits_indices)
+        aux_layers = self.aux_hidden_state_layers
+        kept: list[torch.Tensor] = []
+        num_layers = len(self.layers)
+        every_row = self.keep_final_hidden_states or num_layers in aux_layers
+        rows = None if every_row else logits_indices  # the last layer's output rows
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                kept.append(hidden if residual is None else hidden + residual)
+            hidden, residual = layer(positions, hidden, residual, rows if i == num_layers - 1 else None)
+        if num_layers in aux_layers:
+            kept.append(hidden + residual)
+        if kept:
+            self.aux_hidden_states = kept[0] if len(kept) == 1 else torch.cat(kept, dim=-1)
         if hidden.shape[0] == 0:
             return hidden
         hidden, _ = self.norm(hidden, residual)
+        if self.keep_final_hidden_states:
+            self.aux_hidden_states = hidden
+        if rows is None and logits_indices is not None:
+            return hidden[logits_indices]
         return hidden
 
 

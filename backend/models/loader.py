@@ -37,6 +37,16 @@ def _checkpoint_files(model_dir: str) -> list[str]:
     return files
 
 
+def checkpoint_tensor_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape in the checkpoint, read from the headers alone."""
+    shapes = {}
+    for path in _checkpoint_files(model_dir):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
 def _kv_scale_target(name: str) -> tuple[str, tuple[str, ...]] | None:
     """("model.layers.N.self_attn", ("k",)) for a KV-cache scale tensor's name, else None."""
     for suffix, kinds in KV_SCALE_SUFFIXES.items():
@@ -123,8 +133,10 @@ def _record_row_scale(name: str, param: nn.Parameter, loader, row_scale: torch.T
     _place(name + "_scale", recorded, loader, row_scale, shard_id)
 
 
-def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, float]]:
-    """Loads every parameter; returns the checkpoint's KV-cache scales, if any, as
+def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] = (),
+                     optional: frozenset[str] = frozenset()) -> dict[str, dict[str, float]]:
+    """Loads every parameter (and the named `buffers`) except those in `optional` the checkpoint
+    lacks; returns the checkpoint's KV-cache scales, if any, as
     {attention block name ("model.layers.N.self_attn"): {"k": k_scale, "v": v_scale}}: they
     are not parameters (the model runner applies them when the cache is FP8).
 
@@ -133,6 +145,8 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
     of each row is kept on the parameter (`checkpoint_scale`) for quantization="fp8". Their
     `input_scale` (a static activation scale) is not used: activations are scaled per token."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    named_buffers = dict(model.named_buffers())
+    params.update({name: named_buffers[name] for name in buffers})
     kv_scales: dict[str, dict[str, float]] = {}
     files = _checkpoint_files(model_dir)
     weight_scales = _weight_scales(files)
@@ -188,7 +202,8 @@ def load_safetensors(model: nn.Module, model_dir: str) -> dict[str, dict[str, fl
                             _record_row_scale(name, param, loader, scale, sid)
                         start += rows or 0
                 loaded.add(target)
-    missing = [n for n in params if n not in loaded and not (tied and n == "lm_head.weight")]
+    missing = [n for n in params if n not in loaded and n not in optional
+               and not (tied and n == "lm_head.weight")]
     if missing:
         raise ValueError(f"model: checkpoint lacks weights for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")
