@@ -12,7 +12,7 @@ from .config import EngineArgs
 from .errors import EngineShutdownError
 from .engine.llm_engine import LLMEngine
 from .lora_request import LoRARequest
-from .metrics_reader import Metric, metrics_from_stats
+from .engine.metrics_reader import Metric, metrics_from_stats
 from .outputs import RequestOutput
 from .engine.request import accumulate
 from .sampling_params import SamplingParams

@@ -78,6 +78,19 @@ def vocab_map(target_vocab_size: int, draft_vocab_size: int, seed: int) -> tuple
     return used - torch.arange(draft_vocab_size), t2d
 
 
+def eagle3_head_config(target: dict, draft_vocab_size: int = 32000) -> dict:
+    """The config.json of an EAGLE-3 head of the target's shape with the published heads' draft
+    vocabulary (32,000 tokens for Llama-3.1-8B's), for random weights (load_format=dummy). A
+    target of fewer than five layers has no default auxiliary layers: it reads its first,
+    middle and last."""
+    config = _head_config(target, "LlamaForCausalLMEagle3", None, 1)
+    config["draft_vocab_size"] = min(draft_vocab_size, target["vocab_size"])
+    layers = target["num_hidden_layers"]
+    if layers < 5:
+        config["eagle_aux_hidden_state_layer_ids"] = [0, layers // 2, layers]
+    return config
+
+
 def build_eagle3_head(out_dir: str, target_dir: str, seed: int, draft_vocab_size: int | None = None,
                       aux_layer_ids: list[int] | None = None, hidden_size: int | None = None,
                       own_embed_tokens: bool = False, norm_before_residual: bool = False) -> str:

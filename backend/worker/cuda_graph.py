@@ -80,6 +80,8 @@ class DecodeGraphs:
         self.buckets = context_buckets(max_model_len)
         # (context bucket, batch size) -> (graph, output)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # The target's kept hidden states (an EAGLE head reads them), per graph: its own buffer.
+        self.kept_hidden: dict[tuple[int, int], torch.Tensor | None] = {}
 
     def _metadata(self, bs: int, max_context_len: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -105,6 +107,7 @@ class DecodeGraphs:
                         out = self.model(self.input_ids[:bs], self.positions[:bs])
                 pool = graph.pool()
                 self.graphs[(bucket, bs)] = (graph, out)
+                self.kept_hidden[(bucket, bs)] = kept_hidden_states(self.model)
         # A graph's first launch uploads it to the device (milliseconds for hundreds of nodes):
         # do it now, not on a request's first token. Slot -1 and context 0 make it a no-op.
         self.slot_mapping.fill_(-1)
@@ -152,6 +155,7 @@ class DecodeGraphs:
                 return self.model(self.input_ids[:bs], self.positions[:bs])[:n]
         graph, out = self.graphs[(bucket, bs)]
         graph.replay()
+        restore_kept_hidden_states(self.model, self.kept_hidden[(bucket, bs)])
         return out[:n]
 
 
@@ -215,6 +219,7 @@ class PrefillGraphs:
         self.host_tables = [_host(torch.zeros(p, w, dtype=torch.int32), pin) for _ in range(2)]
         self.parity = 0
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.kept_hidden: dict[int, torch.Tensor | None] = {}  # as DecodeGraphs
 
     def _metadata(self, size: int) -> AttentionMetadata:
         p = self.max_seqs
@@ -251,6 +256,7 @@ class PrefillGraphs:
                 out = self._forward(size)
             pool = graph.pool()
             self.graphs[size] = (graph, out)
+            self.kept_hidden[size] = kept_hidden_states(self.model)
         for graph, _ in self.graphs.values():  # upload now, not on a request's first token
             graph.replay()
         torch.cuda.synchronize()
@@ -302,7 +308,20 @@ class PrefillGraphs:
             return self._forward(size)[:len(wanted)]
         graph, out = self.graphs[size]
         graph.replay()
+        restore_kept_hidden_states(self.model, self.kept_hidden[size])
         return out[:len(wanted)]
+
+
+def kept_hidden_states(model: nn.Module) -> torch.Tensor | None:
+    """The hidden states the model keeps for an EAGLE head (LlamaModel.keep_hidden_states), as
+    the forward just made them: captured, that is the graph's own buffer."""
+    return getattr(getattr(model, "model", None), "aux_hidden_states", None)
+
+
+def restore_kept_hidden_states(model: nn.Module, kept: torch.Tensor | None) -> None:
+    """After a replay, the model's kept hidden states are the replayed graph's buffer."""
+    if kept is not None:
+        model.model.aux_hidden_states = kept
 
 
 def _fill_lora_row(row, lora_slots, n: int, end: int) -> None:

@@ -45,10 +45,32 @@ class DraftSpan:
     proposes: bool
 
 
+@dataclass
+class TargetHidden:
+    """The target's kept hidden states of a step's packed rows (EAGLE reads them) and each
+    scheduled sequence's first row among them."""
+    hidden: torch.Tensor
+    first_row: dict[int, int]
+
+
+@dataclass
+class DraftOut:
+    """A draft pass's rows: the hidden states its logits come from, and (EAGLE) the state the
+    next pass continues from; None for a draft model, whose cache carries everything."""
+    logits_in: torch.Tensor
+    carry: torch.Tensor | None = None
+
+    def rows(self, index: torch.Tensor) -> "DraftOut":
+        return DraftOut(self.logits_in[index], None if self.carry is None else self.carry[index])
+
+
 class DraftModelProposer:
     """The draft model, its KV cache and graphs, and the passes that propose."""
 
-    def __init__(self, config: EngineConfig, device: torch.device, target_vocab_size: int) -> None:
+    reads_target_hidden = False  # (EAGLE heads do)
+
+    def __init__(self, config: EngineConfig, device: torch.device, target) -> None:
+        """target: the target model (its vocabulary bounds the proposals; EAGLE heads read it)."""
         spec = config.speculative_config
         draft_config = spec.draft_model_config
         self.k = spec.num_speculative_tokens
@@ -58,14 +80,17 @@ class DraftModelProposer:
         self.max_model_len = config.model_config.max_model_len
         self.max_num_seqs = config.scheduler_config.max_num_seqs
         self.max_num_batched_tokens = config.scheduler_config.max_num_batched_tokens
-        self.target_vocab_size = target_vocab_size
-        # Random weights (load_format=dummy) from another seed than the target's: a draft of
-        # the target's shape must not be the target itself.
-        self.model = build_model(draft_config, device, self.dtype, seed=draft_config.seed + 1).model
+        self.target_vocab_size = target.args.vocab_size
+        self.model = self._build(draft_config, target)
         self.attn_layers = self.model.attention_layers()
         self.kv_cache: torch.Tensor | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.decode_graphs: DecodeGraphs | None = None
+
+    def _build(self, draft_config, target):
+        # Random weights (load_format=dummy) from another seed than the target's: a draft of
+        # the target's shape must not be the target itself.
+        return build_model(draft_config, self.device, self.dtype, seed=draft_config.seed + 1).model
 
     # ---- the KV cache -------------------------------------------------------------------------
     @property
@@ -109,27 +134,31 @@ class DraftModelProposer:
                 continue
             state = states[item.seq_id]
             start, computed = starts[item.seq_id], state.num_computed_tokens
-            capacity = self._capacity(state)
-            # The new token (the step sampled one and every earlier one is computed) when its
-            # key and value have a slot.
-            proposes = len(state.token_ids) == computed + 1 and computed < capacity
-            end = computed + 1 if proposes else computed
+            end, proposes = self._span_end(state, computed)
             if end > start:
                 spans.append(DraftSpan(state, start, end, proposes))
         return spans
 
+    def _span_end(self, state: RequestState, computed: int) -> tuple[int, bool]:
+        """A draft model runs over the new token too (the step sampled one and every earlier one
+        is computed) when its key and value have a slot, and proposes from there."""
+        proposes = len(state.token_ids) == computed + 1 and computed < self._capacity(state)
+        return (computed + 1 if proposes else computed), proposes
+
     @torch.inference_mode()
-    def propose(self, step: SchedulerOutput, starts: dict[int, int], states: RequestStates) -> dict[int, list[int]]:
+    def propose(self, step: SchedulerOutput, starts: dict[int, int], states: RequestStates,
+                target: TargetHidden | None = None) -> dict[int, list[int]]:
         """Proposals (up to k tokens) of each sequence that sampled a token in the step."""
         spans = self.spans(step, starts, states)
         if not spans:
             return {}
         proposing = [i for i, s in enumerate(spans) if s.proposes]
-        hidden = self._first_pass(spans)  # (also when none proposes: the draft's cache follows)
+        first = self._first_pass(spans, target)  # (also when none proposes: the draft's cache follows)
         if not proposing:
             return {}
         active = [spans[i] for i in proposing]
-        tokens = [self._greedy(hidden[torch.tensor(proposing, device=self.device)])]
+        last = first.rows(torch.tensor(proposing, device=self.device))
+        tokens = [self._greedy(last.logits_in)]
         members = [list(range(len(active)))]  # per pass: which active sequences its rows are
         for j in range(1, self.k):
             # Pass j stores proposal j at position end - 1 + j: only where a block holds it.
@@ -140,7 +169,8 @@ class DraftModelProposer:
             rows = torch.tensor([r for r, _ in kept], device=self.device)
             batch = self._decode_batch([active[a] for _, a in kept], j)
             fill = (torch.arange(len(kept), device=self.device), rows, tokens[-1])
-            tokens.append(self._greedy(self._decode(batch, fill)))
+            last = self._decode(batch, fill, None if last.carry is None else last.carry[rows])
+            tokens.append(self._greedy(last.logits_in))
             members.append([a for _, a in kept])
         out: dict[int, list[int]] = {}
         for values, mem in zip((t.tolist() for t in tokens), members):  # one sync per pass, at the end
@@ -156,29 +186,34 @@ class DraftModelProposer:
         logits = self.model.compute_logits(hidden)[:, :self.target_vocab_size]
         return logits.argmax(dim=-1)
 
-    def _first_pass(self, spans: list[DraftSpan]) -> torch.Tensor:
+    def _first_pass(self, spans: list[DraftSpan], target: TargetHidden | None) -> DraftOut:
         """Final hidden states of each span's last row, in span order."""
+        batch = self._chunks_batch(spans, shift=0)
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            return DraftOut(self.prefill_graphs.run(batch))
+        last = torch.tensor(batch.prefill_cu_seqlens_q[1:] - 1, dtype=torch.int64, device=self.device)
+        return DraftOut(self._eager(batch, self._to_device(batch.input_ids), last))
+
+    def _chunks_batch(self, spans: list[DraftSpan], shift: int) -> PreparedBatch:
+        """Each span's positions as a chunk, with the tokens `shift` positions later (EAGLE
+        pairs position t with token t + 1)."""
         bs = self.block_size
         ids, pos, slots, lengths = [], [], [], []
         for s in spans:
             p = np.arange(s.start, s.end, dtype=np.int64)
             table = s.state.block_row().astype(np.int64)
-            ids.append(np.asarray(s.state.token_ids[s.start:s.end], dtype=np.int64))
+            ids.append(np.asarray(s.state.token_ids[s.start + shift:s.end + shift], dtype=np.int64))
             pos.append(p)
             slots.append(table[p // bs] * bs + p % bs)
             lengths.append(s.end - s.start)
         cu = np.zeros(len(spans) + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu[1:])
-        batch = PreparedBatch(
+        return PreparedBatch(
             input_ids=np.concatenate(ids), positions=np.concatenate(pos), slot_mapping=np.concatenate(slots),
             num_decodes=0, decode_block_tables=None, decode_context_lens=None,
             prefill_block_tables=block_table_matrix([s.state for s in spans]), prefill_cu_seqlens_q=cu,
             prefill_context_lens=np.asarray([s.end for s in spans], dtype=np.int32),
             prefill_max_seqlen_q=max(lengths), last_index={}, decode_seq_ids=[])
-        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
-            return self.prefill_graphs.run(batch)
-        last = torch.tensor(cu[1:] - 1, dtype=torch.int64, device=self.device)
-        return self._eager(batch, self._to_device(batch.input_ids), last)
 
     def _decode_batch(self, active: list[DraftSpan], j: int) -> PreparedBatch:
         """Proposal j of each active sequence as one decode token (its id filled on the device)."""
@@ -193,12 +228,12 @@ class DraftModelProposer:
             prefill_context_lens=None, prefill_max_seqlen_q=0, last_index={},
             decode_seq_ids=[s.state.seq_id for s in active])
 
-    def _decode(self, batch: PreparedBatch, fill) -> torch.Tensor:
+    def _decode(self, batch: PreparedBatch, fill, carry: torch.Tensor | None) -> DraftOut:
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            return self.decode_graphs.run(batch, fill)
+            return DraftOut(self.decode_graphs.run(batch, fill))
         input_ids = self._to_device(batch.input_ids)
         input_ids[fill[0]] = fill[2][fill[1]]
-        return self._eager(batch, input_ids, None)
+        return DraftOut(self._eager(batch, input_ids, None))
 
     def _eager(self, batch: PreparedBatch, input_ids: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         with set_attention_metadata(batch.attention_metadata(self._array_to_device)):

@@ -15,8 +15,8 @@ from ..layers.penalties import PenaltyCounts
 from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
 from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput
-from .cuda_graph import DecodeGraphs, PrefillGraphs
-from .draft_proposer import DraftModelProposer
+from .cuda_graph import DecodeGraphs, PrefillGraphs, kept_hidden_states
+from .draft_proposer import DraftModelProposer, TargetHidden
 from .forward_path import ForwardCall, ForwardPath, StepBatch
 from .input_batch import prepare_batch
 from .lora import LoRAManager
@@ -267,7 +267,7 @@ class ModelRunner:
         pending = self._last = PendingStep(step, spans, prompt)
         pending.placeholders, pending.spec_states = self.states.book_launch(step, row_states)
         if self.drafter is not None:
-            pending.propose = partial(self.drafter.propose, step, starts, self.states)
+            pending.propose = partial(self.drafter.propose, step, starts, self.states, self._target_hidden(step, packed))
         if not rows:
             pending.finish(None)
             return pending
@@ -279,6 +279,15 @@ class ModelRunner:
             return pending
         pending.finish(self.sampler(self.compute_logits(hidden), row_states, sampling))
         return pending
+
+    def _target_hidden(self, step: SchedulerOutput, packed: StepBatch) -> TargetHidden | None:
+        """What an EAGLE head reads of the step: the target's kept hidden states of every packed
+        row, and each scheduled sequence's first row (its rows are consecutive)."""
+        if not self.drafter.reads_target_hidden:
+            return None
+        last = packed.batch.last_index
+        return TargetHidden(kept_hidden_states(self.model),
+                            {it.seq_id: last[it.seq_id] - it.num_new_tokens + 1 for it in step.scheduled})
 
     def _placeholder_fill(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(input rows, rows of the previous step's output, that output) for the input tokens

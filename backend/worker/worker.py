@@ -20,7 +20,7 @@ from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .device import resolve_device, resolve_dtype
 from .lora import LoRAManager
 from .model_builder import build_model
-from .draft_proposer import DraftModelProposer
+from .eagle_proposer import make_proposer
 from .model_runner import ModelRunner
 from .pending_step import PendingStep
 from .warmup import compile_step_variants, profile_num_blocks
@@ -72,7 +72,7 @@ class Worker:
         self.vocab_size = self.model.args.vocab_size
         spec = config.speculative_config
         # A draft model before the memory profile: its weights and its share of each block count.
-        self.drafter = self.runner.drafter = DraftModelProposer(config, self.device, self.vocab_size) \
+        self.drafter = self.runner.drafter = make_proposer(config, self.device, self.model) \
             if spec is not None and spec.uses_draft_model else None
         self.num_blocks = min(self._exchange("num_blocks", self._decide_num_blocks()))
         self.kv_cache = self.allocate_cache(self.num_blocks, zero=True)

@@ -51,7 +51,7 @@ def test_greedy_tokens_equal_hugging_face_with_a_disagreeing_draft_and_with_the_
     assert st.spec_decode_num_draft_tokens > 0
     assert st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens
     # Acceptance offline, as vLLM's LLM.get_metrics() gives it: counters and per position.
-    from backend.metrics_reader import Counter, Vector
+    from backend.engine.metrics_reader import Counter, Vector
     metrics = {m.name: m for m in own.get_metrics()}
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
     assert isinstance(accepted, Counter) and accepted.value == st.spec_decode_num_accepted_tokens

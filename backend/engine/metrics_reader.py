@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .engine.metrics import EngineStats
+from .metrics import EngineStats
 
 
 @dataclass
