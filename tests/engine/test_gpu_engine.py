@@ -186,3 +186,28 @@ def test_gpu_draft_model_speculation_matches_the_cpu_engine(llama_dir):
     assert {"DecodeGraphs", "PrefillGraphs"} <= set(replays)
     st = gpu.engine.get_stats()
     assert 0 < st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens
+
+
+def test_gpu_eagle3_speculation_matches_the_cpu_engine(llama_dir, tmp_path):
+    """An EAGLE-3 head on the GPU reads the target's kept hidden states from the decode,
+    prefill and verification graphs' own buffers after each replay: its proposals are the CPU
+    engine's (both float32), and the tokens are too."""
+    from build_eagle_head import build_eagle3_head
+    head = build_eagle3_head(str(tmp_path / "eagle3"), llama_dir, seed=3, draft_vocab_size=200,
+                             aux_layer_ids=[0, 1, 2])
+    gen = torch.Generator().manual_seed(15)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (9, 40, 23)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    common = dict(dtype="float32", num_kv_blocks=256, max_num_batched_tokens=32, speculative_config=spec)
+    proposals = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(llama_dir, device=device, **common)
+        drafter, made = llm.engine.executor.worker.drafter, []
+        propose = drafter.propose
+        drafter.propose = lambda *a, _p=propose, _m=made: _m.append(_p(*a)) or _m[-1]
+        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        proposals[device] = (tokens, [sorted(p.values()) for p in made])
+    assert proposals["cuda"][0] == proposals["cpu"][0]
+    same = sum(a == b for a, b in zip(proposals["cuda"][1], proposals["cpu"][1]))
+    assert len(proposals["cuda"][1]) == len(proposals["cpu"][1]) and same >= 0.9 * len(proposals["cpu"][1])
