@@ -92,6 +92,44 @@ def run_b(engine, prompt: list[int], params, propose=None) -> dict[str, Any]:
             "draft_ms_per_step": (draft_s[0] - draft_at_first) * 1e3 / max(steps, 1), "tokens": tokens}
 
 
+def bench_speculation(llm, kind: str, rounds: int, prompt, warm, params, truth: list[int]) -> list[dict[str, Any]]:
+    """Each forced acceptance and the draft's own, round by round; the engine is shut down
+    after (one 8B engine at a time on the card)."""
+    engine, rows = llm.engine, []
+    real_propose = engine._propose
+
+    def forced(wrong: bool):
+        def propose():
+            out = {}
+            for sid, proposed in real_propose().items():
+                done = engine.scheduler.sequences[sid].num_output_tokens
+                guess = truth[done:done + len(proposed)]
+                out[sid] = [(t + 1) % 1000 for t in guess] if wrong else list(guess)
+            return out
+        return propose
+    run_b(engine, warm, params)
+    for rnd in range(rounds):
+        for mode in ("accept-all", "accept-none", "draft"):
+            before = engine.get_stats()
+            r = run_b(engine, prompt, params, None if mode == "draft" else forced(mode == "accept-none"))
+            after = engine.get_stats()
+            same = r.pop("tokens") == truth
+            rows.append({"config": kind, "mode": mode, "round": rnd, "tokens_equal_plain": same,
+                         "draft_tokens": after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens,
+                         "accepted": after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens,
+                         **r})
+    del engine, real_propose, forced
+    llm.shutdown()
+    _report_memory(kind)
+    return rows
+
+
+def _report_memory(after: str) -> None:
+    import torch
+    if torch.cuda.is_available():
+        print(f"after {after}: {torch.cuda.memory_allocated() / 2**30:.2f} GiB still allocated", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -108,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     from backend import LLM, SamplingParams
     # Workload B is one request: few graph sizes to capture (three engines start).
     common = {"load_format": "dummy", "dtype": "bfloat16", "enable_prefix_caching": False, "max_num_seqs": 8,
-              "gpu_memory_utilization": 0.45, "max_model_len": min(4096, args.input_len + args.output_len + 64)}
+              "gpu_memory_utilization": 0.85, "max_model_len": min(4096, args.input_len + args.output_len + 64)}
     if args.tokenizer:
         common["tokenizer"] = args.tokenizer
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -125,37 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"config": "plain", "mode": "plain", "round": rnd, **r})
     llm.shutdown()
     del llm
+    _report_memory("plain")
 
     with tempfile.TemporaryDirectory() as tmp:
         for kind in [d for d in args.drafts.split(",") if d]:
             spec = {**draft_dir(kind, args.model, os.path.join(tmp, kind)), "num_speculative_tokens": args.k}
-            llm = LLM(args.model, speculative_config=spec, **common)
-            engine = llm.engine
-            real_propose = engine._propose
-
-            def forced(wrong: bool):
-                def propose():
-                    out = {}
-                    for sid, proposed in real_propose().items():
-                        seq = engine.scheduler.sequences[sid]
-                        done = seq.num_output_tokens
-                        guess = truth[done:done + len(proposed)]
-                        out[sid] = [(t + 1) % 1000 for t in guess] if wrong else list(guess)
-                    return out
-                return propose
-            run_b(engine, warm, params)
-            for rnd in range(args.rounds):
-                for mode in ("accept-all", "accept-none", "draft"):
-                    before = engine.get_stats()
-                    r = run_b(engine, prompt, params, None if mode == "draft" else forced(mode == "accept-none"))
-                    after = engine.get_stats()
-                    same = r.pop("tokens") == truth
-                    rows.append({"config": kind, "mode": mode, "round": rnd, "tokens_equal_plain": same,
-                                 "draft_tokens": after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens,
-                                 "accepted": after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens,
-                                 **r})
-            llm.shutdown()
-            del llm
+            rows += bench_speculation(LLM(args.model, speculative_config=spec, **common), kind, args.rounds,
+                                      prompt, warm, params, truth)
 
     def mean(cfg, mode, key):
         vals = [r[key] for r in rows if r["config"] == cfg and r["mode"] == mode]
