@@ -100,11 +100,11 @@ class DecodeGraphs:
             for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
                 md = self._metadata(bs, bucket)
                 with set_attention_metadata(md), set_lora_mapping(self._lora(bs)):
-                    self.model(self.input_ids[:bs], self.positions[:bs])  # compile kernels, warm up
+                    self._call(bs)  # compile kernels, warm up
                     torch.cuda.synchronize()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool):
-                        out = self.model(self.input_ids[:bs], self.positions[:bs])
+                        out = self._call(bs)
                 pool = graph.pool()
                 self.graphs[(bucket, bs)] = (graph, out)
                 self.kept_hidden[(bucket, bs)] = kept_hidden_states(self.model)
@@ -152,11 +152,41 @@ class DecodeGraphs:
         bucket = next(b for b in self.buckets if b >= longest)
         if not self.use_graphs:
             with set_attention_metadata(self._metadata(bs, bucket)), set_lora_mapping(self._lora(bs)):
-                return self.model(self.input_ids[:bs], self.positions[:bs])[:n]
+                return self._rows(self._call(bs), n)
         graph, out = self.graphs[(bucket, bs)]
         graph.replay()
         restore_kept_hidden_states(self.model, self.kept_hidden[(bucket, bs)])
+        return self._rows(out, n)
+
+    def _call(self, bs: int):
+        """The model on the first bs rows of the static buffers (attention metadata set)."""
+        return self.model(self.input_ids[:bs], self.positions[:bs])
+
+    @staticmethod
+    def _rows(out, n: int):
         return out[:n]
+
+
+class HeadDecodeGraphs(DecodeGraphs):
+    """Decode graphs of an EAGLE head's one-token passes: besides each row's token, the hidden
+    state it continues from goes in a static buffer, and the graph gives the head's two outputs
+    (the state for the next pass, the normed state for the logits)."""
+
+    def __init__(self, model: nn.Module, hidden_size: int, dtype: torch.dtype, max_num_seqs: int,
+                 max_blocks_per_seq: int, max_model_len: int, device: torch.device, capture: bool = True) -> None:
+        super().__init__(model, max_num_seqs, max_blocks_per_seq, max_model_len, device, capture=capture)
+        self.hidden = torch.zeros(self.max_bs, hidden_size, dtype=dtype, device=device)
+
+    def run_with_hidden(self, batch: PreparedBatch, fill, hidden: torch.Tensor):
+        self.hidden[:batch.num_tokens].copy_(hidden)
+        return self.run(batch, fill)
+
+    def _call(self, bs: int):
+        return self.model(self.input_ids[:bs], self.positions[:bs], self.hidden[:bs])
+
+    @staticmethod
+    def _rows(out, n: int):
+        return tuple(t[:n] for t in out)
 
 
 # A prefill graph serves steps of at most this many prompt chunks (a burst of a few requests);

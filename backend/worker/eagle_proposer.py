@@ -16,6 +16,7 @@ from ..engine_config import EngineConfig
 from ..layers.forward_context import set_attention_metadata
 from ..models.eagle import EagleDraftHead
 from ..models.loader import load_dummy
+from .cuda_graph import HeadDecodeGraphs
 from .draft_proposer import DraftModelProposer, DraftOut, DraftSpan, TargetHidden
 from .input_batch import PreparedBatch
 from .request_states import RequestState
@@ -29,7 +30,7 @@ def make_proposer(config: EngineConfig, device: torch.device, target) -> DraftMo
 
 
 class EagleProposer(DraftModelProposer):
-    """An EAGLE head, its KV cache, and the passes that propose (eager: no graphs of its own yet)."""
+    """An EAGLE head, its KV cache, its decode graphs, and the passes that propose."""
 
     reads_target_hidden = True
 
@@ -57,8 +58,13 @@ class EagleProposer(DraftModelProposer):
         return head
 
     def build_graphs(self, capture: bool) -> None:
-        """None yet: the head's passes run eagerly (a graph would keep its hidden-state input
-        in a static buffer too)."""
+        """Graphs of the one-token passes (the first pass, over what the step computed, runs
+        eagerly)."""
+        max_blocks = -(-self.max_model_len // self.block_size)
+        self.decode_graphs = HeadDecodeGraphs(self.model, self.model.args.hidden_size, self.dtype, self.max_num_seqs,
+                                              max_blocks, self.max_model_len, self.device, capture=capture)
+        if capture:
+            self.decode_graphs.capture()
 
     def _span_end(self, state: RequestState, computed: int) -> tuple[int, bool]:
         """The positions the target computed: their hidden states exist; the last one's token
@@ -77,6 +83,9 @@ class EagleProposer(DraftModelProposer):
         return DraftOut(normed[last], carry[last])
 
     def _decode(self, batch: PreparedBatch, fill, carry: torch.Tensor | None) -> DraftOut:
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
+            carry, normed = self.decode_graphs.run_with_hidden(batch, fill, carry)
+            return DraftOut(normed, carry)
         input_ids = self._to_device(batch.input_ids)
         input_ids[fill[0]] = fill[2][fill[1]]
         carry, normed = self._run(batch, input_ids, carry)
