@@ -157,7 +157,7 @@ class DraftModelProposer:
         if not proposing:
             return {}
         active = [spans[i] for i in proposing]
-        last = first.rows(torch.tensor(proposing, device=self.device))
+        last = first.rows(self._index(proposing))
         tokens = [self._greedy(last.logits_in)]
         members = [list(range(len(active)))]  # per pass: which active sequences its rows are
         for j in range(1, self.k):
@@ -166,7 +166,7 @@ class DraftModelProposer:
             kept = [(r, a) for r, a in enumerate(current) if active[a].end + j - 1 < self._capacity(active[a].state)]
             if not kept:
                 break
-            rows = torch.tensor([r for r, _ in kept], device=self.device)
+            rows = self._index([r for r, _ in kept])
             batch = self._decode_batch([active[a] for _, a in kept], j)
             fill = (torch.arange(len(kept), device=self.device), rows, tokens[-1])
             last = self._decode(batch, fill, None if last.carry is None else last.carry[rows])
@@ -191,7 +191,7 @@ class DraftModelProposer:
         batch = self._chunks_batch(spans, shift=0)
         if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
             return DraftOut(self.prefill_graphs.run(batch))
-        last = torch.tensor(batch.prefill_cu_seqlens_q[1:] - 1, dtype=torch.int64, device=self.device)
+        last = self._index(batch.prefill_cu_seqlens_q[1:] - 1)
         return DraftOut(self._eager(batch, self._to_device(batch.input_ids), last))
 
     def _chunks_batch(self, spans: list[DraftSpan], shift: int) -> PreparedBatch:
@@ -245,3 +245,7 @@ class DraftModelProposer:
 
     def _to_device(self, values: np.ndarray) -> torch.Tensor:
         return self._array_to_device(values, torch.int64)
+
+    def _index(self, values) -> torch.Tensor:
+        """Row indices on the device without a blocking copy (the host keeps queueing passes)."""
+        return self._to_device(np.asarray(values, dtype=np.int64))

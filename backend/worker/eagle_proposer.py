@@ -77,8 +77,8 @@ class EagleProposer(DraftModelProposer):
         batch = self._chunks_batch(spans, shift=1)
         rows = [r for s in spans for r in range(target.first_row[s.state.seq_id],
                                                    target.first_row[s.state.seq_id] + s.end - s.start)]
-        hidden = self.model.combine_hidden_states(target.hidden[torch.tensor(rows, device=self.device)])
-        last = torch.tensor(batch.prefill_cu_seqlens_q[1:] - 1, dtype=torch.int64, device=self.device)
+        hidden = self.model.combine_hidden_states(target.hidden[self._index(rows)])
+        last = self._index(batch.prefill_cu_seqlens_q[1:] - 1)
         carry, normed = self._run(batch, self._to_device(batch.input_ids), hidden)
         return DraftOut(normed[last], carry[last])
 
