@@ -117,3 +117,15 @@ def test_drain_timeout_is_a_serving_setting(repo):
     for bad in ("-1", "soon", "inf"):
         with pytest.raises(ValueError, match=f"drain_timeout_s must be a number of seconds >= 0, got '{bad}'"):
             serving_config({**base, "drain_timeout_s": bad}, str(root))
+
+
+def test_speculative_config_from_model_json_and_parameters(repo):
+    """vLLM's speculative_config as an object in model.json, or as JSON text in a config.pbtxt
+    parameter: the same engine argument (a draft model here; EAGLE heads alike)."""
+    root, version = repo
+    spec = {"method": "eagle3", "model": str(root / "m"), "num_speculative_tokens": 4}
+    _model_json(version, {"model": str(root / "m"), "speculative_config": spec})
+    assert serving_config({}, str(root), str(version)).engine_args.speculative_config == spec
+    draft = {"model": str(root / "m"), "num_speculative_tokens": 3}
+    args = serving_config({"model": str(root / "m"), "speculative_config": json.dumps(draft)}, str(root)).engine_args
+    assert args.speculative_config == draft
