@@ -263,8 +263,15 @@ class PrefillGraphs:
     def _forward(self, size: int) -> torch.Tensor:
         lora = LoRAMapping(self.tokens[4, :size]) if self.lora else None
         with set_attention_metadata(self._metadata(size)), set_lora_mapping(lora):
-            return self.model(self.tokens[0, :size], self.tokens[1, :size],
-                              logits_indices=self.tokens[3, :self.max_rows])
+            return self._call(size)
+
+    def _call(self, size: int):
+        """The model on the first `size` tokens, giving the rows the fourth token row names."""
+        return self.model(self.tokens[0, :size], self.tokens[1, :size], logits_indices=self.tokens[3, :self.max_rows])
+
+    @staticmethod
+    def _rows(out, n: int):
+        return out[:n]
 
     def _clear(self) -> None:
         """Inputs that make any graph a no-op: no slots, no sequences."""
@@ -335,11 +342,36 @@ class PrefillGraphs:
         if self.share_input_ids:
             tp_broadcast(self.tokens[0, :n])
         if not self.use_graphs:
-            return self._forward(size)[:len(wanted)]
+            return self._rows(self._forward(size), len(wanted))
         graph, out = self.graphs[size]
         graph.replay()
         restore_kept_hidden_states(self.model, self.kept_hidden[size])
-        return out[:len(wanted)]
+        return self._rows(out, len(wanted))
+
+
+class HeadPrefillGraphs(PrefillGraphs):
+    """Prefill graphs of an EAGLE head's first pass (each sequence a short chunk of what the
+    step computed): each token's input hidden state goes in a static buffer too, and the graph
+    gives the head's two outputs at each chunk's last row."""
+
+    def __init__(self, model: nn.Module, hidden_size: int, dtype: torch.dtype, max_tokens: int,
+                 max_blocks_per_seq: int, device: torch.device, max_seqs: int, max_chunk: int,
+                 capture: bool = True) -> None:
+        super().__init__(model, max_tokens, max_blocks_per_seq, device, capture=capture, max_seqs=max_seqs,
+                         max_chunk=max_chunk)
+        self.hidden = torch.zeros(self.max_tokens, hidden_size, dtype=dtype, device=device)
+
+    def run_with_hidden(self, batch: PreparedBatch, hidden: torch.Tensor):
+        self.hidden[:batch.num_tokens].copy_(hidden)
+        return self.run(batch)
+
+    def _call(self, size: int):
+        rows = self.tokens[3, :self.max_rows]
+        return tuple(t[rows] for t in self.model(self.tokens[0, :size], self.tokens[1, :size], self.hidden[:size]))
+
+    @staticmethod
+    def _rows(out, n: int):
+        return tuple(t[:n] for t in out)
 
 
 def kept_hidden_states(model: nn.Module) -> torch.Tensor | None:

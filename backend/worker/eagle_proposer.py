@@ -16,7 +16,7 @@ from ..engine_config import EngineConfig
 from ..layers.forward_context import set_attention_metadata
 from ..models.eagle import EagleDraftHead
 from ..models.loader import load_dummy
-from .cuda_graph import HeadDecodeGraphs
+from .cuda_graph import SPEC_GRAPH_MAX_SEQS, HeadDecodeGraphs, HeadPrefillGraphs
 from .draft_proposer import DraftModelProposer, DraftOut, DraftSpan, TargetHidden
 from .input_batch import PreparedBatch
 from .request_states import RequestState
@@ -58,12 +58,18 @@ class EagleProposer(DraftModelProposer):
         return head
 
     def build_graphs(self, capture: bool) -> None:
-        """Graphs of the one-token passes (the first pass, over what the step computed, runs
-        eagerly)."""
+        """Graphs of the first pass (a few sequences' accepted rows, at most k + 1 each) and of
+        the one-token passes."""
         max_blocks = -(-self.max_model_len // self.block_size)
-        self.decode_graphs = HeadDecodeGraphs(self.model, self.model.args.hidden_size, self.dtype, self.max_num_seqs,
+        hidden_size = self.model.args.hidden_size
+        seqs, chunk = min(self.max_num_seqs, SPEC_GRAPH_MAX_SEQS), self.k + 1
+        self.prefill_graphs = HeadPrefillGraphs(self.model, hidden_size, self.dtype,
+                                                min(seqs * chunk, self.max_num_batched_tokens), max_blocks,
+                                                self.device, seqs, chunk, capture=capture)
+        self.decode_graphs = HeadDecodeGraphs(self.model, hidden_size, self.dtype, self.max_num_seqs,
                                               max_blocks, self.max_model_len, self.device, capture=capture)
         if capture:
+            self.prefill_graphs.capture()
             self.decode_graphs.capture()
 
     def _span_end(self, state: RequestState, computed: int) -> tuple[int, bool]:
@@ -78,6 +84,9 @@ class EagleProposer(DraftModelProposer):
         rows = [r for s in spans for r in range(target.first_row[s.state.seq_id],
                                                    target.first_row[s.state.seq_id] + s.end - s.start)]
         hidden = self.model.combine_hidden_states(target.hidden[self._index(rows)])
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            carry, normed = self.prefill_graphs.run_with_hidden(batch, hidden)
+            return DraftOut(normed, carry)
         last = self._index(batch.prefill_cu_seqlens_q[1:] - 1)
         carry, normed = self._run(batch, self._to_device(batch.input_ids), hidden)
         return DraftOut(normed[last], carry[last])
