@@ -15,6 +15,7 @@ choice of graph are testable without a GPU."""
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import numpy as np
 import torch
@@ -47,10 +48,12 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int,
                  max_model_len: int, device: torch.device, lora: bool = False,
-                 capture: bool = True) -> None:
+                 capture: bool = True, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """lora: the model has LoRA adapters; every graph then adds each row's adapter delta
-        (row slots in a fifth buffer row, -1 for rows without one)."""
+        (row slots in a fifth buffer row, -1 for rows without one). head: applied to the
+        model's output inside the graph (a draft's greedy choice)."""
         self.model = model
+        self.head = head
         self.lora = lora
         self.use_graphs = capture
         # Tensor parallelism: rank 0's input ids replace every rank's before a run (only rank 0
@@ -159,8 +162,9 @@ class DecodeGraphs:
         return self._rows(out, n)
 
     def _call(self, bs: int):
-        """The model on the first bs rows of the static buffers (attention metadata set)."""
-        return self.model(self.input_ids[:bs], self.positions[:bs])
+        """The model (and head) on the first bs rows of the static buffers (attention metadata set)."""
+        out = self.model(self.input_ids[:bs], self.positions[:bs])
+        return out if self.head is None else self.head(out)
 
     @staticmethod
     def _rows(out, n: int):
@@ -173,8 +177,11 @@ class HeadDecodeGraphs(DecodeGraphs):
     (the state for the next pass, the normed state for the logits)."""
 
     def __init__(self, model: nn.Module, hidden_size: int, dtype: torch.dtype, max_num_seqs: int,
-                 max_blocks_per_seq: int, max_model_len: int, device: torch.device, capture: bool = True) -> None:
-        super().__init__(model, max_num_seqs, max_blocks_per_seq, max_model_len, device, capture=capture)
+                 max_blocks_per_seq: int, max_model_len: int, device: torch.device, capture: bool = True,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """head: applied to the head's normed output inside the graph (the greedy choice)."""
+        super().__init__(model, max_num_seqs, max_blocks_per_seq, max_model_len, device, capture=capture,
+                         head=head)
         self.hidden = torch.zeros(self.max_bs, hidden_size, dtype=dtype, device=device)
 
     def run_with_hidden(self, batch: PreparedBatch, fill, hidden: torch.Tensor):
@@ -182,7 +189,8 @@ class HeadDecodeGraphs(DecodeGraphs):
         return self.run(batch, fill)
 
     def _call(self, bs: int):
-        return self.model(self.input_ids[:bs], self.positions[:bs], self.hidden[:bs])
+        carry, normed = self.model(self.input_ids[:bs], self.positions[:bs], self.hidden[:bs])
+        return carry, (normed if self.head is None else self.head(normed))
 
     @staticmethod
     def _rows(out, n: int):
@@ -216,12 +224,14 @@ class PrefillGraphs:
     def __init__(self, model: nn.Module, max_tokens: int, max_blocks_per_seq: int,
                  device: torch.device, capture: bool = True, lora: bool = False,
                  rows_per_seq: int = 1, max_seqs: int = PREFILL_GRAPH_MAX_SEQS,
-                 max_chunk: int | None = None) -> None:
+                 max_chunk: int | None = None, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """rows_per_seq: output rows a chunk may ask for (speculative decoding verifies its
         last token and every proposed one: num_speculative_tokens + 1); 1: its last row.
         max_seqs: most chunks in one step. max_chunk: most tokens in one chunk (verification
-        graphs: k + 1, which lets attention pack GQA heads into its tiles); None: any."""
+        graphs: k + 1, which lets attention pack GQA heads into its tiles); None: any. head: as
+        DecodeGraphs's."""
         self.model = model
+        self.head = head
         self.lora = lora  # as DecodeGraphs: row slots of LoRA adapters in a fifth token row
         self.sizes = prefill_capture_sizes(max_tokens)
         self.max_tokens = self.sizes[-1]
@@ -266,8 +276,9 @@ class PrefillGraphs:
             return self._call(size)
 
     def _call(self, size: int):
-        """The model on the first `size` tokens, giving the rows the fourth token row names."""
-        return self.model(self.tokens[0, :size], self.tokens[1, :size], logits_indices=self.tokens[3, :self.max_rows])
+        """The model (and head) on the first `size` tokens, giving the rows the fourth token row names."""
+        out = self.model(self.tokens[0, :size], self.tokens[1, :size], logits_indices=self.tokens[3, :self.max_rows])
+        return out if self.head is None else self.head(out)
 
     @staticmethod
     def _rows(out, n: int):
@@ -356,9 +367,9 @@ class HeadPrefillGraphs(PrefillGraphs):
 
     def __init__(self, model: nn.Module, hidden_size: int, dtype: torch.dtype, max_tokens: int,
                  max_blocks_per_seq: int, device: torch.device, max_seqs: int, max_chunk: int,
-                 capture: bool = True) -> None:
+                 capture: bool = True, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__(model, max_tokens, max_blocks_per_seq, device, capture=capture, max_seqs=max_seqs,
-                         max_chunk=max_chunk)
+                         max_chunk=max_chunk, head=head)
         self.hidden = torch.zeros(self.max_tokens, hidden_size, dtype=dtype, device=device)
 
     def run_with_hidden(self, batch: PreparedBatch, hidden: torch.Tensor):
@@ -367,7 +378,8 @@ class HeadPrefillGraphs(PrefillGraphs):
 
     def _call(self, size: int):
         rows = self.tokens[3, :self.max_rows]
-        return tuple(t[rows] for t in self.model(self.tokens[0, :size], self.tokens[1, :size], self.hidden[:size]))
+        carry, normed = self.model(self.tokens[0, :size], self.tokens[1, :size], self.hidden[:size])
+        return carry[rows], (normed[rows] if self.head is None else self.head(normed[rows]))
 
     @staticmethod
     def _rows(out, n: int):

@@ -55,13 +55,13 @@ class TargetHidden:
 
 @dataclass
 class DraftOut:
-    """A draft pass's rows: the hidden states its logits come from, and (EAGLE) the state the
-    next pass continues from; None for a draft model, whose cache carries everything."""
-    logits_in: torch.Tensor
+    """A draft pass's rows: their greedy proposals (target token ids), and (EAGLE) the state
+    the next pass continues from; None for a draft model, whose cache carries everything."""
+    token_ids: torch.Tensor
     carry: torch.Tensor | None = None
 
     def rows(self, index: torch.Tensor) -> "DraftOut":
-        return DraftOut(self.logits_in[index], None if self.carry is None else self.carry[index])
+        return DraftOut(self.token_ids[index], None if self.carry is None else self.carry[index])
 
 
 class DraftModelProposer:
@@ -116,10 +116,12 @@ class DraftModelProposer:
         max_blocks = -(-self.max_model_len // self.block_size)
         seqs = min(self.max_num_seqs, SPEC_GRAPH_MAX_SEQS)
         chunk = self.k + 2
+        # The graphs end in the greedy choice: a pass is one replay, its proposals on the device.
         self.prefill_graphs = PrefillGraphs(self.model, min(seqs * chunk, self.max_num_batched_tokens), max_blocks,
-                                            self.device, capture=capture, max_seqs=seqs, max_chunk=chunk)
+                                            self.device, capture=capture, max_seqs=seqs, max_chunk=chunk,
+                                            head=self.greedy)
         self.decode_graphs = DecodeGraphs(self.model, self.max_num_seqs, max_blocks, self.max_model_len,
-                                          self.device, capture=capture)
+                                          self.device, capture=capture, head=self.greedy)
         if capture:
             self.prefill_graphs.capture()
             self.decode_graphs.capture()
@@ -158,7 +160,7 @@ class DraftModelProposer:
             return {}
         active = [spans[i] for i in proposing]
         last = first.rows(self._index(proposing))
-        tokens = [self._greedy(last.logits_in)]
+        tokens = [last.token_ids]
         members = [list(range(len(active)))]  # per pass: which active sequences its rows are
         for j in range(1, self.k):
             # Pass j stores proposal j at position end - 1 + j: only where a block holds it.
@@ -170,7 +172,7 @@ class DraftModelProposer:
             batch = self._decode_batch([active[a] for _, a in kept], j)
             fill = (torch.arange(len(kept), device=self.device), rows, tokens[-1])
             last = self._decode(batch, fill, None if last.carry is None else last.carry[rows])
-            tokens.append(self._greedy(last.logits_in))
+            tokens.append(last.token_ids)
             members.append([a for _, a in kept])
         out: dict[int, list[int]] = {}
         for values, mem in zip((t.tolist() for t in tokens), members):  # one sync per pass, at the end
@@ -181,8 +183,8 @@ class DraftModelProposer:
     def _capacity(self, state: RequestState) -> int:
         return min(len(state.block_table) * self.block_size, self.max_model_len)
 
-    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The draft's argmax among the target's token ids."""
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft's argmax among the target's token ids (in its graphs too)."""
         logits = self.model.compute_logits(hidden)[:, :self.target_vocab_size]
         return logits.argmax(dim=-1)
 
@@ -192,7 +194,7 @@ class DraftModelProposer:
         if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
             return DraftOut(self.prefill_graphs.run(batch))
         last = self._index(batch.prefill_cu_seqlens_q[1:] - 1)
-        return DraftOut(self._eager(batch, self._to_device(batch.input_ids), last))
+        return DraftOut(self.greedy(self._eager(batch, self._to_device(batch.input_ids), last)))
 
     def _chunks_batch(self, spans: list[DraftSpan], shift: int) -> PreparedBatch:
         """Each span's positions as a chunk, with the tokens `shift` positions later (EAGLE
@@ -233,7 +235,7 @@ class DraftModelProposer:
             return DraftOut(self.decode_graphs.run(batch, fill))
         input_ids = self._to_device(batch.input_ids)
         input_ids[fill[0]] = fill[2][fill[1]]
-        return DraftOut(self._eager(batch, input_ids, None))
+        return DraftOut(self.greedy(self._eager(batch, input_ids, None)))
 
     def _eager(self, batch: PreparedBatch, input_ids: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         with set_attention_metadata(batch.attention_metadata(self._array_to_device)):

@@ -65,9 +65,10 @@ class EagleProposer(DraftModelProposer):
         seqs, chunk = min(self.max_num_seqs, SPEC_GRAPH_MAX_SEQS), self.k + 1
         self.prefill_graphs = HeadPrefillGraphs(self.model, hidden_size, self.dtype,
                                                 min(seqs * chunk, self.max_num_batched_tokens), max_blocks,
-                                                self.device, seqs, chunk, capture=capture)
+                                                self.device, seqs, chunk, capture=capture, head=self.greedy)
         self.decode_graphs = HeadDecodeGraphs(self.model, hidden_size, self.dtype, self.max_num_seqs,
-                                              max_blocks, self.max_model_len, self.device, capture=capture)
+                                              max_blocks, self.max_model_len, self.device, capture=capture,
+                                              head=self.greedy)
         if capture:
             self.prefill_graphs.capture()
             self.decode_graphs.capture()
@@ -85,26 +86,26 @@ class EagleProposer(DraftModelProposer):
                                                    target.first_row[s.state.seq_id] + s.end - s.start)]
         hidden = self.model.combine_hidden_states(target.hidden[self._index(rows)])
         if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
-            carry, normed = self.prefill_graphs.run_with_hidden(batch, hidden)
-            return DraftOut(normed, carry)
+            carry, token_ids = self.prefill_graphs.run_with_hidden(batch, hidden)
+            return DraftOut(token_ids, carry)
         last = self._index(batch.prefill_cu_seqlens_q[1:] - 1)
         carry, normed = self._run(batch, self._to_device(batch.input_ids), hidden)
-        return DraftOut(normed[last], carry[last])
+        return DraftOut(self.greedy(normed[last]), carry[last])
 
     def _decode(self, batch: PreparedBatch, fill, carry: torch.Tensor | None) -> DraftOut:
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch):
-            carry, normed = self.decode_graphs.run_with_hidden(batch, fill, carry)
-            return DraftOut(normed, carry)
+            carry, token_ids = self.decode_graphs.run_with_hidden(batch, fill, carry)
+            return DraftOut(token_ids, carry)
         input_ids = self._to_device(batch.input_ids)
         input_ids[fill[0]] = fill[2][fill[1]]
         carry, normed = self._run(batch, input_ids, carry)
-        return DraftOut(normed, carry)
+        return DraftOut(self.greedy(normed), carry)
 
     def _run(self, batch: PreparedBatch, input_ids: torch.Tensor, hidden: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
         with set_attention_metadata(batch.attention_metadata(self._array_to_device)):
             return self.model(input_ids, self._to_device(batch.positions), hidden)
 
-    def _greedy(self, normed: torch.Tensor) -> torch.Tensor:
+    def greedy(self, normed: torch.Tensor) -> torch.Tensor:
         """The head's argmax over its vocabulary, as target token ids."""
         return self.model.draft_to_target(self.model.compute_logits(normed).argmax(dim=-1))

@@ -45,7 +45,14 @@ def test_greedy_tokens_equal_hugging_face_with_a_disagreeing_draft_and_with_the_
     # Prompt chunks of at most 16 tokens: the draft follows the target chunk by chunk.
     engine = dict(ENGINE, max_num_batched_tokens=16, enable_chunked_prefill=True)
     own = LLM(llama_dir, speculative_config=_draft(llama_dir), **engine)
+    # Its passes through its graphs' static buffers (run eagerly on the CPU), greedy choice included.
+    drafter, replays = own.engine.executor.worker.drafter, []
+    drafter.build_graphs(capture=False)
+    for graphs in (drafter.decode_graphs, drafter.prefill_graphs):
+        run = graphs.run
+        graphs.run = lambda *a, _run=run, _g=graphs: replays.append(type(_g).__name__) or _run(*a)
     assert _tokens(own, prompts, greedy) == want
+    assert set(replays) == {"DecodeGraphs", "PrefillGraphs"}
     st = own.engine.get_stats()
     # Every proposal of the target's own copy is right: each step takes k + 1 tokens.
     assert st.spec_decode_num_draft_tokens > 0
