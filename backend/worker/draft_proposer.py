@@ -172,7 +172,7 @@ class DraftModelProposer:
             batch = self._decode_batch([active[a] for _, a in kept], j)
             fill = (torch.arange(len(kept), device=self.device), rows, tokens[-1])
             last = self._decode(batch, fill, None if last.carry is None else last.carry[rows])
-            tokens.append(last.token_ids)
+            tokens.append(last.token_ids.clone())  # (a graph's output buffer: the next replay rewrites it)
             members.append([a for _, a in kept])
         out: dict[int, list[int]] = {}
         for values, mem in zip((t.tolist() for t in tokens), members):  # one sync per pass, at the end
