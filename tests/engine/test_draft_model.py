@@ -176,3 +176,24 @@ def test_a_draft_without_the_targets_vocabulary_or_directory_is_refused(llama_di
                 "backend.models", fromlist=["model_limits"]).model_limits(c)))
     assert str(e.value) == ("speculative_config: method 'draft_model' runs its model on one device; with "
                             "tensor_parallel_size=2 only 'ngram' is supported.")
+
+
+def test_lora_and_structured_outputs_while_speculating(llama_dir, other_draft, tmp_path):
+    """A request with a LoRA adapter is verified by the target with its adapter (the draft
+    proposes without one), a guided request's grammar masks every verified row: the tokens are
+    those of plain decoding, in one batch with plain requests."""
+    from lora_adapters import write_adapter
+    adapter = write_adapter(str(tmp_path / "qv"), llama_dir, ["q_proj", "v_proj"], 8, 16, seed=1)
+    prompts = _prompts(14, (11, 19, 7))
+    guided = SamplingParams(temperature=0, max_tokens=40, structured_outputs={"regex": r"[a-z]{3,6}( [a-z]{3,6}){3}\."})
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    params, loras = [greedy, guided, greedy], ["qv", None, None]
+    engine = dict(ENGINE, enable_lora=True, lora_modules={"qv": adapter}, max_lora_rank=8)
+    want = [o.outputs[0] for o in LLM(llama_dir, **engine).generate(prompts, params, lora_request=loras)]
+    assert want[1].finish_reason == "stop" and want[0].token_ids != _tokens(LLM(llama_dir, **ENGINE), prompts[:1], greedy)[0]
+    for draft in (llama_dir, other_draft):
+        llm = LLM(llama_dir, speculative_config=_draft(draft), **engine)
+        got = [o.outputs[0] for o in llm.generate(prompts, params, lora_request=loras)]
+        assert [g.token_ids for g in got] == [w.token_ids for w in want]
+        assert got[1].text == want[1].text
+        assert llm.engine.get_stats().spec_decode_num_drafts > 0
