@@ -260,7 +260,14 @@ def test_speculative_decoding_and_lora_on_quantized_layers(llama_dir, llama_adap
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
             "prompt_lookup_min": 1}
     assert engine_tokens(qdir, speculative_config=spec) == engine_tokens(ddir, speculative_config=spec)
+    # The AWQ checkpoint as the draft model of its dequantized twin: its own quantization, the
+    # same weights, so its proposals are nearly all right.
+    llm = LLM(ddir, device="cpu", dtype="float32", speculative_config={"model": qdir, "num_speculative_tokens": 3})
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == engine_tokens(ddir)
+    assert llm.engine.executor.worker.drafter.model.model.layers[0].mlp.gate_up_proj.linear_method is not None
+    st = llm.engine.get_stats()
+    assert st.spec_decode_num_accepted_tokens >= 0.9 * st.spec_decode_num_draft_tokens > 0
     lora = dict(enable_lora=True, lora_modules=llama_adapters, device="cpu", dtype="float32")
     names = sorted(llama_adapters)[:2]
     outs = [[o.outputs[0].token_ids for o in LLM(d, **lora).generate(
