@@ -139,6 +139,9 @@ class SchedulerOutput:
     # Queue only the forward pass: the sampling of some row reads its sequence's previous
     # tokens on the host, and the step before is still in flight (`PendingStep.sample`).
     defer_sampling: bool = False
+    # With a draft model or EAGLE head: whether it proposes after this step (few enough
+    # sequences run to speculate); else its first pass only keeps its cache up with the target's.
+    propose_drafts: bool = True
     # The guided rows' masks, when the step's sampling is not deferred (a deferred sampling gets
     # them with `PendingStep.sample`).
     grammar_bitmask: GrammarBitmask | None = None

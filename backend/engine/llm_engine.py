@@ -195,9 +195,8 @@ class LLMEngine:
             self._expire(outputs)
         proposals = None
         if self.proposer is not None or self.drafts_in_worker:
-            # Proposals continue from the latest tokens, and a verified step's token count is
-            # known only on arrival: take the step in flight first (no overlap of the two). Past
-            # a verification graph's size the batch decodes plainly, pipelined (n-gram lookup).
+            # Proposals continue from the latest tokens: take the step in flight first (no overlap).
+            # Past a verification graph's size the batch decodes plainly (n-gram: pipelined).
             speculate = len(self.scheduler.running) <= self.max_speculating_seqs
             if self._inflight is not None and (speculate or self._inflight.speculative or self.drafts_in_worker):
                 previous, self._inflight = self._inflight, None
@@ -205,6 +204,7 @@ class LLMEngine:
             if speculate:
                 proposals = self._propose()
         step = self.scheduler.schedule(proposals, step_in_flight=self._inflight is not None)
+        step.propose_drafts = len(self.scheduler.running) <= self.max_speculating_seqs
         launched = None if step.is_empty else self._launch(step, outputs)
         previous, self._inflight = self._inflight, launched
         if previous is not None:

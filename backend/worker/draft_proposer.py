@@ -154,7 +154,7 @@ class DraftModelProposer:
         spans = self.spans(step, starts, states)
         if not spans:
             return {}
-        proposing = [i for i, s in enumerate(spans) if s.proposes]
+        proposing = [i for i, s in enumerate(spans) if s.proposes and step.propose_drafts]
         first = self._first_pass(spans, target)  # (also when none proposes: the draft's cache follows)
         if not proposing:
             return {}

@@ -197,3 +197,22 @@ def test_lora_and_structured_outputs_while_speculating(llama_dir, other_draft, t
         assert [g.token_ids for g in got] == [w.token_ids for w in want]
         assert got[1].text == want[1].text
         assert llm.engine.get_stats().spec_decode_num_drafts > 0
+
+
+def test_above_the_speculating_batch_the_draft_only_follows(llama_dir):
+    """With more sequences running than speculate (one verification graph's worth on the GPU),
+    the draft runs its first pass only, keeping its cache up, and proposes nothing; once few
+    enough run, it proposes again, right (the target as its own draft)."""
+    prompts = _prompts(16, (8, 12, 9, 14))
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (5, 5, 24, 24)]
+    want = _tokens(LLM(llama_dir, **ENGINE), prompts, params)
+    llm = LLM(llama_dir, speculative_config=_draft(llama_dir), **ENGINE)
+    llm.engine.max_speculating_seqs = 2
+    drafter, made = llm.engine.executor.worker.drafter, []
+    propose = drafter.propose
+    drafter.propose = lambda step, *a: made.append((len(step.scheduled), propose(step, *a))) or made[-1][1]
+    assert _tokens(llm, prompts, params) == want
+    assert all(out == {} for n, out in made if n > 2) and any(n > 2 for n, _ in made)
+    assert any(out for n, out in made if n <= 2)
+    st = llm.engine.get_stats()
+    assert 0 < st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens
