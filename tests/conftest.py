@@ -27,6 +27,19 @@ def llm_server(tiny_model, tmp_path_factory) -> TritonServer:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def chat_stack(tiny_model, tmp_path_factory):
+    """tritonserver serving the tiny chat model as 'llm' and the OpenAI frontend in front of it:
+    (server, frontend, model directory, a scratch directory), shared by the frontend tests that
+    need no server options of their own (starting one costs ~15 s on the CPU)."""
+    from frontend_server import start_stack
+    tmp = tmp_path_factory.mktemp("chat_stack")
+    server, frontend, model = start_stack(tiny_model, str(tmp))
+    yield server, frontend, model, tmp
+    frontend.stop()
+    server.stop()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """On a failure, show the log of the server the test used."""

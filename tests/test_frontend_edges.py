@@ -16,7 +16,6 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend_server import start_stack
 from triton_server import TEST_ENGINE_ARGS
 
 BLOCK = int(TEST_ENGINE_ARGS["block_size"])
@@ -26,11 +25,8 @@ CHAT_PATH, COMP_PATH = "/v1/chat/completions", "/v1/completions"
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model, tmp_path_factory):
-    server, frontend, _ = start_stack(tiny_model, str(tmp_path_factory.mktemp("frontend_edges")))
-    yield server, frontend
-    frontend.stop()
-    server.stop()
+def stack(chat_stack):
+    return chat_stack[:2]
 
 
 @pytest.fixture(scope="module")

@@ -13,19 +13,16 @@ from openai import OpenAI
 
 from frontend.errors import OpenAIError
 from frontend.triton_gateway import GenerationRequest, TritonGateway
-from frontend_server import start_frontend, start_stack
+from frontend_server import start_frontend
 from triton_server import StreamCollector, grpc_inputs, wait_until
 
 LABELS = {"model": "llm", "version": "1"}
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("frontend_errors")
-    server, frontend, _ = start_stack(tiny_model, str(tmp))
-    yield server, frontend, tmp
-    frontend.stop()
-    server.stop()
+def stack(chat_stack):
+    server, frontend, _, tmp = chat_stack
+    return server, frontend, tmp
 
 
 CHAT = {"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

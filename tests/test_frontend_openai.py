@@ -7,7 +7,6 @@ import pytest
 from openai import OpenAI
 
 from backend import LLM, SamplingParams
-from frontend_server import start_stack
 from triton_server import TEST_ENGINE_ARGS
 
 SYSTEM, USER = "You are brief.", "Explain PagedAttention"
@@ -15,11 +14,8 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model, tmp_path_factory):
-    server, frontend, model = start_stack(tiny_model, str(tmp_path_factory.mktemp("frontend")))
-    yield server, frontend, model
-    frontend.stop()
-    server.stop()
+def stack(chat_stack):
+    return chat_stack[:3]
 
 
 @pytest.fixture(scope="module")

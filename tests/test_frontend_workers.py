@@ -9,18 +9,15 @@ import time
 import httpx
 import pytest
 
-from frontend_server import start_frontend, start_stack
+from frontend_server import start_frontend
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreading is Linux's")
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("frontend_workers")
-    server, frontend, _ = start_stack(tiny_model, str(tmp))
-    frontend.stop()  # this module runs its own, with workers
-    yield server, tmp
-    server.stop()
+def stack(chat_stack, tmp_path_factory):
+    """The shared server; this module runs frontends of its own, with workers."""
+    return chat_stack[0], tmp_path_factory.mktemp("frontend_workers")
 
 
 def _children(pid: int) -> list[int]:
