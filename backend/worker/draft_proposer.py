@@ -17,7 +17,6 @@ to each step) and max_model_len.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,8 +30,6 @@ from .input_batch import PreparedBatch, block_table_matrix
 from .model_builder import build_model
 from .request_states import RequestState, RequestStates
 from .device import resolve_dtype
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -175,7 +172,8 @@ class DraftModelProposer:
             tokens.append(last.token_ids.clone())  # (a graph's output buffer: the next replay rewrites it)
             members.append([a for _, a in kept])
         out: dict[int, list[int]] = {}
-        for values, mem in zip((t.tolist() for t in tokens), members):  # one sync per pass, at the end
+        # The host waits once, at the first copy: every pass is queued by then.
+        for values, mem in zip((t.tolist() for t in tokens), members):
             for value, a in zip(values, mem):
                 out.setdefault(active[a].state.seq_id, []).append(value)
         return out
@@ -189,7 +187,7 @@ class DraftModelProposer:
         return logits.argmax(dim=-1)
 
     def _first_pass(self, spans: list[DraftSpan], target: TargetHidden | None) -> DraftOut:
-        """Final hidden states of each span's last row, in span order."""
+        """The greedy proposal at each span's last row, in span order."""
         batch = self._chunks_batch(spans, shift=0)
         if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
             return DraftOut(self.prefill_graphs.run(batch))
