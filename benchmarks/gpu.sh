@@ -19,6 +19,8 @@
 #   lora             Llama-3-8B A through Triton: no adapters, 4 adapters, 4 adapters on 2 slots,
 #                    no adapters again
 #   spec-decode      n-gram speculative decoding in-process, batches $SPEC_BATCHES (1,8,16,32)
+#   draft-spec       a one-layer draft model and an EAGLE-3 head of $LLAMA's shape, workload B
+#                    in-process: draft and verification time per step, forced acceptance 1 and 0
 #   sampling         the sampler's per-step cost, then penalties' cost on workload A in-process,
 #                    for this tree, then for each tree in $TREES (carried)
 #   stream-interval  Qwen2.5-1.5B A through Triton, stream_interval 1 and 16, alternately, twice
@@ -48,7 +50,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving fp8 w4a16 long-context frontend lora spec-decode sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving fp8 w4a16 long-context frontend lora spec-decode draft-spec sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -158,6 +160,11 @@ spec-decode)
         --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} \
         ${SPEC_PARAMS:+--params "$SPEC_PARAMS"} --json "$OUT/bench_spec_decode.json" "$@" 2>&1 \
         | grep -v "Warning\|warnings.warn" | tail -20 >> "$S" ;;
+draft-spec)
+    stamp "speculation with a draft model and an EAGLE-3 head, $LLAMA bf16 in-process, workload B"
+    timeout 540 "$PY" benchmarks/engine/draft_speculation.py --model "$(model_path "$LLAMA")" \
+        --tokenizer models/tiny-llama --k 4 --drafts draft_model,eagle3 --tau 2.08,3.53 \
+        --json "$OUT/bench_draft_speculation.json" "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tail -14 >> "$S" ;;
 sampling)
     stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
     timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \
