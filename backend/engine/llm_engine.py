@@ -72,7 +72,7 @@ class LLMEngine:
         self._draft_token_ids: dict[int, list[int]] = {}
         self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager,
                                    LoRASlots(lora.num_slots, lora.resident) if lora else None,
-                                   spec.num_speculative_tokens if self.drafts_in_worker else 0)
+                                   spec.num_speculative_tokens if self.drafts_in_worker else 0, self.executor.num_host_blocks)
         capacity = self.executor.num_blocks * cache.block_size
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(model.max_model_len, capacity)
@@ -410,7 +410,7 @@ class LLMEngine:
             spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
             spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=list(s.spec_decode_num_accepted_tokens_per_pos),
-            **self._lora_stats(), **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
+            **self._lora_stats(), **self.scheduler.swap_stats(), **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
         for name in EngineStats.SAMPLE_FIELDS:
             setattr(s, name, [])
         return snapshot

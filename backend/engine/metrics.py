@@ -17,6 +17,12 @@ class EngineStats:
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
     num_preemptions: int = 0
+    # Preemption by swap (swap_space): the host pool's usage (vLLM's cpu_cache_usage_perc), KV
+    # blocks copied to host memory and back, and preemptions that swapped (of num_preemptions).
+    cpu_cache_usage: float = 0.0
+    num_blocks_swapped_out: int = 0
+    num_blocks_swapped_in: int = 0
+    num_swapped_preemptions: int = 0
     prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count
