@@ -225,3 +225,47 @@ def test_the_resolved_parts_carry_swap_space_and_the_preemption_mode(llama_dir):
         config = args.create_engine_config(args.create_model_config(model_limits))
         assert config.cache_config.swap_space == kwargs.get("swap_space", 0.0)
         assert config.scheduler_config.preemption_mode == mode
+
+
+def test_each_tensor_parallel_rank_swaps_its_shard_of_an_fp8_cache(llama_dir):
+    """tensor_parallel_size=2 (gloo): each rank holds one of the two kv heads and swaps its own
+    part of every block; an FP8 cache moves as bytes. Tokens equal one rank's in a large cache."""
+    prompts = _prompts(7, (30, 41, 22, 35))
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    fp8 = dict(kv_cache_dtype="fp8", enable_prefix_caching=False)
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", dtype="float32", block_size=16,
+                                                num_kv_blocks=256, **fp8).generate(prompts, greedy)]
+    llm = LLM(llama_dir, tensor_parallel_size=2, **fp8, **SWAP)
+    try:
+        assert llm.engine.executor.worker.attn_layers[0].num_kv_heads == 1
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == want
+        assert llm.engine.get_stats().num_swapped_preemptions > 0
+        _assert_empty(llm)
+    finally:
+        llm.shutdown()
+
+
+def test_swapping_out_shared_blocks_and_a_fresh_copy_on_write_block():
+    """A forked sibling shares its parent's blocks and has just taken a copy-on-write block
+    that no step has filled yet: its swap-out copies the shared blocks (the parent keeps them)
+    and, for the unfilled block, the block it was to be copied from."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    pool = HostBlockPool(4)
+    swapper = KVSwapper(pool, "swap", bm)
+    parent = Sequence("r", list(range(6)), 6, SamplingParams(max_tokens=4))
+    assert bm.allocate_slots(parent, 6) and parent.block_table == [0, 1]
+    parent.num_computed_tokens = 6
+    child = parent.fork(1)
+    bm.fork(parent, child)
+    assert bm.allocate_slots(child, 1) and child.block_table == [0, 2]
+    assert bm.pending_copies == [(1, 2)]
+    swapper.swap_out(child)
+    assert swapper.take_swap_outs() == [(0, 0), (1, 1)]
+    assert bm.pending_copies == [] and child.block_table == [] and child.host_block_table == [0, 1]
+    assert [bm.blocks[i].ref_cnt for i in (0, 1, 2)] == [1, 1, 0]
+    bm.check_integrity([parent, child])
+    pool.check_integrity([parent, child])
+    assert bm.allocate_slots(child, 1)  # resumed: its 6 computed tokens and the next one
+    assert swapper.swap_in(child) == [(0, child.block_table[0]), (1, child.block_table[1])]
+    pool.check_integrity([parent, child])
+    assert pool.num_free_blocks == 4 and swapper.stats()["num_blocks_swapped_in"] == 2
