@@ -269,3 +269,18 @@ def test_swapping_out_shared_blocks_and_a_fresh_copy_on_write_block():
     assert swapper.swap_in(child) == [(0, child.block_table[0]), (1, child.block_table[1])]
     pool.check_integrity([parent, child])
     assert pool.num_free_blocks == 4 and swapper.stats()["num_blocks_swapped_in"] == 2
+
+
+def test_swap_space_from_model_json_and_config_pbtxt(llama_dir, tmp_path):
+    """As the vLLM backend's repositories give it: a number in 1/model.json, a string parameter."""
+    import json
+
+    from backend.serving.triton_config import serving_config
+    version = tmp_path / "llm" / "1"
+    version.mkdir(parents=True)
+    (version / "model.json").write_text(json.dumps({"model": llama_dir, "swap_space": 0.5}), encoding="utf-8")
+    cfg = serving_config({"preemption_mode": "swap"}, str(tmp_path), str(version))
+    assert (cfg.engine_args.swap_space, cfg.engine_args.preemption_mode) == (0.5, "swap")
+    assert not any("swap_space" in note for note in cfg.notes)
+    with pytest.raises(ValueError, match=r"^preemption_mode must be one of recompute, swap; got 'later'\.$"):
+        serving_config({"model": llama_dir, "preemption_mode": "later"}, str(tmp_path))
