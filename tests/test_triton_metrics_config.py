@@ -40,7 +40,8 @@ def test_counters_increment_by_deltas_and_gauges_are_set():
 def test_metric_names_are_vllms():
     names = {m.name for m in METRICS}
     assert names == {
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_swapped",
+        "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
         "vllm:num_preemptions_total", "vllm:cpu_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
         "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",

@@ -79,6 +79,7 @@ class KVSwapper:
         self.num_blocks_swapped_out = 0
         self.num_blocks_swapped_in = 0
         self.num_swapped_preemptions = 0
+        self.num_swapped = 0  # sequences waiting with their blocks in host memory now
 
     def should_swap(self, seq: Sequence, chunk_cap: int) -> bool:
         """recompute: never. swap: whenever the host pool has room. auto: also only when its
@@ -102,6 +103,7 @@ class KVSwapper:
         self.block_manager.free(seq)
         self.num_blocks_swapped_out += n
         self.num_swapped_preemptions += 1
+        self.num_swapped += 1
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """After the sequence's device blocks are allocated: the copies back into its leading
@@ -109,6 +111,7 @@ class KVSwapper:
         host, seq.host_block_table = seq.host_block_table, []
         self.host_pool.free(host)
         self.num_blocks_swapped_in += len(host)
+        self.num_swapped -= 1
         return list(zip(host, seq.block_table[:len(host)]))
 
     def drop(self, seq: Sequence) -> None:
@@ -118,6 +121,7 @@ class KVSwapper:
         self._pending_out = [p for p in self._pending_out if p[1] not in host]
         self.host_pool.free(seq.host_block_table)
         seq.host_block_table = []
+        self.num_swapped -= 1
 
     def take_swap_outs(self) -> list[tuple[int, int]]:
         out, self._pending_out = self._pending_out, []
@@ -125,7 +129,7 @@ class KVSwapper:
 
     def stats(self) -> dict[str, float | int]:
         """Counters and the host pool's usage, as EngineStats names them."""
-        return {"cpu_cache_usage": self.host_pool.usage,
+        return {"num_swapped": self.num_swapped, "cpu_cache_usage": self.host_pool.usage,
                 "num_blocks_swapped_out": self.num_blocks_swapped_out,
                 "num_blocks_swapped_in": self.num_blocks_swapped_in,
                 "num_swapped_preemptions": self.num_swapped_preemptions}

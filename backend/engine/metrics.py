@@ -12,7 +12,8 @@ class EngineStats:
     lists hold the samples observed since the previous `get_stats()` call (one consumer)."""
 
     num_running: int = 0
-    num_waiting: int = 0
+    num_waiting: int = 0  # swapped ones not included (vLLM's: they are num_swapped)
+    num_swapped: int = 0  # preempted by swap: waiting with their KV blocks in host memory
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use by running requests
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found

@@ -34,6 +34,7 @@ def metrics_from_stats(stats: EngineStats) -> list[Metric]:
     out: list[Metric] = [
         Gauge("vllm:num_requests_running", value=stats.num_running),
         Gauge("vllm:num_requests_waiting", value=stats.num_waiting),
+        Gauge("vllm:num_requests_swapped", value=stats.num_swapped),
         Gauge("vllm:kv_cache_usage_perc", value=stats.kv_cache_usage),
         Counter("vllm:num_preemptions", value=stats.num_preemptions),
         Gauge("vllm:cpu_cache_usage_perc", value=stats.cpu_cache_usage),

@@ -312,6 +312,16 @@ class Scheduler:
                 self.add_running(child)
                 self.worker_view.fork(parent.seq_id, child_id)
 
+    @property
+    def num_swapped(self) -> int:
+        """Waiting sequences whose blocks are in host memory (preemption by swap)."""
+        return self.swapper.num_swapped if self.swapper is not None else 0
+
+    @property
+    def num_waiting_unswapped(self) -> int:
+        """Waiting sequences not swapped out (vLLM counts those apart)."""
+        return len(self.waiting) - self.num_swapped
+
     def swap_stats(self) -> dict[str, float | int]:
         """Preemption by swap's counters and host pool usage (none without a host pool)."""
         return self.swapper.stats() if self.swapper is not None else {}

@@ -46,6 +46,7 @@ _PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     MetricSpec("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    MetricSpec("vllm:num_requests_swapped", "gauge", "Number of requests swapped to CPU."),
     MetricSpec("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
     MetricSpec("vllm:gpu_cache_usage_perc", "gauge",
                "KV-cache usage. 1 means 100 percent usage (older name of vllm:kv_cache_usage_perc)."),
@@ -116,6 +117,7 @@ MetricOp = tuple[str, str, float, dict[str, str]]
 MAX_OBSERVES_PER_PUBLISH = 256
 
 _GAUGES = (("vllm:num_requests_running", "num_running"), ("vllm:num_requests_waiting", "num_waiting"),
+           ("vllm:num_requests_swapped", "num_swapped"),
            ("vllm:kv_cache_usage_perc", "kv_cache_usage"), ("vllm:gpu_cache_usage_perc", "kv_cache_usage"),
            ("vllm:cpu_cache_usage_perc", "cpu_cache_usage"))
 _COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),

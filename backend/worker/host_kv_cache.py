@@ -44,7 +44,7 @@ class HostKVCache:
         self.device = raw.device
         shape = (num_host_blocks, raw.shape[0], raw.shape[1], *raw.shape[3:])
         pin = raw.device.type == "cuda"
-        self.host = torch.zeros(shape, dtype=torch.uint8, pin_memory=pin)
+        self.host = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
         self.copy_stream = torch.cuda.Stream(raw.device) if pin else None
         block_bytes = self.host[0].numel() if num_host_blocks else 1
         self.max_batch = max(1, STAGING_BYTES // block_bytes)

@@ -47,7 +47,7 @@ def _assert_empty(llm: LLM) -> None:
     assert bm.num_free_blocks == bm.num_blocks
     swapper.host_pool.check_integrity([])
     assert swapper.host_pool.num_free_blocks == swapper.host_pool.num_blocks
-    assert engine.get_stats().cpu_cache_usage == 0.0
+    assert engine.get_stats().cpu_cache_usage == 0.0 and engine.get_stats().num_swapped == 0
     assert engine.scheduler.sequences == {} and not engine.scheduler.waiting
 
 
@@ -124,7 +124,10 @@ def test_an_aborted_swapped_sequence_frees_its_host_blocks(llama_dir):
     held = len(seq.host_block_table)
     pool = engine.scheduler.swapper.host_pool
     before = pool.num_free_blocks
-    assert engine.get_stats().cpu_cache_usage == (pool.num_blocks - before) / pool.num_blocks > 0
+    stats = engine.get_stats()
+    assert stats.cpu_cache_usage == (pool.num_blocks - before) / pool.num_blocks > 0
+    assert stats.num_swapped == len(swapped)
+    assert stats.num_waiting == len(engine.scheduler.waiting) - len(swapped)
     engine.abort_request(seq.request_id)
     assert pool.num_free_blocks == before + held and seq.host_block_table == []
     pool.check_integrity(engine.scheduler.all_sequences())
