@@ -287,3 +287,92 @@ def test_swap_space_from_model_json_and_config_pbtxt(llama_dir, tmp_path):
     assert not any("swap_space" in note for note in cfg.notes)
     with pytest.raises(ValueError, match=r"^preemption_mode must be one of recompute, swap; got 'later'\.$"):
         serving_config({"model": llama_dir, "preemption_mode": "later"}, str(tmp_path))
+
+
+@pytest.mark.parametrize("mode", ["swap", "auto"])
+def test_random_workload_with_swapping_keeps_every_block_s_contents(mode):
+    """A soak of random arrivals, forks (n > 1), shared prefixes, aborts and preemptions, with a
+    worker mirrored from the steps' data alone that moves token ids as the runner moves keys and
+    values (swap-outs, then copy-on-write copies, then swap-ins, then the forward's writes):
+    every token a step reads is the sequence's own. At the end, nothing is held anywhere."""
+    import pickle
+    import random
+
+    from backend.engine.scheduler import Scheduler
+    from backend.engine_config import SchedulerConfig
+    from backend.worker.request_states import RequestStates
+    rng = random.Random(99)
+    bs = 4
+    bm = BlockManager(24, bs, True)
+    config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=12, enable_chunked_prefill=True,
+                             long_prefill_token_threshold=0, policy="fcfs", stream_interval=1,
+                             max_waiting_requests=None, preemption_mode=mode)
+    sched = Scheduler(config, bm, num_host_blocks=16)
+    pool = sched.swapper.host_pool
+    device: dict[int, list] = {}  # block id -> the token id in each slot
+    host: dict[int, list] = {}
+    worker = RequestStates()
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
+    live: dict[str, list[Sequence]] = {}
+    counter = finished = 0
+    for step in range(800):
+        if rng.random() < 0.3 and len(live) < 10 and step < 700:
+            counter += 1
+            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
+            s = Sequence(f"q{counter}", tokens, len(tokens), SamplingParams(n=rng.choice([1, 1, 2, 3])),
+                         0, float(step))
+            live[s.request_id] = [s]
+            sched.add(s)
+        if live and rng.random() < 0.03:
+            for s in live.pop(rng.choice(sorted(live))):
+                if not s.is_finished:
+                    sched.finish(s)
+        out = sched.schedule()
+        assert pickle.loads(pickle.dumps(out)) == out
+        bm.check_integrity(sched.all_sequences())
+        pool.check_integrity(sched.all_sequences())
+        # The runner's order: swap-outs, copy-on-write copies, swap-ins, then the forward pass.
+        worker.apply(out)
+        for d, h in out.blocks_to_swap_out:
+            host[h] = list(device[d])
+        for src, dst in out.block_copies:
+            device[dst] = list(device[src])
+        for h, d in out.blocks_to_swap_in:
+            device[d] = list(host[h])
+        for it in out.scheduled:
+            state, truth = worker[it.seq_id], sched.sequence(it.seq_id).token_ids
+            assert state.block_table == sched.sequence(it.seq_id).block_table
+            for pos in range(state.num_computed_tokens):  # what attention reads
+                assert device[state.block_table[pos // bs]][pos % bs] == truth[pos], (step, it.seq_id, pos)
+            for pos in range(state.num_computed_tokens, state.num_computed_tokens + it.num_known_tokens):
+                device.setdefault(state.block_table[pos // bs], [None] * bs)[pos % bs] = truth[pos]
+        for fork in out.forks:
+            worker.fork(fork)
+        for it in out.scheduled:
+            worker[it.seq_id].num_computed_tokens += it.num_known_tokens
+        for fork in out.forks:
+            for c in fork.children:
+                worker[c].num_computed_tokens = worker[fork.parent].num_computed_tokens
+        children = {c: sched.sequence(c) for f in out.forks for c in f.children}
+        sched.update_after_step(out)
+        for fork in out.forks:
+            live[sched.sequence(fork.parent).request_id].extend(children[c] for c in fork.children)
+        for s in [c for g in live.values() for c in g if c.status == SequenceStatus.RUNNING
+                  and c.num_computed_tokens == c.num_tokens]:
+            s.append_token(rng.randrange(50))
+            if s.num_output_tokens >= rng.randint(3, 30) or s.num_tokens >= 24 * bs - 1:
+                sched.finish(s)
+                finished += 1
+        for rid in [r for r, g in live.items() if all(s.is_finished for s in g)]:
+            del live[rid]
+    while sched.num_unfinished:  # the rest finish as they are
+        for s in sched.all_sequences():
+            sched.finish(s)
+    stats = sched.swap_stats()
+    assert finished > 50 and stats["num_swapped_preemptions"] > 0 and stats["num_blocks_swapped_in"] > 0
+    if mode == "auto":
+        assert sched.num_preemptions > stats["num_swapped_preemptions"]  # short ones recomputed
+    bm.check_integrity([])
+    pool.check_integrity([])
+    assert bm.num_free_blocks == bm.num_blocks and pool.num_free_blocks == pool.num_blocks
+    assert stats["num_swapped"] == 0
