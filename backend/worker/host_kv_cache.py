@@ -16,11 +16,25 @@ the host pool, so nothing here blocks the host.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 # Device staging for one batch of copies: the memory profile does not reserve it, so a large
 # swap is moved in batches of at most this many bytes.
 STAGING_BYTES = 64 * 1024 * 1024
+
+
+def _pin(tensor: torch.Tensor) -> None:
+    """Page-lock the tensor's memory in place, for asynchronous copies. Not `pin_memory=True`:
+    PyTorch's pinned allocator rounds a size up to a power of two (10 GiB would lock 16)."""
+    cudart = torch.cuda.cudart()
+    ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    err = cudart.cudaHostRegister(ptr, size, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"swap_space: cannot pin {size / (1 << 30):.2f} GiB of host memory "
+                           f"(cudaHostRegister error {int(err)})")
+    weakref.finalize(tensor, cudart.cudaHostUnregister, ptr)
 
 
 def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
@@ -44,7 +58,9 @@ class HostKVCache:
         self.device = raw.device
         shape = (num_host_blocks, raw.shape[0], raw.shape[1], *raw.shape[3:])
         pin = raw.device.type == "cuda"
-        self.host = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+        self.host = torch.empty(shape, dtype=torch.uint8)
+        if pin and self.host.numel():
+            _pin(self.host)
         self.copy_stream = torch.cuda.Stream(raw.device) if pin else None
         block_bytes = self.host[0].numel() if num_host_blocks else 1
         self.max_batch = max(1, STAGING_BYTES // block_bytes)
