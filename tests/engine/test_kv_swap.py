@@ -89,13 +89,17 @@ def test_greedy_tokens_with_swapping_equal_hugging_face_and_nothing_is_recompute
 
 def test_seeded_sampling_and_forked_samples_with_swapping_equal_their_no_swap_tokens(llama_dir):
     """Sampled, seeded requests (one of n=2 samples, whose siblings share their prompt's blocks;
-    prompts that share a prefix, so prefix-cache hits share blocks too) give the tokens they
-    give in a cache large enough for all."""
+    one with penalties, whose counts the worker rebuilds on resumption; prompts that share a
+    prefix, so prefix-cache hits share blocks too) give the tokens they give in a cache large
+    enough for all."""
     shared = _prompts(3, (32,))[0]
     prompts = [shared + p for p in _prompts(4, (9, 17))] + _prompts(5, (28, 19))
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=11 + i, max_tokens=20, ignore_eos=True)
               for i in range(len(prompts))]
-    params[1] = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=20, ignore_eos=True)
+    params[1] = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=20, ignore_eos=True,
+                               repetition_penalty=1.2, frequency_penalty=0.4)
+    params[2] = SamplingParams(temperature=0.7, seed=5, max_tokens=20, ignore_eos=True,
+                               repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3)
 
     def run(**engine):
         llm = LLM(llama_dir, **engine)
