@@ -18,6 +18,8 @@ _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 QUANTIZATIONS = ("fp8", "awq", "gptq")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+PREEMPTION_MODES = ("recompute", "swap")
+GIB = 1 << 30
 # vLLM's names: auto = the model's dtype; fp8 and fp8_e4m3 = float8 e4m3 with per-tensor scales.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # With no num_kv_blocks on the CPU, the pool takes this many bytes (like vLLM's
@@ -99,6 +101,13 @@ class EngineArgs:
     # (ranks 1.. run in worker processes, backend/worker/tp_worker.py); on the CPU the same
     # ranks run over gloo. 1: one process, no process group.
     tensor_parallel_size: int = 1
+    # GiB of pinned host memory per device for the KV blocks of preempted requests (vLLM's name
+    # and meaning); 0: off. preemption_mode (vLLM's): "recompute" frees a preempted request's
+    # blocks and computes them again; "swap" copies them to host memory and back; None: swap
+    # when swap_space is set and recomputing would take more than one step's prompt chunk
+    # (docs/serving.md, "Preemption by swap").
+    swap_space: float = 0.0
+    preemption_mode: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -152,6 +161,26 @@ class EngineArgs:
         self._check_lora()
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)  # checks it
+        self._check_swap()
+
+    def _check_swap(self) -> None:
+        swap = self.swap_space
+        if isinstance(swap, bool) or not isinstance(swap, (int, float)) or not 0.0 <= float(swap) < float("inf"):
+            raise ValueError(f"swap_space must be a non-negative number of GiB, got {swap!r}.")
+        if self.preemption_mode is not None:
+            _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        if self.preemption_mode == "swap" and not swap:
+            raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory per device).")
+        spec = None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
+        if swap and spec is not None and spec.uses_draft_model:
+            raise ValueError(f"swap_space: speculative method {spec.method!r} keeps a "
+                             f"KV cache of its own, which is not swapped; use swap_space=0 (or 'ngram').")
+        if swap:
+            needed, available = swap * GIB * self.tensor_parallel_size, available_host_memory()
+            if needed > available:
+                raise ValueError(f"swap_space={swap} GiB per device ({needed / GIB:.2f} GiB for "
+                                 f"{self.tensor_parallel_size} device(s)) is more than the host's "
+                                 f"available memory ({available / GIB:.2f} GiB).")
 
     def _check_lora(self) -> None:
         _positive_int("max_lora_rank", self.max_lora_rank)
@@ -246,10 +275,12 @@ class EngineArgs:
         return EngineConfig(
             model_config,
             CacheConfig(self.block_size, self.gpu_memory_utilization, self.num_kv_blocks,
-                        self.enable_prefix_caching, self.kv_cache_dtype, self.k_scale, self.v_scale),
+                        self.enable_prefix_caching, self.kv_cache_dtype, self.k_scale, self.v_scale,
+                        float(self.swap_space)),
             SchedulerConfig(self.max_num_seqs, budget, self.enable_chunked_prefill,
                             self.long_prefill_token_threshold, self.scheduling_policy, self.stream_interval,
-                            self.max_waiting_requests),
+                            self.max_waiting_requests,
+                            self.preemption_mode or ("auto" if self.swap_space else "recompute")),
             ParallelConfig(self.tensor_parallel_size),
             DeviceConfig(self.device),
             CompilationConfig(self.enforce_eager, self.max_prefill_graph_tokens),
@@ -324,6 +355,18 @@ def _parse_string(key: str, raw: str, type_name: str) -> Any:
         return text
     except ValueError:
         raise ValueError(f"engine argument {key}: cannot parse {raw!r} as {type_name}.") from None
+
+
+def available_host_memory() -> int:
+    """Bytes of host memory available now (Linux's MemAvailable; elsewhere the free pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def load_hf_config(model_dir: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class CacheConfig:
     kv_cache_dtype: str
     k_scale: float
     v_scale: float
+    swap_space: float  # GiB of host memory per device for swapped-out blocks; 0: none
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class SchedulerConfig:
     policy: str  # EngineArgs.scheduling_policy
     stream_interval: int
     max_waiting_requests: int | None
+    # How a preempted sequence gives up its blocks: "recompute", "swap", or "auto" (swap when
+    # recomputing would cost more than one prompt chunk: backend/engine/kv_swap.py).
+    preemption_mode: str
 
 
 @dataclass(frozen=True)

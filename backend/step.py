@@ -24,6 +24,7 @@ PLACEHOLDER = -1
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
+    SWAPPED = enum.auto()  # preempted with its blocks in host memory; waits to be swapped in
     FINISHED = enum.auto()
 
 
@@ -126,6 +127,10 @@ class SchedulerOutput:
     new_sequences: list[NewSequenceData] = field(default_factory=list)
     cached_sequences: list[CachedSequenceData] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    # Preemption by swap: (device block, host block) copies out, then (host block, device block)
+    # copies in; the runner makes both before anything of the step writes a block.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     num_batched_tokens: int = 0
     preempted_seq_ids: list[int] = field(default_factory=list)
     # Sequences that finished, were aborted or were preempted since the last step: the runner

@@ -40,9 +40,10 @@ def test_counters_increment_by_deltas_and_gauges_are_set():
 def test_metric_names_are_vllms():
     names = {m.name for m in METRICS}
     assert names == {
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_swapped",
+        "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-        "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:num_preemptions_total", "vllm:cpu_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
         "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
         "vllm:request_success_total", "vllm:time_to_first_token_seconds",
@@ -53,7 +54,8 @@ def test_metric_names_are_vllms():
         "vllm:request_inference_time_seconds", "vllm:iteration_tokens_total", "vllm:lora_requests_info",
         # Tritium's own, where vLLM has no name
         "tritium:num_requests_rejected_total", "tritium:num_requests_timed_out_total",
-        "tritium:engine_restarts_total"}
+        "tritium:engine_restarts_total", "tritium:num_swapped_preemptions_total",
+        "tritium:kv_blocks_swapped_out_total", "tritium:kv_blocks_swapped_in_total"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)

@@ -277,6 +277,11 @@ class BlockManager:
             block.block_hash = hashes[i]
             self.cached_blocks[hashes[i]] = block
 
+    @property
+    def pending_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write copies (src, dst) planned for the step being scheduled."""
+        return list(self._pending_copies)
+
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self._pending_copies = self._pending_copies, []
         return copies

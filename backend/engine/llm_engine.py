@@ -70,9 +70,9 @@ class LLMEngine:
         self.drafts_in_worker = bool(spec and spec.uses_draft_model)
         self.proposer = NgramProposer(spec) if spec and not self.drafts_in_worker else None
         self._draft_token_ids: dict[int, list[int]] = {}
-        self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager,
-                                   LoRASlots(lora.num_slots, lora.resident) if lora else None,
-                                   spec.num_speculative_tokens if self.drafts_in_worker else 0)
+        self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager, LoRASlots(
+            lora.num_slots, lora.resident) if lora else None, spec.num_speculative_tokens if self.drafts_in_worker
+            else 0, self.executor.num_host_blocks)
         capacity = self.executor.num_blocks * cache.block_size
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
         self.max_seq_len = min(model.max_model_len, capacity)
@@ -399,18 +399,18 @@ class LLMEngine:
         """Gauges and counters now; latency samples since the previous call."""
         s = self.stats
         snapshot = EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running), num_waiting=self.scheduler.num_waiting_unswapped,
             kv_cache_usage=self.block_manager.usage,
             prefix_cache_queries=self.block_manager.prefix_cache_queries,
             prefix_cache_hits=self.block_manager.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens, request_success=dict(s.request_success),
             num_requests_rejected=s.num_requests_rejected, num_requests_timed_out=s.num_requests_timed_out,
-            spec_decode_num_drafts=s.spec_decode_num_drafts,
-            spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
+            spec_decode_num_drafts=s.spec_decode_num_drafts, spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
             spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=list(s.spec_decode_num_accepted_tokens_per_pos),
-            **self._lora_stats(), **{name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
+            **self._lora_stats(), **self.scheduler.swap_stats(), **{
+                name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
         for name in EngineStats.SAMPLE_FIELDS:
             setattr(s, name, [])
         return snapshot

@@ -12,11 +12,18 @@ class EngineStats:
     lists hold the samples observed since the previous `get_stats()` call (one consumer)."""
 
     num_running: int = 0
-    num_waiting: int = 0
+    num_waiting: int = 0  # swapped ones not included (vLLM's: they are num_swapped)
+    num_swapped: int = 0  # preempted by swap: waiting with their KV blocks in host memory
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use by running requests
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
     num_preemptions: int = 0
+    # Preemption by swap (swap_space): the host pool's usage (vLLM's cpu_cache_usage_perc), KV
+    # blocks copied to host memory and back, and preemptions that swapped (of num_preemptions).
+    cpu_cache_usage: float = 0.0
+    num_blocks_swapped_out: int = 0
+    num_blocks_swapped_in: int = 0
+    num_swapped_preemptions: int = 0
     prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count

@@ -34,8 +34,13 @@ def metrics_from_stats(stats: EngineStats) -> list[Metric]:
     out: list[Metric] = [
         Gauge("vllm:num_requests_running", value=stats.num_running),
         Gauge("vllm:num_requests_waiting", value=stats.num_waiting),
+        Gauge("vllm:num_requests_swapped", value=stats.num_swapped),
         Gauge("vllm:kv_cache_usage_perc", value=stats.kv_cache_usage),
         Counter("vllm:num_preemptions", value=stats.num_preemptions),
+        Gauge("vllm:cpu_cache_usage_perc", value=stats.cpu_cache_usage),
+        Counter("tritium:num_swapped_preemptions", value=stats.num_swapped_preemptions),
+        Counter("tritium:kv_blocks_swapped_out", value=stats.num_blocks_swapped_out),
+        Counter("tritium:kv_blocks_swapped_in", value=stats.num_blocks_swapped_in),
         Counter("vllm:prompt_tokens", value=stats.prompt_tokens),
         Counter("vllm:generation_tokens", value=stats.generation_tokens),
         Counter("vllm:prefix_cache_queries", value=stats.prefix_cache_queries),

@@ -4,7 +4,9 @@ Iteration-level (continuous batching): each step mixes the running sequences' ne
 (decodes, or the next chunk of a long prompt) with chunks of waiting prompts, within
 `max_num_batched_tokens` tokens and `max_num_seqs` sequences. First come, first served. When the
 KV cache runs out, the most recently admitted sequence is preempted: its blocks are freed and it
-goes back to the front of the waiting queue, to be recomputed later (its generated tokens are kept).
+goes back to the front of the waiting queue, to be recomputed later (its generated tokens are kept),
+or, with preemption by swap, its computed blocks are copied to host memory and back when it
+resumes (backend/engine/kv_swap.py; its computed tokens are kept too).
 
 With policy "priority" (vLLM's), the waiting queue is ordered by (priority, arrival time), lower
 first, a preempted sequence included; and the running sequence preempted is the one with the
@@ -17,6 +19,7 @@ from collections import deque
 
 from ..engine_config import SchedulerConfig
 from .block_manager import BlockManager
+from .kv_swap import HostBlockPool, KVSwapper
 from .lora_slots import LoRASlots
 from .scheduler_output import (Fork, PromptSpan, SampleRow, ScheduledSequence, SchedulerOutput,
                                SpecRun)
@@ -26,11 +29,13 @@ from .worker_view import WorkerView
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 lora_slots: LoRASlots | None = None, num_lookahead_tokens: int = 0) -> None:
+                 lora_slots: LoRASlots | None = None, num_lookahead_tokens: int = 0,
+                 num_host_blocks: int = 0) -> None:
         """lora_slots: with LoRA adapters, the device's adapter slots; a waiting sequence is
         admitted only when its adapter is in a slot or can take one. num_lookahead_tokens: slots
         past the step's tokens for a sequence that samples, where a draft model writes its
-        proposals' keys and values after the step (vLLM's lookahead); taken when free."""
+        proposals' keys and values after the step (vLLM's lookahead); taken when free.
+        num_host_blocks: the worker's host blocks for preemption by swap (0: recompute only)."""
         self.num_lookahead_tokens = num_lookahead_tokens
         self.config = config
         self.block_manager = block_manager
@@ -51,6 +56,8 @@ class Scheduler:
         self.sequences: dict[int, Sequence] = {}
         self._forking: dict[int, Sequence] = {}
         self.worker_view = WorkerView()  # what the worker holds of each sequence
+        self.swapper = KVSwapper(HostBlockPool(num_host_blocks), config.preemption_mode, block_manager) \
+            if num_host_blocks and config.preemption_mode != "recompute" else None
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -91,8 +98,10 @@ class Scheduler:
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
             self._drop_lora_slot(seq)
-        elif seq.status == SequenceStatus.WAITING:
+        elif seq.status in (SequenceStatus.WAITING, SequenceStatus.SWAPPED):
             self.waiting.remove(seq)
+        if seq.host_block_table:
+            self.swapper.drop(seq)
         self.block_manager.free(seq)
         self.block_manager.forget(seq)
         seq.status = SequenceStatus.FINISHED
@@ -167,9 +176,10 @@ class Scheduler:
                 break
             # A prompt whose logprobs are asked for is computed in full: cached positions
             # would have no logits (vLLM does the same).
-            looked_up = self.block_manager.enable_prefix_caching and not seq.needs_prompt_logprobs
+            swapped = seq.status == SequenceStatus.SWAPPED  # its computed tokens come back from host memory
+            looked_up = self.block_manager.enable_prefix_caching and not seq.needs_prompt_logprobs and not swapped
             hit = self.block_manager.get_computed_blocks(seq) if looked_up else None
-            num_hit = hit.num_tokens if hit is not None else 0
+            num_hit = hit.num_tokens if hit is not None else seq.num_computed_tokens
             num_new = seq.num_tokens - num_hit
             if len(self.waiting) > 1 and self.enable_chunked_prefill:
                 num_new = min(num_new, self._chunk_cap())
@@ -181,7 +191,9 @@ class Scheduler:
                 break
             del self.waiting[index]
             self._take_lora_slot(seq)
-            if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0:
+            if swapped:
+                out.blocks_to_swap_in += self.swapper.swap_in(seq)
+            if seq.num_output_tokens == 0 and seq.num_cached_tokens == 0 and not swapped:
                 seq.num_cached_tokens = num_hit
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
@@ -193,6 +205,8 @@ class Scheduler:
             budget -= num_new
 
         out.block_copies = self.block_manager.take_copies()
+        if self.swapper is not None and not out.is_empty:
+            out.blocks_to_swap_out = self.swapper.take_swap_outs()
         if self.lora_slots is not None:
             out.lora_loads = self.lora_slots.take_loads()
         out.num_batched_tokens = self.max_num_batched_tokens - budget
@@ -251,8 +265,8 @@ class Scheduler:
         return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 2)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Free the sequence for recompute; returns the budget it gave back if it had already
-        been scheduled in this step."""
+        """Free the sequence's blocks, for recompute or after swapping them out; returns the
+        budget it gave back if it had already been scheduled in this step."""
         returned = 0
         for i, item in enumerate(out.scheduled):
             if item.seq_id == seq.seq_id:
@@ -261,9 +275,13 @@ class Scheduler:
                 break
         self.running.remove(seq)
         self._drop_lora_slot(seq)
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
+        if self.swapper is not None and self.swapper.should_swap(seq, self._chunk_cap()):
+            self.swapper.swap_out(seq)
+            seq.status = SequenceStatus.SWAPPED
+        else:
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
         if self.policy == "priority":
             self._insert_by_priority(seq)
         else:
@@ -293,6 +311,20 @@ class Scheduler:
                 self.block_manager.fork(parent, child)
                 self.add_running(child)
                 self.worker_view.fork(parent.seq_id, child_id)
+
+    @property
+    def num_swapped(self) -> int:
+        """Waiting sequences whose blocks are in host memory (preemption by swap)."""
+        return self.swapper.num_swapped if self.swapper is not None else 0
+
+    @property
+    def num_waiting_unswapped(self) -> int:
+        """Waiting sequences not swapped out (vLLM counts those apart)."""
+        return len(self.waiting) - self.num_swapped
+
+    def swap_stats(self) -> dict[str, float | int]:
+        """Preemption by swap's counters and host pool usage (none without a host pool)."""
+        return self.swapper.stats() if self.swapper is not None else {}
 
     def num_wasted_slots(self) -> int:
         """Allocated KV slots not holding a computed token; under one block per sequence."""

@@ -20,7 +20,8 @@ class Sequence:
     """A prompt plus the tokens generated for it by one sample.
 
     `num_computed_tokens` counts the tokens whose K/V are in the cache; the scheduler moves it
-    forward, preemption resets it to 0 (the sequence is recomputed, prompt and output alike).
+    forward, preemption by recompute resets it to 0 (the sequence is recomputed, prompt and
+    output alike); preemption by swap keeps it (its blocks wait in host memory).
     """
 
     def __init__(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
@@ -40,6 +41,7 @@ class Sequence:
         self.first_scheduled_time: float | None = None  # wall clock of its first admission
         self.block_table: list[int] = []
         self.num_cached_blocks = 0  # leading blocks already offered to the prefix cache
+        self.host_block_table: list[int] = []  # while SWAPPED: its computed blocks in host memory
         # A parent of n > 1 samples forks into n sequences after its prompt is computed.
         self.num_forks_pending = params.n - 1 if index == 0 else 0
         self.cumulative_logprob = 0.0

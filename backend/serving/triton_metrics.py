@@ -46,6 +46,7 @@ _PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     MetricSpec("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    MetricSpec("vllm:num_requests_swapped", "gauge", "Number of requests swapped to CPU."),
     MetricSpec("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
     MetricSpec("vllm:gpu_cache_usage_perc", "gauge",
                "KV-cache usage. 1 means 100 percent usage (older name of vllm:kv_cache_usage_perc)."),
@@ -54,6 +55,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("vllm:prefix_cache_hits_total", "counter",
                "Prefix cache hits, in terms of number of cached tokens."),
     MetricSpec("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions."),
+    MetricSpec("vllm:cpu_cache_usage_perc", "gauge",
+               "CPU KV-cache usage (swap_space's host blocks). 1 means 100 percent usage."),
     MetricSpec("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts."),
     MetricSpec("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens."),
     MetricSpec("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens."),
@@ -97,6 +100,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Requests ended because their deadline (Triton's request timeout) passed."),
     MetricSpec("tritium:engine_restarts_total", "counter",
                "Engine processes started after the model's first one died."),
+    MetricSpec("tritium:num_swapped_preemptions_total", "counter",
+               "Preemptions that swapped the request's KV blocks to host memory (of vllm:num_preemptions_total)."),
+    MetricSpec("tritium:kv_blocks_swapped_out_total", "counter", "KV cache blocks copied to host memory."),
+    MetricSpec("tritium:kv_blocks_swapped_in_total", "counter", "KV cache blocks copied back from host memory."),
 )
 LORA_INFO = "vllm:lora_requests_info"
 # Finish reasons that get a request_success series from the start, so that rates are defined.
@@ -110,7 +117,9 @@ MetricOp = tuple[str, str, float, dict[str, str]]
 MAX_OBSERVES_PER_PUBLISH = 256
 
 _GAUGES = (("vllm:num_requests_running", "num_running"), ("vllm:num_requests_waiting", "num_waiting"),
-           ("vllm:kv_cache_usage_perc", "kv_cache_usage"), ("vllm:gpu_cache_usage_perc", "kv_cache_usage"))
+           ("vllm:num_requests_swapped", "num_swapped"),
+           ("vllm:kv_cache_usage_perc", "kv_cache_usage"), ("vllm:gpu_cache_usage_perc", "kv_cache_usage"),
+           ("vllm:cpu_cache_usage_perc", "cpu_cache_usage"))
 _COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
              ("vllm:prefix_cache_hits_total", "prefix_cache_hits"),
              ("vllm:num_preemptions_total", "num_preemptions"),
@@ -120,7 +129,10 @@ _COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
              ("vllm:prompt_tokens_total", "prompt_tokens"),
              ("vllm:generation_tokens_total", "generation_tokens"),
              ("tritium:num_requests_rejected_total", "num_requests_rejected"),
-             ("tritium:num_requests_timed_out_total", "num_requests_timed_out"))
+             ("tritium:num_requests_timed_out_total", "num_requests_timed_out"),
+             ("tritium:num_swapped_preemptions_total", "num_swapped_preemptions"),
+             ("tritium:kv_blocks_swapped_out_total", "num_blocks_swapped_out"),
+             ("tritium:kv_blocks_swapped_in_total", "num_blocks_swapped_in"))
 _HISTOGRAMS = (("vllm:time_to_first_token_seconds", "time_to_first_token"),
                ("vllm:time_per_output_token_seconds", "time_per_output_token"),
                ("vllm:e2e_request_latency_seconds", "e2e_request_latency"),

@@ -26,7 +26,6 @@ IGNORED = {
     "enable_log_requests": "Tritium does not log requests",
     "disable_log_stats": "Tritium logs no periodic statistics; true also turns the vllm: metrics "
                          "off, as in the vLLM backend",
-    "swap_space": "Tritium recomputes preempted requests instead of swapping their KV blocks",
     "disable_custom_all_reduce": "Tritium has no custom all-reduce",
     "max_seq_len_to_capture": "Tritium sizes its CUDA graphs itself (max_prefill_graph_tokens)",
     "trust_remote_code": "Tritium runs its own model code, never a model's remote code",

@@ -36,6 +36,11 @@ class Executor:
         return self.worker.num_blocks
 
     @property
+    def num_host_blocks(self) -> int:
+        """Host blocks for preemption by swap (each rank holds its part of every one)."""
+        return self.worker.num_host_blocks
+
+    @property
     def vocab_size(self) -> int:
         return self.worker.vocab_size
 

@@ -18,6 +18,7 @@ from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput
 from .cuda_graph import DecodeGraphs, PrefillGraphs, kept_hidden_states
 from .draft_proposer import DraftModelProposer, TargetHidden
 from .forward_path import ForwardCall, ForwardPath, StepBatch
+from .host_kv_cache import HostKVCache
 from .input_batch import prepare_batch
 from .lora import LoRAManager
 from .pending_step import PendingStep, PromptSpanTokens
@@ -62,6 +63,7 @@ class ModelRunner:
         # profile gives the sampler (`warmup.profile_num_blocks`), so they fit in what the cache left.
         self.logits_rows_per_pass = max(1, min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens))
         self.kv_cache: torch.Tensor | None = None  # the Worker's pool (copy-on-write copies in it)
+        self.host_cache: HostKVCache | None = None  # with swap_space: preemption by swap's host blocks
         # The Worker's captured graphs, None where a step runs eagerly.
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
@@ -177,7 +179,13 @@ class ModelRunner:
             table.add(added)  # parameters are written once, when a sequence arrives
         for slot, name in step.lora_loads:  # adapters taking a slot, before the step reads them
             self.lora_manager.load(slot, name)
+        # Blocks swapped out are read before anything of the step can write them (they may be
+        # this step's copy-on-write or swap-in targets); swapped-in blocks land before the forward.
+        if step.blocks_to_swap_out or step.blocks_to_swap_in:
+            self.host_cache.swap_out(step.blocks_to_swap_out)
         self.copy_blocks(step.block_copies)
+        if step.blocks_to_swap_in:
+            self.host_cache.swap_in(step.blocks_to_swap_in)
 
     def _pack(self, step: SchedulerOutput) -> StepBatch:
         states, rows = self.states, step.sample_rows

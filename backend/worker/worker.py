@@ -10,7 +10,7 @@ import torch
 
 from kernels.validation import v_cache_shape
 
-from ..config import CPU_KV_CACHE_BYTES
+from ..config import CPU_KV_CACHE_BYTES, GIB
 from ..engine_config import CacheConfig, EngineConfig
 from ..layers.attention import Attention
 from ..layers.quantization import check_fp8_supported
@@ -21,6 +21,7 @@ from .device import resolve_device, resolve_dtype
 from .lora import LoRAManager
 from .model_builder import build_model
 from .eagle_proposer import make_proposer
+from .host_kv_cache import HostKVCache
 from .model_runner import ModelRunner
 from .pending_step import PendingStep
 from .warmup import compile_step_variants, profile_num_blocks
@@ -80,6 +81,10 @@ class Worker:
         self.runner.kv_cache = self.kv_cache
         if self.drafter is not None:
             self.drafter.allocate_cache(self.num_blocks)
+        # Preemption by swap: host blocks of this rank's shard, as many on every rank.
+        self.num_host_blocks = min(self._exchange("num_host_blocks", int(cache.swap_space * GIB) // self.block_bytes)) \
+            if cache.swap_space else 0
+        self.runner.host_cache = HostKVCache(self.kv_cache, self.num_host_blocks) if self.num_host_blocks else None
         self._set_kv_scales(cache, checkpoint_kv_scales)
         if self.device.type == "cuda":
             compile_step_variants(self)

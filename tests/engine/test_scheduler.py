@@ -18,7 +18,7 @@ from backend.engine.sequence import Sequence, SequenceStatus
 def sched_config(max_num_seqs: int, budget: int, chunked: bool = True, policy: str = "fcfs") -> SchedulerConfig:
     return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
                            long_prefill_token_threshold=0, policy=policy, stream_interval=1,
-                           max_waiting_requests=None)
+                           max_waiting_requests=None, preemption_mode="recompute")
 
 
 def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=16, chunked=True, caching=True):
