@@ -211,3 +211,19 @@ def test_gpu_eagle3_speculation_matches_the_cpu_engine(llama_dir, tmp_path):
     assert proposals["cuda"][0] == proposals["cpu"][0]
     same = sum(a == b for a, b in zip(proposals["cuda"][1], proposals["cpu"][1]))
     assert len(proposals["cuda"][1]) == len(proposals["cpu"][1]) and same >= 0.9 * len(proposals["cpu"][1])
+
+
+def test_gpu_preemption_by_swap_matches_the_cpu_engine(llama_dir):
+    """Preemption by swap on the GPU: the host pool page-locked in place, the gathers and
+    scatters on the compute stream, the copies on the copy stream; greedy tokens in a cache far
+    too small for the batch are the CPU engine's in a large one, and blocks went both ways."""
+    gen = torch.Generator().manual_seed(16)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (30, 41, 22, 35)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", dtype="float32",
+                                                  num_kv_blocks=256).generate(prompts, params)]
+    gpu = LLM(llama_dir, device="cuda", dtype="float32", block_size=16, num_kv_blocks=8, max_num_batched_tokens=32,
+              enable_prefix_caching=False, swap_space=0.01, preemption_mode="swap")
+    assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
+    st = gpu.engine.get_stats()
+    assert st.num_swapped_preemptions > 0 and st.num_blocks_swapped_in == st.num_blocks_swapped_out > 0
