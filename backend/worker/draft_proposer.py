@@ -24,6 +24,7 @@ import torch
 
 from ..engine_config import EngineConfig
 from ..layers.forward_context import set_attention_metadata
+from ..layers.sampling_metadata import host_to_device
 from ..step import SchedulerOutput
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .input_batch import PreparedBatch, block_table_matrix
@@ -235,17 +236,15 @@ class DraftModelProposer:
         input_ids[fill[0]] = fill[2][fill[1]]
         return DraftOut(self.greedy(self._eager(batch, input_ids, None)))
 
-    def _eager(self, batch: PreparedBatch, input_ids: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        with set_attention_metadata(batch.attention_metadata(self._array_to_device)):
-            return self.model(input_ids, self._to_device(batch.positions), rows)
+    def _eager(self, batch: PreparedBatch, input_ids: torch.Tensor, extra: torch.Tensor | None):
+        """The model on the batch, its third input `extra`: a draft model's output rows (None:
+        every row), an EAGLE head's input hidden states."""
+        with set_attention_metadata(batch.attention_metadata(self._to_device)):
+            return self.model(input_ids, self._to_device(batch.positions), extra)
 
-    def _array_to_device(self, values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.from_numpy(values).to(dtype)
-        return t if self.device.type != "cuda" else t.pin_memory().to(self.device, non_blocking=True)
-
-    def _to_device(self, values: np.ndarray) -> torch.Tensor:
-        return self._array_to_device(values, torch.int64)
+    def _to_device(self, values, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """Host data to the device without a blocking copy (the host keeps queueing passes)."""
+        return host_to_device(values, dtype, self.device)
 
     def _index(self, values) -> torch.Tensor:
-        """Row indices on the device without a blocking copy (the host keeps queueing passes)."""
         return self._to_device(np.asarray(values, dtype=np.int64))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from ..engine_config import EngineConfig
-from ..layers.forward_context import set_attention_metadata
 from ..models.eagle import EagleDraftHead
 from ..models.loader import load_dummy
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, HeadDecodeGraphs, HeadPrefillGraphs
@@ -89,7 +88,7 @@ class EagleProposer(DraftModelProposer):
             carry, token_ids = self.prefill_graphs.run_with_hidden(batch, hidden)
             return DraftOut(token_ids, carry)
         last = self._index(batch.prefill_cu_seqlens_q[1:] - 1)
-        carry, normed = self._run(batch, self._to_device(batch.input_ids), hidden)
+        carry, normed = self._eager(batch, self._to_device(batch.input_ids), hidden)
         return DraftOut(self.greedy(normed[last]), carry[last])
 
     def _decode(self, batch: PreparedBatch, fill, carry: torch.Tensor | None) -> DraftOut:
@@ -98,13 +97,8 @@ class EagleProposer(DraftModelProposer):
             return DraftOut(token_ids, carry)
         input_ids = self._to_device(batch.input_ids)
         input_ids[fill[0]] = fill[2][fill[1]]
-        carry, normed = self._run(batch, input_ids, carry)
+        carry, normed = self._eager(batch, input_ids, carry)
         return DraftOut(self.greedy(normed), carry)
-
-    def _run(self, batch: PreparedBatch, input_ids: torch.Tensor, hidden: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        with set_attention_metadata(batch.attention_metadata(self._array_to_device)):
-            return self.model(input_ids, self._to_device(batch.positions), hidden)
 
     def greedy(self, normed: torch.Tensor) -> torch.Tensor:
         """The head's argmax over its vocabulary, as target token ids."""

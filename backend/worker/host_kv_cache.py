@@ -20,6 +20,8 @@ import weakref
 
 import torch
 
+from ..layers.sampling_metadata import host_to_device
+
 # Device staging for one batch of copies: the memory profile does not reserve it, so a large
 # swap is moved in batches of at most this many bytes.
 STAGING_BYTES = 64 * 1024 * 1024
@@ -70,8 +72,7 @@ class HostKVCache:
         return self.host.shape[0]
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
-        t = torch.tensor(ids, dtype=torch.int64)
-        return t if self.copy_stream is None else t.pin_memory().to(self.device, non_blocking=True)
+        return host_to_device(ids, torch.int64, self.device)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks to host blocks: (device block, host block) pairs."""

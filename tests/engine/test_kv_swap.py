@@ -352,11 +352,7 @@ def test_random_workload_with_swapping_keeps_every_block_s_contents(mode):
                 device.setdefault(state.block_table[pos // bs], [None] * bs)[pos % bs] = truth[pos]
         for fork in out.forks:
             worker.fork(fork)
-        for it in out.scheduled:
-            worker[it.seq_id].num_computed_tokens += it.num_known_tokens
-        for fork in out.forks:
-            for c in fork.children:
-                worker[c].num_computed_tokens = worker[fork.parent].num_computed_tokens
+        worker.book_launch(out, [])  # computed counts as the runner books them (no sample rows here)
         children = {c: sched.sequence(c) for f in out.forks for c in f.children}
         sched.update_after_step(out)
         for fork in out.forks:
