@@ -137,17 +137,20 @@ def test_unload_lets_running_streams_finish(server):
     try:
         for i in range(2):
             stream.send(f"d{i}", grpc_inputs("drain", stream=True, return_num_output_tokens=True,
-                                                 sampling={"max_tokens": 1000, "ignore_eos": True}))
+                                                 sampling={"max_tokens": 1900, "ignore_eos": True}))
         assert wait_until(lambda: all(stream.results[f"d{i}"].texts for i in range(2)), 30)
         start = time.monotonic()
         _control(server, "unload")
-        assert all(stream.results[f"d{i}"].finals == 0 for i in range(2)), "a stream ended before the unload"
+        # The drain itself reports what was running when it began: the unload call's return
+        # races the streams on a fast machine, the log line does not.
+        assert wait_until(lambda: "tritium: unload: 2 running requests may finish" in server.log_tail(200), 30), \
+            server.log_tail(30)
         for i in range(2):
             try:
                 r = stream.wait(f"d{i}", 30)
             except TimeoutError:
                 raise AssertionError(f"tokens received: {[sum(r.num_output_tokens) for r in stream.results.values()]}")
-            assert r.finals == 1 and sum(r.num_output_tokens) == 1000
+            assert r.finals == 1 and sum(r.num_output_tokens) == 1900
         assert stream.errors.empty()
         # (tritonserver finalizes a model only once the streams that used it have closed)
         stream.close()
