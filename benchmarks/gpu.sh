@@ -33,6 +33,9 @@
 #   compare-trees TREE... [-- E2E_ARGS]  this tree against others (`git archive REV | tar -x -C
 #                    oldtree`, carried), in-process by default, run alternately ROUNDS (2) times
 #   ncu-attention    attention kernel variants timed, then Nsight Compute sections per case
+#   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
+#                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
+#                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
 #
 # Sets other than e2e and compare-trees pass further ARGS to each e2e call. $OUT/summary.txt
 # keeps the lines that matter; each e2e call's results.json is kept as $OUT/<name>_results.json.
@@ -50,7 +53,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving fp8 w4a16 long-context frontend lora spec-decode draft-spec sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -259,6 +262,19 @@ ncu-attention)
         echo "ncu $c rc=$?" >> "$S"
         grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|Issue Slots" \
             "$OUT/ncu_$c.txt" | head -30 >> "$S"
+    done ;;
+ncu-w4a16)
+    SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats
+              --section LaunchStats --section InstructionStats --section SchedulerStats --section SourceCounters)
+    for rows in ${W4_ROWS:-1}; do
+        for layer in qkv o gate_up down; do
+            "$PY" benchmarks/kernels/ncu_w4a16.py "$layer" --rows "$rows" --time "$@" 2>&1 | tail -2 >> "$S"
+            timeout 150 ncu --clock-control none -k "regex:_w4a16" --launch-skip 3 --launch-count 1 "${SECTIONS[@]}" \
+                "$PY" benchmarks/kernels/ncu_w4a16.py "$layer" --rows "$rows" --iters 5 "$@" > "$OUT/ncu_${layer}_m$rows.txt" 2>&1
+            echo "ncu $layer m$rows rc=$?" >> "$S"
+            grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Stall|Issue Slots|Executed Ipc|L2 Hit|Warp Cycles Per Issued" \
+                "$OUT/ncu_${layer}_m$rows.txt" | head -40 >> "$S"
+        done
     done ;;
 esac
 stamp done

@@ -43,6 +43,10 @@ SWEEP = {  # row bucket -> configs tried besides the default
           for bn, bk, w, split in ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 32, 4, 0),
                                    (1024, 32, 4, 8), (1024, 32, 4, 16), (512, 64, 4, 8))
           for st, fused in ((1, True), (2, False), (2, True), (3, True))]
+       # Deeper K slices: more warps in flight per SM, each walking fewer rows.
+       + [W4A16Config(1, bn, bk, split, 1, w, 2, method="gemv", fused_reduce=fused)
+          for bn, bk, w in ((256, 16, 1), (512, 16, 1), (512, 32, 2))
+          for split in (32, 64, 128) for fused in (False, True)]
        + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
