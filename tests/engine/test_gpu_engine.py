@@ -227,3 +227,20 @@ def test_gpu_preemption_by_swap_matches_the_cpu_engine(llama_dir):
     assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
     st = gpu.engine.get_stats()
     assert st.num_swapped_preemptions > 0 and st.num_blocks_swapped_in == st.num_blocks_swapped_out > 0
+
+
+def test_gpu_host_prefix_tier_matches_the_cpu_engine(llama_dir):
+    """The prefix cache's host tier on the GPU: a shared prompt evicted from a small device
+    cache by four others comes back from pinned host memory (copies on the copy stream, the
+    scatter on the compute stream) and its greedy tokens are the CPU engine's."""
+    gen = torch.Generator().manual_seed(21)
+    shared, *others = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (70, 66, 68, 70, 67)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    order = [shared, *others, shared]
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", dtype="float32",
+                                                  num_kv_blocks=256).generate(order, params)]
+    gpu = LLM(llama_dir, device="cuda", dtype="float32", block_size=16, num_kv_blocks=12,
+              max_num_batched_tokens=64, swap_space=0.01)
+    assert [gpu.generate([p], params)[0].outputs[0].token_ids for p in order] == want
+    st = gpu.engine.get_stats()
+    assert st.prefix_cache_host_hits == 64 and st.num_blocks_reloaded == 4 and st.num_blocks_offloaded >= 4
