@@ -244,3 +244,21 @@ def test_gpu_host_prefix_tier_matches_the_cpu_engine(llama_dir):
     assert [gpu.generate([p], params)[0].outputs[0].token_ids for p in order] == want
     st = gpu.engine.get_stats()
     assert st.prefix_cache_host_hits == 64 and st.num_blocks_reloaded == 4 and st.num_blocks_offloaded >= 4
+
+
+def test_gpu_host_kv_cache_moves_large_swaps_through_its_staging_buffers_in_turn(monkeypatch):
+    """Swaps of more blocks than a staging buffer holds go through the two buffers in turn
+    (each taken again only after its last use ended): the same bytes back, FP8 included."""
+    import backend.worker.host_kv_cache as module
+    from backend.worker.host_kv_cache import HostKVCache
+    for dtype in (torch.float16, torch.float8_e4m3fn):
+        raw = torch.randint(0, 255, (2, 3, 40, 4, 2, 8 * dtype.itemsize), dtype=torch.uint8, device="cuda")
+        monkeypatch.setattr(module, "STAGING_BYTES", 3 * raw[:, :, 0].numel())  # three blocks a batch
+        host = HostKVCache(raw.view(dtype), num_host_blocks=24)
+        assert host.max_batch == 3 and len(host._staging) == 2
+        before = raw.clone()
+        host.swap_out([(i, 23 - i) for i in range(20)])  # seven batches
+        host.swap_in([(23 - i, 39 - i) for i in range(20)])
+        torch.cuda.synchronize()
+        assert torch.equal(raw[:, :, 20:40], before[:, :, 0:20].flip(2))
+        assert torch.equal(raw[:, :, 0:20], before[:, :, 0:20])

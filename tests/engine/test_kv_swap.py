@@ -198,6 +198,14 @@ def test_host_kv_cache_moves_large_swaps_in_batches(monkeypatch):
     assert torch.equal(raw[:, :, 7:12], before[:, :, 0:5].flip(2))
 
 
+def test_the_swap_staging_the_memory_profile_reserves():
+    from backend.worker.host_kv_cache import NUM_STAGING, STAGING_BYTES, staging_bytes
+    two_mib = 2 << 20  # a Llama-3-8B block of 16 tokens in bf16
+    assert staging_bytes(two_mib) == (NUM_STAGING + 1) * STAGING_BYTES == 3 * 64 << 20
+    assert staging_bytes(3 << 20) == 3 * 21 * (3 << 20)  # whole blocks only
+    assert staging_bytes(STAGING_BYTES * 2) == 3 * STAGING_BYTES * 2  # at least one block a batch
+
+
 def test_bad_swap_arguments_get_exact_errors(llama_dir, monkeypatch):
     def error(**kwargs) -> str:
         with pytest.raises(ValueError) as info:
