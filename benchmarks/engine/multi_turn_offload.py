@@ -120,10 +120,12 @@ def probe_bandwidth(engine, num_blocks: int, rounds: int) -> dict[str, Any]:
     import torch
     worker = engine.executor.worker
     host = worker.runner.host_cache
-    n = min(num_blocks, host.num_blocks, worker.num_blocks)
     block_bytes = host.host[0].numel()
-    nbytes = n * block_bytes
     cuda = host.device.type == "cuda"
+    n = min(num_blocks, host.num_blocks, worker.num_blocks)
+    if cuda:  # the link's copy needs a device buffer of the same size
+        n = max(1, min(n, int(torch.cuda.mem_get_info(host.device)[0] * 0.5) // block_bytes))
+    nbytes = n * block_bytes
     sync = (lambda: torch.cuda.synchronize(host.device)) if cuda else (lambda: None)
 
     def timed(fn) -> float:
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-len", type=int, default=1024)
     ap.add_argument("--user-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--probe-blocks", type=int, default=1024)
     ap.add_argument("--probe-rounds", type=int, default=5)
     ap.add_argument("--json")
