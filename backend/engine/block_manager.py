@@ -225,7 +225,7 @@ class BlockManager:
         device = seq.block_table[first:first + len(host_blocks)]
         hashes = self._block_hashes(seq)[first:first + len(host_blocks)]
         for block_id, block_hash in zip(device, hashes):
-            if block_hash not in self.cached_blocks:  # else the device has a later block already
+            if block_hash not in self.cached_blocks:  # else another device block holds it already
                 self.blocks[block_id].block_hash = block_hash
                 self.cached_blocks[block_hash] = self.blocks[block_id]
         self.host_tier.load(host_blocks, device)

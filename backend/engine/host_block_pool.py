@@ -81,6 +81,7 @@ class HostBlockPool:
     def free(self, blocks: list[int]) -> None:
         """Drop a reference to each block; one nobody holds is free again, or cached (most
         recently used) when it has a hash."""
+        freed = False
         for block in blocks:
             assert self.ref_cnt[block] > 0, f"host block {block} is not in use"
             self.ref_cnt[block] -= 1
@@ -88,9 +89,11 @@ class HostBlockPool:
                 self._num_held -= 1
                 if self.block_hash[block] is None:
                     self._free.append(block)
+                    freed = True
                 else:
                     self._lru[block] = None
-        self._free.sort(reverse=True)
+        if freed:
+            self._free.sort(reverse=True)
 
     def release_after_step(self, blocks: list[int]) -> None:
         """Free the blocks once the step being planned is taken: a copy in of that step reads
