@@ -419,4 +419,8 @@ def test_bench_multi_turn_offload_runs_on_the_cpu(tmp_path):
     assert swap["ttft_p99_ms"] >= swap["ttft_p50_ms"] > 0 and swap["output_tok_s"] > 0
     bw = d["bandwidth"]
     assert bw["blocks"] == 8 and bw["bytes"] == 8 * bw["block_bytes"]
+    served = swap["copies_while_serving"]  # every copy of the run: the tier's (nothing was preempted)
+    assert swap["preemptions"] == 0 and served["swap_in_gb_s"] > 0 and served["swap_out_gb_s"] > 0
+    assert served["swap_in_bytes"] == swap["blocks_reloaded"] * bw["block_bytes"]
+    assert served["swap_out_bytes"] == swap["blocks_offloaded"] * bw["block_bytes"]
     assert min(bw["swap_out_gb_s"], bw["swap_in_gb_s"], bw["link_d2h_gb_s"], bw["link_h2d_gb_s"]) > 0

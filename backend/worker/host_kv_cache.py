@@ -88,6 +88,20 @@ class HostKVCache:
                          for _ in range(NUM_STAGING)] if pin and num_host_blocks else []
         self._released: list[torch.cuda.Event | None] = [None] * len(self._staging)
         self._turn = 0
+        # Set to a list by a benchmark: (direction, bytes, start, end) of each batch's copies on
+        # the copy stream, timed by CUDA events (the bandwidth the swaps achieve while serving).
+        self.copy_log: list[tuple[str, int, torch.cuda.Event, torch.cuda.Event]] | None = None
+
+    def _mark(self) -> torch.cuda.Event | None:
+        if self.copy_log is None:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.copy_stream)
+        return event
+
+    def _log(self, direction: str, num_blocks: int, start: torch.cuda.Event | None) -> None:
+        if start is not None:
+            self.copy_log.append((direction, num_blocks * self.host[0].numel(), start, self._mark()))
 
     def _take_staging(self, stream: torch.cuda.Stream, n: int) -> tuple[int, torch.Tensor]:
         """The next staging buffer's first n blocks, once `stream` has waited for its last use."""
@@ -133,8 +147,10 @@ class HostKVCache:
         del gathered  # (its memory is the compute stream's: reused by its next allocation)
         self.copy_stream.wait_stream(compute)
         with torch.cuda.stream(self.copy_stream):
+            start = self._mark()
             for pos, first, length in _runs(host_ids):
                 self.host[first:first + length].copy_(staged[pos:pos + length], non_blocking=True)
+            self._log("out", len(pairs), start)
         self._release_staging(i, self.copy_stream)
 
     def _swap_in(self, pairs: list[tuple[int, int]]) -> None:
@@ -150,8 +166,10 @@ class HostKVCache:
         compute = torch.cuda.current_stream(self.device)
         i, staged = self._take_staging(self.copy_stream, len(pairs))
         with torch.cuda.stream(self.copy_stream):
+            start = self._mark()
             for pos, first, length in _runs(host_ids):
                 staged[pos:pos + length].copy_(self.host[first:first + length], non_blocking=True)
+            self._log("in", len(pairs), start)
         compute.wait_stream(self.copy_stream)
         self.device_raw.index_copy_(2, dst, staged.movedim(0, 2))
         self._release_staging(i, compute)

@@ -12,7 +12,9 @@ conversations together hold more tokens than the device cache (--engine-arg num_
 a conversation's prefix is evicted before its next turn and is either computed again (without
 swap_space) or copied back from host memory (with it).
 
-The bandwidth probe: the worker's own batched copies (`HostKVCache.swap_out` / `swap_in`: one
+The copy bandwidth, two ways. While serving: the bytes the with-swap run copied each way over
+the time its copies took (CUDA events around each batch on the copy stream, `HostKVCache.
+copy_log`), so contention with the forward passes shows. The probe: the worker's own batched copies (`HostKVCache.swap_out` / `swap_in`: one
 gather or scatter on the device and runs of page-locked host blocks, in batches of at most
 its staging size) of --probe-blocks blocks, against one plain copy of a page-locked buffer of
 the same size each way (the link's figure), timed after the workload on the with-swap engine.
@@ -114,6 +116,40 @@ def run_workload(engine, args, params) -> dict[str, Any]:
             "preemptions": delta("num_preemptions"), "replies": {k: v for k, v in sorted(replies.items())}}
 
 
+def log_copies(engine) -> list[tuple[str, int, Any, Any]]:
+    """Start logging the worker's swap copies: on a GPU, CUDA events around each batch's copies
+    on the copy stream (HostKVCache.copy_log); on the CPU (synchronous), wall-clock times."""
+    host = engine.executor.worker.runner.host_cache
+    log: list[tuple[str, int, Any, Any]] = []
+    if host.copy_stream is not None:
+        host.copy_log = log
+        return log
+    block_bytes = host.host[0].numel()
+    for direction, name in (("out", "_swap_out"), ("in", "_swap_in")):
+        def timed(pairs, real=getattr(host, name), direction=direction):
+            t = time.perf_counter()
+            real(pairs)
+            log.append((direction, len(pairs) * block_bytes, t, time.perf_counter()))
+        setattr(host, name, timed)
+    return log
+
+
+def copy_bandwidth(log: list[tuple[str, int, Any, Any]]) -> dict[str, float]:
+    """Bytes each way over the time the copies took (the copy stream's busy time on a GPU)."""
+    import torch
+    if log and not isinstance(log[0][2], float):
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for direction in ("out", "in"):
+        rows = [r for r in log if r[0] == direction]
+        seconds = sum((end - start) if isinstance(start, float) else start.elapsed_time(end) / 1e3
+                      for _, _, start, end in rows)
+        nbytes = sum(r[1] for r in rows)
+        out[f"swap_{direction}_bytes"] = nbytes
+        out[f"swap_{direction}_gb_s"] = nbytes / seconds / 1e9 if seconds else 0.0
+    return out
+
+
 def probe_bandwidth(engine, num_blocks: int, rounds: int) -> dict[str, Any]:
     """GB/s of the worker's batched swap copies of `num_blocks` blocks each way, and of one plain
     page-locked copy of the same bytes each way (the link)."""
@@ -178,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         cache = {"device_blocks": engine.block_manager.num_blocks, "host_blocks": engine.executor.num_host_blocks,
                  "block_size": engine.block_manager.block_size}
         warm_up(engine, args, params)
+        log = log_copies(engine) if extra else []
         runs[name] = {**cache, **run_workload(engine, args, params)}
         if extra:
+            runs[name]["copies_while_serving"] = copy_bandwidth(log)
             probe = probe_bandwidth(engine, args.probe_blocks, args.probe_rounds)
         engine.shutdown()
         del engine
@@ -199,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['computed_prompt_tokens']:>9} {r['blocks_offloaded']:>9} {r['blocks_reloaded']:>9} "
               f"{r['preemptions']:>7}")
     print(f"replies equal in both runs: {same}")
+    served = swap["copies_while_serving"]
+    print(f"copies while serving: to host {served['swap_out_bytes'] / 2**30:.2f} GiB at "
+          f"{served['swap_out_gb_s']:.2f} GB/s, to device {served['swap_in_bytes'] / 2**30:.2f} GiB at "
+          f"{served['swap_in_gb_s']:.2f} GB/s (bytes over the copies' own time)")
     print(f"copies of {probe['blocks']} blocks of {probe['block_bytes']} bytes ({probe['bytes'] / 2**20:.1f} MiB, "
           f"batches of {probe['staging_batch_blocks']} blocks) on {probe['device']}: swap out "
           f"{probe['swap_out_gb_s']:.2f} GB/s, swap in {probe['swap_in_gb_s']:.2f} GB/s; one page-locked copy "

@@ -257,8 +257,13 @@ def test_gpu_host_kv_cache_moves_large_swaps_through_its_staging_buffers_in_turn
         host = HostKVCache(raw.view(dtype), num_host_blocks=24)
         assert host.max_batch == 3 and len(host._staging) == 2
         before = raw.clone()
+        host.copy_log = []
         host.swap_out([(i, 23 - i) for i in range(20)])  # seven batches
         host.swap_in([(23 - i, 39 - i) for i in range(20)])
         torch.cuda.synchronize()
+        block = raw[:, :, 0].numel()
+        assert [(d, n) for d, n, _, _ in host.copy_log] == [("out", 3 * block)] * 6 + [("out", 2 * block)] \
+            + [("in", 3 * block)] * 6 + [("in", 2 * block)]
+        assert all(start.elapsed_time(end) >= 0 for _, _, start, end in host.copy_log)
         assert torch.equal(raw[:, :, 20:40], before[:, :, 0:20].flip(2))
         assert torch.equal(raw[:, :, 0:20], before[:, :, 0:20])
