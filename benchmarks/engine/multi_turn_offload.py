@@ -14,10 +14,11 @@ swap_space) or copied back from host memory (with it).
 
 The copy bandwidth, two ways. While serving: the bytes the with-swap run copied each way over
 the time its copies took (CUDA events around each batch on the copy stream, `HostKVCache.
-copy_log`), so contention with the forward passes shows. The probe: the worker's own batched copies (`HostKVCache.swap_out` / `swap_in`: one
-gather or scatter on the device and runs of page-locked host blocks, in batches of at most
-its staging size) of --probe-blocks blocks, against one plain copy of a page-locked buffer of
-the same size each way (the link's figure), timed after the workload on the with-swap engine.
+copy_log`), so contention with the forward passes shows. The probe, after the workload on the
+with-swap engine: the worker's own batched copies (`HostKVCache.swap_out` / `swap_in`: one
+gather or scatter on the device and runs of page-locked host blocks, in batches of at most its
+staging size) of --probe-blocks blocks, against one plain copy of a page-locked buffer of the
+same size each way (the link's figure).
 
     python benchmarks/engine/multi_turn_offload.py --model models/configs/llama-3-8b \
         --tokenizer models/tiny-llama --engine-arg num_kv_blocks=2048 --swap-space 24 --json out.json
