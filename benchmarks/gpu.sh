@@ -21,6 +21,9 @@
 #   spec-decode      n-gram speculative decoding in-process, batches $SPEC_BATCHES (1,8,16,32)
 #   draft-spec       a one-layer draft model and an EAGLE-3 head of $LLAMA's shape, workload B
 #                    in-process: draft and verification time per step, forced acceptance 1 and 0
+#   offload          a multi-turn chat past a device cache of $OFFLOAD_BLOCKS (2048) blocks, $LLAMA bf16
+#                    in-process, without and with swap_space=$OFFLOAD_SWAP (24) GiB (the prefix
+#                    cache's host tier): TTFT, throughput, hit rates; then the copy bandwidth
 #   sampling         the sampler's per-step cost, then penalties' cost on workload A in-process,
 #                    for this tree, then for each tree in $TREES (carried)
 #   stream-interval  Qwen2.5-1.5B A through Triton, stream_interval 1 and 16, alternately, twice
@@ -53,7 +56,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -168,6 +171,12 @@ draft-spec)
     timeout 540 "$PY" benchmarks/engine/draft_speculation.py --model "$(model_path "$LLAMA")" \
         --tokenizer models/tiny-llama --k 4 --drafts draft_model,eagle3 --tau 2.08,3.53 \
         --json "$OUT/bench_draft_speculation.json" "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tail -14 >> "$S" ;;
+offload)
+    stamp "multi-turn chat past the device cache, $LLAMA bf16 in-process: without and with swap_space"
+    timeout 560 "$PY" benchmarks/engine/multi_turn_offload.py --model "$(model_path "$LLAMA")" \
+        --tokenizer models/tiny-llama --engine-arg "num_kv_blocks=${OFFLOAD_BLOCKS:-2048}" \
+        --swap-space "${OFFLOAD_SWAP:-24}" --json "$OUT/bench_multi_turn_offload.json" "$@" 2>&1 \
+        | grep -v "Warning\|warnings.warn" | tail -8 >> "$S" ;;
 sampling)
     stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
     timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \

@@ -396,3 +396,31 @@ def test_bench_spec_decode_refuses_params_that_are_not_a_json_object():
         r = subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "x", "--params", bad],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and f"argument --params: {message}" in r.stderr, r.stderr
+
+
+def test_bench_multi_turn_offload_runs_on_the_cpu(tmp_path):
+    """benchmarks/engine/multi_turn_offload.py on the tiny model: four conversations in a device
+    cache smaller than they are; with swap_space the evicted prefixes come back from the host
+    tier (fewer prompt tokens computed), the replies are the device-only run's, and the
+    bandwidth probe times both directions."""
+    out = tmp_path / "offload.json"
+    subprocess.run([sys.executable, "benchmarks/engine/multi_turn_offload.py", "--model", "models/tiny-llama",
+                    "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--engine-arg", "num_kv_blocks=16",
+                    "--engine-arg", "block_size=16", "--swap-space", "0.001", "--conversations", "4", "--turns", "3",
+                    "--system-len", "40", "--user-len", "8", "--output-len", "4", "--concurrency", "2",
+                    "--probe-blocks", "8", "--probe-rounds", "2", "--json", str(out)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    d = json.loads(out.read_text())
+    base, swap = d["runs"]["device only"], d["runs"]["swap_space=0.001"]
+    assert base["requests"] == swap["requests"] == 12 and d["replies_equal"]
+    assert base["host_hit_rate"] == 0.0 and base["blocks_reloaded"] == 0 and base["host_blocks"] == 0
+    assert swap["host_hit_rate"] > 0 and swap["blocks_reloaded"] > 0 and swap["host_blocks"] > 0
+    assert swap["computed_prompt_tokens"] < base["computed_prompt_tokens"]
+    assert swap["ttft_p99_ms"] >= swap["ttft_p50_ms"] > 0 and swap["output_tok_s"] > 0
+    bw = d["bandwidth"]
+    assert bw["blocks"] == 8 and bw["bytes"] == 8 * bw["block_bytes"]
+    served = swap["copies_while_serving"]  # every copy of the run: the tier's (nothing was preempted)
+    assert swap["preemptions"] == 0 and served["swap_in_gb_s"] > 0 and served["swap_out_gb_s"] > 0
+    assert served["swap_in_bytes"] == swap["blocks_reloaded"] * bw["block_bytes"]
+    assert served["swap_out_bytes"] == swap["blocks_offloaded"] * bw["block_bytes"]
+    assert min(bw["swap_out_gb_s"], bw["swap_in_gb_s"], bw["link_d2h_gb_s"], bw["link_h2d_gb_s"]) > 0

@@ -7,7 +7,9 @@ cache_salt), so a new prompt that starts with the same tokens, adapter and salt 
 keys and values (vLLM's GHSA-rm76-4mrf-v9r8: Python's `hash()` of a tuple is easy to collide). A freed block keeps its hash and stays in the free
 queue, which is also the LRU order for eviction: it is only forgotten when the queue hands it out
 again. Sequences forked for n > 1 share blocks; writing into a shared partial block copies it first
-(copy-on-write), and the copies are handed to the model runner.
+(copy-on-write), and the copies are handed to the model runner. With swap_space, an evicted cached
+block goes on to the host tier (backend/engine/host_prefix_cache.py), where a lookup that ends on
+the device continues.
 """
 from __future__ import annotations
 
@@ -17,9 +19,13 @@ import sys
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from typing import Sequence as Seq
 
 from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .host_prefix_cache import HostPrefixCache
 
 
 class KVCacheBlock:
@@ -36,11 +42,13 @@ class KVCacheBlock:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """A prefix-cache lookup: the cached blocks a prompt starts with, the tokens they hold, and
-    the tokens looked up (counted in the cache's statistics once the blocks are taken)."""
+    """A prefix-cache lookup: the cached device blocks a prompt starts with, the host tier's
+    blocks that continue them, the tokens both hold, and the tokens looked up (counted in the
+    cache's statistics once the blocks are taken)."""
     blocks: list[KVCacheBlock] = field(default_factory=list)
     num_tokens: int = 0
     num_queried: int = 0
+    host_blocks: list[int] = field(default_factory=list)
 
 
 # The canonical encoding, versioned: change the tag whenever the encoding changes.
@@ -111,7 +119,8 @@ class BlockManager:
         self._pending_copies: list[tuple[int, int]] = []  # (src, dst) copy-on-write this step
         self._seq_hashes: dict[int, list[bytes]] = {}  # seq_id -> hashes of its full blocks
         self._prefix_cache_queries = 0  # tokens
-        self._prefix_cache_hits = 0  # tokens
+        self._prefix_cache_hits = 0  # tokens, the host tier's included
+        self.host_tier: HostPrefixCache | None = None  # with swap_space and prefix caching
 
     # ---- queries ----------------------------------------------------------------------------
     @property
@@ -150,25 +159,29 @@ class BlockManager:
         return hashes
 
     def get_computed_blocks(self, seq: Sequence) -> PrefixHit:
-        """Longest cached prefix of full blocks, never covering the last token (its logits are
-        needed). The lookup counts in the statistics when `allocate_slots` takes the hit."""
+        """Longest cached prefix of full blocks, on the device and then in the host tier, never
+        covering the last token (its logits are needed). The lookup counts in the statistics
+        when `allocate_slots` takes the hit."""
         if not self.enable_prefix_caching:
             return PrefixHit()
         max_blocks = (seq.num_tokens - 1) // self.block_size
+        hashes = self._block_hashes(seq)[:max_blocks]
         hits: list[KVCacheBlock] = []
-        for block_hash in self._block_hashes(seq)[:max_blocks]:
+        for block_hash in hashes:
             block = self.cached_blocks.get(block_hash)
             if block is None:
                 break
             hits.append(block)
-        return PrefixHit(hits, len(hits) * self.block_size, seq.num_tokens)
+        host = self.host_tier.lookup(hashes[len(hits):]) if self.host_tier is not None else []
+        return PrefixHit(hits, (len(hits) + len(host)) * self.block_size, seq.num_tokens, host)
 
     # ---- allocation -------------------------------------------------------------------------
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, hit: PrefixHit | None = None) -> bool:
         """Make the block table cover `num_computed_tokens + num_new_tokens` tokens.
 
         A prefix-cache `hit` (only for a sequence with an empty table) is taken first, and its
-        lookup counted. Returns False, changing nothing, when there are not enough free blocks.
+        lookup counted; its host-tier blocks are copied into fresh blocks in the step. Returns
+        False, changing nothing, when there are not enough free blocks.
         """
         computed_blocks = hit.blocks if hit is not None else None
         if not computed_blocks and hit is None:  # the common case, a running sequence: usually nothing to do
@@ -179,8 +192,9 @@ class BlockManager:
                                 or self.blocks[table[num_computed // self.block_size]].ref_cnt == 1):
                 return True
         computed_blocks = computed_blocks or []
-        assert not computed_blocks or not seq.block_table
-        num_computed = len(computed_blocks) * self.block_size if computed_blocks else seq.num_computed_tokens
+        host_blocks = hit.host_blocks if hit is not None else []
+        assert not (computed_blocks or host_blocks) or not seq.block_table
+        num_computed = hit.num_tokens if hit is not None and hit.num_tokens else seq.num_computed_tokens
         total = num_computed + num_new_tokens
         num_table = len(seq.block_table) or len(computed_blocks)
         needed = max(0, self.blocks_needed(total) - num_table)
@@ -195,11 +209,26 @@ class BlockManager:
         for block in computed_blocks:
             self._touch(block)
             seq.block_table.append(block.block_id)
+        if host_blocks:
+            self.host_tier.hold(host_blocks)
         if cow:
             self._copy_on_write(seq)
         for _ in range(needed):
             seq.block_table.append(self._pop_free().block_id)
+        if host_blocks:
+            self._reload(seq, len(computed_blocks), host_blocks)
         return True
+
+    def _reload(self, seq: Sequence, first: int, host_blocks: list[int]) -> None:
+        """The fresh blocks after the device hits take the host hits' contents and hashes: they
+        are cached on the device from now on (the step's forward pass reads them after the copy)."""
+        device = seq.block_table[first:first + len(host_blocks)]
+        hashes = self._block_hashes(seq)[first:first + len(host_blocks)]
+        for block_id, block_hash in zip(device, hashes):
+            if block_hash not in self.cached_blocks:  # else another device block holds it already
+                self.blocks[block_id].block_hash = block_hash
+                self.cached_blocks[block_hash] = self.blocks[block_id]
+        self.host_tier.load(host_blocks, device)
 
     def _needs_copy_on_write(self, seq: Sequence, num_computed: int) -> bool:
         """The next token is written into a partial block that another sequence also holds."""
@@ -226,6 +255,8 @@ class BlockManager:
         if block.block_hash is not None:  # evict: its contents are about to be overwritten
             if self.cached_blocks.get(block.block_hash) is block:
                 del self.cached_blocks[block.block_hash]
+                if self.host_tier is not None:
+                    self.host_tier.offload(block.block_id, block.block_hash)
             block.block_hash = None
         assert block.ref_cnt == 0
         block.ref_cnt = 1
@@ -287,10 +318,13 @@ class BlockManager:
         return copies
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (after a failed step, the cache contents are suspect)."""
+        """Forget every cached hash, the host tier's too (after a failed step, the cache
+        contents are suspect)."""
         for block in self.blocks:
             block.block_hash = None
         self.cached_blocks.clear()
+        if self.host_tier is not None:
+            self.host_tier.pool.clear_cached()
 
     # ---- invariants -------------------------------------------------------------------------
     def check_integrity(self, seqs: list[Sequence] | None = None) -> None:

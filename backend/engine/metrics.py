@@ -16,7 +16,7 @@ class EngineStats:
     num_swapped: int = 0  # preempted by swap: waiting with their KV blocks in host memory
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use by running requests
     prefix_cache_queries: int = 0  # tokens looked up
-    prefix_cache_hits: int = 0  # tokens found
+    prefix_cache_hits: int = 0  # tokens found, on the device or in the host tier
     num_preemptions: int = 0
     # Preemption by swap (swap_space): the host pool's usage (vLLM's cpu_cache_usage_perc), KV
     # blocks copied to host memory and back, and preemptions that swapped (of num_preemptions).
@@ -24,6 +24,11 @@ class EngineStats:
     num_blocks_swapped_out: int = 0
     num_blocks_swapped_in: int = 0
     num_swapped_preemptions: int = 0
+    # The prefix cache's host tier (swap_space with prefix caching): prompt tokens found there (a
+    # part of prefix_cache_hits), evicted device blocks copied to it, and hits copied back.
+    prefix_cache_host_hits: int = 0
+    num_blocks_offloaded: int = 0
+    num_blocks_reloaded: int = 0
     prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count

@@ -19,7 +19,9 @@ from collections import deque
 
 from ..engine_config import SchedulerConfig
 from .block_manager import BlockManager
-from .kv_swap import HostBlockPool, KVSwapper
+from .host_block_pool import HostBlockPool
+from .host_prefix_cache import HostPrefixCache
+from .kv_swap import KVSwapper
 from .lora_slots import LoRASlots
 from .scheduler_output import (Fork, PromptSpan, SampleRow, ScheduledSequence, SchedulerOutput,
                                SpecRun)
@@ -35,7 +37,8 @@ class Scheduler:
         admitted only when its adapter is in a slot or can take one. num_lookahead_tokens: slots
         past the step's tokens for a sequence that samples, where a draft model writes its
         proposals' keys and values after the step (vLLM's lookahead); taken when free.
-        num_host_blocks: the worker's host blocks for preemption by swap (0: recompute only)."""
+        num_host_blocks: the worker's host blocks (swap_space) for preemption by swap and the
+        prefix cache's host tier (0: neither)."""
         self.num_lookahead_tokens = num_lookahead_tokens
         self.config = config
         self.block_manager = block_manager
@@ -56,8 +59,12 @@ class Scheduler:
         self.sequences: dict[int, Sequence] = {}
         self._forking: dict[int, Sequence] = {}
         self.worker_view = WorkerView()  # what the worker holds of each sequence
-        self.swapper = KVSwapper(HostBlockPool(num_host_blocks), config.preemption_mode, block_manager) \
-            if num_host_blocks and config.preemption_mode != "recompute" else None
+        self.host_pool = HostBlockPool(num_host_blocks) if num_host_blocks else None
+        self.swapper = KVSwapper(self.host_pool, config.preemption_mode, block_manager) \
+            if self.host_pool is not None and config.preemption_mode != "recompute" else None
+        self.host_tier = HostPrefixCache(self.host_pool, block_manager.block_size) \
+            if self.host_pool is not None and block_manager.enable_prefix_caching else None
+        block_manager.host_tier = self.host_tier
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -205,8 +212,10 @@ class Scheduler:
             budget -= num_new
 
         out.block_copies = self.block_manager.take_copies()
-        if self.swapper is not None and not out.is_empty:
-            out.blocks_to_swap_out = self.swapper.take_swap_outs()
+        if self.host_tier is not None:
+            out.blocks_to_swap_in += self.host_tier.take_copies_in()
+        if self.host_pool is not None and not out.is_empty:
+            out.blocks_to_swap_out = self.host_pool.take_copies_out()
         if self.lora_slots is not None:
             out.lora_loads = self.lora_slots.take_loads()
         out.num_batched_tokens = self.max_num_batched_tokens - budget
@@ -323,8 +332,15 @@ class Scheduler:
         return len(self.waiting) - self.num_swapped
 
     def swap_stats(self) -> dict[str, float | int]:
-        """Preemption by swap's counters and host pool usage (none without a host pool)."""
-        return self.swapper.stats() if self.swapper is not None else {}
+        """The host pool's usage, preemption by swap's and the host tier's counters (none
+        without a host pool)."""
+        if self.host_pool is None:
+            return {}
+        stats: dict[str, float | int] = {"cpu_cache_usage": self.host_pool.usage}
+        for part in (self.swapper, self.host_tier):
+            if part is not None:
+                stats.update(part.stats())
+        return stats
 
     def num_wasted_slots(self) -> int:
         """Allocated KV slots not holding a computed token; under one block per sequence."""

@@ -12,6 +12,7 @@ from ..engine_config import EngineConfig
 from ..layers import ops
 from ..sampling_params import SamplingParams
 from ..step import ScheduledSequence
+from .host_kv_cache import staging_bytes
 from .input_batch import prepare_batch
 from .request_states import RequestState
 
@@ -50,7 +51,7 @@ def scratch_state(seq_id: int, token_ids: list[int], block_table: list[int] | No
 @torch.inference_mode()
 def profile_num_blocks(worker: StartupWorker) -> int:
     """Run a forward pass at the token budget, see the peak memory, give the rest of
-    gpu_memory_utilization to the KV cache."""
+    gpu_memory_utilization to the KV cache (less the swap copies' staging, with swap_space)."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -77,11 +78,12 @@ def profile_num_blocks(worker: StartupWorker) -> int:
         layer.k_cache = layer.v_cache = None
     gc.collect()
     torch.cuda.empty_cache()
-    available = total * worker.config.cache_config.gpu_memory_utilization - others - peak
+    staging = staging_bytes(worker.block_bytes) if worker.config.cache_config.swap_space else 0
+    available = total * worker.config.cache_config.gpu_memory_utilization - others - peak - staging
     num_blocks = int(available // worker.block_bytes)
-    logger.info("KV cache: %d blocks (%.2f GiB of %s); peak activation+weights %.2f GiB",
+    logger.info("KV cache: %d blocks (%.2f GiB of %s); peak activation+weights %.2f GiB; swap staging %.2f GiB",
                 num_blocks, num_blocks * worker.block_bytes / 2**30,
-                str(worker.cache_dtype).removeprefix("torch."), peak / 2**30)
+                str(worker.cache_dtype).removeprefix("torch."), peak / 2**30, staging / 2**30)
     if num_blocks < 1:
         raise ValueError("gpu_memory_utilization: no memory is left for the KV cache "
                          f"(weights and activations peak at {peak / 2**30:.2f} GiB of "

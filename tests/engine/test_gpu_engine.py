@@ -227,3 +227,43 @@ def test_gpu_preemption_by_swap_matches_the_cpu_engine(llama_dir):
     assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == want
     st = gpu.engine.get_stats()
     assert st.num_swapped_preemptions > 0 and st.num_blocks_swapped_in == st.num_blocks_swapped_out > 0
+
+
+def test_gpu_host_prefix_tier_matches_the_cpu_engine(llama_dir):
+    """The prefix cache's host tier on the GPU: a shared prompt evicted from a small device
+    cache by four others comes back from pinned host memory (copies on the copy stream, the
+    scatter on the compute stream) and its greedy tokens are the CPU engine's."""
+    gen = torch.Generator().manual_seed(21)
+    shared, *others = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (70, 66, 68, 70, 67)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    order = [shared, *others, shared]
+    want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", dtype="float32",
+                                                  num_kv_blocks=256).generate(order, params)]
+    gpu = LLM(llama_dir, device="cuda", dtype="float32", block_size=16, num_kv_blocks=12,
+              max_num_batched_tokens=64, swap_space=0.01)
+    assert [gpu.generate([p], params)[0].outputs[0].token_ids for p in order] == want
+    st = gpu.engine.get_stats()
+    assert st.prefix_cache_host_hits == 64 and st.num_blocks_reloaded == 4 and st.num_blocks_offloaded >= 4
+
+
+def test_gpu_host_kv_cache_moves_large_swaps_through_its_staging_buffers_in_turn(monkeypatch):
+    """Swaps of more blocks than a staging buffer holds go through the two buffers in turn
+    (each taken again only after its last use ended): the same bytes back, FP8 included."""
+    import backend.worker.host_kv_cache as module
+    from backend.worker.host_kv_cache import HostKVCache
+    for dtype in (torch.float16, torch.float8_e4m3fn):
+        raw = torch.randint(0, 255, (2, 3, 40, 4, 2, 8 * dtype.itemsize), dtype=torch.uint8, device="cuda")
+        monkeypatch.setattr(module, "STAGING_BYTES", 3 * raw[:, :, 0].numel())  # three blocks a batch
+        host = HostKVCache(raw.view(dtype), num_host_blocks=24)
+        assert host.max_batch == 3 and len(host._staging) == 2
+        before = raw.clone()
+        host.copy_log = []
+        host.swap_out([(i, 23 - i) for i in range(20)])  # seven batches
+        host.swap_in([(23 - i, 39 - i) for i in range(20)])
+        torch.cuda.synchronize()
+        block = raw[:, :, 0].numel()
+        assert [(d, n) for d, n, _, _ in host.copy_log] == [("out", 3 * block)] * 6 + [("out", 2 * block)] \
+            + [("in", 3 * block)] * 6 + [("in", 2 * block)]
+        assert all(start.elapsed_time(end) >= 0 for _, _, start, end in host.copy_log)
+        assert torch.equal(raw[:, :, 20:40], before[:, :, 0:20].flip(2))
+        assert torch.equal(raw[:, :, 0:20], before[:, :, 0:20])

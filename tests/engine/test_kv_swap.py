@@ -16,6 +16,7 @@ from backend.engine.sequence import Sequence, SequenceStatus
 from backend.llm import LLM
 from backend.serving.triton_metrics import MetricsTracker
 from backend.worker.host_kv_cache import HostKVCache
+from swap_soak import run_swap_soak
 
 # A cache far too small for the batch: 8 blocks of 16 tokens for four sequences of 50-70 tokens.
 TIGHT = dict(device="cpu", dtype="float32", block_size=16, num_kv_blocks=8, max_num_batched_tokens=32)
@@ -197,6 +198,14 @@ def test_host_kv_cache_moves_large_swaps_in_batches(monkeypatch):
     assert torch.equal(raw[:, :, 7:12], before[:, :, 0:5].flip(2))
 
 
+def test_the_swap_staging_the_memory_profile_reserves():
+    from backend.worker.host_kv_cache import NUM_STAGING, STAGING_BYTES, staging_bytes
+    two_mib = 2 << 20  # a Llama-3-8B block of 16 tokens in bf16
+    assert staging_bytes(two_mib) == (NUM_STAGING + 1) * STAGING_BYTES == 3 * 64 << 20
+    assert staging_bytes(3 << 20) == 3 * 21 * (3 << 20)  # whole blocks only
+    assert staging_bytes(STAGING_BYTES * 2) == 3 * STAGING_BYTES * 2  # at least one block a batch
+
+
 def test_bad_swap_arguments_get_exact_errors(llama_dir, monkeypatch):
     def error(**kwargs) -> str:
         with pytest.raises(ValueError) as info:
@@ -267,7 +276,7 @@ def test_swapping_out_shared_blocks_and_a_fresh_copy_on_write_block():
     assert bm.allocate_slots(child, 1) and child.block_table == [0, 2]
     assert bm.pending_copies == [(1, 2)]
     swapper.swap_out(child)
-    assert swapper.take_swap_outs() == [(0, 0), (1, 1)]
+    assert pool.take_copies_out() == [(0, 0), (1, 1)]
     assert bm.pending_copies == [] and child.block_table == [] and child.host_block_table == [0, 1]
     assert [bm.blocks[i].ref_cnt for i in (0, 1, 2)] == [1, 1, 0]
     bm.check_integrity([parent, child])
@@ -275,7 +284,10 @@ def test_swapping_out_shared_blocks_and_a_fresh_copy_on_write_block():
     assert bm.allocate_slots(child, 1)  # resumed: its 6 computed tokens and the next one
     assert swapper.swap_in(child) == [(0, child.block_table[0]), (1, child.block_table[1])]
     pool.check_integrity([parent, child])
-    assert pool.num_free_blocks == 4 and swapper.stats()["num_blocks_swapped_in"] == 2
+    # Held until the step that copies them in is taken: its copies out must not reuse them.
+    assert pool.num_free_blocks == 2 and pool.allocate(2) == [2, 3]
+    assert pool.take_copies_out() == []
+    assert pool.num_free_blocks == 2 and swapper.stats()["num_blocks_swapped_in"] == 2
 
 
 def test_swap_space_from_model_json_and_config_pbtxt(llama_dir, tmp_path):
@@ -295,79 +307,11 @@ def test_swap_space_from_model_json_and_config_pbtxt(llama_dir, tmp_path):
 
 @pytest.mark.parametrize("mode", ["swap", "auto"])
 def test_random_workload_with_swapping_keeps_every_block_s_contents(mode):
-    """A soak of random arrivals, forks (n > 1), shared prefixes, aborts and preemptions, with a
-    worker mirrored from the steps' data alone that moves token ids as the runner moves keys and
-    values (swap-outs, then copy-on-write copies, then swap-ins, then the forward's writes):
-    every token a step reads is the sequence's own. At the end, nothing is held anywhere."""
-    import pickle
-    import random
-
-    from backend.engine.scheduler import Scheduler
-    from backend.engine_config import SchedulerConfig
-    from backend.worker.request_states import RequestStates
-    rng = random.Random(99)
-    bs = 4
-    bm = BlockManager(24, bs, True)
-    config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=12, enable_chunked_prefill=True,
-                             long_prefill_token_threshold=0, policy="fcfs", stream_interval=1,
-                             max_waiting_requests=None, preemption_mode=mode)
-    sched = Scheduler(config, bm, num_host_blocks=16)
-    pool = sched.swapper.host_pool
-    device: dict[int, list] = {}  # block id -> the token id in each slot
-    host: dict[int, list] = {}
-    worker = RequestStates()
-    prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
-    live: dict[str, list[Sequence]] = {}
-    counter = finished = 0
-    for step in range(800):
-        if rng.random() < 0.3 and len(live) < 10 and step < 700:
-            counter += 1
-            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 14))]
-            s = Sequence(f"q{counter}", tokens, len(tokens), SamplingParams(n=rng.choice([1, 1, 2, 3])),
-                         0, float(step))
-            live[s.request_id] = [s]
-            sched.add(s)
-        if live and rng.random() < 0.03:
-            for s in live.pop(rng.choice(sorted(live))):
-                if not s.is_finished:
-                    sched.finish(s)
-        out = sched.schedule()
-        assert pickle.loads(pickle.dumps(out)) == out
-        bm.check_integrity(sched.all_sequences())
-        pool.check_integrity(sched.all_sequences())
-        # The runner's order: swap-outs, copy-on-write copies, swap-ins, then the forward pass.
-        worker.apply(out)
-        for d, h in out.blocks_to_swap_out:
-            host[h] = list(device[d])
-        for src, dst in out.block_copies:
-            device[dst] = list(device[src])
-        for h, d in out.blocks_to_swap_in:
-            device[d] = list(host[h])
-        for it in out.scheduled:
-            state, truth = worker[it.seq_id], sched.sequence(it.seq_id).token_ids
-            assert state.block_table == sched.sequence(it.seq_id).block_table
-            for pos in range(state.num_computed_tokens):  # what attention reads
-                assert device[state.block_table[pos // bs]][pos % bs] == truth[pos], (step, it.seq_id, pos)
-            for pos in range(state.num_computed_tokens, state.num_computed_tokens + it.num_known_tokens):
-                device.setdefault(state.block_table[pos // bs], [None] * bs)[pos % bs] = truth[pos]
-        for fork in out.forks:
-            worker.fork(fork)
-        worker.book_launch(out, [])  # computed counts as the runner books them (no sample rows here)
-        children = {c: sched.sequence(c) for f in out.forks for c in f.children}
-        sched.update_after_step(out)
-        for fork in out.forks:
-            live[sched.sequence(fork.parent).request_id].extend(children[c] for c in fork.children)
-        for s in [c for g in live.values() for c in g if c.status == SequenceStatus.RUNNING
-                  and c.num_computed_tokens == c.num_tokens]:
-            s.append_token(rng.randrange(50))
-            if s.num_output_tokens >= rng.randint(3, 30) or s.num_tokens >= 24 * bs - 1:
-                sched.finish(s)
-                finished += 1
-        for rid in [r for r, g in live.items() if all(s.is_finished for s in g)]:
-            del live[rid]
-    while sched.num_unfinished:  # the rest finish as they are
-        for s in sched.all_sequences():
-            sched.finish(s)
+    """The soak of tests/engine/swap_soak.py, preemption by swap alone (the prefix cache's host
+    tier is tested in test_host_prefix_cache.py): every token a step reads is the sequence's
+    own, and at the end nothing is held anywhere."""
+    sched, finished = run_swap_soak(mode, host_tier=False)
+    bm, pool = sched.block_manager, sched.host_pool
     stats = sched.swap_stats()
     assert finished > 50 and stats["num_swapped_preemptions"] > 0 and stats["num_blocks_swapped_in"] > 0
     if mode == "auto":
