@@ -13,7 +13,8 @@
 #   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
 #                    cache, one after the other on one GPU; then the FP8 matmul table
 #   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests, the W4A16 table and config sweep
-#                    (its configs used from then on), then Llama-3-8B AWQ and bf16 A and B through Triton
+#                    (its configs used from then on; NO_GPU_STEPS=1 skips both), then Llama-3-8B
+#                    AWQ, GPTQ act-order and bf16 A and B through Triton
 #   long-context     Qwen2.5-7B bf16 workloads C and L through Triton and the Hugging Face anchor
 #   frontend         Llama-3-8B workload A over gRPC directly and through the OpenAI frontend
 #   lora             Llama-3-8B A through Triton: no adapters, 4 adapters, 4 adapters on 2 slots,
@@ -123,6 +124,18 @@ w4a16)
     fi
     stamp "$LLAMA AWQ (random 4-bit weights, groups of 128) A and B through Triton"
     e2e llama_awq --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=awq
+    # An act-order checkpoint's shape: config.json declares GPTQ with desc_act, so the random
+    # weights spread each group over K and the kernel gathers its inputs.
+    ACT_ORDER=/tmp/$(basename "$LLAMA")-gptq-act-order
+    rm -rf "$ACT_ORDER" && cp -r "$(model_path "$LLAMA")" "$ACT_ORDER"
+    "$PY" - "$ACT_ORDER/config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}
+json.dump(c, open(sys.argv[1], "w"), indent=1)
+PYEOF
+    stamp "$LLAMA GPTQ act-order (random 4-bit weights, groups of 128 spread over K) A and B through Triton"
+    e2e llama_gptq_act_order --models "$ACT_ORDER" --phases triton --workloads A,B
     stamp "$LLAMA bf16 A and B through Triton (the same machine)"
     e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B ;;
 long-context)

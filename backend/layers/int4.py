@@ -152,7 +152,10 @@ class Int4LinearMethod(LinearMethod):
             g_idx = nn.Parameter(torch.empty(in_features, dtype=torch.int32), requires_grad=False)
             g_idx.weight_loader = self._g_idx_loader
             g_idx.whole_input = True  # one tensor for all of a fused projection's parts
-            g_idx.dummy_fill = lambda: g_idx.copy_(torch.arange(in_features) // group)
+            # Random weights of an act-order checkpoint put each group's channels anywhere
+            # along K, as real ones do, so the kernel's gathered path is what a benchmark runs.
+            g_idx.dummy_fill = lambda: g_idx.copy_(
+                (torch.randperm(in_features) if c.desc_act else torch.arange(in_features)) // group)
             layer.g_idx = g_idx
 
     # ---- checkpoint tensors -> rows ------------------------------------------------------------

@@ -287,6 +287,26 @@ def test_dummy_weights_with_quantization_awq(wide_llama_dir):
     assert len(out[0].outputs[0].token_ids) == 3
 
 
+def test_dummy_weights_of_an_act_order_checkpoint_gather_their_inputs(wide_llama_dir, tmp_path):
+    """config.json declaring GPTQ with desc_act and load_format=dummy: each projection's groups
+    are spread over K as a real act-order checkpoint's are, so the GPU benchmark measures the
+    kernel's gathered path."""
+    d = str(tmp_path / "act-order")
+    shutil.copytree(wide_llama_dir, d)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    llm = LLM(d, device="cpu", load_format="dummy")
+    proj = llm.engine.executor.worker.model.model.layers[0].mlp.down_proj
+    k = proj.in_features
+    assert proj.perm is not None and sorted(proj.perm.tolist()) == list(range(k))
+    assert proj.perm.tolist() != list(range(k))
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
 def _declared(llama_dir, tmp_path, declare, fmt="gptq"):
     qdir, _, _ = make_checkpoints(llama_dir, str(tmp_path), fmt, 4, 32, declare=declare)
     return qdir
