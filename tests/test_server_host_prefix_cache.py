@@ -25,10 +25,13 @@ def test_an_evicted_prefix_comes_back_from_host_memory(tiny_model, tmp_path):
         assert stream.errors.empty()
         assert texts[-1] == texts[0] and texts[0]
         # The shared prompt's 4 full blocks (a hit never covers the last token) came back.
-        assert wait_until(lambda: server.metric("tritium:prefix_cache_host_hits_total", **LABELS) == 64, 10)
+        assert wait_until(lambda: server.metric("vllm:external_prefix_cache_hits_total", **LABELS) == 64, 10)
         assert server.metric("tritium:kv_blocks_reloaded_total", **LABELS) == 4
         assert server.metric("tritium:kv_blocks_offloaded_total", **LABELS) >= 4
         assert server.metric("vllm:prefix_cache_hits_total", **LABELS) == 64
+        # every prompt's tokens but the device's hits (none here) were looked up on the host
+        assert server.metric("vllm:external_prefix_cache_queries_total", **LABELS) \
+            == server.metric("vllm:prefix_cache_queries_total", **LABELS)
         assert server.metric("vllm:cpu_cache_usage_perc", **LABELS) == 0
     finally:
         stream.close()

@@ -56,7 +56,7 @@ def test_metric_names_are_vllms():
         "tritium:num_requests_rejected_total", "tritium:num_requests_timed_out_total",
         "tritium:engine_restarts_total", "tritium:num_swapped_preemptions_total",
         "tritium:kv_blocks_swapped_out_total", "tritium:kv_blocks_swapped_in_total",
-        "tritium:prefix_cache_host_hits_total", "tritium:kv_blocks_offloaded_total",
+        "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total", "tritium:kv_blocks_offloaded_total",
         "tritium:kv_blocks_reloaded_total"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)

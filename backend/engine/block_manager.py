@@ -206,6 +206,8 @@ class BlockManager:
         if hit is not None:
             self._prefix_cache_queries += hit.num_queried
             self._prefix_cache_hits += hit.num_tokens
+            if self.host_tier is not None:  # what the device did not hold was looked up there
+                self.host_tier.num_query_tokens += hit.num_queried - len(computed_blocks) * self.block_size
         for block in computed_blocks:
             self._touch(block)
             seq.block_table.append(block.block_id)

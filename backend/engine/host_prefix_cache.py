@@ -23,6 +23,7 @@ class HostPrefixCache:
         self._pending_in: list[tuple[int, int]] = []  # (host block, device block) this step
         self.num_blocks_offloaded = 0  # device -> host copies of evicted blocks
         self.num_blocks_reloaded = 0  # host -> device copies of prefix hits
+        self.num_query_tokens = 0  # prompt tokens looked up here: those the device did not hold
         self.num_hit_tokens = 0  # prompt tokens found here (a part of the prefix-cache hits)
 
     def offload(self, device_block: int, block_hash: bytes) -> None:
@@ -67,6 +68,7 @@ class HostPrefixCache:
 
     def stats(self) -> dict[str, int]:
         """Counters as EngineStats names them."""
-        return {"prefix_cache_host_hits": self.num_hit_tokens,
+        return {"external_prefix_cache_queries": self.num_query_tokens,
+                "external_prefix_cache_hits": self.num_hit_tokens,
                 "num_blocks_offloaded": self.num_blocks_offloaded,
                 "num_blocks_reloaded": self.num_blocks_reloaded}

@@ -24,9 +24,11 @@ class EngineStats:
     num_blocks_swapped_out: int = 0
     num_blocks_swapped_in: int = 0
     num_swapped_preemptions: int = 0
-    # The prefix cache's host tier (swap_space with prefix caching): prompt tokens found there (a
-    # part of prefix_cache_hits), evicted device blocks copied to it, and hits copied back.
-    prefix_cache_host_hits: int = 0
+    # The prefix cache's host tier (swap_space with prefix caching), counted as vLLM counts a KV
+    # connector's: prompt tokens looked up there (those the device did not hold) and found there
+    # (also a part of prefix_cache_hits); evicted device blocks copied to it, and hits copied back.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     num_blocks_offloaded: int = 0
     num_blocks_reloaded: int = 0
     prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)

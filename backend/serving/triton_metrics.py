@@ -104,9 +104,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "Preemptions that swapped the request's KV blocks to host memory (of vllm:num_preemptions_total)."),
     MetricSpec("tritium:kv_blocks_swapped_out_total", "counter", "KV cache blocks copied to host memory."),
     MetricSpec("tritium:kv_blocks_swapped_in_total", "counter", "KV cache blocks copied back from host memory."),
-    MetricSpec("tritium:prefix_cache_host_hits_total", "counter",
-               "Prefix cache hits found in the host tier, in terms of number of cached tokens "
-               "(a part of vllm:prefix_cache_hits_total)."),
+    MetricSpec("vllm:external_prefix_cache_queries_total", "counter",
+               "External prefix cache queries from the prefix cache's host tier, in terms of number "
+               "of queried tokens (those the device did not hold)."),
+    MetricSpec("vllm:external_prefix_cache_hits_total", "counter",
+               "External prefix cache hits from the prefix cache's host tier, in terms of number of "
+               "cached tokens (also counted in vllm:prefix_cache_hits_total)."),
     MetricSpec("tritium:kv_blocks_offloaded_total", "counter",
                "KV cache blocks evicted from the device and copied to the prefix cache's host tier."),
     MetricSpec("tritium:kv_blocks_reloaded_total", "counter",
@@ -140,7 +143,8 @@ _COUNTERS = (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
              ("tritium:num_swapped_preemptions_total", "num_swapped_preemptions"),
              ("tritium:kv_blocks_swapped_out_total", "num_blocks_swapped_out"),
              ("tritium:kv_blocks_swapped_in_total", "num_blocks_swapped_in"),
-             ("tritium:prefix_cache_host_hits_total", "prefix_cache_host_hits"),
+             ("vllm:external_prefix_cache_queries_total", "external_prefix_cache_queries"),
+             ("vllm:external_prefix_cache_hits_total", "external_prefix_cache_hits"),
              ("tritium:kv_blocks_offloaded_total", "num_blocks_offloaded"),
              ("tritium:kv_blocks_reloaded_total", "num_blocks_reloaded"))
 _HISTOGRAMS = (("vllm:time_to_first_token_seconds", "time_to_first_token"),

@@ -104,7 +104,7 @@ def run_workload(engine, args, params) -> dict[str, Any]:
 
     def delta(name: str) -> int:
         return getattr(after, name) - getattr(before, name)
-    queries, hits, host = delta("prefix_cache_queries"), delta("prefix_cache_hits"), delta("prefix_cache_host_hits")
+    queries, hits, host = delta("prefix_cache_queries"), delta("prefix_cache_hits"), delta("external_prefix_cache_hits")
     output_tokens = sum(len(r) for r in replies_by_turn)
     return {"requests": len(replies_by_turn), "seconds": seconds, "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens, "output_tok_s": output_tokens / seconds,

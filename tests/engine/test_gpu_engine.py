@@ -243,7 +243,7 @@ def test_gpu_host_prefix_tier_matches_the_cpu_engine(llama_dir):
               max_num_batched_tokens=64, swap_space=0.01)
     assert [gpu.generate([p], params)[0].outputs[0].token_ids for p in order] == want
     st = gpu.engine.get_stats()
-    assert st.prefix_cache_host_hits == 64 and st.num_blocks_reloaded == 4 and st.num_blocks_offloaded >= 4
+    assert st.external_prefix_cache_hits == 64 and st.num_blocks_reloaded == 4 and st.num_blocks_offloaded >= 4
 
 
 def test_gpu_host_kv_cache_moves_large_swaps_through_its_staging_buffers_in_turn(monkeypatch):

@@ -87,7 +87,9 @@ def test_an_evicted_shared_prefix_is_found_in_host_memory_and_not_computed_again
     assert again.outputs[0].token_ids == want_shared
     stats = tier.engine.get_stats()
     # 4 full blocks of the 70 tokens (a hit never covers the last token) came back from the host.
-    assert stats.prefix_cache_host_hits - before.prefix_cache_host_hits == 64
+    assert stats.external_prefix_cache_hits - before.external_prefix_cache_hits == 64
+    # None of the 70 prompt tokens was on the device: all were looked up in the host tier.
+    assert stats.external_prefix_cache_queries - before.external_prefix_cache_queries == 70
     assert stats.num_blocks_reloaded - before.num_blocks_reloaded == 4
     assert stats.prefix_cache_hits - before.prefix_cache_hits == 64  # host hits count as hits
     assert stats.num_blocks_offloaded >= 4 and again.num_cached_tokens == 64
@@ -95,11 +97,11 @@ def test_an_evicted_shared_prefix_is_found_in_host_memory_and_not_computed_again
     assert computed == 70 - 64 + MAX_NEW - 1
     assert stats.num_preemptions == 0 and stats.num_blocks_swapped_out == 0
     ops = MetricsTracker().update(stats)
-    assert ("tritium:prefix_cache_host_hits_total", "increment", float(stats.prefix_cache_host_hits), {}) in ops
+    assert ("vllm:external_prefix_cache_hits_total", "increment", float(stats.external_prefix_cache_hits), {}) in ops
     assert ("tritium:kv_blocks_reloaded_total", "increment", float(stats.num_blocks_reloaded), {}) in ops
     assert ("tritium:kv_blocks_offloaded_total", "increment", float(stats.num_blocks_offloaded), {}) in ops
     metrics = {m.name: m.value for m in tier.get_metrics() if hasattr(m, "value")}
-    assert metrics["tritium:prefix_cache_host_hits"] == stats.prefix_cache_host_hits
+    assert metrics["vllm:external_prefix_cache_hits"] == stats.external_prefix_cache_hits
     _assert_nothing_held(tier)
 
     # Without swap_space the same requests recompute the whole prompt (the test can tell).
@@ -224,7 +226,7 @@ def test_random_workload_with_the_host_tier_keeps_every_block_s_contents_and_lea
     bm, pool = sched.block_manager, sched.host_pool
     stats = sched.swap_stats()
     assert finished > 50 and stats["num_blocks_reloaded"] > 20 and stats["num_blocks_offloaded"] > 200
-    assert stats["prefix_cache_host_hits"] == 4 * stats["num_blocks_reloaded"]
+    assert stats["external_prefix_cache_hits"] == 4 * stats["num_blocks_reloaded"]
     if mode != "recompute":
         assert stats["num_swapped_preemptions"] > 0
         assert stats["num_blocks_swapped_in"] == stats["num_blocks_swapped_out"] > 0
@@ -253,7 +255,7 @@ def test_greedy_tokens_with_preemption_by_swap_and_the_host_tier_equal_a_large_c
     llm, got = run(**dict(TIER, num_kv_blocks=10, max_num_batched_tokens=32, preemption_mode="swap"))
     assert got == want
     stats = llm.engine.get_stats()
-    assert stats.num_swapped_preemptions > 0 and stats.prefix_cache_host_hits > 0
+    assert stats.num_swapped_preemptions > 0 and stats.external_prefix_cache_hits > 0
     _assert_nothing_held(llm)
 
 
@@ -268,7 +270,7 @@ def test_each_tensor_parallel_rank_reloads_its_shard_of_an_fp8_cache(llama_dir):
         assert llm.engine.executor.worker.attn_layers[0].num_kv_heads == 1
         first, middle, again, computed, before = _shared_evicted_shared(llm, shared, others)
         assert (first, middle, again.outputs[0].token_ids) == (want[0], want[1], want[2].outputs[0].token_ids)
-        assert llm.engine.get_stats().prefix_cache_host_hits - before.prefix_cache_host_hits == 64
+        assert llm.engine.get_stats().external_prefix_cache_hits - before.external_prefix_cache_hits == 64
         assert computed == 70 - 64 + MAX_NEW - 1
         _assert_nothing_held(llm)
     finally:
