@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 
 from ..config import EngineArgs
 from ..outputs import RequestOutput
@@ -36,7 +37,7 @@ class Outbox:
         self._conn = conn
         self._queue: queue.Queue[Reply | list[RequestOutput] | None] = queue.Queue()
         self._closed = False  # the parent went away: drop what is left
-        self.stats = {"messages": 0, "outputs": 0, "send_s": 0.0}
+        self.stats = {"messages": 0, "outputs": 0, "bytes": 0, "send_s": 0.0}
         self._thread = threading.Thread(target=self._run, name="tritium-core-tx", daemon=True)
         self._thread.start()
 
@@ -77,16 +78,22 @@ class Outbox:
     def _send_outputs(self, outputs: list[RequestOutput]) -> None:
         if outputs:
             start = time.perf_counter()
-            self._send(Outputs([pack_output(o) for o in outputs]))
+            # Pickled here (as Connection.send would) to count the bytes that cross.
+            data = ForkingPickler.dumps(Outputs([pack_output(o) for o in outputs]))
+            self._send_bytes(data)
             self.stats["send_s"] += time.perf_counter() - start
+            self.stats["bytes"] += len(data)
             self.stats["messages"] += 1
             self.stats["outputs"] += len(outputs)
 
     def _send(self, message: Reply) -> None:
+        self._send_bytes(ForkingPickler.dumps(message))
+
+    def _send_bytes(self, data: bytes | memoryview) -> None:
         if self._closed:
             return
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(data)
         except OSError:
             self._closed = True
 
@@ -144,9 +151,9 @@ def serve(conn: Connection, args: EngineArgs) -> int:
     # they come.
     logger.info("engine process: %d steps in %.2f s (%.2f s of CPU on the step loop's thread) "
                 "over %.2f s busy, of which %.2f s waiting for the device; %d outputs in %d "
-                "messages, %.2f s packing and sending them; %d Triton compiles while serving (%.2f s)",
+                "messages (%d bytes), %.2f s packing and sending them; %d Triton compiles while serving (%.2f s)",
                 loop["steps"], loop["step_s"], loop["step_cpu_s"], loop["busy_s"], engine.device_wait_s,
-                st["outputs"], st["messages"], st["send_s"], engine.executor.compile_watch.compiles,
+                st["outputs"], st["messages"], st["bytes"], st["send_s"], engine.executor.compile_watch.compiles,
                 engine.executor.compile_watch.seconds)
     return 0
 

@@ -157,11 +157,12 @@ def test_the_engine_process_logs_its_step_and_send_time_at_exit(llama_dir, capfd
     eng.shutdown()
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "engine process:" in x)
-    steps, step_s, cpu_s, busy_s, outputs = re.search(
+    steps, step_s, cpu_s, busy_s, outputs, messages, nbytes = re.search(
         r"engine process: (\d+) steps in ([\d.]+) s \(([\d.]+) s of CPU on the step loop's thread\) "
-        r"over ([\d.]+) s busy, of which [\d.]+ s waiting for the device; (\d+) outputs in \d+ "
-        r"messages, [\d.]+ s packing and sending them", line).groups()
+        r"over ([\d.]+) s busy, of which [\d.]+ s waiting for the device; (\d+) outputs in (\d+) "
+        r"messages \((\d+) bytes\), [\d.]+ s packing and sending them", line).groups()
     assert int(steps) >= 4 and int(outputs) >= 4
+    assert 1 <= int(messages) <= int(outputs) and int(nbytes) > 40 * int(messages)  # a pickled Outputs each
     assert float(cpu_s) <= float(step_s) + 0.01  # a thread's CPU time cannot exceed its wall time
     assert float(step_s) <= float(busy_s) + 0.01  # the steps happen within the busy time
 
