@@ -223,7 +223,7 @@ class EngineProcess:
             requests = self._requests
             entries = [requests.pop(o.request_id, None) if o.finished else requests.get(o.request_id)
                        for o in outputs]
-        batch: list[tuple[IncrementalDetokenizer, int]] = []
+        batch: list[tuple[IncrementalDetokenizer, list[int]]] = []
         waiting: list[tuple[CompletionOutput, Callable[[RequestOutput], None], RequestOutput]] = []
         in_batch: set[int] = set()  # id() of the OutputDetokenizers with a token in the batch
 
@@ -249,9 +249,9 @@ class EngineProcess:
             if detok is not None:
                 if id(detok) in in_batch:
                     flush()  # this request's previous output first
-                det = detok.one_token(completions)
+                det = detok.batchable(completions)
                 if det is not None:
-                    batch.append((det, completions[0].token_ids[0]))
+                    batch.append((det, completions[0].token_ids))
                     waiting.append((completions[0], callback, out))
                     in_batch.add(id(detok))
                     continue

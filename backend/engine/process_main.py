@@ -22,7 +22,7 @@ from ..outputs import RequestOutput
 from .core import EngineCore
 from .llm_engine import LLMEngine
 from .messages import (Bye, CheckGrammar, Outputs, Ready, Reply, Shutdown,
-                       StartupFailed, StatsReply, pack_output)
+                       StartupFailed, StatsReply, fold_token_deltas, pack_output)
 from .metrics import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 class Outbox:
     """The core's sink in the engine process: replies to the parent, sent in order by a thread
     of their own, so that the step loop never waits for a parent that reads slowly; outputs
-    queued meanwhile travel in one message."""
+    queued meanwhile travel in one message, each request's new tokens folded into one run."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -64,22 +64,27 @@ class Outbox:
                 except queue.Empty:
                     break
             outputs: list[RequestOutput] = []
+            steps = 0
             for item in batch:
                 if isinstance(item, list):
                     outputs.extend(item)
+                    steps += 1
                     continue
-                self._send_outputs(outputs)
-                outputs = []
+                self._send_outputs(outputs, steps)
+                outputs, steps = [], 0
                 if item is None:
                     return
                 self._send(item)
-            self._send_outputs(outputs)
+            self._send_outputs(outputs, steps)
 
-    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+    def _send_outputs(self, outputs: list[RequestOutput], steps: int) -> None:
         if outputs:
             start = time.perf_counter()
+            packed = [pack_output(o) for o in outputs]
+            if steps > 1:  # the parent fell behind: each request's new tokens travel as one run
+                packed = fold_token_deltas(packed)
             # Pickled here (as Connection.send would) to count the bytes that cross.
-            data = ForkingPickler.dumps(Outputs([pack_output(o) for o in outputs]))
+            data = ForkingPickler.dumps(Outputs(packed))
             self._send_bytes(data)
             self.stats["send_s"] += time.perf_counter() - start
             self.stats["bytes"] += len(data)

@@ -94,6 +94,25 @@ def stub_pid(server: TritonServer) -> int | None:
     return None
 
 
+def server_pids(server: TritonServer) -> dict[str, int]:
+    """tritonserver, the model's stub and the engine's process (the stub's child)."""
+    pids = {"server": server.proc.pid}
+    stub = stub_pid(server)
+    if stub is not None:
+        pids["stub"] = stub
+        for p in processes():
+            if p.ppid == stub and "backend.engine.process_main" in p.cmdline:
+                pids["engine"] = p.pid
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process's own threads (its children not counted)."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_triton(args: argparse.Namespace, env: dict[str, str], workdir: str, i: int) -> dict[str, Any]:
     repo = write_model_repository(os.path.join(workdir, f"repo_{i}"), engine_args(args))
     log = os.path.join(workdir, f"tritonserver_{i}.log")
@@ -109,14 +128,19 @@ def run_triton(args: argparse.Namespace, env: dict[str, str], workdir: str, i: i
     spy = None
     try:
         out = os.path.join(workdir, f"triton_{i}.json")
+        pids = server_pids(server)
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         if args.py_spy and i == 0 and (pid := stub_pid(server)) is not None:
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "200", "--threads",
                                     *(["--gil"] if args.py_spy_gil else []), "--format", "raw", "--output", args.py_spy],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
-        subprocess.run([sys.executable, os.path.join(ROOT, "client", "bench.py"), "--url", server.grpc_url,
-                        *workload_args(args), "--procs", str(args.procs), "--no-progress", "--json", out],
-                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        client = subprocess.run([sys.executable, os.path.join(ROOT, "client", "bench.py"), "--url", server.grpc_url,
+                                 *workload_args(args), "--procs", str(args.procs), "--no-progress", "--json", out],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if client.returncode != 0:
+            raise RuntimeError(f"client/bench.py failed ({client.returncode}): {client.stderr[-3000:]}")
+        cpu = {f"{name}_cpu_s": cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on an interrupt
@@ -135,6 +159,7 @@ def run_triton(args: argparse.Namespace, env: dict[str, str], workdir: str, i: i
         result.update({k: float(v) if "." in v else int(v) for k, v in m.groupdict().items()})
     result["send_ms_per_response"] = 1e3 * result["send_s"] / max(1, result["responses"])
     result.update(phases(timeline, s["start_time"], s["end_time"]))
+    result.update(cpu)
     return result
 
 
@@ -151,7 +176,9 @@ COLUMNS = [("in-process tok/s", "inprocess", "tok_s", "{:,.0f}"), ("Triton tok/s
            ("rx busy s", "triton", "receiver_busy_s", "{:.2f}"), ("msgs", "triton", "messages", "{:,}"),
            ("MB", "triton", "message_bytes", "{:.2f}"), ("steps", "triton", "steps", "{:,}"),
            ("loop s", "triton", "step_loop_s", "{:.2f}"), ("loop CPU s", "triton", "step_cpu_s", "{:.2f}"),
-           ("device wait s", "triton", "device_wait_s", "{:.2f}")]
+           ("device wait s", "triton", "device_wait_s", "{:.2f}"),
+           ("stub CPU s", "triton", "stub_cpu_s", "{:.2f}"), ("server CPU s", "triton", "server_cpu_s", "{:.2f}"),
+           ("engine CPU s", "triton", "engine_cpu_s", "{:.2f}")]
 
 
 def cell(row: dict[str, Any], part: str | None, key: str, fmt: str) -> str:
