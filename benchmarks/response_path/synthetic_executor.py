@@ -13,9 +13,8 @@ ordinary ids, so every run streams the same text.
 Timing comes from the environment (the engine's process inherits the server's):
 TRITIUM_SYNTHETIC_STEP_MS and TRITIUM_SYNTHETIC_TOKEN_US. With TRITIUM_SYNTHETIC_TIMELINE=PATH
 each step's launch and end (time.perf_counter(), one clock for every process of the machine),
-batched tokens and sampled rows are written to PATH as JSON at shutdown. The defaults are fitted to the
-H100 figure of Qwen2.5-1.5B workload A in-process (21,655 tok/s: 3.03 s for 16 prefill steps
-of 8,192 tokens and 255 decode steps of 256): ~9 ms a decode step, ~46 ms a prefill step.
+batched tokens and sampled rows are written to PATH as JSON at shutdown. The defaults are fitted to the H100's in-process run of Qwen2.5-1.5B on workload A
+(benchmarks/README.md gives the arithmetic).
 """
 from __future__ import annotations
 
