@@ -7,14 +7,15 @@ be measured on the CPU. A benchmark tool, not part of the product: the engine pi
 A step occupies a simulated device for `step_ms + token_us * num_batched_tokens` from the
 moment it is launched (or the previous step's end, whichever is later), and `wait()` sleeps
 until then, as the real `PendingStep.wait()` blocks on a CUDA event without the GIL. Each
-sampled token is a fixed function of the sequence and its count of tokens so far, inside the tokenizer's
-ordinary ids, so every run streams the same text.
+sampled token is a fixed function of the sequence and its count of tokens so far, inside the
+tokenizer's ordinary ids, so every run streams the same text.
 
 Timing comes from the environment (the engine's process inherits the server's):
 TRITIUM_SYNTHETIC_STEP_MS and TRITIUM_SYNTHETIC_TOKEN_US. With TRITIUM_SYNTHETIC_TIMELINE=PATH
 each step's launch and end (time.perf_counter(), one clock for every process of the machine),
-batched tokens and sampled rows are written to PATH as JSON at shutdown. The defaults are fitted to the H100's in-process run of Qwen2.5-1.5B on workload A
-(benchmarks/README.md gives the arithmetic).
+batched tokens and sampled rows are written to PATH as JSON at shutdown. The defaults are
+fitted to the H100's in-process run of Qwen2.5-1.5B on workload A (benchmarks/README.md gives
+the arithmetic).
 """
 from __future__ import annotations
 
