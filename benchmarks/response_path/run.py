@@ -192,7 +192,8 @@ def machine_load() -> list[float]:
 COLUMNS = [("in-process tok/s", "inprocess", "tok_s", "{:,.0f}"), ("Triton tok/s", "triton", "tok_s", "{:,.0f}"),
            ("lost %", None, "lost_pct", "{:.1f}"), ("in-process s", "inprocess", "wall_s", "{:.2f}"),
            ("Triton s", "triton", "wall_s", "{:.2f}"), ("intake s", "triton", "intake_s", "{:.2f}"),
-           ("engine s", "triton", "engine_span_s", "{:.2f}"), ("tail s", "triton", "tail_s", "{:.2f}"), ("responses", "triton", "responses", "{:,}"),
+           ("engine s", "triton", "engine_span_s", "{:.2f}"), ("tail s", "triton", "tail_s", "{:.2f}"),
+           ("responses", "triton", "responses", "{:,}"),
            ("send() s", "triton", "send_s", "{:.2f}"), ("ms/send", "triton", "send_ms_per_response", "{:.3f}"),
            ("sender busy s", "triton", "sender_busy_s", "{:.2f}"),
            ("rx busy s", "triton", "receiver_busy_s", "{:.2f}"), ("msgs", "triton", "messages", "{:,}"),
@@ -223,7 +224,7 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]], med: dict[str, Any]) -> str:
     head = ["run"] + [c[0] for c in COLUMNS]
     lines = [head] + [[str(i + 1)] + [cell(r, *c[1:]) for c in COLUMNS] for i, r in enumerate(rows)]
-    lines.append(["median"] + [cell(med, *c[1:]).replace(",", ",") for c in COLUMNS])
+    lines.append(["median"] + [cell(med, *c[1:]) for c in COLUMNS])
     widths = [max(len(line[j]) for line in lines) for j in range(len(head))]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(line, widths)) for line in lines)
 
