@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ logger = logging.getLogger(__name__)
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_QUALIFIED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # package.module.Class
 QUANTIZATIONS = ("fp8", "awq", "gptq")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -101,6 +103,12 @@ class EngineArgs:
     # (ranks 1.. run in worker processes, backend/worker/tp_worker.py); on the CPU the same
     # ranks run over gloo. 1: one process, no process group.
     tensor_parallel_size: int = 1
+    # Which executor runs the model (vLLM's name and meaning): "uni" (one device in the engine's
+    # process), "mp" (tensor-parallel ranks in processes of their own), or the fully qualified
+    # name of an `backend.worker.executor.Executor` subclass, "package.module.Class", built with
+    # the EngineConfig (benchmarks/response_path/ drives the server with one). None: "mp" when
+    # tensor_parallel_size > 1, else "uni".
+    distributed_executor_backend: str | None = None
     # GiB of pinned host memory per device for the KV blocks of preempted requests (vLLM's name
     # and meaning); 0: off. preemption_mode (vLLM's): "recompute" frees a preempted request's
     # blocks and computes them again; "swap" copies them to host memory and back; None: swap
@@ -133,6 +141,7 @@ class EngineArgs:
             _positive_int("max_model_len", self.max_model_len)
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        self._check_executor_backend()
         if self.max_waiting_requests is not None:
             _positive_int("max_waiting_requests", self.max_waiting_requests)
         if self.max_num_batched_tokens is not None:
@@ -162,6 +171,29 @@ class EngineArgs:
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)  # checks it
         self._check_swap()
+
+    def _check_executor_backend(self) -> None:
+        # A class name is only checked for its form here: it is imported where the engine is
+        # built (its process), never in a Triton stub, which must not import torch.
+        backend, tp = self.distributed_executor_backend, self.tensor_parallel_size
+        if backend is None:
+            return
+        if not isinstance(backend, str) or not backend:
+            raise ValueError(f"distributed_executor_backend must be 'uni', 'mp' or the qualified name of an "
+                             f"Executor class ('package.module.Class'), got {backend!r}.")
+        if backend in ("ray", "external_launcher"):
+            raise ValueError(f"distributed_executor_backend={backend!r} is not supported by Tritium: use 'uni' "
+                             f"(one device), 'mp' (tensor-parallel ranks in processes) or an Executor class's "
+                             f"qualified name.")
+        if backend == "uni" and tp > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one device; tensor_parallel_size={tp} "
+                             f"needs 'mp'.")
+        if backend == "mp" and tp == 1:
+            raise ValueError("distributed_executor_backend='mp' starts tensor-parallel ranks; with "
+                             "tensor_parallel_size=1 use 'uni'.")
+        if backend not in ("uni", "mp") and not _QUALIFIED_NAME.fullmatch(backend):
+            raise ValueError(f"distributed_executor_backend must be 'uni', 'mp' or the qualified name of an "
+                             f"Executor class ('package.module.Class'), got {backend!r}.")
 
     def _check_swap(self) -> None:
         swap = self.swap_space
@@ -281,7 +313,8 @@ class EngineArgs:
                             self.long_prefill_token_threshold, self.scheduling_policy, self.stream_interval,
                             self.max_waiting_requests,
                             self.preemption_mode or ("auto" if self.swap_space else "recompute")),
-            ParallelConfig(self.tensor_parallel_size),
+            ParallelConfig(self.tensor_parallel_size, self.distributed_executor_backend
+                           or ("mp" if self.tensor_parallel_size > 1 else "uni")),
             DeviceConfig(self.device),
             CompilationConfig(self.enforce_eager, self.max_prefill_graph_tokens),
             LoRAConfig(dict(self.lora_modules or {}), self.max_loras, self.max_lora_rank, self.max_cpu_loras)

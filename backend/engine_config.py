@@ -58,6 +58,8 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int
+    # "uni", "mp", or an Executor subclass's qualified name (`Executor.get_class`)
+    distributed_executor_backend: str
 
 
 @dataclass(frozen=True)

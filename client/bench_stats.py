@@ -107,6 +107,10 @@ def summarize(traces: Sequence[RequestTrace], expected_output_len: int | None = 
         "failed": failed,
         "output_tokens": tokens,
         "wall_s": wall,
+        # time.perf_counter() of the first send and the last response: one clock for every
+        # process of the machine, to line the run up with a server's own timeline.
+        "start_time": start,
+        "end_time": end,
         "output_tok_s": tokens / wall if wall > 0 else math.nan,
         "requests_s": len(ok) / wall if wall > 0 else math.nan,
         "ttft_ms": _dist([t.ttft for t in ok]),

@@ -23,13 +23,13 @@ def test_every_item_arrives_once_in_each_producers_order():
         item = box.take(0.01)
         if item is not None:
             received.append(item)
-            received += box.drain(100)
+            received += box.drain()
     for t in threads:
         t.join()
     assert len(received) == n * producers
     for p in range(producers):
         assert [i for q, i in received if q == p] == list(range(n))
-    assert box.take(0) is None and box.drain(10) == []
+    assert box.take(0) is None and box.drain() == []
 
 
 def test_a_sleeping_consumer_wakes_when_an_item_arrives():
@@ -50,4 +50,12 @@ def test_take_times_out_with_nothing_queued():
     assert time.monotonic() - start >= 0.04
     box.put("x")
     box.put("y")
-    assert box.drain(1) == ["x"] and box.take(0) == "y"
+    assert box.take(0) == "x" and box.drain() == ["y"] and box.take(0) is None
+
+
+def test_drain_takes_everything_queued_however_much():
+    """The sender folds all that is queued into one round: a backlog must not outlast a round."""
+    box = Handoff()
+    for i in range(50000):
+        box.put(i)
+    assert box.take(0) == 0 and box.drain() == list(range(1, 50000)) and box.drain() == []

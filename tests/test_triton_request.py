@@ -287,6 +287,31 @@ def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_obje
     assert (a1.outputs[0].text, a1.outputs[0].token_ids, a1.finished) == ("he", [5], False)
 
 
+def test_fold_outputs_equals_accumulating_the_deltas_in_both_paths():
+    """The one-sample fast path and the general one (logprobs, n samples) give what the
+    engine's own accumulate gives; an output after a finished one starts a new group."""
+    from backend.engine.request import accumulate
+    from backend.outputs import CompletionOutput, Logprob, RequestOutput
+    from backend.serving.triton_request import fold_outputs
+
+    def delta(ids, index=0, logprobs=None, finished=False, cached=0):
+        c = CompletionOutput(index, "".join(chr(97 + t % 26) for t in ids), ids, -0.5 * ids[-1], logprobs,
+                             "stop" if finished else None, 7 if finished else None)
+        return RequestOutput("r", "p", [1, 2], [c], finished, num_cached_tokens=cached)
+
+    plain = [delta([3], cached=2), delta([4, 5]), delta([6], finished=True)]
+    with_logprobs = [delta([3], logprobs=[{3: Logprob(-0.1)}]), delta([4], logprobs=[{4: Logprob(-0.2)}])]
+    two_samples = [delta([3], index=0), delta([8], index=1), delta([4], index=0, finished=True)]
+    for deltas in (plain, with_logprobs, two_samples):
+        expected = None
+        for d in deltas:
+            expected = accumulate(expected, d)
+        [(rid, folded)] = fold_outputs([("r", d) for d in deltas])
+        assert rid == "r" and folded == expected
+    after_final = fold_outputs([("r", plain[2]), ("r", plain[0])])
+    assert [o for _, o in after_final] == [plain[2], plain[0]]
+
+
 def test_priority_arrives_in_sampling_parameters():
     assert parse_request({"text_input": s("x"), "sampling_parameters": s('{"priority": -2}')}).priority == -2
     assert parse_request({"text_input": s("x"), "sampling_parameters": s('{"priority": "3"}')}).priority == 3

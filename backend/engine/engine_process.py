@@ -29,7 +29,8 @@ from ..sampling_params import SamplingParams
 from .admission import Admission
 from .input_processor import InputProcessor
 from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, GetStats, GrammarChecked,
-                       Outputs, Ready, Reply, Shutdown, StartupFailed, StatsReply, unpack_output)
+                       Outputs, PackedOutput, Ready, Reply, Shutdown, StartupFailed, StatsReply, TokenDelta,
+                       TokenRun, unpack_output)
 from .metrics import EngineStats, StatsMailbox
 from .output_detokenizer import OutputDetokenizer
 from .request import Request
@@ -217,13 +218,12 @@ class EngineProcess:
         """One message's outputs (one or more engine steps), in order per request, to their
         callbacks. The common outputs' text is made in batches (`detokenize_many`: one Rust
         decode per batch, without the GIL); a request's next output waits for its batch."""
-        outputs = [unpack_output(p) for p in payload]
         with self._lock:  # once per message: finished requests leave the table
-            self._admission.started(o.request_id for o in outputs)
+            self._admission.started(p.request_id for p in payload)
             requests = self._requests
-            entries = [requests.pop(o.request_id, None) if o.finished else requests.get(o.request_id)
-                       for o in outputs]
-        batch: list[tuple[IncrementalDetokenizer, int]] = []
+            entries = [requests.pop(p.request_id, None) if type(p) is PackedOutput and p.finished
+                       else requests.get(p.request_id) for p in payload]
+        batch: list[tuple[IncrementalDetokenizer, list[int]]] = []
         waiting: list[tuple[CompletionOutput, Callable[[RequestOutput], None], RequestOutput]] = []
         in_batch: set[int] = set()  # id() of the OutputDetokenizers with a token in the batch
 
@@ -235,23 +235,30 @@ class EngineProcess:
             waiting.clear()
             in_batch.clear()
 
-        for o, entry in zip(outputs, entries):
+        for p, entry in zip(payload, entries):
             if entry is None:
                 continue
             req, callback, detok = entry
-            completions = o.completions
-            out = RequestOutput(o.request_id, req.prompt, req.prompt_token_ids, completions, o.finished,
-                                num_cached_tokens=o.num_cached_tokens, error=o.error, metrics=req.metrics,
-                                prompt_logprobs=o.prompt_logprobs)
-            prompt_logprobs = o.prompt_logprobs
-            if prompt_logprobs or any(c.logprobs for c in completions):
-                fill_decoded_tokens(self._output_tokenizer, out.logprob_entries())
+            kind = type(p)
+            if kind is TokenDelta or kind is TokenRun:  # the common output, built at once
+                completions = [CompletionOutput(0, "", [p.token_id] if kind is TokenDelta else p.token_ids,
+                                                p.cumulative_logprob, None)]
+                out = RequestOutput(p.request_id, req.prompt, req.prompt_token_ids, completions, False,
+                                    num_cached_tokens=p.num_cached_tokens, metrics=req.metrics)
+            else:
+                o = unpack_output(p)
+                completions = o.completions
+                out = RequestOutput(o.request_id, req.prompt, req.prompt_token_ids, completions, o.finished,
+                                    num_cached_tokens=o.num_cached_tokens, error=o.error, metrics=req.metrics,
+                                    prompt_logprobs=o.prompt_logprobs)
+                if o.prompt_logprobs or any(c.logprobs for c in completions):
+                    fill_decoded_tokens(self._output_tokenizer, out.logprob_entries())
             if detok is not None:
                 if id(detok) in in_batch:
                     flush()  # this request's previous output first
-                det = detok.one_token(completions)
+                det = detok.batchable(completions)
                 if det is not None:
-                    batch.append((det, completions[0].token_ids[0]))
+                    batch.append((det, completions[0].token_ids))
                     waiting.append((completions[0], callback, out))
                     in_batch.add(id(detok))
                     continue

@@ -62,7 +62,7 @@ class StartupFailed:
 @dataclass(frozen=True)
 class Outputs:
     """One or more steps' outputs, in order."""
-    outputs: list["TokenDelta | PackedOutput"] = field(default_factory=list)
+    outputs: list["TokenDelta | TokenRun | PackedOutput"] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ class TokenDelta(NamedTuple):
     text, logprobs or end). Named tuples pickle at a fraction of a dataclass's cost."""
     request_id: str
     token_id: int
+    cumulative_logprob: float | None
+    num_cached_tokens: int
+
+
+class TokenRun(NamedTuple):
+    """Several TokenDeltas of one request folded together (`fold_token_deltas`): what a
+    message that carries several steps holds for each request that only decoded in them."""
+    request_id: str
+    token_ids: list[int]
     cumulative_logprob: float | None
     num_cached_tokens: int
 
@@ -146,9 +155,35 @@ def pack_output(out: RequestOutput) -> TokenDelta | PackedOutput:
                         out.prompt_logprobs)
 
 
-def unpack_output(packed: TokenDelta | PackedOutput) -> EngineOutput:
+def fold_token_deltas(packed: list[TokenDelta | TokenRun | PackedOutput]) -> list[TokenDelta | TokenRun | PackedOutput]:
+    """Several steps' outputs -> each request's TokenDeltas that follow one another (no other
+    output of it between them) as one TokenRun, at the place of the first: a message then
+    costs both sides per request, not per token, however many steps it carries (the parent
+    reads slowly exactly when many queue). Every request's outputs keep their order."""
+    out: list[TokenDelta | TokenRun | PackedOutput] = []
+    runs: dict[str, int] = {}  # request id -> index in `out` of its open run
+    for p in packed:
+        if type(p) is TokenDelta:
+            i = runs.get(p.request_id)
+            if i is not None:
+                prev = out[i]
+                ids = prev.token_ids if type(prev) is TokenRun else [prev.token_id]
+                ids.append(p.token_id)
+                out[i] = TokenRun(p.request_id, ids, p.cumulative_logprob, p.num_cached_tokens)
+                continue
+            runs[p.request_id] = len(out)
+        else:
+            runs.pop(p.request_id, None)
+        out.append(p)
+    return out
+
+
+def unpack_output(packed: TokenDelta | TokenRun | PackedOutput) -> EngineOutput:
     if isinstance(packed, TokenDelta):
         return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens,
                             [CompletionOutput(0, "", [packed.token_id], packed.cumulative_logprob, None)])
+    if isinstance(packed, TokenRun):
+        return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens,
+                            [CompletionOutput(0, "", packed.token_ids, packed.cumulative_logprob, None)])
     return EngineOutput(packed.request_id, packed.finished, packed.error, packed.num_cached_tokens,
                         [CompletionOutput(*c) for c in packed.completions], packed.prompt_logprobs)

@@ -25,10 +25,10 @@ class OutputDetokenizer:
                 p.spaces_between_special_tokens)
         return det
 
-    def one_token(self, outputs: list[CompletionOutput]) -> IncrementalDetokenizer | None:
-        """The detokenizer of the common output (one sample, one new token, not the last),
-        whose text `detokenize_many` makes together with other streams'; else None."""
-        if len(outputs) == 1 and outputs[0].finish_reason is None and len(outputs[0].token_ids) == 1:
+    def batchable(self, outputs: list[CompletionOutput]) -> IncrementalDetokenizer | None:
+        """The detokenizer of the common output (one sample, new tokens, not the last), whose
+        text `detokenize_many` makes together with other streams'; else None."""
+        if len(outputs) == 1 and outputs[0].finish_reason is None and outputs[0].token_ids:
             return self._sample(outputs[0].index)
         return None
 
@@ -36,7 +36,7 @@ class OutputDetokenizer:
         for c in outputs:
             det = self._sample(c.index)
             ids = c.token_ids
-            if c.finish_reason is None:  # (one token of one sample goes through one_token instead)
+            if c.finish_reason is None:  # (one sample's go through batchable instead)
                 c.text = "".join([det.add_token(t) for t in ids])
                 continue
             if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and ids:

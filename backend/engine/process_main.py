@@ -15,13 +15,14 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 
 from ..config import EngineArgs
 from ..outputs import RequestOutput
 from .core import EngineCore
 from .llm_engine import LLMEngine
 from .messages import (Bye, CheckGrammar, Outputs, Ready, Reply, Shutdown,
-                       StartupFailed, StatsReply, pack_output)
+                       StartupFailed, StatsReply, fold_token_deltas, pack_output)
 from .metrics import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -30,13 +31,13 @@ logger = logging.getLogger(__name__)
 class Outbox:
     """The core's sink in the engine process: replies to the parent, sent in order by a thread
     of their own, so that the step loop never waits for a parent that reads slowly; outputs
-    queued meanwhile travel in one message."""
+    queued meanwhile travel in one message, each request's new tokens folded into one run."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._queue: queue.Queue[Reply | list[RequestOutput] | None] = queue.Queue()
         self._closed = False  # the parent went away: drop what is left
-        self.stats = {"messages": 0, "outputs": 0, "send_s": 0.0}
+        self.stats = {"messages": 0, "outputs": 0, "bytes": 0, "send_s": 0.0}
         self._thread = threading.Thread(target=self._run, name="tritium-core-tx", daemon=True)
         self._thread.start()
 
@@ -63,30 +64,41 @@ class Outbox:
                 except queue.Empty:
                     break
             outputs: list[RequestOutput] = []
+            steps = 0
             for item in batch:
                 if isinstance(item, list):
                     outputs.extend(item)
+                    steps += 1
                     continue
-                self._send_outputs(outputs)
-                outputs = []
+                self._send_outputs(outputs, steps)
+                outputs, steps = [], 0
                 if item is None:
                     return
                 self._send(item)
-            self._send_outputs(outputs)
+            self._send_outputs(outputs, steps)
 
-    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+    def _send_outputs(self, outputs: list[RequestOutput], steps: int) -> None:
         if outputs:
             start = time.perf_counter()
-            self._send(Outputs([pack_output(o) for o in outputs]))
+            packed = [pack_output(o) for o in outputs]
+            if steps > 1:  # the parent fell behind: each request's new tokens travel as one run
+                packed = fold_token_deltas(packed)
+            # Pickled here (as Connection.send would) to count the bytes that cross.
+            data = ForkingPickler.dumps(Outputs(packed))
+            self._send_bytes(data)
             self.stats["send_s"] += time.perf_counter() - start
+            self.stats["bytes"] += len(data)
             self.stats["messages"] += 1
             self.stats["outputs"] += len(outputs)
 
     def _send(self, message: Reply) -> None:
+        self._send_bytes(ForkingPickler.dumps(message))
+
+    def _send_bytes(self, data: bytes | memoryview) -> None:
         if self._closed:
             return
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(data)
         except OSError:
             self._closed = True
 
@@ -144,9 +156,9 @@ def serve(conn: Connection, args: EngineArgs) -> int:
     # they come.
     logger.info("engine process: %d steps in %.2f s (%.2f s of CPU on the step loop's thread) "
                 "over %.2f s busy, of which %.2f s waiting for the device; %d outputs in %d "
-                "messages, %.2f s packing and sending them; %d Triton compiles while serving (%.2f s)",
+                "messages (%d bytes), %.2f s packing and sending them; %d Triton compiles while serving (%.2f s)",
                 loop["steps"], loop["step_s"], loop["step_cpu_s"], loop["busy_s"], engine.device_wait_s,
-                st["outputs"], st["messages"], st["send_s"], engine.executor.compile_watch.compiles,
+                st["outputs"], st["messages"], st["bytes"], st["send_s"], engine.executor.compile_watch.compiles,
                 engine.executor.compile_watch.seconds)
     return 0
 

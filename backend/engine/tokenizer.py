@@ -151,28 +151,28 @@ class IncrementalDetokenizer:
         return delta
 
 
-def detokenize_many(items: list[tuple[IncrementalDetokenizer, int]]) -> list[str]:
-    """`det.add_token(token)` for each pair, with the same results, but every window decoded in
-    one call of the Rust tokenizer per kind of detokenizer: `decode_batch` runs without the GIL,
-    so the thread making text for many streams at once (the Triton stub's receiver) leaves the
-    interpreter to the thread sending responses meanwhile. A detokenizer may appear only once."""
+def detokenize_many(items: list[tuple[IncrementalDetokenizer, list[int]]]) -> list[str]:
+    """The text of each detokenizer's new tokens (`add_token` of each in turn, the pieces
+    joined; several tokens are decoded at once, so a piece may come a call later than
+    add_token would give it), with every window decoded in one call of the Rust tokenizer per
+    kind of detokenizer: `decode_batch` runs without the GIL, so the thread making text for
+    many streams at once (the Triton stub's receiver) leaves the interpreter to the thread
+    sending responses meanwhile. A detokenizer may appear only once."""
     texts = [""] * len(items)
     groups: dict[tuple[int, bool], list[int]] = {}
-    for i, (det, token) in enumerate(items):
-        if det._shows_nothing(token):
+    for i, (det, tokens) in enumerate(items):
+        shown = [t for t in tokens if not det._shows_nothing(t)]
+        if not shown:
             continue
         if det._rust is None:  # a slow tokenizer: one by one
-            texts[i] = det.add_token(token)
+            texts[i] = "".join([det.add_token(t) for t in shown])
             continue
+        det._ids.extend(shown)
         groups.setdefault((id(det._rust), det.skip_special_tokens), []).append(i)
     for indices in groups.values():
         first = items[indices[0]][0]
         rust, skip = first._rust, first.skip_special_tokens
-        windows = []
-        for i in indices:
-            det, token = items[i]
-            det._ids.append(token)
-            windows.append(det._ids)
+        windows = [items[i][0]._ids for i in indices]
         slid = []
         for i, new_text in zip(indices, rust.decode_batch(windows, skip)):
             det = items[i][0]

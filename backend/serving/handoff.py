@@ -32,9 +32,8 @@ class Handoff:
                 self._wake.wait(timeout)
         return items.popleft() if items else None
 
-    def drain(self, limit: int) -> list[Any]:
-        """Up to `limit` more items that are already here, oldest first, without waiting."""
-        items, out = self._items, []
-        while items and len(out) < limit:
-            out.append(items.popleft())
-        return out
+    def drain(self) -> list[Any]:
+        """Every item already here, oldest first, without waiting (those put meanwhile stay)."""
+        items = self._items
+        popleft = items.popleft
+        return [popleft() for _ in range(len(items))]

@@ -27,7 +27,6 @@ _UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the m
 _RETIRE_AFTER_S = 5.0  # idle and unloaded this long without finalize: Triton keeps the instance
 _REPLACED_GRACE_S = 2.0  # after a reload's new instance initialized, Triton swaps to it
 _CANCEL_CHECKS_PER_ROUND = 16  # requests asked is_cancelled() per round of _CANCEL_CHECK_S
-_MAX_DRAIN = 4096  # queue items folded into one round of sends
 # Each error kind's pb_utils.TritonError code (by name: read off pb_utils when sent). The 2.51
 # stub has no code for a deadline: a request that ran out of time is UNAVAILABLE, which clients
 # retry, as before kinds existed (a client that asks for the error's JSON reads "timeout").
@@ -202,8 +201,10 @@ class ResponseSender:
     def _coalesce(self, first: Any) -> list[Rejection | EngineOutput]:
         """`first` and everything queued behind it, with each request's outputs folded into one
         (in order): a send costs far more than a token, so when this thread falls behind, a
-        response carries several tokens instead of the backlog growing."""
-        items = [first] + self._pending.drain(_MAX_DRAIN - 1)
+        response carries several tokens instead of the backlog growing. Everything: with a cap
+        on the items of a round, a round slower than the cap's worth of steps left a backlog
+        that grew from round to round, each sending a response per request for part of it."""
+        items = [first] + self._pending.drain()
         outputs, rejected = [], []
         for item in items:
             if isinstance(item, _Stop):

@@ -38,7 +38,6 @@ IGNORED = {
 AT_DEFAULT_ONLY = {
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
-    "distributed_executor_backend": None,
     "revision": None,
     "tokenizer_revision": None,
     "code_revision": None,

@@ -3,6 +3,8 @@ tensor-parallel ranks (`TensorParallelExecutor`); the engine sees the same surfa
 `execute_model`, the KV cache's size, the LoRA adapters, `shutdown`."""
 from __future__ import annotations
 
+import importlib
+
 from ..engine_config import EngineConfig
 from ..step import SchedulerOutput
 from .compile_watch import CompileWatch
@@ -22,9 +24,26 @@ class Executor:
 
     @staticmethod
     def create(config: EngineConfig) -> Executor:
-        if config.parallel_config.tensor_parallel_size > 1:
-            return TensorParallelExecutor(config)
-        return UniProcExecutor(config)
+        return Executor.get_class(config)(config)
+
+    @staticmethod
+    def get_class(config: EngineConfig) -> type[Executor]:
+        """The class `distributed_executor_backend` names (vLLM's meaning): "uni", "mp", or
+        an Executor subclass's qualified name (a ValueError names what is wrong with it)."""
+        backend = config.parallel_config.distributed_executor_backend
+        if backend == "uni":
+            return UniProcExecutor
+        if backend == "mp":
+            return TensorParallelExecutor
+        module_name, _, class_name = backend.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"distributed_executor_backend={backend!r}: cannot import it: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Executor)):
+            raise ValueError(f"distributed_executor_backend={backend!r} is not a subclass of "
+                             f"backend.worker.executor.Executor.")
+        return cls
 
     @property
     def runner(self) -> ModelRunner:

@@ -148,6 +148,33 @@ def test_invisible_tokens_do_not_grow_the_window(tok):
     assert longest <= 8, longest
 
 
+def test_detokenize_many_with_several_tokens_joins_to_add_tokens_text(tok):
+    """Several new tokens of a stream at once (a run the engine process folded): each stream's
+    pieces, joined and flushed at the end, are add_token's, whatever the runs' lengths,
+    multi-byte characters split over tokens and special or out-of-vocabulary ids included
+    (what an incomplete character holds back may come out one call later or earlier)."""
+    rng = random.Random(5)
+    text_ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    streams = [[rng.choice([t, t, tok.eos_token_id, len(tok) + 3]) for t in text_ids] for _ in range(6)]
+    streams += [[rng.randrange(len(tok)) for _ in range(40)] for _ in range(6)]
+    want = []
+    for ids in streams:
+        d = IncrementalDetokenizer(tok, [5, 6])
+        want.append("".join(d.add_token(t) for t in ids) + d.flush())
+    dets = [IncrementalDetokenizer(tok, [5, 6]) for _ in streams]
+    got, pos = ["" for _ in streams], [0 for _ in streams]
+    while any(p < len(ids) for p, ids in zip(pos, streams)):
+        live = [i for i, ids in enumerate(streams) if pos[i] < len(ids)]
+        runs = []
+        for i in live:
+            n = rng.randint(1, 5)
+            runs.append(streams[i][pos[i]:pos[i] + n])
+            pos[i] += n
+        for i, piece in zip(live, detokenize_many([(dets[i], run) for i, run in zip(live, runs)])):
+            got[i] += piece
+    assert [text + d.flush() for text, d in zip(got, dets)] == want
+
+
 def test_detokenize_many_equals_add_token_one_by_one(tok):
     """The batched form (one Rust decode_batch per step for every stream) gives each stream the
     same pieces as add_token: random ids, multi-byte characters split over tokens, skipped
@@ -173,7 +200,7 @@ def test_detokenize_many_equals_add_token_one_by_one(tok):
     batched = [[] for _ in streams]
     for step in range(max(len(ids) for _, ids, _ in streams)):
         live = [i for i, (_, ids, _) in enumerate(streams) if step < len(ids)]
-        pieces = detokenize_many([(dets[i], streams[i][1][step]) for i in live])
+        pieces = detokenize_many([(dets[i], [streams[i][1][step]]) for i in live])
         for i, piece in zip(live, pieces):
             batched[i].append(piece)
     assert batched == one_by_one

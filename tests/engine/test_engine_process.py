@@ -157,11 +157,12 @@ def test_the_engine_process_logs_its_step_and_send_time_at_exit(llama_dir, capfd
     eng.shutdown()
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "engine process:" in x)
-    steps, step_s, cpu_s, busy_s, outputs = re.search(
+    steps, step_s, cpu_s, busy_s, outputs, messages, nbytes = re.search(
         r"engine process: (\d+) steps in ([\d.]+) s \(([\d.]+) s of CPU on the step loop's thread\) "
-        r"over ([\d.]+) s busy, of which [\d.]+ s waiting for the device; (\d+) outputs in \d+ "
-        r"messages, [\d.]+ s packing and sending them", line).groups()
+        r"over ([\d.]+) s busy, of which [\d.]+ s waiting for the device; (\d+) outputs in (\d+) "
+        r"messages \((\d+) bytes\), [\d.]+ s packing and sending them", line).groups()
     assert int(steps) >= 4 and int(outputs) >= 4
+    assert 1 <= int(messages) <= int(outputs) and int(nbytes) > 40 * int(messages)  # a pickled Outputs each
     assert float(cpu_s) <= float(step_s) + 0.01  # a thread's CPU time cannot exceed its wall time
     assert float(step_s) <= float(busy_s) + 0.01  # the steps happen within the busy time
 
@@ -251,6 +252,54 @@ def test_outbox_sends_in_order_and_merges_queued_outputs():
     assert outbox.stats["messages"] == 2 and outbox.stats["outputs"] == 7
 
 
+def test_outbox_folds_each_requests_tokens_when_steps_queued():
+    """Steps that queued while the parent read slowly travel as one message in which each
+    request's successive one-token outputs are one TokenRun; a final output, or any output
+    other than a token, closes the run (its request's order is kept); one step alone is not
+    folded."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from backend.engine.messages import Bye, Outputs, PackedOutput, TokenDelta, TokenRun, unpack_output
+    from backend.engine.process_main import Outbox
+    from backend.outputs import CompletionOutput, RequestOutput
+
+    a, b = socket.socketpair()
+    tx, rx = Connection(a.detach()), Connection(b.detach())
+    outbox = Outbox(tx)
+
+    def out(rid, token, finish=None):
+        return RequestOutput(rid, None, [1], [CompletionOutput(0, "", [token], -float(token), None, finish)],
+                             finish is not None, num_cached_tokens=4)
+
+    steps = [[out("a", 1), out("b", 2)], [out("a", 3), out("b", 4, "length")], [out("a", 5)], [out("a", 6)]]
+    with outbox._queue.mutex:
+        outbox._queue.queue.extend(steps)
+        outbox._queue.queue.append(Bye())
+        outbox._queue.not_empty.notify()
+    received = []
+    while not received or not isinstance(received[-1], Bye):
+        received.append(rx.recv())
+    outbox.close()
+    assert [type(m) for m in received] == [Outputs, Bye]
+    packed = received[0].outputs
+    assert [type(p) for p in packed] == [TokenRun, TokenDelta, PackedOutput]
+    assert packed[0] == TokenRun("a", [1, 3, 5, 6], -6.0, 4) and packed[1] == TokenDelta("b", 2, -2.0, 4)
+    assert unpack_output(packed[0]).completions == [CompletionOutput(0, "", [1, 3, 5, 6], -6.0, None)]
+    assert outbox.stats["outputs"] == 6 and outbox.stats["messages"] == 1
+
+
+def test_fold_token_deltas_keeps_each_requests_order():
+    from backend.engine.messages import PackedOutput, TokenDelta, TokenRun, fold_token_deltas
+
+    final = PackedOutput("a", True, None, 0, [], None)
+    packed = [TokenDelta("a", 1, None, 0), TokenDelta("b", 2, None, 0), TokenDelta("a", 3, None, 0), final,
+              TokenDelta("a", 5, None, 0), TokenDelta("b", 6, None, 0)]
+    assert fold_token_deltas(packed) == [TokenRun("a", [1, 3], None, 0), TokenRun("b", [2, 6], None, 0), final,
+                                         TokenDelta("a", 5, None, 0)]
+    assert fold_token_deltas(packed[:2]) == packed[:2]
+
+
 def test_packed_outputs_round_trip():
     """What crosses the socket: the common one-token output as a TokenDelta, anything else as a
     PackedOutput; unpacking gives back the same fields either way."""
@@ -324,6 +373,37 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
         assert got == want, rid
     assert [f for r, _, _, f in seen if r == "b"] == [False, False, True]
     assert "b" not in eng._requests and "a" in eng._requests
+
+
+def test_receiver_makes_the_text_of_a_token_run_in_its_batch(llama_dir):
+    """A TokenRun (the engine process folded several steps) gets the text of all its tokens in
+    one output, the same text add_token gives them one by one, next to one-token outputs
+    (runs that end inside a character: test_detokenize_many_with_several_tokens_...)."""
+    from transformers import AutoTokenizer
+
+    from backend.engine.admission import Admission
+    from backend.engine.messages import TokenDelta, TokenRun
+    from backend.engine.output_detokenizer import OutputDetokenizer
+    from backend.engine.tokenizer import IncrementalDetokenizer
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    ids = tok("the quick brown fox", add_special_tokens=False)["input_ids"][:7]
+    eng = EngineProcess.__new__(EngineProcess)
+    eng._lock = threading.Lock()
+    eng._admission = Admission(None)
+    seen: list[tuple[str, list[int], str]] = []
+    params = SamplingParams(max_tokens=16)
+    eng._requests = {}
+    for rid in ("a", "b"):
+        req = type("Req", (), {"params": params, "prompt": None, "prompt_token_ids": [1, 2], "metrics": None})()
+        eng._requests[rid] = (req, lambda o: seen.append((o.request_id, o.outputs[0].token_ids, o.outputs[0].text)),
+                              OutputDetokenizer(tok, req))
+    eng._deliver([TokenRun("a", ids[:4], -1.0, 0), TokenDelta("b", ids[4], -1.0, 0)])
+    eng._deliver([TokenRun("a", ids[4:], -1.0, 0)])
+    ref = IncrementalDetokenizer(tok, [1, 2])
+    want_a = "".join(ref.add_token(t) for t in ids)
+    got_a = [(t, text) for r, t, text in seen if r == "a"]
+    assert [t for t, _ in got_a] == [ids[:4], ids[4:]] and "".join(text for _, text in got_a) == want_a
+    assert [(t, text) for r, t, text in seen if r == "b"] == [([ids[4]], IncrementalDetokenizer(tok, [1, 2]).add_token(ids[4]))]
 
 
 def test_structured_outputs_are_checked_and_served_by_the_engine_process(engine, llama_dir):
