@@ -30,7 +30,7 @@ from .admission import Admission
 from .input_processor import InputProcessor
 from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, GetStats, GrammarChecked,
                        Outputs, PackedOutput, Ready, Reply, Shutdown, StartupFailed, StatsReply, TokenDelta,
-                       TokenRun, unpack_output)
+                       TokenRun, token_completions, unpack_output)
 from .metrics import EngineStats, StatsMailbox
 from .output_detokenizer import OutputDetokenizer
 from .request import Request
@@ -241,8 +241,7 @@ class EngineProcess:
             req, callback, detok = entry
             kind = type(p)
             if kind is TokenDelta or kind is TokenRun:  # the common output, built at once
-                completions = [CompletionOutput(0, "", [p.token_id] if kind is TokenDelta else p.token_ids,
-                                                p.cumulative_logprob, None)]
+                completions = token_completions(p)
                 out = RequestOutput(p.request_id, req.prompt, req.prompt_token_ids, completions, False,
                                     num_cached_tokens=p.num_cached_tokens, metrics=req.metrics)
             else:

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from .block_manager import BlockManager
 from .host_block_pool import HostBlockPool
-from .sequence import Sequence, SequenceStatus
-
-__all__ = ["HostBlockPool", "KVSwapper", "is_swapped"]
-
+from .sequence import Sequence
 
 class KVSwapper:
     """The scheduler's swap path: which preemptions swap (the mode), the host blocks and copies
@@ -87,7 +84,3 @@ class KVSwapper:
                 "num_blocks_swapped_out": self.num_blocks_swapped_out,
                 "num_blocks_swapped_in": self.num_blocks_swapped_in,
                 "num_swapped_preemptions": self.num_swapped_preemptions}
-
-
-def is_swapped(seq: Sequence) -> bool:
-    return seq.status == SequenceStatus.SWAPPED

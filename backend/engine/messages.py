@@ -178,12 +178,14 @@ def fold_token_deltas(packed: list[TokenDelta | TokenRun | PackedOutput]) -> lis
     return out
 
 
+def token_completions(packed: TokenDelta | TokenRun) -> list[CompletionOutput]:
+    """The one sample's new tokens that a TokenDelta or a TokenRun carries."""
+    token_ids = [packed.token_id] if type(packed) is TokenDelta else packed.token_ids
+    return [CompletionOutput(0, "", token_ids, packed.cumulative_logprob, None)]
+
+
 def unpack_output(packed: TokenDelta | TokenRun | PackedOutput) -> EngineOutput:
-    if isinstance(packed, TokenDelta):
-        return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens,
-                            [CompletionOutput(0, "", [packed.token_id], packed.cumulative_logprob, None)])
-    if isinstance(packed, TokenRun):
-        return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens,
-                            [CompletionOutput(0, "", packed.token_ids, packed.cumulative_logprob, None)])
+    if isinstance(packed, (TokenDelta, TokenRun)):
+        return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens, token_completions(packed))
     return EngineOutput(packed.request_id, packed.finished, packed.error, packed.num_cached_tokens,
                         [CompletionOutput(*c) for c in packed.completions], packed.prompt_logprobs)

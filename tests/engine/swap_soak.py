@@ -1,18 +1,39 @@
 """A random soak of the scheduler with swap_space's host pool (preemption by swap and/or the
 prefix cache's host tier), with a worker mirrored from the steps' data alone that moves token
 ids as the runner moves keys and values (swap-outs, then copy-on-write copies, then swap-ins,
-then the forward's writes): every token a step reads must be the sequence's own."""
+then the forward's writes): every token a step reads must be the sequence's own. Also what the
+swap and host-tier tests share: random prompts, and a count of the tokens each step computes."""
 from __future__ import annotations
 
 import pickle
 import random
 
+import torch
+
 from backend.engine.block_manager import BlockManager
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
 from backend.engine_config import SchedulerConfig
+from backend.llm import LLM
 from backend.sampling_params import SamplingParams
 from backend.worker.request_states import RequestStates
+
+
+def random_prompts(seed: int, lengths) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 500, (n,), generator=gen).tolist() for n in lengths]
+
+
+def count_computed_tokens(llm: LLM) -> list[int]:
+    """Tokens each launched step computes (proposals none here), summed into the list's one entry."""
+    total = [0]
+    update = llm.engine.scheduler.update_after_step
+
+    def counted(out):
+        total[0] += sum(item.num_known_tokens for item in out.scheduled)
+        update(out)
+    llm.engine.scheduler.update_after_step = counted
+    return total
 
 
 def run_swap_soak(mode: str, host_tier: bool, seed: int = 99) -> tuple[Scheduler, int]:

@@ -217,39 +217,43 @@ def test_an_engine_that_leaves_text_to_its_reader(llama_dir):
     assert totals["stop"].outputs[0].text != ""  # stop strings need the text in the engine
 
 
-def test_outbox_sends_in_order_and_merges_queued_outputs():
-    """The engine process's sender thread: every output arrives, in order, with other messages
-    in their place; outputs queued while it was busy share a message."""
+def _outbox_sends(items: list) -> tuple[list, dict]:
+    """Queue `items` and a Bye in an Outbox before its thread can drain (its queue's mutex held
+    meanwhile), and return what the other end receives, up to the Bye, and the outbox's stats."""
     import socket
     from multiprocessing.connection import Connection
 
-    from backend.engine.messages import Bye, Outputs, StatsReply
+    from backend.engine.messages import Bye
     from backend.engine.process_main import Outbox
-    from backend.outputs import CompletionOutput, RequestOutput
 
     a, b = socket.socketpair()
     tx, rx = Connection(a.detach()), Connection(b.detach())
     outbox = Outbox(tx)
-
-    def out(i):
-        return RequestOutput(f"r{i}", None, [1], [CompletionOutput(0, "", [i], None, None)], False)
-
-    # Queue everything before the thread can drain: hold its queue's mutex meanwhile.
     with outbox._queue.mutex:
-        for i in range(5):
-            outbox._queue.queue.append([out(i)])
-        outbox._queue.queue.append(StatsReply("S"))
-        outbox._queue.queue.append([out(5), out(6)])
+        outbox._queue.queue.extend(items)
         outbox._queue.queue.append(Bye())
         outbox._queue.not_empty.notify()
     received = []
     while not received or not isinstance(received[-1], Bye):
         received.append(rx.recv())
     outbox.close()
+    return received, outbox.stats
+
+
+def test_outbox_sends_in_order_and_merges_queued_outputs():
+    """The engine process's sender thread: every output arrives, in order, with other messages
+    in their place; outputs queued while it was busy share a message."""
+    from backend.engine.messages import Bye, Outputs, StatsReply
+    from backend.outputs import CompletionOutput, RequestOutput
+
+    def out(i):
+        return RequestOutput(f"r{i}", None, [1], [CompletionOutput(0, "", [i], None, None)], False)
+
+    received, stats = _outbox_sends([[out(i)] for i in range(5)] + [StatsReply("S"), [out(5), out(6)]])
     assert [type(m) for m in received] == [Outputs, StatsReply, Outputs, Bye]
     assert [p.request_id for p in received[0].outputs] == ["r0", "r1", "r2", "r3", "r4"]
     assert [p.request_id for p in received[2].outputs] == ["r5", "r6"]
-    assert outbox.stats["messages"] == 2 and outbox.stats["outputs"] == 7
+    assert stats["messages"] == 2 and stats["outputs"] == 7
 
 
 def test_outbox_folds_each_requests_tokens_when_steps_queued():
@@ -257,36 +261,21 @@ def test_outbox_folds_each_requests_tokens_when_steps_queued():
     request's successive one-token outputs are one TokenRun; a final output, or any output
     other than a token, closes the run (its request's order is kept); one step alone is not
     folded."""
-    import socket
-    from multiprocessing.connection import Connection
-
     from backend.engine.messages import Bye, Outputs, PackedOutput, TokenDelta, TokenRun, unpack_output
-    from backend.engine.process_main import Outbox
     from backend.outputs import CompletionOutput, RequestOutput
-
-    a, b = socket.socketpair()
-    tx, rx = Connection(a.detach()), Connection(b.detach())
-    outbox = Outbox(tx)
 
     def out(rid, token, finish=None):
         return RequestOutput(rid, None, [1], [CompletionOutput(0, "", [token], -float(token), None, finish)],
                              finish is not None, num_cached_tokens=4)
 
     steps = [[out("a", 1), out("b", 2)], [out("a", 3), out("b", 4, "length")], [out("a", 5)], [out("a", 6)]]
-    with outbox._queue.mutex:
-        outbox._queue.queue.extend(steps)
-        outbox._queue.queue.append(Bye())
-        outbox._queue.not_empty.notify()
-    received = []
-    while not received or not isinstance(received[-1], Bye):
-        received.append(rx.recv())
-    outbox.close()
+    received, stats = _outbox_sends(steps)
     assert [type(m) for m in received] == [Outputs, Bye]
     packed = received[0].outputs
     assert [type(p) for p in packed] == [TokenRun, TokenDelta, PackedOutput]
     assert packed[0] == TokenRun("a", [1, 3, 5, 6], -6.0, 4) and packed[1] == TokenDelta("b", 2, -2.0, 4)
     assert unpack_output(packed[0]).completions == [CompletionOutput(0, "", [1, 3, 5, 6], -6.0, None)]
-    assert outbox.stats["outputs"] == 6 and outbox.stats["messages"] == 1
+    assert stats["outputs"] == 6 and stats["messages"] == 1
 
 
 def test_fold_token_deltas_keeps_each_requests_order():

@@ -16,7 +16,7 @@ from backend.engine.kv_swap import KVSwapper
 from backend.engine.sequence import Sequence
 from backend.llm import LLM
 from backend.serving.triton_metrics import MetricsTracker
-from swap_soak import run_swap_soak
+from swap_soak import count_computed_tokens, random_prompts, run_swap_soak
 
 # 12 device blocks of 16 tokens: one 70-token prompt and its 8 new tokens take 5 of them, so four
 # other such requests evict it. 0.001 GiB of host memory holds 131 tiny-llama blocks of fp32.
@@ -25,29 +25,12 @@ TIER = dict(SMALL, swap_space=0.001)
 MAX_NEW = 8
 
 
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 500, (n,), generator=gen).tolist() for n in lengths]
-
-
-def _counting(llm: LLM) -> list[int]:
-    """Tokens each launched step computes, summed into the list's one entry."""
-    total = [0]
-    update = llm.engine.scheduler.update_after_step
-
-    def counted(out):
-        total[0] += sum(item.num_known_tokens for item in out.scheduled)
-        update(out)
-    llm.engine.scheduler.update_after_step = counted
-    return total
-
-
 def _shared_evicted_shared(llm: LLM, shared: list[int], others: list[list[int]]):
     """The shared prompt, then the others one by one (each evicts older cached blocks), then the
     shared prompt again. Returns the token ids of the three phases and the tokens the last
     phase computed, with the engine's stats before it."""
     greedy = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
-    computed = _counting(llm)
+    computed = count_computed_tokens(llm)
     first = llm.generate([shared], greedy)[0].outputs[0].token_ids
     middle = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in others]
     bm = llm.engine.block_manager
@@ -77,7 +60,7 @@ def _assert_nothing_held(llm: LLM) -> None:
 def test_an_evicted_shared_prefix_is_found_in_host_memory_and_not_computed_again(llama_dir):
     from hf_reference import hf_greedy_generate
     from transformers import AutoModelForCausalLM
-    shared, *others = _prompts(21, (70, 66, 68, 70, 67))
+    shared, *others = random_prompts(21, (70, 66, 68, 70, 67))
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, torch_dtype=torch.float32)
     want_shared, *want_others = hf_greedy_generate(hf, [shared, *others], MAX_NEW)
 
@@ -243,8 +226,8 @@ def test_greedy_tokens_with_preemption_by_swap_and_the_host_tier_equal_a_large_c
     the prefix comes back from the host tier after it was evicted, and tokens equal those of
     a cache large enough for all (Hugging Face's generate with min_new_tokens never samples
     EOS, which this model's greedy choice sometimes is)."""
-    shared = _prompts(31, (40,))[0]
-    prompts = [shared + p for p in _prompts(32, (9, 20, 14, 25))] + _prompts(33, (50, 45))
+    shared = random_prompts(31, (40,))[0]
+    prompts = [shared + p for p in random_prompts(32, (9, 20, 14, 25))] + random_prompts(33, (50, 45))
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     waves = (prompts[:2] + prompts[4:], prompts[2:4])  # the second finds the prefix evicted
 
@@ -262,7 +245,7 @@ def test_greedy_tokens_with_preemption_by_swap_and_the_host_tier_equal_a_large_c
 def test_each_tensor_parallel_rank_reloads_its_shard_of_an_fp8_cache(llama_dir):
     """tensor_parallel_size=2 (gloo) with an FP8 cache: the shared prompt comes back from each
     rank's host blocks; tokens equal one rank's without the tier."""
-    shared, *others = _prompts(21, (70, 66, 68, 70, 67))
+    shared, *others = random_prompts(21, (70, 66, 68, 70, 67))
     fp8 = dict(kv_cache_dtype="fp8")
     want = _shared_evicted_shared(LLM(llama_dir, **SMALL, **fp8), shared, others)
     llm = LLM(llama_dir, tensor_parallel_size=2, **TIER, **fp8)

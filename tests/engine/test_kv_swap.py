@@ -11,33 +11,17 @@ import torch
 import backend.config
 from backend import EngineArgs, SamplingParams
 from backend.engine.block_manager import BlockManager
-from backend.engine.kv_swap import HostBlockPool, KVSwapper
+from backend.engine.host_block_pool import HostBlockPool
+from backend.engine.kv_swap import KVSwapper
 from backend.engine.sequence import Sequence, SequenceStatus
 from backend.llm import LLM
 from backend.serving.triton_metrics import MetricsTracker
 from backend.worker.host_kv_cache import HostKVCache
-from swap_soak import run_swap_soak
+from swap_soak import count_computed_tokens, random_prompts, run_swap_soak
 
 # A cache far too small for the batch: 8 blocks of 16 tokens for four sequences of 50-70 tokens.
 TIGHT = dict(device="cpu", dtype="float32", block_size=16, num_kv_blocks=8, max_num_batched_tokens=32)
 SWAP = dict(TIGHT, swap_space=0.01, preemption_mode="swap")
-
-
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 500, (n,), generator=gen).tolist() for n in lengths]
-
-
-def _counting(llm: LLM) -> list[int]:
-    """Tokens each launched step computes (proposals none here), summed into the list's one entry."""
-    total = [0]
-    update = llm.engine.scheduler.update_after_step
-
-    def counted(out):
-        total[0] += sum(item.num_known_tokens for item in out.scheduled)
-        update(out)
-    llm.engine.scheduler.update_after_step = counted
-    return total
 
 
 def _assert_empty(llm: LLM) -> None:
@@ -55,14 +39,14 @@ def _assert_empty(llm: LLM) -> None:
 def test_greedy_tokens_with_swapping_equal_hugging_face_and_nothing_is_recomputed(llama_dir):
     from hf_reference import hf_greedy_generate
     from transformers import AutoModelForCausalLM
-    prompts = _prompts(7, (30, 41, 22, 35))
+    prompts = random_prompts(7, (30, 41, 22, 35))
     max_new = 24
     hf = AutoModelForCausalLM.from_pretrained(llama_dir, torch_dtype=torch.float32)
     want = hf_greedy_generate(hf, prompts, max_new)
     greedy = SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True)
     # Without prefix caching every computed token is the step's work, so recompute shows.
     swap = LLM(llama_dir, enable_prefix_caching=False, **SWAP)
-    computed = _counting(swap)
+    computed = count_computed_tokens(swap)
     assert [o.outputs[0].token_ids for o in swap.generate(prompts, greedy)] == want
     stats = swap.engine.get_stats()
     assert stats.num_preemptions > 0
@@ -81,7 +65,7 @@ def test_greedy_tokens_with_swapping_equal_hugging_face_and_nothing_is_recompute
     _assert_empty(swap)
     # The same batch preempted by recompute computes more (the test can tell them apart).
     recompute = LLM(llama_dir, enable_prefix_caching=False, **TIGHT)
-    again = _counting(recompute)
+    again = count_computed_tokens(recompute)
     assert [o.outputs[0].token_ids for o in recompute.generate(prompts, greedy)] == want
     assert recompute.engine.get_stats().num_preemptions > 0
     assert again[0] > computed[0]
@@ -93,8 +77,8 @@ def test_seeded_sampling_and_forked_samples_with_swapping_equal_their_no_swap_to
     one with penalties, whose counts the worker rebuilds on resumption; prompts that share a
     prefix, so prefix-cache hits share blocks too) give the tokens they give in a cache large
     enough for all."""
-    shared = _prompts(3, (32,))[0]
-    prompts = [shared + p for p in _prompts(4, (9, 17))] + _prompts(5, (28, 19))
+    shared = random_prompts(3, (32,))[0]
+    prompts = [shared + p for p in random_prompts(4, (9, 17))] + random_prompts(5, (28, 19))
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=11 + i, max_tokens=20, ignore_eos=True)
               for i in range(len(prompts))]
     params[1] = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=20, ignore_eos=True,
@@ -118,7 +102,7 @@ def test_an_aborted_swapped_sequence_frees_its_host_blocks(llama_dir):
     llm = LLM(llama_dir, **SWAP)
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    for i, prompt in enumerate(_prompts(9, (40, 45, 38, 50))):
+    for i, prompt in enumerate(random_prompts(9, (40, 45, 38, 50))):
         engine.add_request(str(i), prompt, params)
     swapped = []
     while not swapped and engine.has_unfinished_requests():
@@ -159,7 +143,7 @@ def test_the_automatic_mode_swaps_what_takes_more_than_a_chunk_to_recompute():
 def test_the_automatic_mode_through_the_engine(llama_dir):
     """Without preemption_mode, swap_space turns the automatic choice on: sequences computed
     past one chunk (16 tokens of a 32-token budget) swap, tokens unchanged."""
-    prompts = _prompts(7, (30, 41, 22, 35))
+    prompts = random_prompts(7, (30, 41, 22, 35))
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in LLM(llama_dir, **TIGHT).generate(prompts, greedy)]
     llm = LLM(llama_dir, swap_space=0.01, **TIGHT)
@@ -246,7 +230,7 @@ def test_the_resolved_parts_carry_swap_space_and_the_preemption_mode(llama_dir):
 def test_each_tensor_parallel_rank_swaps_its_shard_of_an_fp8_cache(llama_dir):
     """tensor_parallel_size=2 (gloo): each rank holds one of the two kv heads and swaps its own
     part of every block; an FP8 cache moves as bytes. Tokens equal one rank's in a large cache."""
-    prompts = _prompts(7, (30, 41, 22, 35))
+    prompts = random_prompts(7, (30, 41, 22, 35))
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     fp8 = dict(kv_cache_dtype="fp8", enable_prefix_caching=False)
     want = [o.outputs[0].token_ids for o in LLM(llama_dir, device="cpu", dtype="float32", block_size=16,
