@@ -34,7 +34,8 @@ from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, Get
 from .metrics import EngineStats, StatsMailbox
 from .output_detokenizer import OutputDetokenizer
 from .request import Request
-from .tokenizer import IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, load_tokenizer
+from .tokenizer import (IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, import_tokenizer_classes,
+                        load_tokenizer)
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,6 +61,10 @@ class EngineProcess:
         child.close()
         self._conn = Connection(parent.detach())
         self._send_lock = threading.Lock()
+        # The engine's process takes seconds to start (torch, the model); this side's tokenizer
+        # imports transformers meanwhile instead of after it, which shortens every model load.
+        preload = threading.Thread(target=import_tokenizer_classes, name="tritium-tokenizer-import", daemon=True)
+        preload.start()
         self._conn.send(args)
         try:
             reply: Reply = self._conn.recv()

@@ -15,6 +15,19 @@ logger = logging.getLogger(__name__)
 _PROMPT_CONTEXT_TOKENS = 5
 
 
+def import_tokenizer_classes() -> None:
+    """Imports what load_tokenizer needs (seconds of transformers' import), so that a caller
+    can do it on a thread while it waits for something else; the import lock makes a later
+    load_tokenizer wait for it to finish."""
+    try:
+        from transformers import AutoTokenizer  # noqa: F401
+    except ImportError:
+        try:
+            from transformers import PreTrainedTokenizerFast  # noqa: F401
+        except ImportError:
+            pass  # load_tokenizer reports it, with the path it was loading
+
+
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if not os.path.isdir(path):
         raise ValueError(f"tokenizer: directory {path!r} does not exist.")
