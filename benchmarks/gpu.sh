@@ -37,6 +37,9 @@
 #   compare-trees TREE... [-- E2E_ARGS]  this tree against others (`git archive REV | tar -x -C
 #                    oldtree`, carried), in-process by default, run alternately ROUNDS (2) times
 #   ncu-attention    attention kernel variants timed, then Nsight Compute sections per case
+#   round3           performance round 3's table in one call: $QWEN A through Triton and in-process,
+#                    paged decode at 1 x 32k against SDPA (the default and a few configs),
+#                    $QWEN7 L through Triton and Hugging Face, $LLAMA FP8 weights + FP8 KV A via Triton
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -57,7 +60,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving round3 fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -138,6 +141,18 @@ PYEOF
     e2e llama_gptq_act_order --models "$ACT_ORDER" --phases triton --workloads A,B
     stamp "$LLAMA bf16 A and B through Triton (the same machine)"
     e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B ;;
+round3)
+    EXTRA=("$@")
+    stamp "$QWEN bf16 A: Triton and in-process (the response path's cost)"
+    e2e qwen15_a --models "$QWEN" --phases triton,offline --workloads A
+    stamp "paged decode, 1 x 32k, against SDPA on contiguous K/V (CUDA graph replays after an L2 flush)"
+    timeout 120 "$PY" benchmarks/kernels/decode_32k.py --block-n 64,128 --warps 2,4 --stages 3 --splits 32,64 \
+        --json "$OUT/decode_32k.json" 2>&1 | tail -12 >> "$S"
+    stamp "$QWEN7 bf16 L: Triton and the Hugging Face anchor"
+    e2e qwen7_l --models "$QWEN7" --phases triton,hf --workloads L
+    stamp "$LLAMA FP8 weights and FP8 KV cache A through Triton"
+    e2e llama_fp8_kv_fp8_a --models "$LLAMA" --phases triton --workloads A \
+        --engine-arg quantization=fp8 --engine-arg kv_cache_dtype=fp8 ;;
 long-context)
     EXTRA=("$@")
     stamp "$QWEN7 bf16 C and L: Triton and the Hugging Face anchor"
