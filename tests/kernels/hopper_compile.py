@@ -34,12 +34,16 @@ def _record(self, *args, grid, warmup, **kwargs):
     launches.append((self, args, kwargs))
 
 
-def compile_launch(fn, args, kwargs) -> dict:
+def compile_kernel(fn, args, kwargs):
+    """The sm_90 build of one recorded launch (its .asm holds ptx and cubin, .metadata the rest)."""
     binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
-                            options=options.__dict__)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+
+
+def compile_launch(fn, args, kwargs) -> dict:
+    kernel = compile_kernel(fn, args, kwargs)
     info = {"kernel": fn.__name__, "shared": kernel.metadata.shared,
             "wgmma": "wgmma.mma_async" in kernel.asm["ptx"], "mma": "mma.sync" in kernel.asm["ptx"],
             "tma": "cp.async.bulk.tensor" in kernel.asm["ptx"]}
