@@ -73,16 +73,31 @@ def instructions(sass: str) -> list[tuple[int, str, str]]:
     return [(int(m.group(1), 16), m.group(3), m.group(4).strip()) for m in map(LINE.search, sass.splitlines()) if m]
 
 
-def hot_loop(code: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
-    """The body of the backward branch whose range holds the most FFMAs."""
-    loops = []
+def loops(code: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """(first, last) address of each backward branch's range."""
+    out = []
     for addr, op, args in code:
-        if op.startswith("BRA") and (m := re.match(r"(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", args)) and m.group(1):
-            target = int(m.group(1), 16)
-            if target < addr:
-                body = [i for i in code if target <= i[0] <= addr]
-                loops.append((sum(i[1].startswith("FFMA") for i in body), body))
-    return max(loops, key=lambda t: t[0])[1] if loops else []
+        if op.startswith("BRA") and (m := re.match(r"0x([0-9a-f]+)", args)) and int(m.group(1), 16) < addr:
+            out.append((int(m.group(1), 16), addr))
+    return out
+
+
+def hot_loop(code: list[tuple[int, str, str]]) -> tuple[list, list]:
+    """The smallest loop whose body holds the most FFMAs, split into the instructions every
+    iteration runs and those a forward branch inside it skips (the GEMV's group epilogue, run
+    once per group of K rows); both empty when there is no loop."""
+    ranges = loops(code)
+    if not ranges:
+        return [], []
+    body = lambda r: [i for i in code if r[0] <= i[0] <= r[1]]  # noqa: E731
+    first, last = max(ranges, key=lambda r: (sum(i[1].startswith("FFMA") for i in body(r)), r[0] - r[1]))
+    skipped = []
+    for addr, op, args in body((first, last)):
+        m = re.search(r"0x([0-9a-f]+)\s*$", args)
+        if op.startswith("BRA") and m and addr < int(m.group(1), 16) <= last:
+            skipped.append((addr + 16, int(m.group(1), 16) - 16))
+    cold = [i for i in body((first, last)) if any(a <= i[0] <= b for a, b in skipped)]
+    return [i for i in body((first, last)) if i not in cold], cold
 
 
 def mix(body: list[tuple[int, str, str]]) -> dict[str, int]:
@@ -91,7 +106,8 @@ def mix(body: list[tuple[int, str, str]]) -> dict[str, int]:
         counts[next((name for name, test in CLASSES if test(op)), "other")] += 1
     for _, op, _ in body:
         if op.startswith(("LDG", "LDS", "STS")):
-            counts[op.replace(".E", "").replace(".CONSTANT", "")] += 1
+            width = op.replace(".E", "").replace(".CONSTANT", "")
+            counts[width if "." in width else width + ".32"] += 1
     return dict(counts)
 
 
@@ -108,14 +124,18 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None) -> dict:
     if sass_dir:
         os.makedirs(sass_dir, exist_ok=True)
         Path(sass_dir, f"{label}.sass".replace(" ", "_").replace("/", "-")).write_text(sass)
-    body = hot_loop(instructions(sass))
+    body, rest = hot_loop(instructions(sass))
     threads = 32 * kwargs["num_warps"]
     weights = kwargs["BLOCK_K"] * kwargs["BLOCK_W"] * 8 // threads
+    # The skipped block runs once per group, or per K slice when a slice is shorter.
+    slice_rows = min(GROUP, args[fn.arg_names.index("K_SLICE")]) if "K_SLICE" in fn.arg_names else GROUP
+    per_group = len(rest) / (weights * slice_rows // kwargs["BLOCK_K"])
     regs, spills = resources(kernel.asm["cubin"])
     return {"case": label, "n": n, "k": k, "block_n": cfg.block_n if cfg else None,
             "block_k": kwargs["BLOCK_K"], "warps": kwargs["num_warps"], "stages": kwargs["num_stages"],
             "split": kwargs["SPLIT_K"], "registers": regs, "spills": spills,
             "loop": len(body), "weights": weights, "per_weight": round(len(body) / max(weights, 1), 2),
+            "epilogue": len(rest), "per_weight_all": round(len(body) / max(weights, 1) + per_group, 2),
             "mix": mix(body)}
 
 
@@ -144,7 +164,7 @@ def main() -> None:
     rows = []
     cols = ("LOP3", "FFMA", "FADD", "FMUL", "SHF", "int", "MOV", "cvt", "LDG", "LDGSTS", "SHFL", "BAR", "STS", "LDS")
     print(f"{'config':18} {'proj':8} {'bn':>5} {'bk':>3} {'w':>2} {'st':>2} {'spl':>3} {'regs':>4} {'spill':>5} "
-          f"{'loop':>5} {'wt/it':>5} {'ins/wt':>6}  " + " ".join(f"{c:>5}" for c in cols) + "  loads")
+          f"{'loop':>5} {'wt/it':>5} {'ins/wt':>6} {'epi':>4} {'+epi':>5}  " + " ".join(f"{c:>5}" for c in cols) + "  loads")
     for name, cfg in configs(args):
         for proj, (n, k) in PROJECTIONS.items():
             if args.only and proj != args.only:
@@ -158,7 +178,7 @@ def main() -> None:
             loads = " ".join(f"{op}x{c}" for op, c in sorted(r["mix"].items()) if op.startswith(("LDG.", "LDS", "STS")))
             print(f"{name[:18]:18} {proj:8} {cfg.block_n:>5} {r['block_k']:>3} {r['warps']:>2} {r['stages']:>2} "
                   f"{r['split']:>3} {r['registers']:>4} {r['spills']:>5} {r['loop']:>5} {r['weights']:>5} "
-                  f"{r['per_weight']:>6}  " + " ".join(f"{r['mix'].get(c, 0):>5}" for c in cols) + f"  {loads}",
+                  f"{r['per_weight']:>6} {r['epilogue']:>4} {r['per_weight_all']:>5}  " + " ".join(f"{r['mix'].get(c, 0):>5}" for c in cols) + f"  {loads}",
                   flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
