@@ -31,18 +31,18 @@ X_EXP = 64
 
 
 @triton.jit
-def _field(q, q_hi, J: tl.constexpr, BITS: tl.constexpr):
-    """Field J of each word as a float32 whose bits are that field alone, at bit _shift(J). Any
+def _field(q, J: tl.constexpr, BITS: tl.constexpr):
+    """Field J of each word as a float32 whose bits are that field alone (one instruction). Any
     pattern below bit 24 (exponent field 0 or 1) reads as exactly pattern * 2^-149, so the fields
-    below bit 24 are one AND each, in place; the top field is one shift, and a 4-bit word's
-    seventh comes from q_hi, the word shifted down by 24."""
-    LOW: tl.constexpr = 24 // BITS
+    below bit 24 are masked in place and the top one shifted down. A 4-bit word's seventh field
+    is the top byte shifted down, so it holds field 6 + 16 * field 7; the kernel takes the
+    seventh field's sum off once per group."""
     if J == 32 // BITS - 1:
         bits = q >> (32 - BITS)
-    elif J < LOW:
+    elif J < 24 // BITS:
         bits = q & (((1 << BITS) - 1) << (J * BITS))
     else:
-        bits = q_hi & ((1 << BITS) - 1)
+        bits = q >> 24
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -70,7 +70,7 @@ def _apply_group(out, acc, sx, scale_ptrs, zero_ptrs, mask, EVEN: tl.constexpr, 
                  BITS: tl.constexpr, X_EXP: tl.constexpr):
     """out + (sum_k x q - zero sum_k x) * scale for field J over one group: acc holds
     sum_k x q 2^(X_EXP + shift - 149), sx sum_k x."""
-    SHIFT: tl.constexpr = J * BITS * (J < 24 // BITS)  # where _field leaves it
+    SHIFT: tl.constexpr = J * BITS * (J < 24 // BITS)  # the field's lowest bit in _field's float
     UNSCALE: tl.constexpr = 1.0 * (1 << (149 - X_EXP - SHIFT))
     scale = _load(scale_ptrs + J, mask, EVEN).to(tl.float32)
     zero = _load(zero_ptrs + J, mask, EVEN).to(tl.float32)
@@ -117,16 +117,15 @@ def _w4a16_gemv_kernel(
             pick = offs_k[:, None] == r
             q = tl.sum(tl.where(pick, qt, 0), axis=0)
             x = tl.sum(tl.where(pick, xt, -0.0), axis=0)
-            q_hi = q >> (24 // BITS * BITS)
-            a0 = tl.fma(_field(q, q_hi, 0, BITS), x, a0)
-            a1 = tl.fma(_field(q, q_hi, 1, BITS), x, a1)
-            a2 = tl.fma(_field(q, q_hi, 2, BITS), x, a2)
-            a3 = tl.fma(_field(q, q_hi, 3, BITS), x, a3)
+            a0 = tl.fma(_field(q, 0, BITS), x, a0)
+            a1 = tl.fma(_field(q, 1, BITS), x, a1)
+            a2 = tl.fma(_field(q, 2, BITS), x, a2)
+            a3 = tl.fma(_field(q, 3, BITS), x, a3)
             if BITS == 4:
-                a4 = tl.fma(_field(q, q_hi, 4, BITS), x, a4)
-                a5 = tl.fma(_field(q, q_hi, 5, BITS), x, a5)
-                a6 = tl.fma(_field(q, q_hi, 6, BITS), x, a6)
-                a7 = tl.fma(_field(q, q_hi, 7, BITS), x, a7)
+                a4 = tl.fma(_field(q, 4, BITS), x, a4)
+                a5 = tl.fma(_field(q, 5, BITS), x, a5)
+                a6 = tl.fma(_field(q, 6, BITS), x, a6)
+                a7 = tl.fma(_field(q, 7, BITS), x, a7)
         qt, xt = qn, xn
         k1 = k0 + BLOCK_K
         if (k1 % GROUP == 0) | (k1 >= k_hi):  # a group's end: its zero and scale apply once
@@ -143,6 +142,7 @@ def _w4a16_gemv_kernel(
             o2 = _apply_group(o2, a2, sx, sp, zp, w_mask, EVEN_W, 2, BITS, X_EXP)
             o3 = _apply_group(o3, a3, sx, sp, zp, w_mask, EVEN_W, 3, BITS, X_EXP)
             if BITS == 4:
+                a6 -= 16.0 * a7  # a6 summed field 6 + 16 * field 7 (see _field)
                 o4 = _apply_group(o4, a4, sx, sp, zp, w_mask, EVEN_W, 4, BITS, X_EXP)
                 o5 = _apply_group(o5, a5, sx, sp, zp, w_mask, EVEN_W, 5, BITS, X_EXP)
                 o6 = _apply_group(o6, a6, sx, sp, zp, w_mask, EVEN_W, 6, BITS, X_EXP)
