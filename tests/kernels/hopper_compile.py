@@ -1,5 +1,6 @@
 """Compile every kernel for sm_90 (H100/H200) on a machine without a GPU and print one JSON line
-per kernel: registers, spill bytes, shared memory and which matrix instructions the PTX uses.
+per kernel: registers, spill bytes, shared memory, which matrix instructions the PTX uses and
+whether it flushes denormal floats to zero anywhere.
 
 Run as a script, without TRITON_INTERPRET (compiling needs Triton's compiled mode). It intercepts
 the kernel launch inside each wrapper, so the wrappers choose constexprs and launch options
@@ -46,7 +47,7 @@ def compile_launch(fn, args, kwargs) -> dict:
     kernel = compile_kernel(fn, args, kwargs)
     info = {"kernel": fn.__name__, "shared": kernel.metadata.shared,
             "wgmma": "wgmma.mma_async" in kernel.asm["ptx"], "mma": "mma.sync" in kernel.asm["ptx"],
-            "tma": "cp.async.bulk.tensor" in kernel.asm["ptx"]}
+            "tma": "cp.async.bulk.tensor" in kernel.asm["ptx"], "ftz": ".ftz" in kernel.asm["ptx"]}
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     usage = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout
