@@ -1,13 +1,16 @@
 """The two w4a16_matmul paths beside the tensor-core kernel (kernels/w4a16.py has the layout):
 
 GEMV (one row, decode at batch 1): each weight is used once, so tensor cores buy nothing and
-their operand's trip through shared memory costs. A program takes BLOCK_W words of each of
-BLOCK_K rows and reduces over K inside each thread (the threads lie along N). A 4-bit field is
-not shifted down: masked in place and ORed into the mantissa of 2^23 it reads, after subtracting
-2^23, as q * 16^j exactly, and the activation is scaled by 16^-j instead (once per row of K,
-exact). The fields above bit 20 are shifted once per word. The zero comes out of the sum,
-sum_k x (q - z) = sum_k x q - z sum_k x, so the inner loop costs a mask, an OR, a subtraction
-and an FMA per weight.
+their operand's trip through shared memory costs. A program takes BLOCK_W words, the threads
+along N each holding every row of its words, and walks a run of K rows BLOCK_K at a time, the
+next step's tile loaded before this one is used. A field becomes a float in one instruction
+and with no offset to take off: left in place (masked, or the top field shifted down), its bits
+read as the float32 q 2^(shift - 149) exactly (any pattern below bit 24 is a denormal or one of
+the smallest normals, all multiples of 2^-149), and the activation, scaled by 2^64 so that the
+products are normal floats, multiplies it into the field's running sum in one FFMA. The zero
+and the scale apply once per group, sum_k x (q - z) s = s (sum_k x q - z sum_k x). So a weight
+costs an AND or a shift and an FFMA, if denormals are kept (no flush to zero: Triton's float32
+arithmetic keeps them, and tests/kernels/test_kernel_w4a16_hopper.py checks the sm_90 build).
 
 Dequantize, then cuBLAS (many rows): each weight tile would be widened once per row tile, and
 the widening costs more than the multiply; written out once as a 16-bit [K, N] matrix it costs a
@@ -155,8 +158,7 @@ def _w4a16_gemv_kernel(
     else:
         acc = tl.join(tl.join(o0, o2), tl.join(o1, o3))
     acc = tl.reshape(acc, (BLOCK_W, PACK))
-    offs_w2 = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    cols = offs_w2[:, None] * PACK + tl.arange(0, PACK)[None, :]  # [BLOCK_W, PACK]: column order
+    cols = offs_w[:, None] * PACK + tl.arange(0, PACK)[None, :]  # [BLOCK_W, PACK]: column order
     c_mask = cols < N
     if FUSED_REDUCE:
         # The K slices' partial sums meet in ws; the slice that finishes last adds them in slice
