@@ -86,7 +86,7 @@ def _w4a16_gemv_kernel(
     stride_xm, stride_sg, stride_os, stride_om,
     STRIDE_QK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
     EVEN_W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr, X_EXP: tl.constexpr, VECTOR: tl.constexpr, X_CHUNK: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, X_EXP: tl.constexpr, WORDS: tl.constexpr, X_CHUNK: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
     XS: tl.constexpr = 1.0 * (1 << X_EXP)
@@ -94,10 +94,9 @@ def _w4a16_gemv_kernel(
     pid_k = tl.program_id(1)
     row = tl.program_id(2)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    if not VECTOR:
-        # Fewer than four words a thread: hiding their contiguity keeps every thread along N
-        # (one word each, as 32-bit loads) instead of 16-byte vectors with threads along K.
-        offs_w = tl.max_contiguous(offs_w, 1)
+    # Each thread's words are contiguous up to WORDS (one load each row, up to 16 bytes), so all
+    # threads lie along N even when a tile has fewer than four words a thread.
+    offs_w = tl.max_contiguous(offs_w, WORDS)
     w_mask = offs_w < N // PACK
     x_row = x_ptr + row.to(tl.int64) * stride_xm
     offs_k = tl.arange(0, BLOCK_K)
@@ -228,7 +227,7 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         x.stride(0), scales.stride(0), ws.stride(0), out.stride(1), STRIDE_QK=qweight.stride(0),
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None, EVEN_W=(n // pack) % block_w == 0,
         BLOCK_W=block_w, BLOCK_K=block_k, SPLIT_K=split, FUSED_REDUCE=fused, X_EXP=X_EXP,
-        VECTOR=block_w >= 4 * 32 * cfg.num_warps, X_CHUNK=min(triton.next_power_of_2(group_size), 128),
+        WORDS=max(1, min(4, block_w // (32 * cfg.num_warps))), X_CHUNK=min(triton.next_power_of_2(group_size), 128),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out[0] if split == 1 or fused else out.sum(dim=0).to(x.dtype)
