@@ -4,10 +4,13 @@ Compiles `_w4a16_gemv_kernel` (through `kernels.w4a16_matmul`, which picks its c
 launch options as on the GPU) at Llama-3-8B's four projections (bf16, 4 bits, groups of 128) for
 the default one-row config, each H100 config of kernels/configs/w4a16.json, or configs given on
 the command line, dumps the SASS with Triton's bundled cuobjdump and prints one row per build:
-registers, spill bytes, instructions in the hot loop's body (the backward branch whose body holds
-the most FFMAs), weights per thread per iteration (BLOCK_K * BLOCK_N / threads), instructions per
-weight, and the body's instruction mix (LOP3, FFMA, FADD, FMUL, integer address arithmetic, loads
-by width, SHFL, BAR, shared-memory traffic).
+the K slices (spl), registers and spill bytes; the hot loop (the backward branch whose body
+holds the most FFMAs) less any block a forward branch inside it skips (the group epilogue that
+applies zeros and scales): its instructions (loop), weights per thread per iteration (wt/it =
+BLOCK_K * BLOCK_N / threads) and instructions per weight (ins/wt); the skipped block (epi) and
+the total per weight with it run once per group, or per K slice if a slice is shorter (+epi);
+then the loop's mix (LOP3, FFMA, FADD, FMUL, shifts, integer and address arithmetic, moves and
+constants, conversions, loads by width, SHFL, barriers, shared-memory stores and loads).
 
     .venv/bin/python scripts/probes/gemv_sass.py                 # default + tuned H100 configs
     .venv/bin/python scripts/probes/gemv_sass.py --config "W4A16Config(1, 1024, 32, 0, 1, 4, 1, method='gemv')"
@@ -131,7 +134,7 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None) -> dict:
     slice_rows = min(GROUP, args[fn.arg_names.index("K_SLICE")]) if "K_SLICE" in fn.arg_names else GROUP
     per_group = len(rest) / (weights * slice_rows // kwargs["BLOCK_K"])
     regs, spills = resources(kernel.asm["cubin"])
-    return {"case": label, "n": n, "k": k, "block_n": cfg.block_n if cfg else None,
+    return {"case": label, "n": n, "k": k, "block_n": cfg.block_n,
             "block_k": kwargs["BLOCK_K"], "warps": kwargs["num_warps"], "stages": kwargs["num_stages"],
             "split": kwargs["SPLIT_K"], "registers": regs, "spills": spills,
             "loop": len(body), "weights": weights, "per_weight": round(len(body) / max(weights, 1), 2),
@@ -146,8 +149,21 @@ def configs(args) -> list[tuple[str, object]]:
     out = [("default", DEFAULT_CONFIGS[1])]
     for gpu, table in load_tuned_configs(TUNED_CONFIGS).items():
         if "H100" in gpu:
-            out += [(f"tuned {name}", table.get(config_key(n, k, 4, GROUP, 1))) for name, (n, k) in PROJECTIONS.items()]
+            out += [(f"tuned {name}", table.get(config_key(n, k, 4, GROUP, 1)))
+                    for name, (n, k) in PROJECTIONS.items()]
     return out
+
+
+MIX = ("LOP3", "FFMA", "FADD", "FMUL", "SHF", "int", "MOV", "cvt", "LDG", "LDGSTS", "SHFL", "BAR", "STS", "LDS")
+HEADER = ("config", "proj", "bn", "bk", "w", "st", "spl", "regs", "spill", "loop", "wt/it", "ins/wt", "epi", "+epi")
+
+
+def line(name: str, r: dict) -> str:
+    values = (name[:18], r["case"].split()[-1], r["block_n"], r["block_k"], r["warps"], r["stages"], r["split"],
+              r["registers"], r["spills"], r["loop"], r["weights"], r["per_weight"], r["epilogue"],
+              r["per_weight_all"]) + tuple(r["mix"].get(c, 0) for c in MIX)
+    loads = " ".join(f"{op}x{c}" for op, c in sorted(r["mix"].items()) if op.startswith(("LDG.", "LDS", "STS")))
+    return f"{values[0]:18} {values[1]:8} " + " ".join(f"{v:>6}" for v in values[2:]) + f"  {loads}"
 
 
 def main() -> None:
@@ -162,24 +178,13 @@ def main() -> None:
     import kernels.w4a16
     kernels.w4a16.check_runnable = lambda op, t: None
     rows = []
-    cols = ("LOP3", "FFMA", "FADD", "FMUL", "SHF", "int", "MOV", "cvt", "LDG", "LDGSTS", "SHFL", "BAR", "STS", "LDS")
-    print(f"{'config':18} {'proj':8} {'bn':>5} {'bk':>3} {'w':>2} {'st':>2} {'spl':>3} {'regs':>4} {'spill':>5} "
-          f"{'loop':>5} {'wt/it':>5} {'ins/wt':>6} {'epi':>4} {'+epi':>5}  " + " ".join(f"{c:>5}" for c in cols) + "  loads")
+    print(f"{HEADER[0]:18} {HEADER[1]:8} " + " ".join(f"{h:>6}" for h in HEADER[2:] + MIX) + "  loads")
     for name, cfg in configs(args):
         for proj, (n, k) in PROJECTIONS.items():
-            if args.only and proj != args.only:
-                continue
-            if name.startswith("tuned ") and proj != name.split()[1]:
-                continue
-            if cfg is None:
-                continue
-            r = probe(f"{name} {proj}", n, k, cfg, args.sass_dir)
-            rows.append(r)
-            loads = " ".join(f"{op}x{c}" for op, c in sorted(r["mix"].items()) if op.startswith(("LDG.", "LDS", "STS")))
-            print(f"{name[:18]:18} {proj:8} {cfg.block_n:>5} {r['block_k']:>3} {r['warps']:>2} {r['stages']:>2} "
-                  f"{r['split']:>3} {r['registers']:>4} {r['spills']:>5} {r['loop']:>5} {r['weights']:>5} "
-                  f"{r['per_weight']:>6} {r['epilogue']:>4} {r['per_weight_all']:>5}  " + " ".join(f"{r['mix'].get(c, 0):>5}" for c in cols) + f"  {loads}",
-                  flush=True)
+            wanted = (not args.only or proj == args.only) and (not name.startswith("tuned ") or proj == name.split()[1])
+            if cfg is not None and wanted:
+                rows.append(probe(f"{name} {proj}", n, k, cfg, args.sass_dir))
+                print(line(name, rows[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
