@@ -87,6 +87,7 @@ def _w4a16_gemv_kernel(
     STRIDE_QK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
     EVEN_W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, X_EXP: tl.constexpr, WORDS: tl.constexpr, X_CHUNK: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
     XS: tl.constexpr = 1.0 * (1 << X_EXP)
@@ -106,11 +107,16 @@ def _w4a16_gemv_kernel(
     o0 = tl.zeros((BLOCK_W,), dtype=tl.float32)
     o1, o2, o3, o4, o5, o6, o7 = o0, o0, o0, o0, o0, o0, o0
     a0, a1, a2, a3, a4, a5, a6, a7 = o0, o0, o0, o0, o0, o0, o0, o0
+    # The tiles of the next AHEAD steps are loading while a step computes (past the slice's end
+    # a step loads the last one again), so a warp keeps loads in flight. ptxas issues them late
+    # in the step before; two ahead leave a whole step more to cover the latency.
+    last = k_hi - BLOCK_K
     qt, xt = _gemv_tile(q_ptrs, x_row, perm_ptr, k_lo, offs_k, w_mask, STRIDE_QK, HAS_PERM, EVEN_W, XS)
+    if AHEAD == 2:
+        q1, x1 = _gemv_tile(q_ptrs, x_row, perm_ptr, tl.minimum(k_lo + BLOCK_K, last), offs_k, w_mask,
+                            STRIDE_QK, HAS_PERM, EVEN_W, XS)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        # The next step's tile is loaded before this one is used (the last step loads itself
-        # again), so a warp keeps its loads in flight while it computes.
-        qn, xn = _gemv_tile(q_ptrs, x_row, perm_ptr, tl.minimum(k0 + BLOCK_K, k_hi - BLOCK_K), offs_k, w_mask,
+        qn, xn = _gemv_tile(q_ptrs, x_row, perm_ptr, tl.minimum(k0 + AHEAD * BLOCK_K, last), offs_k, w_mask,
                             STRIDE_QK, HAS_PERM, EVEN_W, XS)
         xt = tl.broadcast_to(xt[:, None], (BLOCK_K, BLOCK_W))
         for r in tl.static_range(BLOCK_K):
@@ -128,7 +134,10 @@ def _w4a16_gemv_kernel(
                 a5 = tl.fma(_field(q, 5, BITS), x, a5)
                 a6 = tl.fma(_field(q, 6, BITS), x, a6)
                 a7 = tl.fma(_field(q, 7, BITS), x, a7)
-        qt, xt = qn, xn
+        if AHEAD == 2:
+            qt, xt, q1, x1 = q1, x1, qn, xn
+        else:
+            qt, xt = qn, xn
         k1 = k0 + BLOCK_K
         if (k1 % GROUP == 0) | (k1 >= k_hi):  # a group's end: its zero and scale apply once
             g = k0 // GROUP
@@ -228,6 +237,7 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None, EVEN_W=(n // pack) % block_w == 0,
         BLOCK_W=block_w, BLOCK_K=block_k, SPLIT_K=split, FUSED_REDUCE=fused, X_EXP=X_EXP,
         WORDS=max(1, min(4, block_w // (32 * cfg.num_warps))), X_CHUNK=min(triton.next_power_of_2(group_size), 128),
+        AHEAD=cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out[0] if split == 1 or fused else out.sum(dim=0).to(x.dtype)

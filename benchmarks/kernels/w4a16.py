@@ -37,12 +37,13 @@ GROUP = 128
 SWEEP = {  # row bucket -> configs tried besides the default
     # The GEMV at one, two and four 4-byte words a thread (block_n / (8 * 32 * num_warps)): more
     # words share each row's activation but leave fewer warps; K slices of auto (about eight
-    # warps an SM) or 32, their partial sums added in PyTorch or in the kernel. It prefetches by
-    # hand, so num_stages stays 1.
-    1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv", fused_reduce=fused)
+    # warps an SM) or 32, their partial sums added in PyTorch or in the kernel; tiles loaded one
+    # or (up to two words a thread: registers) two steps ahead. num_stages does nothing there.
+    1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv", fused_reduce=fused, prefetch=ahead)
         for bn, bk, w in ((256, 16, 1), (512, 32, 2), (1024, 32, 4), (512, 16, 1), (1024, 16, 2),
                           (1024, 16, 1), (2048, 16, 2), (4096, 16, 4))
-        for split in (0, 32) for fused in (False, True)]
+        for split, ahead in ((0, 1), (32, 1), (0, 2)) if ahead == 1 or bn // w <= 512
+        for fused in (False, True)]
        + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]

@@ -67,14 +67,15 @@ def test_matches_float64(case, dtype):
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
-# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k, num_warps): the
-# one-row-per-program GEMV, with several rows too, column tiles past N, K slices (some ending
-# inside a group), one group over a K that is not a power of two, and a tile of four words a
-# thread (16-byte loads).
+# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k, num_warps[, prefetch]):
+# the one-row-per-program GEMV, with several rows too, column tiles past N, K slices (some ending
+# inside a group), one group over a K that is not a power of two, a tile of four words a thread
+# (16-byte loads), and tiles loaded two steps ahead.
 GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0, 4), (1, 96, 256, 64, 4, True, 64, 64, 3, 4),
               (3, 40, 128, 128, 4, False, 32, 128, 1, 4), (1, 48, 128, 16, 8, True, 16, 16, 2, 4),
               (2, 24, 64, 64, 8, False, 16, 32, 0, 4), (1, 64, 256, 128, 4, False, 32, 32, 3, 4),
-              (2, 64, 96, 96, 4, True, 64, 32, 2, 4), (1, 1032, 64, 32, 4, False, 1024, 16, 2, 1)]
+              (2, 64, 96, 96, 4, True, 64, 32, 2, 4), (1, 1032, 64, 32, 4, False, 1024, 16, 2, 1),
+              (1, 64, 256, 64, 4, True, 32, 16, 3, 4, 2), (2, 48, 128, 32, 8, False, 16, 16, 2, 4, 2)]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["torch-sum", "fused-reduce"])
@@ -84,10 +85,10 @@ GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0, 4), (1, 96, 256, 64, 4, True
 def test_gemv_matches_float64(case, dtype, fused):
     from kernels.w4a16 import W4A16Config
     from kernels.w4a16_paths import _counters
-    m, n, k, group, bits, shuffled, bn, bk, split, warps = case
+    m, n, k, group, bits, shuffled, bn, bk, split, warps, *prefetch = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
     cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=2,
-                      method="gemv", fused_reduce=fused)
+                      method="gemv", fused_reduce=fused, prefetch=prefetch[0] if prefetch else 1)
     poison = torch.full((m, n), float("nan"), dtype=dtype, device=x.device)
     for _ in range(2):  # a second call finds the arrival counters back at zero
         out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
@@ -135,6 +136,8 @@ def test_config_method_is_checked():
     from kernels.w4a16 import W4A16Config
     with pytest.raises(ValueError, match="^method 'cuda': expected one of gemv, mma, dequant$"):
         W4A16Config(method="cuda")
+    with pytest.raises(ValueError, match="^prefetch 3: expected 1 or 2$"):
+        W4A16Config(method="gemv", prefetch=3)
     (x, qweight, scales, zeros), _, _ = _case(1, 64, 128, 32, 4, False, 0, torch.float16)
     with pytest.raises(ValueError, match=r"^w4a16_matmul: a gemv config's block_n \(12\) must be a multiple of 8$"):
         kernels.w4a16_matmul(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
