@@ -73,7 +73,7 @@ def random_layer(n: int, k: int):
 
 def cfg_name(c: W4A16Config) -> str:
     return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
-            + (" fused" if c.fused_reduce else ""))
+            + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else ""))
 
 
 def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tuple[list, dict]:
