@@ -52,7 +52,7 @@ ROW_BUCKETS = (1, 16, 64, 256)  # and "more"
 
 
 DEFAULT_CONFIGS = {
-    1: W4A16Config(1, 1024, 32, 0, 1, 4, 1, method="gemv"),
+    1: W4A16Config(1, 512, 16, 0, 1, 1, 1, method="gemv"),
     16: W4A16Config(16, 64, 128, 0, 1, 4, 4),
     64: W4A16Config(64, 64, 128, 0, 8, 4, 4),
     256: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"),

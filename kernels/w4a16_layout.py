@@ -27,10 +27,15 @@ class W4A16Config:
     # gemv with several K slices: add the partial sums in the kernel (the last slice to finish
     # does) instead of a PyTorch sum after it.
     fused_reduce: bool = False
+    # gemv: K steps whose weight tiles are loading while one step computes (1 or 2; it
+    # prefetches by hand, so num_stages does nothing there).
+    prefetch: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
+        if self.prefetch not in (1, 2):
+            raise ValueError(f"prefetch {self.prefetch}: expected 1 or 2")
 
 
 @triton.jit

@@ -1,13 +1,16 @@
 """The two w4a16_matmul paths beside the tensor-core kernel (kernels/w4a16.py has the layout):
 
 GEMV (one row, decode at batch 1): each weight is used once, so tensor cores buy nothing and
-their operand's trip through shared memory costs. A program takes BLOCK_W words of each of
-BLOCK_K rows and reduces over K inside each thread (the threads lie along N). A 4-bit field is
-not shifted down: masked in place and ORed into the mantissa of 2^23 it reads, after subtracting
-2^23, as q * 16^j exactly, and the activation is scaled by 16^-j instead (once per row of K,
-exact). The fields above bit 20 are shifted once per word. The zero comes out of the sum,
-sum_k x (q - z) = sum_k x q - z sum_k x, so the inner loop costs a mask, an OR, a subtraction
-and an FMA per weight.
+their operand's trip through shared memory costs. A program takes BLOCK_W words, the threads
+along N each holding every row of its words, and walks a run of K rows BLOCK_K at a time, the
+next step's tile loaded before this one is used. A field becomes a float in one instruction
+and with no offset to take off: left in place (masked, or the top field shifted down), its bits
+read as the float32 q 2^(shift - 149) exactly (any pattern below bit 24 is a denormal or one of
+the smallest normals, all multiples of 2^-149), and the activation, scaled by 2^64 so that the
+products are normal floats, multiplies it into the field's running sum in one FFMA. The zero
+and the scale apply once per group, sum_k x (q - z) s = s (sum_k x q - z sum_k x). So a weight
+costs an AND or a shift and an FFMA, if denormals are kept (no flush to zero: Triton's float32
+arithmetic keeps them, and tests/kernels/test_kernel_w4a16_hopper.py checks the sm_90 build).
 
 Dequantize, then cuBLAS (many rows): each weight tile would be widened once per row tile, and
 the widening costs more than the multiply; written out once as a 16-bit [K, N] matrix it costs a
@@ -24,65 +27,147 @@ from ._launch import cdiv
 from .w4a16_layout import W4A16Config, _input_rows, _widen
 
 
+# The activations are scaled by 2^X_EXP so that their product with a field (the field's bits in
+# place, read as the float32 q 2^(shift - 149)) is a normal float for |x q| >= 2^-41, and stays
+# finite for |x| < 2^64 (fp16 activations always, bf16 in any model that does not overflow).
+X_EXP = 64
+
+
 @triton.jit
-def _field_sum(q, x, c, J: tl.constexpr, BITS: tl.constexpr):
-    """sum over the rows of x * (field J of each word): q [BLOCK_K, W] uint32, x [BLOCK_K] float32,
-    c = -2^23 x."""
-    LOW: tl.constexpr = (23 - BITS) // BITS + 1  # fields that lie below the float's 23 mantissa bits
-    MASK: tl.constexpr = (1 << BITS) - 1
-    if J < LOW:
-        bits = q & (MASK << (J * BITS))
-        SHIFT: tl.constexpr = J * BITS
+def _field(q, J: tl.constexpr, BITS: tl.constexpr):
+    """Field J of each word as a float32 whose bits are that field alone (one instruction). Any
+    pattern below bit 24 (exponent field 0 or 1) reads as exactly pattern * 2^-149, so the fields
+    below bit 24 are masked in place and the top one shifted down. A 4-bit word's seventh field
+    is the top byte shifted down, so it holds field 6 + 16 * field 7; the kernel takes the
+    seventh field's sum off once per group."""
+    if J == 32 // BITS - 1:
+        bits = q >> (32 - BITS)
+    elif J < 24 // BITS:
+        bits = q & (((1 << BITS) - 1) << (J * BITS))
     else:
-        bits = (q >> (LOW * BITS)) & (MASK << ((J - LOW) * BITS))
-        SHIFT: tl.constexpr = (J - LOW) * BITS
-    # The bits ORed into 2^23 read as 2^23 + q 2^SHIFT; x times that, plus c, is x q 2^SHIFT
-    # rounded once (an FMA). The power of two comes off the column's sum.
-    f = (bits | 0x4B000000).to(tl.float32, bitcast=True)
-    return tl.sum(tl.fma(x[:, None], f, c[:, None]), axis=0) * (1.0 / (1 << SHIFT))
+        bits = q >> 24
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load(ptrs, mask, EVEN: tl.constexpr):
+    """ptrs' values, or 0 where mask is false (EVEN: every one is in bounds, no mask)."""
+    if EVEN:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0)
+    return v
+
+
+@triton.jit
+def _gemv_tile(q_ptrs, x_row, perm_ptr, k0, offs_k, w_mask, STRIDE_QK: tl.constexpr, HAS_PERM: tl.constexpr,
+               EVEN_W: tl.constexpr, XS: tl.constexpr):
+    """The words of rows k0.. of a step and their activations, times XS, in float32."""
+    q = _load(q_ptrs + k0.to(tl.int64) * STRIDE_QK, w_mask[None, :], EVEN_W).to(tl.uint32, bitcast=True)
+    x = tl.load(x_row + _input_rows(perm_ptr, k0 + offs_k, HAS_PERM)).to(tl.float32) * XS
+    return q, x
+
+
+@triton.jit
+def _apply_group(out, acc, sx, scale_ptrs, zero_ptrs, mask, EVEN: tl.constexpr, J: tl.constexpr,
+                 BITS: tl.constexpr, X_EXP: tl.constexpr):
+    """out + (sum_k x q - zero sum_k x) * scale for field J over one group: acc holds
+    sum_k x q 2^(X_EXP + shift - 149), sx sum_k x."""
+    SHIFT: tl.constexpr = J * BITS * (J < 24 // BITS)  # the field's lowest bit in _field's float
+    UNSCALE: tl.constexpr = 1.0 * (1 << (149 - X_EXP - SHIFT))
+    scale = _load(scale_ptrs + J, mask, EVEN).to(tl.float32)
+    zero = _load(zero_ptrs + J, mask, EVEN).to(tl.float32)
+    return out + (acc * UNSCALE - zero * sx) * scale
 
 
 @triton.jit
 def _w4a16_gemv_kernel(
-    x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, ws_ptr, count_ptr, N, K,
-    stride_xm, stride_qk, stride_sg, stride_os, stride_om,
-    GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
-    BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, ws_ptr, count_ptr, N, K, K_SLICE,
+    stride_xm, stride_sg, stride_os, stride_om,
+    STRIDE_QK: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
+    EVEN_W: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, X_EXP: tl.constexpr, WORDS: tl.constexpr, X_CHUNK: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
+    XS: tl.constexpr = 1.0 * (1 << X_EXP)
     pid_w = tl.program_id(0)
     pid_k = tl.program_id(1)
     row = tl.program_id(2)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    # Each thread's words are contiguous up to WORDS (one load each row, up to 16 bytes), so all
+    # threads lie along N even when a tile has fewer than four words a thread.
+    offs_w = tl.max_contiguous(offs_w, WORDS)
     w_mask = offs_w < N // PACK
-    cols = offs_w[:, None] * PACK + tl.arange(0, PACK)[None, :]  # [BLOCK_W, PACK]: column order
-    c_mask = w_mask[:, None] & (cols < N)
-    offs_k = tl.arange(0, BLOCK_K)
     x_row = x_ptr + row.to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_W, PACK), dtype=tl.float32)
-    # The word pointers advance by a step's rows (no per-row 64-bit address arithmetic in the loop).
-    q_ptrs = qw_ptr + (pid_k * BLOCK_K + offs_k)[:, None].to(tl.int64) * stride_qk + offs_w[None, :]
-    q_step = BLOCK_K * SPLIT_K * stride_qk.to(tl.int64)
-    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
-        k = k0 + offs_k  # K is a multiple of BLOCK_K: no mask
-        x = tl.load(x_row + _input_rows(perm_ptr, k, HAS_PERM)).to(tl.float32)
-        c = x * -8388608.0
-        q = tl.load(q_ptrs, mask=w_mask[None, :], other=0).to(tl.uint32, bitcast=True)
-        q_ptrs += q_step
-        # The outer join's new dimension is the minor one: this nesting lists fields in order.
-        if BITS == 4:
-            s = tl.join(tl.join(tl.join(_field_sum(q, x, c, 0, BITS), _field_sum(q, x, c, 4, BITS)),
-                                tl.join(_field_sum(q, x, c, 2, BITS), _field_sum(q, x, c, 6, BITS))),
-                        tl.join(tl.join(_field_sum(q, x, c, 1, BITS), _field_sum(q, x, c, 5, BITS)),
-                                tl.join(_field_sum(q, x, c, 3, BITS), _field_sum(q, x, c, 7, BITS))))
+    offs_k = tl.arange(0, BLOCK_K)
+    q_ptrs = qw_ptr + offs_k[:, None] * STRIDE_QK + offs_w[None, :]
+    k_lo = pid_k * K_SLICE  # this program's rows of K: a run of whole K steps
+    k_hi = tl.minimum(k_lo + K_SLICE, K)
+    o0 = tl.zeros((BLOCK_W,), dtype=tl.float32)
+    o1, o2, o3, o4, o5, o6, o7 = o0, o0, o0, o0, o0, o0, o0
+    a0, a1, a2, a3, a4, a5, a6, a7 = o0, o0, o0, o0, o0, o0, o0, o0
+    # The tiles of the next AHEAD steps are loading while a step computes (past the slice's end
+    # a step loads the last one again), so a warp keeps loads in flight. ptxas issues them late
+    # in the step before; two ahead leave a whole step more to cover the latency.
+    last = k_hi - BLOCK_K
+    qt, xt = _gemv_tile(q_ptrs, x_row, perm_ptr, k_lo, offs_k, w_mask, STRIDE_QK, HAS_PERM, EVEN_W, XS)
+    if AHEAD == 2:
+        q1, x1 = _gemv_tile(q_ptrs, x_row, perm_ptr, tl.minimum(k_lo + BLOCK_K, last), offs_k, w_mask,
+                            STRIDE_QK, HAS_PERM, EVEN_W, XS)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        qn, xn = _gemv_tile(q_ptrs, x_row, perm_ptr, tl.minimum(k0 + AHEAD * BLOCK_K, last), offs_k, w_mask,
+                            STRIDE_QK, HAS_PERM, EVEN_W, XS)
+        xt = tl.broadcast_to(xt[:, None], (BLOCK_K, BLOCK_W))
+        for r in tl.static_range(BLOCK_K):
+            # Each thread holds every row of its words: picking row r out (a sum over a one-hot
+            # mask) costs no instruction, and a group's sums per field stay in those threads.
+            pick = offs_k[:, None] == r
+            q = tl.sum(tl.where(pick, qt, 0), axis=0)
+            x = tl.sum(tl.where(pick, xt, -0.0), axis=0)
+            a0 = tl.fma(_field(q, 0, BITS), x, a0)
+            a1 = tl.fma(_field(q, 1, BITS), x, a1)
+            a2 = tl.fma(_field(q, 2, BITS), x, a2)
+            a3 = tl.fma(_field(q, 3, BITS), x, a3)
+            if BITS == 4:
+                a4 = tl.fma(_field(q, 4, BITS), x, a4)
+                a5 = tl.fma(_field(q, 5, BITS), x, a5)
+                a6 = tl.fma(_field(q, 6, BITS), x, a6)
+                a7 = tl.fma(_field(q, 7, BITS), x, a7)
+        if AHEAD == 2:
+            qt, xt, q1, x1 = q1, x1, qn, xn
         else:
-            s = tl.join(tl.join(_field_sum(q, x, c, 0, BITS), _field_sum(q, x, c, 2, BITS)),
-                        tl.join(_field_sum(q, x, c, 1, BITS), _field_sum(q, x, c, 3, BITS)))
-        s = tl.reshape(s, (BLOCK_W, PACK))
-        g = k0 // GROUP
-        scale = tl.load(scale_ptr + g * stride_sg + cols, mask=c_mask, other=0.0).to(tl.float32)
-        zero = tl.load(zero_ptr + g * stride_sg + cols, mask=c_mask, other=0.0).to(tl.float32)
-        acc += (s - zero * tl.sum(x, axis=0)) * scale
+            qt, xt = qn, xn
+        k1 = k0 + BLOCK_K
+        if (k1 % GROUP == 0) | (k1 >= k_hi):  # a group's end: its zero and scale apply once
+            g = k0 // GROUP
+            sx = tl.zeros((), dtype=tl.float32)
+            for kc in range(tl.maximum(g * GROUP, k_lo), k1, X_CHUNK):  # the group's rows in this slice
+                kx = kc + tl.arange(0, X_CHUNK)
+                sx += tl.sum(tl.load(x_row + _input_rows(perm_ptr, kx, HAS_PERM), mask=kx < k1, other=0.0)
+                             .to(tl.float32), axis=0)
+            sp = scale_ptr + g * stride_sg + offs_w * PACK
+            zp = zero_ptr + g * stride_sg + offs_w * PACK
+            o0 = _apply_group(o0, a0, sx, sp, zp, w_mask, EVEN_W, 0, BITS, X_EXP)
+            o1 = _apply_group(o1, a1, sx, sp, zp, w_mask, EVEN_W, 1, BITS, X_EXP)
+            o2 = _apply_group(o2, a2, sx, sp, zp, w_mask, EVEN_W, 2, BITS, X_EXP)
+            o3 = _apply_group(o3, a3, sx, sp, zp, w_mask, EVEN_W, 3, BITS, X_EXP)
+            if BITS == 4:
+                a6 -= 16.0 * a7  # a6 summed field 6 + 16 * field 7 (see _field)
+                o4 = _apply_group(o4, a4, sx, sp, zp, w_mask, EVEN_W, 4, BITS, X_EXP)
+                o5 = _apply_group(o5, a5, sx, sp, zp, w_mask, EVEN_W, 5, BITS, X_EXP)
+                o6 = _apply_group(o6, a6, sx, sp, zp, w_mask, EVEN_W, 6, BITS, X_EXP)
+                o7 = _apply_group(o7, a7, sx, sp, zp, w_mask, EVEN_W, 7, BITS, X_EXP)
+            a0 = tl.zeros((BLOCK_W,), dtype=tl.float32)
+            a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
+    # The outer join's new dimension is the minor one: this nesting lists the fields in order.
+    if BITS == 4:
+        acc = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+    else:
+        acc = tl.join(tl.join(o0, o2), tl.join(o1, o3))
+    acc = tl.reshape(acc, (BLOCK_W, PACK))
+    cols = offs_w[:, None] * PACK + tl.arange(0, PACK)[None, :]  # [BLOCK_W, PACK]: column order
+    c_mask = cols < N
     if FUSED_REDUCE:
         # The K slices' partial sums meet in ws; the slice that finishes last adds them in slice
         # order (the result does not depend on timing) and resets its counter for the next call.
@@ -133,6 +218,8 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     pack = 32 // bits
     n = qweight.shape[1] * pack
     block_w = cfg.block_n // pack
+    k_slice = cdiv(k // block_k, split) * block_k
+    split = cdiv(k, k_slice)  # no slice left without rows
     grid = (cdiv(n // pack, block_w), split, m)
     fused = cfg.fused_reduce and split > 1 and grid[0] * m <= MAX_COUNTERS
     if split == 1:
@@ -145,10 +232,13 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         out = ws = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _w4a16_gemv_kernel[grid](
         x, qweight, scales, zeros, qweight if perm is None else perm, out, ws,
-        _counters(x.device) if fused else out, n, k,
-        x.stride(0), qweight.stride(0), scales.stride(0), ws.stride(0), out.stride(1),
-        GROUP=group_size, BITS=bits, HAS_PERM=perm is not None, BLOCK_W=block_w, BLOCK_K=block_k,
-        SPLIT_K=split, FUSED_REDUCE=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        _counters(x.device) if fused else out, n, k, k_slice,
+        x.stride(0), scales.stride(0), ws.stride(0), out.stride(1), STRIDE_QK=qweight.stride(0),
+        GROUP=group_size, BITS=bits, HAS_PERM=perm is not None, EVEN_W=(n // pack) % block_w == 0,
+        BLOCK_W=block_w, BLOCK_K=block_k, SPLIT_K=split, FUSED_REDUCE=fused, X_EXP=X_EXP,
+        WORDS=max(1, min(4, block_w // (32 * cfg.num_warps))), X_CHUNK=min(triton.next_power_of_2(group_size), 128),
+        AHEAD=cfg.prefetch,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out[0] if split == 1 or fused else out.sum(dim=0).to(x.dtype)
 

@@ -35,18 +35,15 @@ from kernels.w4a16 import DEFAULT_CONFIGS, W4A16Config, config_key, row_bucket  
 ROWS = (1, 8, 16, 64, 256, 4096)
 GROUP = 128
 SWEEP = {  # row bucket -> configs tried besides the default
-    1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv") for bn, bk, w, split in
-        ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 64, 4, 0), (512, 128, 4, 0),
-         (1024, 128, 8, 0), (1024, 32, 4, 16), (1024, 32, 4, 64), (2048, 32, 8, 0))]
-       # Pipelined loads, and the K slices' partial sums added inside the kernel.
-       + [W4A16Config(1, bn, bk, split, 1, w, st, method="gemv", fused_reduce=fused)
-          for bn, bk, w, split in ((256, 16, 1, 0), (512, 16, 1, 0), (512, 32, 2, 0), (1024, 32, 4, 0),
-                                   (1024, 32, 4, 8), (1024, 32, 4, 16), (512, 64, 4, 8))
-          for st, fused in ((1, True), (2, False), (2, True), (3, True))]
-       # Deeper K slices: more warps in flight per SM, each walking fewer rows.
-       + [W4A16Config(1, bn, bk, split, 1, w, 2, method="gemv", fused_reduce=fused)
-          for bn, bk, w in ((256, 16, 1), (512, 16, 1), (512, 32, 2))
-          for split in (32, 64, 128) for fused in (False, True)]
+    # The GEMV at one, two and four 4-byte words a thread (block_n / (8 * 32 * num_warps)): more
+    # words share each row's activation but leave fewer warps; K slices of auto (about eight
+    # warps an SM) or 32, their partial sums added in PyTorch or in the kernel; tiles loaded one
+    # or (up to two words a thread: registers) two steps ahead. num_stages does nothing there.
+    1: [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv", fused_reduce=fused, prefetch=ahead)
+        for bn, bk, w in ((256, 16, 1), (512, 32, 2), (1024, 32, 4), (512, 16, 1), (1024, 16, 2),
+                          (1024, 16, 1), (2048, 16, 2), (4096, 16, 4))
+        for split, ahead in ((0, 1), (32, 1), (0, 2)) if ahead == 1 or bn // w <= 512
+        for fused in (False, True)]
        + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
@@ -76,7 +73,7 @@ def random_layer(n: int, k: int):
 
 def cfg_name(c: W4A16Config) -> str:
     return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
-            + (" fused" if c.fused_reduce else ""))
+            + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else ""))
 
 
 def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tuple[list, dict]:
@@ -102,7 +99,7 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tu
                     f"{weight_bytes / t / 1e3:8.0f} {diff:9.2e}")
             if sweep:
                 timed = [(t, DEFAULT_CONFIGS[row_bucket(m)])]
-                for cfg in SWEEP[row_bucket(m)]:
+                for cfg in (c for c in SWEEP[row_bucket(m)] if c != DEFAULT_CONFIGS[row_bucket(m)]):
                     try:
                         # Each config is checked as the default is before it is timed: a wrong
                         # result (a race, say) is reported and never chosen.

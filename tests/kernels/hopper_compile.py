@@ -1,5 +1,6 @@
 """Compile every kernel for sm_90 (H100/H200) on a machine without a GPU and print one JSON line
-per kernel: registers, spill bytes, shared memory and which matrix instructions the PTX uses.
+per kernel: registers, spill bytes, shared memory, which matrix instructions the PTX uses and
+whether it flushes denormal floats to zero anywhere.
 
 Run as a script, without TRITON_INTERPRET (compiling needs Triton's compiled mode). It intercepts
 the kernel launch inside each wrapper, so the wrappers choose constexprs and launch options
@@ -34,15 +35,19 @@ def _record(self, *args, grid, warmup, **kwargs):
     launches.append((self, args, kwargs))
 
 
-def compile_launch(fn, args, kwargs) -> dict:
+def compile_kernel(fn, args, kwargs):
+    """The sm_90 build of one recorded launch (its .asm holds ptx and cubin, .metadata the rest)."""
     binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
-                            options=options.__dict__)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+
+
+def compile_launch(fn, args, kwargs) -> dict:
+    kernel = compile_kernel(fn, args, kwargs)
     info = {"kernel": fn.__name__, "shared": kernel.metadata.shared,
             "wgmma": "wgmma.mma_async" in kernel.asm["ptx"], "mma": "mma.sync" in kernel.asm["ptx"],
-            "tma": "cp.async.bulk.tensor" in kernel.asm["ptx"]}
+            "tma": "cp.async.bulk.tensor" in kernel.asm["ptx"], "ftz": ".ftz" in kernel.asm["ptx"]}
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     usage = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True).stdout

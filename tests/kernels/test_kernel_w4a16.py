@@ -67,11 +67,15 @@ def test_matches_float64(case, dtype):
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
-# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k): the one-row-per-program
-# GEMV, with several rows too, column tiles past N, and K slices.
-GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0), (1, 96, 256, 64, 4, True, 64, 64, 3),
-              (3, 40, 128, 128, 4, False, 32, 128, 1), (1, 48, 128, 16, 8, True, 16, 16, 2),
-              (2, 24, 64, 64, 8, False, 16, 32, 0)]
+# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k, num_warps[, prefetch]):
+# the one-row-per-program GEMV, with several rows too, column tiles past N, K slices (some ending
+# inside a group), one group over a K that is not a power of two, a tile of four words a thread
+# (16-byte loads), and tiles loaded two steps ahead.
+GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0, 4), (1, 96, 256, 64, 4, True, 64, 64, 3, 4),
+              (3, 40, 128, 128, 4, False, 32, 128, 1, 4), (1, 48, 128, 16, 8, True, 16, 16, 2, 4),
+              (2, 24, 64, 64, 8, False, 16, 32, 0, 4), (1, 64, 256, 128, 4, False, 32, 32, 3, 4),
+              (2, 64, 96, 96, 4, True, 64, 32, 2, 4), (1, 1032, 64, 32, 4, False, 1024, 16, 2, 1),
+              (1, 64, 256, 64, 4, True, 32, 16, 3, 4, 2), (2, 48, 128, 32, 8, False, 16, 16, 2, 4, 2)]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["torch-sum", "fused-reduce"])
@@ -81,10 +85,10 @@ GEMV_CASES = [(1, 64, 128, 32, 4, False, 32, 32, 0), (1, 96, 256, 64, 4, True, 6
 def test_gemv_matches_float64(case, dtype, fused):
     from kernels.w4a16 import W4A16Config
     from kernels.w4a16_paths import _counters
-    m, n, k, group, bits, shuffled, bn, bk, split = case
+    m, n, k, group, bits, shuffled, bn, bk, split, warps, *prefetch = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
-    cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_stages=2, method="gemv",
-                      fused_reduce=fused)
+    cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=2,
+                      method="gemv", fused_reduce=fused, prefetch=prefetch[0] if prefetch else 1)
     poison = torch.full((m, n), float("nan"), dtype=dtype, device=x.device)
     for _ in range(2):  # a second call finds the arrival counters back at zero
         out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
@@ -92,6 +96,21 @@ def test_gemv_matches_float64(case, dtype, fused):
         assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
         assert not torch.equal(out, poison)
     assert not _counters(x.device).any()
+
+
+@pytest.mark.parametrize("scale", [2.0**12, 2.0**-12])
+def test_gemv_keeps_large_and_tiny_activations(scale):
+    """The GEMV multiplies the fields, read as denormal floats, by x * 2^64: its products stay
+    normal floats for fp16 activations near the top of their range and for subnormal ones."""
+    from kernels.w4a16 import W4A16Config
+    (x, qweight, scales, zeros), perm, _ = _case(1, 64, 256, 64, 4, True, 5, torch.float16)
+    x = (x.double() * scale).to(torch.float16)
+    assert x.abs().max() > 2000 if scale > 1 else ((x != 0) & (x.abs() < 2**-14)).sum() > 20
+    want = reference.w4a16_matmul_ref(x.double().cpu(), qweight.cpu(), scales.cpu(), zeros.cpu(), 64,
+                                      None if perm is None else perm.cpu())
+    out = kernels.w4a16_matmul(x, qweight, scales, zeros, 64, perm, config=W4A16Config(
+        block_m=1, block_n=32, block_k=32, split_k=2, method="gemv"))
+    assert rel_err(out, want) < 2e-3
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -117,6 +136,8 @@ def test_config_method_is_checked():
     from kernels.w4a16 import W4A16Config
     with pytest.raises(ValueError, match="^method 'cuda': expected one of gemv, mma, dequant$"):
         W4A16Config(method="cuda")
+    with pytest.raises(ValueError, match="^prefetch 3: expected 1 or 2$"):
+        W4A16Config(method="gemv", prefetch=3)
     (x, qweight, scales, zeros), _, _ = _case(1, 64, 128, 32, 4, False, 0, torch.float16)
     with pytest.raises(ValueError, match=r"^w4a16_matmul: a gemv config's block_n \(12\) must be a multiple of 8$"):
         kernels.w4a16_matmul(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
@@ -153,11 +174,11 @@ def test_gemv_split_aims_at_eight_warps_per_sm_and_two_steps():
     from kernels.w4a16_paths import gemv_split_k
     cfg = DEFAULT_CONFIGS[1]
     bk = block_k_for(cfg, 128)
-    assert cfg.method == "gemv" and bk == 32
-    assert gemv_split_k(1, 6144, 4096, cfg, bk, 132, 8) == 44    # 6 column tiles of 4 warps
-    assert gemv_split_k(1, 28672, 4096, cfg, bk, 132, 8) == 10   # 28 column tiles
-    assert gemv_split_k(1, 4096, 14336, cfg, bk, 132, 8) == 66
-    assert gemv_split_k(1, 64, 128, cfg, bk, 132, 8) == 2        # two 32-row steps at least
+    assert cfg.method == "gemv" and bk == 16 and cfg.num_warps == 1
+    assert gemv_split_k(1, 6144, 4096, cfg, bk, 132, 8) == 88    # 12 column tiles of one warp
+    assert gemv_split_k(1, 28672, 4096, cfg, bk, 132, 8) == 19   # 56 column tiles
+    assert gemv_split_k(1, 4096, 14336, cfg, bk, 132, 8) == 132
+    assert gemv_split_k(1, 64, 128, cfg, bk, 132, 8) == 4        # two 16-row steps at least
 
 
 @pytest.mark.parametrize("change, message", [

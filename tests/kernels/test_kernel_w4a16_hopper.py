@@ -23,14 +23,17 @@ def test_w4a16_compiles_for_hopper():
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = {c["case"]: c for c in map(json.loads, done.stdout.splitlines()) if c}
     assert {"w4a16 m=1", "w4a16 m=16", "w4a16 m=64", "w4a16 m=256", "w4a16 m=4096",
-            "w4a16 m=1 act-order", "w4a16 m=1 fused reduce", "w4a16 m=4096 fp16", "w8a16 m=16"} <= set(compiled)
+            "w4a16 m=1 act-order", "w4a16 m=1 fused reduce", "w4a16 m=1 wide tiles", "w4a16 m=4096 fp16",
+            "w8a16 m=16"} <= set(compiled)
     for c in compiled.values():
         assert c["shared"] <= H100_MAX_SHARED and c["local_bytes"] == 0 and c["stack_bytes"] == 0, c
     for case in ("w4a16 m=16", "w8a16 m=16"):
         assert compiled[case]["kernel"] == "_w4a16_kernel" and compiled[case]["mma"], compiled[case]
     assert compiled["w4a16 m=64"]["wgmma"], compiled["w4a16 m=64"]
-    # One row: the GEMV on the CUDA cores. Many rows: the weight dequantized for cuBLAS.
-    for case in ("w4a16 m=1", "w4a16 m=1 act-order", "w4a16 m=1 fused reduce"):
+    # One row: the GEMV on the CUDA cores, whose fields are denormal floats (no flush to zero).
+    # Many rows: the weight dequantized for cuBLAS.
+    for case in ("w4a16 m=1", "w4a16 m=1 act-order", "w4a16 m=1 fused reduce", "w4a16 m=1 wide tiles"):
         assert compiled[case]["kernel"] == "_w4a16_gemv_kernel" and not compiled[case]["mma"], compiled[case]
+        assert not compiled[case]["ftz"], compiled[case]
     for case in ("w4a16 m=256", "w4a16 m=4096", "w4a16 m=4096 fp16"):
         assert compiled[case]["kernel"] == "_w4a16_dequantize_kernel", compiled[case]
