@@ -106,7 +106,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     add_engine_arguments(ap)
     ap.add_argument("--gemm", action="store_true")
-    ap.add_argument("--num-requests", type=int, default=256, help="of 512 tokens each (workload A: 256)")
+    ap.add_argument("--num-requests", type=int, default=256, help="of --input-len tokens each (workload A: 256)")
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--whole-prefill", action="store_true",
+                    help="profile every step from the first until the prompts are computed (a long prompt's TTFT)")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-decode-steps", type=int, default=60,
                     help="steps after the prefill phase before the decode phase is recorded")
@@ -122,19 +125,37 @@ def main() -> None:
                                       cfg.num_key_value_heads * cfg.head_dim, cfg.vocab_size)
     rng = random.Random(0)
 
-    def add(n: int, out_len: int, tag: str) -> None:
+    def add(n: int, in_len: int, out_len: int, tag: str) -> None:
         params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
         for i in range(n):
-            engine.add_request(f"{tag}{i}", [rng.randrange(100, 5000) for _ in range(512)], params)
+            engine.add_request(f"{tag}{i}", [rng.randrange(100, 5000) for _ in range(in_len)], params)
 
-    add(64, 4, "warm")  # compiles every kernel variant at full-size steps
+    def prefilling() -> bool:
+        return bool(engine.scheduler.waiting) or any(s.num_computed_tokens < s.num_prompt_tokens
+                                                     for s in engine.scheduler.running)
+
+    add(64, 512, 4, "warm")  # compiles every kernel variant at full-size steps
+    if a.input_len > 512:  # and the attention variants of a long history
+        add(1, a.input_len, 2, "warm_long")
     while engine.has_unfinished_requests():
         engine.step()
-    add(a.num_requests, a.output_len, "a")
-    engine.step()  # first prefill step (nothing to overlap with)
-    result["prefill_phase"], _ = profile_steps(engine, 4)
-    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
-                                          for s in engine.scheduler.running):
+    add(a.num_requests, a.input_len, a.output_len, "a")
+    if a.whole_prefill:
+        torch.cuda.synchronize()
+        start, steps = time.perf_counter(), 0
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            while prefilling():
+                engine.step()
+                steps += 1
+            torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1000
+        result["prefill_phase"] = kernel_table(prof, steps)
+        result["prefill_phase"].update(wall_ms_per_step=wall_ms / steps, steps=steps, wall_ms=wall_ms)
+        print(f"whole prefill: {steps} steps in {wall_ms:.1f} ms (under the profiler)")
+    else:
+        engine.step()  # first prefill step (nothing to overlap with)
+        result["prefill_phase"], _ = profile_steps(engine, 4)
+    while prefilling():
         engine.step()
     for _ in range(a.skip_decode_steps):
         engine.step()
