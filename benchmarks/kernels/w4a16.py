@@ -20,6 +20,8 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import torch
 import triton.testing
@@ -74,6 +76,31 @@ def random_layer(n: int, k: int):
 def cfg_name(c: W4A16Config) -> str:
     return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
             + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else ""))
+
+
+def _warm(job: tuple) -> str | None:
+    """Compile one config at one shape by running it once (Triton's disk cache keeps the binary
+    for the main process); an error is returned, and reported again when the config is timed."""
+    n, k, m, cfg = job
+    try:
+        qweight, scales, zeros = random_layer(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg)
+        torch.cuda.synchronize()
+        return None
+    except Exception as exc:
+        return f"{n}x{k} m{m} {cfg_name(cfg)}: {type(exc).__name__}: {exc}"
+
+
+def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int) -> None:
+    """The sweep's compiles, several processes at once: inline they take most of a sweep's time."""
+    work = [(n, k, m, cfg) for n, k in shapes.values() for m in rows
+            for cfg in [DEFAULT_CONFIGS[row_bucket(m)], *SWEEP[row_bucket(m)]]]
+    start = time.time()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        errors = [e for e in pool.map(_warm, work) if e]
+    print(f"compiled {len(work)} config runs in {time.time() - start:.1f} s with {jobs} processes"
+          + "".join(f"\n  warm-up failed: {e[:200]}" for e in errors), flush=True)
 
 
 def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tuple[list, dict]:
@@ -183,6 +210,8 @@ def main() -> None:
     ap.add_argument("--write-configs", metavar="PATH", help="with --sweep: merge the fastest configs here")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M values (default: all six)")
     ap.add_argument("--no-repack", action="store_true")
+    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                    help="with --sweep: processes compiling the configs first (0: compile as they are timed)")
     ap.add_argument("--repack-only-on", metavar="DEVICE", help="only time the repacking, on DEVICE (cpu works)")
     a = ap.parse_args()
     torch.manual_seed(0)
@@ -192,7 +221,10 @@ def main() -> None:
         return
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations")
-    results, best = bench_matmuls(shapes, a.sweep, tuple(int(r) for r in a.rows.split(",")))
+    rows = tuple(int(r) for r in a.rows.split(","))
+    if a.sweep and a.jobs > 0:
+        warm_compile(shapes, rows, a.jobs)
+    results, best = bench_matmuls(shapes, a.sweep, rows)
     repack = [] if a.no_repack else bench_repacking(shapes)
     if a.write_configs and best:
         write_configs(a.write_configs, gpu, best)
