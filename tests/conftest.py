@@ -9,7 +9,7 @@ if not os.path.exists("/dev/nvidia0") and "TRITON_INTERPRET" not in os.environ:
 import pytest
 
 from triton_server import (TEST_ENGINE_ARGS, TritonServer, ensure_default_model, start_server,
-                           write_model_repository)
+                           wait_for_stopping_servers, write_model_repository)
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +24,7 @@ def llm_server(tiny_model, tmp_path_factory) -> TritonServer:
     repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS})
     server = start_server(repo, str(tmp / "tritonserver.log"))
     yield server
-    server.stop()
+    server.stop_in_background()
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def chat_stack(tiny_model, tmp_path_factory):
     server, frontend, model = start_stack(tiny_model, str(tmp))
     yield server, frontend, model, tmp
     frontend.stop()
-    server.stop()
+    server.stop_in_background()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -49,3 +49,8 @@ def pytest_runtest_makereport(item, call):
         for value in getattr(item, "funcargs", {}).values():
             if isinstance(value, TritonServer) and os.path.exists(value.log_path):
                 report.sections.append((f"tritonserver log ({value.log_path})", value.log_tail()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Servers that fixtures stopped in the background have exited before pytest does."""
+    wait_for_stopping_servers()

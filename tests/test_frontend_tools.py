@@ -36,7 +36,7 @@ def stack(tmp_path_factory):
     finally:
         for frontend in frontends:
             frontend.stop()
-        server.stop()
+        server.stop_in_background()
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def lora_setup(tiny_model, tmp_path_factory):
                           "--load-model=llm", cwd=str(tmp))
     server.repo = repo
     yield server, adapters
-    server.stop()
+    server.stop_in_background()
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def explicit_server(tiny_model, tmp_path_factory):
                           "--load-model=llm")
     server.repo, server.model = repo, tiny_model
     yield server
-    server.stop()
+    server.stop_in_background()
 
 
 def _control(server, action: str) -> None:

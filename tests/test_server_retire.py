@@ -22,7 +22,7 @@ def server(tiny_model, tmp_path):
                        "--load-model=llm")
     srv.repo, srv.model = repo, tiny_model
     yield srv
-    srv.stop()
+    srv.stop_in_background()
 
 
 def _served_one(server) -> StreamCollector:

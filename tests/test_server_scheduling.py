@@ -20,7 +20,7 @@ def priority_server(tiny_model, tmp_path_factory):
             "scheduling_policy": "priority", "stream_interval": str(INTERVAL)}
     server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
     yield server
-    server.stop()
+    server.stop_in_background()
 
 
 def test_waiting_requests_run_in_priority_order(priority_server):
@@ -65,7 +65,7 @@ def spec_server(tiny_model, tmp_path_factory):
             "speculative_config": json.dumps({"model": tiny_model, "num_speculative_tokens": 3})}
     server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
     yield server
-    server.stop()
+    server.stop_in_background()
 
 
 def test_speculative_decoding_gives_plain_greedy_text(spec_server, llm_server):

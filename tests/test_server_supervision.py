@@ -31,7 +31,7 @@ def server(tiny_model, tmp_path_factory):
                        "--load-model=llm")
     srv.repo, srv.model = repo, tiny_model
     yield srv
-    srv.stop()
+    srv.stop_in_background()
 
 
 def _generate(server, prompt="hello", max_tokens=4, **body):

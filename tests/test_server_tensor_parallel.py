@@ -58,7 +58,7 @@ def tp_server(gqa_model, tmp_path_factory):
     server = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
                           "--load-model=llm")
     yield server
-    server.stop()
+    server.stop_in_background()
 
 
 def _generate(server, prompt: str) -> str:

@@ -36,7 +36,7 @@ def server(tiny_model, tmp_path_factory):
     srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
                        "--load-model=llm")
     yield srv
-    srv.stop()
+    srv.stop_in_background()
 
 
 def _shm_regions(pids: list[int]) -> set[str]:

@@ -85,7 +85,7 @@ def server(tiny_model, tmp_path_factory):
                        wait_for="vllm_model", cwd=str(tmp))
     assert wait_until(lambda: srv.is_ready("vllm_no_metrics"), 120), srv.log_tail()
     yield srv
-    srv.stop()
+    srv.stop_in_background()
 
 
 @pytest.fixture(scope="module")

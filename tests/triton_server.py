@@ -123,6 +123,14 @@ class TritonServer:
             raise KeyError(f"no metric {name} {labels}")
         return total
 
+    def stop_in_background(self) -> None:
+        """stop() on a thread, for fixtures' teardown: the next test need not wait out Triton's
+        shutdown, which polls its models once a second; the session's end waits for every one
+        (wait_for_stopping_servers, from conftest)."""
+        thread = threading.Thread(target=self.stop, name=f"stop-tritonserver-{self.proc.pid}", daemon=True)
+        thread.start()
+        _STOPPING.append(thread)
+
     def stop(self) -> None:
         """SIGTERM (the model is unloaded, finalize runs), then SIGKILL the process group."""
         if self.proc.poll() is None:
@@ -136,6 +144,14 @@ class TritonServer:
         except ProcessLookupError:
             pass
         self.proc.wait()
+
+
+_STOPPING: list[threading.Thread] = []
+
+
+def wait_for_stopping_servers() -> None:
+    while _STOPPING:
+        _STOPPING.pop().join()
 
 
 def start_server(model_repository: str, log_path: str, *extra_args: str,
