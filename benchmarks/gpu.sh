@@ -40,6 +40,9 @@
 #   round3           performance round 3's table in one call: $QWEN A through Triton and in-process,
 #                    paged decode at 1 x 32k against SDPA (the default and a few configs),
 #                    $QWEN7 L through Triton and Hugging Face, $LLAMA FP8 weights + FP8 KV A via Triton
+#   l-ttft           where $QWEN7's workload L TTFT goes: the whole 32k prefill kernel by kernel
+#                    in-process, prefill attention in the engine's chunks against SDPA on the whole
+#                    prompt, then L in-process and through Triton
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -141,6 +144,16 @@ PYEOF
     e2e llama_gptq_act_order --models "$ACT_ORDER" --phases triton --workloads A,B
     stamp "$LLAMA bf16 A and B through Triton (the same machine)"
     e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B ;;
+l-ttft)
+    EXTRA=("$@")
+    stamp "where workload L's TTFT goes: $QWEN7's 32,640-token prefill in-process, kernel by kernel"
+    timeout 200 "$PY" benchmarks/engine/profile_kernels.py --model "$(model_path "$QWEN7")" \
+        --tokenizer models/tiny-llama --num-requests 1 --input-len 32640 --output-len 16 \
+        --skip-decode-steps 2 --whole-prefill --json "$OUT/profile_L.json" 2>&1 | grep -v "warn" | tail -40 >> "$S"
+    stamp "prefill attention, 32,640 tokens in 8,192-token chunks, against SDPA on the whole prompt"
+    timeout 150 "$PY" benchmarks/kernels/prefill_32k.py --json "$OUT/prefill_32k.json" 2>&1 | tail -8 >> "$S"
+    stamp "$QWEN7 bf16 L in-process and through Triton"
+    e2e qwen7_l --models "$QWEN7" --phases triton,offline --workloads L ;;
 round3)
     EXTRA=("$@")
     stamp "$QWEN bf16 A: Triton and in-process (the response path's cost)"

@@ -141,3 +141,16 @@ def test_report_has_a_table_for_the_long_workloads(tmp_path):
     assert "llama-3-8b: workload L skipped (too long)" in table
     # A run without C or L prints no second table.
     assert "C Triton" not in render_table({"models": {"m": {"derived": derive({}, {}, {})}}})
+
+
+def test_prefill_32k_benchmark_rehearses_on_the_cpu(tmp_path):
+    """benchmarks/kernels/prefill_32k.py at a tiny size in the interpreter: the chunks, as the
+    engine splits a prompt, together give SDPA's causal attention over the whole prompt."""
+    out = tmp_path / "prefill.json"
+    subprocess.run([sys.executable, "benchmarks/kernels/prefill_32k.py", "--device", "cpu", "--dtype", "float32",
+                    "--tokens", "40", "--chunk", "16", "--configs", "", "--json", str(out)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    d = json.loads(out.read_text())
+    (row,) = d["variants"]
+    assert [(c["start"], c["end"]) for c in row["chunks"]] == [(0, 16), (16, 32), (32, 40)]
+    assert row["config"] == "default" and row["rel_err"] < 1e-5
