@@ -80,6 +80,13 @@ e2e() {  # name, e2e arguments...: keeps results.json and the summary lines
     grep -E "workload [A-Z]:|output tok/s|TTFT" "$OUT/$name.log" >> "$S"
     logs "$OUT/$name"
     mv "$OUT/$name/results.json" "$OUT/${name}_results.json" 2>/dev/null
+    # A phase that failed keeps its logs, and its errors go to the summary.
+    if grep -q '"rc": [1-9]' "$OUT/${name}_results.json" 2>/dev/null; then
+        mv "$OUT/$name/logs.tar.gz" "$OUT/${name}_logs.tar.gz" 2>/dev/null
+        local d; d=$(mktemp -d); tar -C "$d" -xzf "$OUT/${name}_logs.tar.gz" 2>/dev/null
+        echo "-- $name: a phase failed; its logs are in ${name}_logs.tar.gz; the errors:" >> "$S"
+        grep -rh -E -A3 "Error|Traceback|error:" "$d" | grep -v "Warning" | tail -40 | cut -c1-400 >> "$S"; rm -rf "$d"
+    fi
     rm -rf "${OUT:?}/$name" "$OUT/$name.log"
 }
 gpu_tests() {  # seconds, lines kept, pytest arguments...
