@@ -174,7 +174,7 @@ def start_server(model_repository: str, log_path: str, *extra_args: str,
             break
         if server.is_ready() and (wait_for is None or server.is_ready(wait_for)):
             return server
-        time.sleep(0.5)
+        time.sleep(0.2)
     server.stop()
     raise RuntimeError(f"tritonserver did not become ready; its log ({log_path}):\n{server.log_tail()}")
 
