@@ -63,7 +63,8 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         # The engine's process takes seconds to start (torch, the model); this side's tokenizer
         # imports transformers meanwhile instead of after it, which shortens every model load.
-        preload = threading.Thread(target=import_tokenizer_classes, name="tritium-tokenizer-import", daemon=True)
+        preload = threading.Thread(target=import_tokenizer_classes, args=(args.tokenizer or args.model,),
+                                   name="tritium-tokenizer-import", daemon=True)
         preload.start()
         self._conn.send(args)
         try:

@@ -15,12 +15,39 @@ logger = logging.getLogger(__name__)
 _PROMPT_CONTEXT_TOKENS = 5
 
 
-def import_tokenizer_classes() -> None:
-    """Imports what load_tokenizer needs (seconds of transformers' import), so that a caller
-    can do it on a thread while it waits for something else; the import lock makes a later
-    load_tokenizer wait for it to finish."""
+# config.json model types (of those this engine serves) whose tokenizer AutoTokenizer takes from
+# tokenizer_config.json's tokenizer_class; for qwen2 and phi3 it builds a class of its own
+# whatever that says (tests/engine/test_tokenizer_loading.py checks the list against transformers).
+GENERIC_TOKENIZER_MODEL_TYPES = ("llama", "qwen3", "mistral")
+
+
+def _is_generic_fast_tokenizer(path: str) -> bool:
+    """Whether AutoTokenizer would build transformers' generic TokenizersBackend from `path`: its
+    tokenizer_config.json names that class, with no remote code, and any config.json there has a
+    model type above. Importing that class alone skips seconds of AutoTokenizer's imports."""
     try:
-        from transformers import AutoTokenizer  # noqa: F401
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            tokenizer_config = json.load(f)
+        model_type = None
+        if os.path.isfile(os.path.join(path, "config.json")):
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+                model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (isinstance(tokenizer_config, dict) and tokenizer_config.get("tokenizer_class") == "TokenizersBackend"
+            and "auto_map" not in tokenizer_config and os.path.isfile(os.path.join(path, "tokenizer.json"))
+            and (model_type is None or model_type in GENERIC_TOKENIZER_MODEL_TYPES))
+
+
+def import_tokenizer_classes(path: str | None = None) -> None:
+    """Imports what load_tokenizer(path) needs (seconds of transformers' import), so that a
+    caller can do it on a thread while it waits for something else; the import lock makes a
+    later load_tokenizer wait for it to finish."""
+    try:
+        if path is not None and _is_generic_fast_tokenizer(path):
+            from transformers import TokenizersBackend  # noqa: F401
+        else:
+            from transformers import AutoTokenizer  # noqa: F401
     except ImportError:
         try:
             from transformers import PreTrainedTokenizerFast  # noqa: F401
@@ -32,6 +59,11 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if not os.path.isdir(path):
         raise ValueError(f"tokenizer: directory {path!r} does not exist.")
     try:
+        if _is_generic_fast_tokenizer(path):
+            # What AutoTokenizer would build, without importing AutoTokenizer's module (which
+            # imports transformers' model and generation code).
+            from transformers import TokenizersBackend
+            return TokenizersBackend.from_pretrained(path, local_files_only=True)
         try:
             from transformers import AutoTokenizer
         except ImportError:
