@@ -16,6 +16,7 @@ import random
 import sys
 import time
 from collections import defaultdict
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -61,17 +62,19 @@ def kernel_table(prof, num_steps: int) -> dict:
     }
 
 
-def profile_steps(engine: LLMEngine, num_steps: int) -> tuple[dict, float]:
+def profile_steps(engine: LLMEngine, more: Callable[[int], bool]) -> dict:
+    """Per-kernel GPU time of the steps taken while more(steps taken so far) holds."""
     torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, steps = time.perf_counter(), 0
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(num_steps):
+        while more(steps):
             engine.step()
+            steps += 1
         torch.cuda.synchronize()
-    wall = (time.perf_counter() - start) / num_steps
-    table = kernel_table(prof, num_steps)
-    table["wall_ms_per_step"] = wall * 1000
-    return table, wall
+    wall_ms = (time.perf_counter() - start) * 1000
+    table = kernel_table(prof, steps)
+    table.update(wall_ms_per_step=wall_ms / steps, steps=steps, wall_ms=wall_ms)
+    return table
 
 
 def gemm_ceiling(hidden: int, inter: int, q: int, kv: int, vocab: int) -> list[dict]:
@@ -141,25 +144,17 @@ def main() -> None:
         engine.step()
     add(a.num_requests, a.input_len, a.output_len, "a")
     if a.whole_prefill:
-        torch.cuda.synchronize()
-        start, steps = time.perf_counter(), 0
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            while prefilling():
-                engine.step()
-                steps += 1
-            torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - start) * 1000
-        result["prefill_phase"] = kernel_table(prof, steps)
-        result["prefill_phase"].update(wall_ms_per_step=wall_ms / steps, steps=steps, wall_ms=wall_ms)
-        print(f"whole prefill: {steps} steps in {wall_ms:.1f} ms (under the profiler)")
+        result["prefill_phase"] = profile_steps(engine, lambda _: prefilling())
+        print(f"whole prefill: {result['prefill_phase']['steps']} steps in "
+              f"{result['prefill_phase']['wall_ms']:.1f} ms (under the profiler)")
     else:
         engine.step()  # first prefill step (nothing to overlap with)
-        result["prefill_phase"], _ = profile_steps(engine, 4)
+        result["prefill_phase"] = profile_steps(engine, lambda n: n < 4)
     while prefilling():
         engine.step()
     for _ in range(a.skip_decode_steps):
         engine.step()
-    result["decode_phase"], _ = profile_steps(engine, 10)
+    result["decode_phase"] = profile_steps(engine, lambda n: n < 10)
     while engine.has_unfinished_requests():
         engine.step()
     for phase in ("prefill_phase", "decode_phase"):
