@@ -46,6 +46,15 @@ class PrefillConfig:
     # position r // GROUP, head r % GROUP), so each key and value is read once per KV head, not
     # once per query head. For short chunks (speculative decoding's verification: k + 1 rows).
     pack_gqa: bool = False
+    # Pipeline depth of the loop over the cached prefix (0: num_stages). Its keys come through the
+    # block table, a load that feeds the address of the next, so it may want more stages in
+    # flight than the chunk's TMA loads.
+    prefix_stages: int = 0
+    # Walk the prefix and the chunk in two launches, the second resuming from the first's running
+    # max, sum and accumulator (float32, [T, heads, D]), instead of both loops in one program:
+    # compiled together the prefix loop ran far slower than on its own. Only with the chunk's
+    # keys passed and GQA heads not packed.
+    split_prefix: bool = False
 
 
 def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
@@ -68,7 +77,8 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
         return PrefillConfig(block_m=block_m, block_n=block_n, num_warps=4, num_stages=2, kv_tma=True,
                              pack_gqa=pack)
     if chunk_tma and max_seqlen_q > 1024:
-        return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2, kv_tma=True)
+        return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=2, kv_tma=True,
+                             split_prefix=True)
     return PrefillConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2, kv_tma=True)
 
 
@@ -151,19 +161,26 @@ def _chunk_kv_tile(key, value, row0, offs_n, valid, kv_head, stride_kt, stride_k
 
 
 @triton.jit
-def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row,
-                              head_offset, key, value, q_start, q_len, prefix, p_lo, p_hi, kv_head,
-                              scale_log2e, stride_cb, stride_ct, stride_kt, stride_kh, stride_vt,
-                              stride_vh, offs_m, offs_n, offs_d, d_mask, HEAD_DIM: tl.constexpr,
-                              BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                              BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                              KV_TMA: tl.constexpr):
-    """The cached prefix through the block table, then the chunk's keys from `key` / `value`.
-    The tile's rows are at chunk positions `offs_m`, within p_lo..p_hi-1."""
-    # The prefix (earlier chunks, prefix-cache hits) is visible to every row. Its first tile
-    # holds token 0, so no row is fully masked on the first tile (attend_tile relies on that).
-    for n0 in range(0, prefix, BLOCK_N):
-        tok = n0 + offs_n
+def _attend_prefix(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
+                   prefix, scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFIX_STAGES: tl.constexpr):
+    """The cached prefix (earlier chunks, prefix-cache hits) through the block table."""
+    # The prefix is visible to every row: whole tiles need no mask, only a partial last one does. Whichever tile comes first holds token 0, so no row is
+    # fully masked on its first tile (attend_tile relies on that).
+    full_prefix = (prefix // BLOCK_N) * BLOCK_N
+    for n0 in tl.range(0, full_prefix, BLOCK_N, num_stages=PREFIX_STAGES):
+        rows = kv_row_offsets(block_table_row, n0 + offs_n, offs_n >= 0, head_offset, stride_cb,
+                              stride_ct, BLOCK_SIZE)
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :])
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :])
+        else:
+            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
+    if full_prefix < prefix:
+        tok = full_prefix + offs_n
         valid = tok < prefix
         rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
                               BLOCK_SIZE)
@@ -172,7 +189,16 @@ def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e, True,
                                     DOT_PRECISION)
+    return m_i, l_i, acc
 
+
+@triton.jit
+def _attend_chunk(q, m_i, l_i, acc, key, value, q_start, q_len, p_lo, p_hi, kv_head, scale_log2e,
+                  stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+    """The chunk's own keys from `key` / `value` (descriptors when KV_TMA). The tile's rows are
+    at chunk positions `offs_m`, within p_lo..p_hi-1."""
     # Chunk keys j <= p_lo (relative to the chunk) are visible to every row of this tile.
     full_end = ((p_lo + 1) // BLOCK_N) * BLOCK_N
     for j0 in range(0, full_end, BLOCK_N):
@@ -199,13 +225,14 @@ def _attend_prefix_then_chunk(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_
 @triton.jit(do_not_specialize=["stride_btb"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
-    key, value, scale_log2e, v_scale,
+    key, value, state_acc_ptr, state_ml_ptr, scale_log2e, v_scale,
     stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
     stride_kt, stride_kh, stride_vt, stride_vh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
     V_RUN: tl.constexpr, KV_DIRECT: tl.constexpr, KV_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
+    PREFIX_STAGES: tl.constexpr, PREFIX_PART: tl.constexpr,
 ):
     # Fastest axis: a query head (heads sharing a KV head run together and share L2); with
     # PACK_GQA a KV head, whose GROUP query heads are the tile's rows.
@@ -255,22 +282,45 @@ def _prefill_kernel(
     v_head_offset = kv_head * (HEAD_DIM * BLOCK_SIZE)  # transposed (FP8) V only
 
     if KV_DIRECT:
-        m_i, l_i, acc = _attend_prefix_then_chunk(
-            q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset, key, value,
-            q_start, q_len, prefix, p_lo, p_hi, kv_head, scale_log2e, stride_cb, stride_ct,
-            stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
-            HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, KV_TMA)
+        # PREFIX_PART 0: prefix and chunk in one program. 1 and 2 split them over two launches
+        # (see PrefillConfig.split_prefix): 1 walks the prefix and leaves its running state,
+        # 2 resumes from it over the chunk.
+        # The split never packs GQA heads: one state row per query token and head, [T, heads].
+        state_row = q_rows * tl.num_programs(0) + head
+        if PREFIX_PART != 2:
+            m_i, l_i, acc = _attend_prefix(
+                q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset, prefix,
+                scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask, HEAD_DIM, BLOCK_D,
+                BLOCK_SIZE, BLOCK_N, DOT_PRECISION, PREFIX_STAGES)
+        if PREFIX_PART == 2:
+            if prefix > 0:
+                m_i = tl.load(state_ml_ptr + state_row * 2, mask=m_mask, other=float("-inf"))
+                l_i = tl.load(state_ml_ptr + state_row * 2 + 1, mask=m_mask, other=0.0)
+                acc = tl.load(state_acc_ptr + state_row[:, None] * BLOCK_D + offs_d[None, :],
+                              mask=m_mask[:, None], other=0.0)
+        if PREFIX_PART == 1:
+            if prefix > 0:
+                tl.store(state_ml_ptr + state_row * 2, m_i, mask=m_mask)
+                tl.store(state_ml_ptr + state_row * 2 + 1, l_i, mask=m_mask)
+                tl.store(state_acc_ptr + state_row[:, None] * BLOCK_D + offs_d[None, :], acc,
+                         mask=m_mask[:, None])
+        else:
+            m_i, l_i, acc = _attend_chunk(
+                q, m_i, l_i, acc, key, value, q_start, q_len, p_lo, p_hi, kv_head, scale_log2e,
+                stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
+                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, KV_TMA)
     else:
         m_i, l_i, acc = _attend_through_cache(
             q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
             v_head_offset, prefix, p_lo, p_hi, scale_log2e, stride_cb, stride_ct, offs_n, offs_d,
             d_mask, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, V_TRANSPOSED, V_RUN)
 
-    o = acc / l_i[:, None]
-    if SCALE_V:
-        o = o * v_scale
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + o_head_offs + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    if PREFIX_PART != 1:
+        o = acc / l_i[:, None]
+        if SCALE_V:
+            o = o * v_scale
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + o_head_offs + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
 def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -310,18 +360,26 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
         if tma else (key, value)
     grid = (num_kv_heads, cdiv(max_seqlen_q * group, cfg.block_m), batch) if pack else \
         (num_heads, cdiv(max_seqlen_q, cfg.block_m), batch)
-    _prefill_kernel[grid](
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        key_arg, value_arg, scale_log2e, v_scale,
-        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        KV_DIRECT=direct, KV_TMA=tma, PACK_GQA=pack,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
-        BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    split = cfg.split_prefix and direct and not pack
+    state_acc = state_ml = out  # unused unless split
+    if split:
+        state_acc = torch.empty(num_tokens, num_heads, dot_block(head_dim), device=query.device,
+                                dtype=torch.float32)
+        state_ml = torch.empty(num_tokens, num_heads, 2, device=query.device, dtype=torch.float32)
+    for part in (1, 2) if split else (0,):
+        _prefill_kernel[grid](
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
+            key_arg, value_arg, state_acc, state_ml, scale_log2e, v_scale,
+            query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            KV_DIRECT=direct, KV_TMA=tma, PACK_GQA=pack, PREFIX_PART=part,
+            PREFIX_STAGES=cfg.prefix_stages or cfg.num_stages,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
+            BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     return out
 
 

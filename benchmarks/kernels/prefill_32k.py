@@ -33,8 +33,10 @@ SCALE = D ** -0.5
 
 
 def parse_config(text: str) -> PrefillConfig:
-    bm, bn, w, st = (int(x) for x in text.split(":"))
-    return PrefillConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, kv_tma=True)
+    """BLOCK_M:BLOCK_N:WARPS:STAGES[:PREFIX_STAGES]"""
+    bm, bn, w, st, *prefix = (int(x) for x in text.split(":"))
+    return PrefillConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=st, kv_tma=True,
+                         prefix_stages=prefix[0] if prefix else 0)
 
 
 def causal_flops(q_start: int, q_len: int) -> float:
@@ -48,7 +50,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32640)
     ap.add_argument("--chunk", type=int, default=8192, help="the engine's max_num_batched_tokens")
     ap.add_argument("--configs", default="128:64:4:2,128:64:8:3,128:128:8:2,64:64:4:2",
-                    help="BLOCK_M:BLOCK_N:WARPS:STAGES choices timed besides the default")
+                    help="BLOCK_M:BLOCK_N:WARPS:STAGES[:PREFIX_STAGES] choices timed besides the default")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--json")

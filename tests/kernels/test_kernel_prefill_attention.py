@@ -130,13 +130,16 @@ def _poison_chunk_slots(kv, q_lens, ctx, block_size):
 
 
 @pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("fields", [None, (16, 32, 4, 2), (32, 16, 4, 2), (32, 16, 4, 2, "float16", False, True)])
+@pytest.mark.parametrize("fields", [None, (16, 32, 4, 2), (32, 16, 4, 2), (32, 16, 4, 2, "float16", False, True),
+                                    (32, 16, 4, 2, "float16", False, False, 3),
+                                    (32, 16, 4, 2, "float16", False, False, 0, True)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
     """Given the chunk's keys and values, a 16-bit cache is read only for the prefix (prefixes
     of 30 and 49 tokens, none for the others; key tiles that cross the prefix's end), plain or
-    through TMA descriptors, with GQA heads packed or not. Without them the same call reads the
-    poisoned slots: NaN."""
+    through TMA descriptors, with GQA heads packed or not, the prefix walked in the same launch
+    or in a launch of its own (split_prefix: sequences without a prefix leave no state).
+    Without them the same call reads the poisoned slots: NaN."""
     q_lens, ctx, hkv, group, head_dim, block_size = [40, 5, 23, 1], [70, 5, 23, 50], 2, 4, 64, 16
     kv, query, cu = _prefill_inputs(q_lens, ctx, hkv, group, head_dim, block_size, dtype, seed=11)
     query = query * 3  # peaky scores: a tile read twice or skipped moves the output
@@ -171,7 +174,8 @@ def test_chunk_tma_needs_whole_aligned_heads():
 def test_prefill_default_config_by_chunk_length_and_path():
     """128-query tiles only for long chunks read through TMA (they lose through the cache)."""
     from kernels.prefill_attention import PrefillConfig, default_config
-    assert default_config(torch.bfloat16, 128, 4096, True) == PrefillConfig(128, 64, 4, 2, kv_tma=True)
+    assert default_config(torch.bfloat16, 128, 4096, True) == PrefillConfig(128, 64, 4, 2, kv_tma=True,
+                                                                            split_prefix=True)
     assert default_config(torch.bfloat16, 128, 4096, False) == PrefillConfig(64, 64, 4, 2, kv_tma=True)
     assert default_config(torch.bfloat16, 128, 512, True) == PrefillConfig(64, 64, 4, 2, kv_tma=True)
     assert default_config(torch.float16, 128, 20, True) == PrefillConfig(32, 64, 4, 2, kv_tma=True)
