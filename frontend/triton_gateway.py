@@ -103,9 +103,16 @@ def parse_chunk(response: Any) -> Chunk:
     return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs, cached)
 
 
+# gRPC waits ever longer (up to two minutes) between attempts to reach a server that is down, and
+# fails calls at once meanwhile: a frontend started beside a tritonserver that is still loading its
+# model would answer 503 long after Triton came up. Retrying every second at most keeps that short.
+RECONNECT_BACKOFF_MS = 1000
+
+
 def _channel_args() -> list[tuple[str, Any]]:
-    """tritonclient's default channel arguments, and a subchannel pool of the channel's own: gRPC
-    otherwise lets channels of the same target and arguments share one TCP connection."""
+    """tritonclient's default channel arguments, a reconnect backoff of at most
+    RECONNECT_BACKOFF_MS, and a subchannel pool of the channel's own: gRPC otherwise lets
+    channels of the same target and arguments share one TCP connection."""
     keepalive = grpcclient.KeepAliveOptions()
     return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
@@ -113,6 +120,8 @@ def _channel_args() -> list[tuple[str, Any]]:
             ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
             ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
             ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS // 4),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
             ("grpc.use_local_subchannel_pool", 1)]
 
 

@@ -191,6 +191,44 @@ def test_generations_spread_over_the_gateway_channels():
     asyncio.run(main())
 
 
+def test_the_gateway_reaches_a_triton_that_comes_up_late():
+    """After seconds of a server that is down, the channel connects within about a second of the
+    server coming up (gRPC's own backoff would leave it failing calls for several more)."""
+    import asyncio
+    import socket
+    import time
+
+    import grpc
+
+    from frontend.triton_gateway import RECONNECT_BACKOFF_MS, TritonGateway
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main():
+        gateway = TritonGateway(f"127.0.0.1:{port}")
+        channel = gateway.client._channel
+        down_until = time.monotonic() + 6
+        while time.monotonic() < down_until:  # clients retrying against a server still down
+            assert not await gateway.is_live()
+            await asyncio.sleep(0.1)
+        server = grpc.aio.server()
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        up = time.monotonic()
+        while channel.get_state() != grpc.ChannelConnectivity.READY and time.monotonic() - up < 10:
+            await gateway.is_live()
+            await asyncio.sleep(0.05)
+        waited = time.monotonic() - up
+        await gateway.close()
+        await server.stop(None)
+        limit = RECONNECT_BACKOFF_MS / 1000 * 1.5 + 0.3  # the backoff, its jitter, the polling
+        assert waited < limit, f"connected {waited:.1f} s after the server came up"
+
+    asyncio.run(main())
+
+
 def test_engine_errors_are_renamed_to_the_fields_the_request_used():
     e = from_triton(_model_error("logprobs=21 is larger than max_logprobs=20.", ErrorKind.INVALID_ARGUMENT,
                                  "logprobs")).renamed({"logprobs": "top_logprobs"})
