@@ -13,7 +13,8 @@
 #   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
 #                    cache, one after the other on one GPU; then the FP8 matmul table
 #   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests, the W4A16 table and config sweep
-#                    (its configs used from then on; NO_GPU_STEPS=1 skips both), then Llama-3-8B
+#                    in two halves of the row counts (its configs used from then on; NO_GPU_STEPS=1
+#                    skips both; tests and sweep take ~10 minutes: run the rest apart), then Llama-3-8B
 #                    AWQ, GPTQ act-order and bf16 A and B through Triton
 #   long-context     Qwen2.5-7B bf16 workloads C and L through Triton and the Hugging Face anchor
 #   frontend         Llama-3-8B workload A over gRPC directly and through the OpenAI frontend
@@ -129,9 +130,15 @@ w4a16)
     if [ -z "${NO_GPU_STEPS:-}" ]; then
         stamp "GPU tests: the W4A16 kernel (gemv, mma and dequant paths) and the AWQ/GPTQ engine"
         gpu_tests 300 20 tests/kernels/test_kernel_w4a16.py tests/engine/test_awq_gptq.py --confcutdir=tests
-        stamp "W4A16 table and sweep (kernels/configs/w4a16.json's entries written to \$OUT)"
-        timeout 600 "$PY" benchmarks/kernels/w4a16.py --sweep --json "$OUT/w4a16.json" \
-            --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip" | tail -60 >> "$S"
+        # In two halves of the row counts, each with its own limit, so that one that runs out
+        # of time still leaves the other's table and configs (--write-configs merges into a copy
+        # of the table, so other cards' entries stay).
+        cp kernels/configs/w4a16.json "$OUT/w4a16_configs.json"
+        for rows in 1,8,16 64,256,4096; do
+            stamp "W4A16 table and sweep, rows $rows (kernels/configs/w4a16.json's entries written to \$OUT)"
+            timeout 280 "$PY" benchmarks/kernels/w4a16.py --sweep --rows "$rows" --json "$OUT/w4a16_m${rows//,/_}.json" \
+                --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip\|warm-up failed" | tail -40 >> "$S"
+        done
         # The swept configs serve the runs below (copy them into kernels/configs to keep them).
         [ -f "$OUT/w4a16_configs.json" ] && cp "$OUT/w4a16_configs.json" kernels/configs/w4a16.json
     fi

@@ -154,3 +154,19 @@ def test_prefill_32k_benchmark_rehearses_on_the_cpu(tmp_path):
     (row,) = d["variants"]
     assert [(c["start"], c["end"]) for c in row["chunks"]] == [(0, 16), (16, 32), (32, 40)]
     assert row["config"] == "default" and row["rel_err"] < 1e-5
+
+
+def test_gpu_sh_accepts_every_set_it_runs():
+    """Every set with a branch in benchmarks/gpu.sh's case statement is in its list of known sets,
+    and every known set has a branch (a set missing from the list is refused on the GPU machine)."""
+    import re
+    text = open(os.path.join(ROOT, "benchmarks", "gpu.sh"), encoding="utf-8").read()
+    known = set(re.search(r'^SETS=" (.*) "$', text, re.M).group(1).split())
+    body = text[text.index('case "$SET" in'):]
+    branches = set(re.findall(r"^([a-z0-9-]+)\)$", body, re.M))
+    assert branches, "no case branches found"
+    assert branches - {"e2e"} <= known, branches - known
+    assert known - {"e2e"} <= branches, known - branches
+    r = subprocess.run(["bash", "benchmarks/gpu.sh", "nope"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "OUT": "/tmp/unused"}, timeout=30)
+    assert r.returncode == 2 and "unknown set 'nope'" in r.stderr, r.stderr
