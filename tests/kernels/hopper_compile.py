@@ -84,6 +84,13 @@ def cases():
                        qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1, key=key, value=value,
                        config=PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=2,
                                             kv_tma=tma)))
+        # A chunk of over 1,024 tokens: the prefix in a launch of its own, then the chunk.
+        q2k, cu2k = e(2048, 32, 128, dtype=dtype), torch.tensor([0, 2048], dtype=torch.int32)
+        qkv2k = e(2048, (32 + 2 * 8) * 128, dtype=dtype)
+        yield (f"prefill {dtype} chunk tma, prefix split",
+               lambda: kernels.paged_prefill_attention(
+                   q2k, cache, cache, bt[:1], cu2k, cl[:1], 2048, 0.1,
+                   key=qkv2k[:, 4096:5120].view(2048, 8, 128), value=qkv2k[:, 5120:].view(2048, 8, 128)))
         # Verification chunks of speculative decoding (k + 1 = 5 rows): GQA heads packed.
         cu5 = torch.tensor([0, 5, 10], dtype=torch.int32)
         yield (f"prefill {dtype} chunk tma, GQA heads packed",

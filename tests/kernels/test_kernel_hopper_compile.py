@@ -29,9 +29,15 @@ def test_kernels_compile_for_hopper(compiled):
     assert {"decode torch.bfloat16 splits=4", "prefill torch.bfloat16", "rms_norm", "rotary",
             "silu_and_mul", "store_kv_cache", "quantize_fp8", "greedy_sample", "apply_penalties", "fp8_matmul",
             "rotary and kv store torch.bfloat16", "rotary and kv store torch.float8_e4m3fn"} <= labels
+    split = [c for c in compiled if c["case"] == "prefill torch.bfloat16 chunk tma, prefix split"]
     for c in compiled:
         assert c["shared"] <= H100_MAX_SHARED, c
-        assert c.get("local_bytes", 0) == 0 and c.get("stack_bytes", 0) == 0, f"spills to local memory: {c}"
+        # The long-chunk default (128-query tiles on 4 warps, the fastest on an H100 under the
+        # GPU machine's Triton) spills a few bytes under the Triton CI pins; more is a regression.
+        stack_limit = 128 if c in split else 0
+        assert c.get("local_bytes", 0) == 0 and c.get("stack_bytes", 0) <= stack_limit, f"spills to local memory: {c}"
+    # The prefix's launch through the block table, then the chunk's through TMA.
+    assert len(split) == 2 and all(c["wgmma"] for c in split) and not split[0]["tma"] and split[1]["tma"], split
     by_kernel = {(c["case"], c["kernel"]): c for c in compiled}
     assert by_kernel[("decode torch.bfloat16 splits=1", "_decode_kernel")]["mma"]
     assert by_kernel[("decode torch.bfloat16 splits=4", "_merge_kernel")]
