@@ -14,6 +14,20 @@ stop_tritonserver() {
     for _ in $(seq 60); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
     kill -KILL "$SERVER_PID" 2>/dev/null
     wait "$SERVER_PID" 2>/dev/null
+    wait_for_idle_gpu
+}
+
+# The next run sizes its KV cache from the GPU memory free when it starts: a process of this one
+# still holding memory (a stub or engine process outliving a killed server) would shrink or fail it.
+wait_for_idle_gpu() {
+    command -v nvidia-smi >/dev/null 2>&1 || return 0
+    local apps
+    for _ in $(seq 60); do
+        apps="$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null)"
+        [ -z "$apps" ] && return 0
+        sleep 1
+    done
+    echo "GPU still in use a minute after tritonserver stopped: $apps"
 }
 
 wait_until_ok() {  # WHAT URL PID TIMEOUT_S LOG: poll URL until it answers 200 or PID exits
