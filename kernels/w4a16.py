@@ -22,7 +22,8 @@ accumulator is not touched between steps.
 
 Few rows (decode): one 16-row tile holds all of them, so each weight word is read once; K is cut
 in SPLIT_K slices so that about two programs run per SM, the slices' float32 partial sums reduced
-in a fixed order afterwards (no atomics: the result does not depend on timing). Many rows
+in a fixed order afterwards, with the cast, in one small kernel (no atomics: the result does not
+depend on timing). Many rows
 (prefill): 64- or 128-row tiles, grouped along M so neighbouring programs share weight tiles in L2.
 One row (decode at batch 1) and many rows take other paths, chosen by the config's `method`
 (kernels/w4a16_paths.py): a GEMV on the CUDA cores, and dequantize-then-cuBLAS. A table of
@@ -43,6 +44,7 @@ import triton.language as tl
 from . import validation, validation_ops
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
+from .split_k import sum_slices
 from .w4a16_layout import METHODS, W4A16Config, _input_rows, _widen  # noqa: F401 (W4A16Config, METHODS: public here)
 
 OP = "w4a16_matmul"
@@ -190,7 +192,8 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         split = paths.gemv_split_k(m, n, k, cfg, block_k, num_sms(x.device), 32 // bits)
         return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split)
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))
-    # One slice: the kernel writes the output. Several: float32 partial sums, summed after.
+    # One slice: the kernel writes the output. Several: float32 partial sums, summed after
+    # (split_k.sum_slices).
     out = (torch.empty(1, m, n, dtype=x.dtype, device=x.device) if split == 1 else
            torch.empty(split, m, n, dtype=torch.float32, device=x.device))
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
@@ -201,4 +204,4 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
         GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else out.sum(dim=0).to(x.dtype)
+    return out[0] if split == 1 else sum_slices(out, x.dtype)

@@ -25,7 +25,7 @@ class W4A16Config:
     # CUDA cores; "dequant": the weight dequantized to 16 bits, then one cuBLAS GEMM.
     method: str = "mma"
     # gemv with several K slices: add the partial sums in the kernel (the last slice to finish
-    # does) instead of a PyTorch sum after it.
+    # does) instead of a second kernel after it (split_k.sum_slices).
     fused_reduce: bool = False
     # gemv: K steps whose weight tiles are loading while one step computes (1 or 2; it
     # prefetches by hand, so num_stages does nothing there).

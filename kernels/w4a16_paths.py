@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
+from .split_k import sum_slices
 from .w4a16_layout import W4A16Config, _input_rows, _widen
 
 
@@ -240,7 +241,10 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
         AHEAD=cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 or fused else out.sum(dim=0).to(x.dtype)
+    if split == 1 or fused:
+        return out[0]
+    return sum_slices(ws, x.dtype)
+
 
 
 @triton.jit
