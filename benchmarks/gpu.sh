@@ -43,7 +43,7 @@
 #                    $QWEN7 L through Triton and Hugging Face, $LLAMA FP8 weights + FP8 KV A via Triton
 #   l-ttft           where $QWEN7's workload L TTFT goes: the whole 32k prefill kernel by kernel
 #                    in-process, prefill attention in the engine's chunks against SDPA on the whole
-#                    prompt, then L in-process and through Triton
+#                    prompt, then L through Triton, in-process and Hugging Face
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -166,8 +166,8 @@ l-ttft)
         --skip-decode-steps 2 --whole-prefill --json "$OUT/profile_L.json" 2>&1 | grep -v "warn" | tail -40 >> "$S"
     stamp "prefill attention, 32,640 tokens in 8,192-token chunks, against SDPA on the whole prompt"
     timeout 150 "$PY" benchmarks/kernels/prefill_32k.py --json "$OUT/prefill_32k.json" 2>&1 | tail -8 >> "$S"
-    stamp "$QWEN7 bf16 L in-process and through Triton"
-    e2e qwen7_l --models "$QWEN7" --phases triton,offline --workloads L ;;
+    stamp "$QWEN7 bf16 L through Triton, in-process and the Hugging Face anchor"
+    e2e qwen7_l --models "$QWEN7" --phases triton,offline,hf --workloads L ;;
 round3)
     EXTRA=("$@")
     stamp "$QWEN bf16 A: Triton and in-process (the response path's cost)"
