@@ -13,8 +13,9 @@
 #   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
 #                    cache, one after the other on one GPU; then the FP8 matmul table
 #   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests, the W4A16 table and config sweep
-#                    in two halves of the row counts (its configs used from then on; NO_GPU_STEPS=1
-#                    skips both; tests and sweep take ~10 minutes: run the rest apart), then Llama-3-8B
+#                    per group of row counts in $W4_SWEEP_ROWS ("1,8,16 64,256,4096"), each within
+#                    $W4_SWEEP_LIMIT s (280; its configs used from then on; NO_GPU_STEPS=1 skips tests
+#                    and sweep, NO_E2E=1 stops after them: one call cannot hold both), then Llama-3-8B
 #                    AWQ, GPTQ act-order and bf16 A and B through Triton
 #   long-context     Qwen2.5-7B bf16 workloads C and L through Triton and the Hugging Face anchor
 #   frontend         Llama-3-8B workload A over gRPC directly and through the OpenAI frontend
@@ -134,14 +135,15 @@ w4a16)
         # of time still leaves the other's table and configs (--write-configs merges into a copy
         # of the table, so other cards' entries stay).
         cp kernels/configs/w4a16.json "$OUT/w4a16_configs.json"
-        for rows in 1,8,16 64,256,4096; do
+        for rows in ${W4_SWEEP_ROWS:-1,8,16 64,256,4096}; do
             stamp "W4A16 table and sweep, rows $rows (kernels/configs/w4a16.json's entries written to \$OUT)"
-            timeout 280 "$PY" benchmarks/kernels/w4a16.py --sweep --rows "$rows" --json "$OUT/w4a16_m${rows//,/_}.json" \
+            timeout "${W4_SWEEP_LIMIT:-280}" "$PY" benchmarks/kernels/w4a16.py --sweep --rows "$rows" --json "$OUT/w4a16_m${rows//,/_}.json" \
                 --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip\|warm-up failed" | tail -40 >> "$S"
         done
         # The swept configs serve the runs below (copy them into kernels/configs to keep them).
         [ -f "$OUT/w4a16_configs.json" ] && cp "$OUT/w4a16_configs.json" kernels/configs/w4a16.json
     fi
+    [ -n "${NO_E2E:-}" ] && { stamp done; exit 0; }
     stamp "$LLAMA AWQ (random 4-bit weights, groups of 128) A and B through Triton"
     e2e llama_awq --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=awq
     # An act-order checkpoint's shape: config.json declares GPTQ with desc_act, so the random
