@@ -18,29 +18,15 @@ stop_tritonserver() {
 }
 
 # The next run sizes its KV cache from the GPU memory free when it starts: a process of this one
-# still holding memory (a stub or engine process outliving a killed server) would shrink or fail it.
+# still holding memory (a stub or engine process outliving a killed server) would shrink or fail
+# it. Memory in use, not the process list: inside a container that list can be empty.
 wait_for_idle_gpu() {
     command -v nvidia-smi >/dev/null 2>&1 || return 0
-    local apps
+    local used
     for _ in $(seq 60); do
-        apps="$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null)"
-        [ -z "$apps" ] && return 0
+        used="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | sort -n | tail -1)"
+        [ -z "$used" ] || [ "$used" -lt 2048 ] && return 0
         sleep 1
     done
-    echo "GPU still in use a minute after tritonserver stopped: $apps"
-}
-
-wait_until_ok() {  # WHAT URL PID TIMEOUT_S LOG: poll URL until it answers 200 or PID exits
-    local what="$1" url="$2" pid="$3" timeout="$4" log="$5" t0
-    t0=$(date +%s)
-    until "$PY" -c "import urllib.request as u; u.urlopen('$url', timeout=2)" 2>/dev/null; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            echo "$what exited before $url answered; its log ends:"; tail -n 60 "$log"; return 1
-        fi
-        if [ $(($(date +%s) - t0)) -gt "$timeout" ]; then
-            echo "$url did not answer within ${timeout}s; the $what log ends:"; tail -n 60 "$log"; return 1
-        fi
-        sleep 1
-    done
-    echo "$what ready after $(($(date +%s) - t0))s"
+    echo "a minute after tritonserver stopped the GPU still has $used MiB in use"
 }
