@@ -161,32 +161,48 @@ def _chunk_kv_tile(key, value, row0, offs_n, valid, kv_head, stride_kt, stride_k
 
 
 @triton.jit
+def _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, valid, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+    """K and V of the tokens at element offsets `rows` of a 16-bit cache (kv_row_offsets). With
+    MASKED, tokens that are not `valid` read as 0."""
+    ptrs = rows[:, None] + offs_d[None, :]
+    if MASKED:
+        mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + ptrs, mask=mask, other=0.0)
+        v = tl.load(v_cache_ptr + ptrs, mask=mask, other=0.0)
+    elif BLOCK_D == HEAD_DIM:
+        k = tl.load(k_cache_ptr + ptrs)
+        v = tl.load(v_cache_ptr + ptrs)
+    else:
+        k = tl.load(k_cache_ptr + ptrs, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + ptrs, mask=d_mask[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
 def _attend_prefix(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
                    prefix, scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFIX_STAGES: tl.constexpr):
     """The cached prefix (earlier chunks, prefix-cache hits) through the block table."""
-    # The prefix is visible to every row: whole tiles need no mask, only a partial last one does. Whichever tile comes first holds token 0, so no row is
-    # fully masked on its first tile (attend_tile relies on that).
+    # The prefix is visible to every row: whole tiles need no mask, only a partial last one does.
+    # Whichever tile comes first holds token 0, so no row is fully masked on its first tile
+    # (attend_tile relies on that).
     full_prefix = (prefix // BLOCK_N) * BLOCK_N
     for n0 in tl.range(0, full_prefix, BLOCK_N, num_stages=PREFIX_STAGES):
-        rows = kv_row_offsets(block_table_row, n0 + offs_n, offs_n >= 0, head_offset, stride_cb,
+        whole = offs_n >= 0
+        rows = kv_row_offsets(block_table_row, n0 + offs_n, whole, head_offset, stride_cb,
                               stride_ct, BLOCK_SIZE)
-        if BLOCK_D == HEAD_DIM:
-            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :])
-            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :])
-        else:
-            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
-            v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+        k, v = _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, whole, offs_d, d_mask, HEAD_DIM,
+                              BLOCK_D, False)
         m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
     if full_prefix < prefix:
         tok = full_prefix + offs_n
         valid = tok < prefix
         rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
                               BLOCK_SIZE)
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k, v = _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, valid, offs_d, d_mask, HEAD_DIM,
+                              BLOCK_D, True)
         m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e, True,
                                     DOT_PRECISION)
     return m_i, l_i, acc

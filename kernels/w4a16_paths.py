@@ -246,7 +246,6 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     return sum_slices(ws, x.dtype)
 
 
-
 @triton.jit
 def _w4a16_dequantize_kernel(
     qw_ptr, scale_ptr, zero_ptr, out_ptr, N, stride_qk, stride_sg, stride_ok,
