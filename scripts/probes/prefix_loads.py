@@ -123,7 +123,8 @@ def main() -> None:
     dev, dt = a.device, getattr(torch, a.dtype)
     hq, hkv = (int(x) for x in a.heads.split(","))
     d, bs, p, t = a.head_dim, a.block_size, a.prefix, a.queries
-    assert p % a.block_n == 0 and t % a.block_m == 0 and a.block_n == 4 * bs or "tma_pages" not in a.modes
+    assert p % a.block_n == 0 and t % a.block_m == 0, "whole tiles only"
+    assert a.block_n == 4 * bs or "tma_pages" not in a.modes, "tma_pages joins four cache blocks a tile"
     q = torch.randn(t, hq, d, device=dev, dtype=dt)
     k = torch.randn(p, hkv, d, device=dev, dtype=dt)
     v = torch.randn(p, hkv, d, device=dev, dtype=dt)
