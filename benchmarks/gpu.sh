@@ -12,11 +12,12 @@
 #                    in-process (the serving overhead)
 #   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
 #                    cache, one after the other on one GPU; then the FP8 matmul table
-#   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests, the W4A16 table and config sweep
-#                    per group of row counts in $W4_SWEEP_ROWS ("1,8,16 64,256,4096"), each within
-#                    $W4_SWEEP_LIMIT s (280; its configs used from then on; NO_GPU_STEPS=1 skips tests
-#                    and sweep, NO_E2E=1 stops after them: one call cannot hold both), then Llama-3-8B
-#                    AWQ, GPTQ act-order and bf16 A and B through Triton
+#   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests ($W4_TESTS to choose), the config
+#                    sweep per group of row counts in $W4_SWEEP_ROWS ("1,8,16 64,256,4096"; "" for
+#                    none), each within $W4_SWEEP_LIMIT s (280; its configs used from then on), the
+#                    table of every path at the six row counts ($W4_TABLE_LIMIT s, 240), then
+#                    Llama-3-8B AWQ, GPTQ act-order and bf16 A and B through Triton (NO_GPU_STEPS=1
+#                    skips tests, sweep and table, NO_E2E=1 stops after them: one call cannot hold both)
 #   long-context     Qwen2.5-7B bf16 workloads C and L through Triton and the Hugging Face anchor
 #   frontend         Llama-3-8B workload A over gRPC directly and through the OpenAI frontend
 #   lora             Llama-3-8B A through Triton: no adapters, 4 adapters, 4 adapters on 2 slots,
@@ -130,18 +131,22 @@ w4a16)
     EXTRA=("$@")
     if [ -z "${NO_GPU_STEPS:-}" ]; then
         stamp "GPU tests: the W4A16 kernel (gemv, mma and dequant paths) and the AWQ/GPTQ engine"
-        gpu_tests 300 20 tests/kernels/test_kernel_w4a16.py tests/engine/test_awq_gptq.py --confcutdir=tests
+        # shellcheck disable=SC2086
+        gpu_tests 300 20 ${W4_TESTS:-tests/kernels/test_kernel_w4a16.py tests/kernels/test_kernel_split_k.py tests/engine/test_awq_gptq.py} --confcutdir=tests
         # In two halves of the row counts, each with its own limit, so that one that runs out
         # of time still leaves the other's table and configs (--write-configs merges into a copy
         # of the table, so other cards' entries stay).
         cp kernels/configs/w4a16.json "$OUT/w4a16_configs.json"
-        for rows in ${W4_SWEEP_ROWS:-1,8,16 64,256,4096}; do
+        for rows in ${W4_SWEEP_ROWS-1,8,16 64,256,4096}; do
             stamp "W4A16 table and sweep, rows $rows (kernels/configs/w4a16.json's entries written to \$OUT)"
             timeout "${W4_SWEEP_LIMIT:-280}" "$PY" benchmarks/kernels/w4a16.py --sweep --rows "$rows" --json "$OUT/w4a16_m${rows//,/_}.json" \
                 --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip\|warm-up failed" | tail -40 >> "$S"
         done
         # The swept configs serve the runs below (copy them into kernels/configs to keep them).
         [ -f "$OUT/w4a16_configs.json" ] && cp "$OUT/w4a16_configs.json" kernels/configs/w4a16.json
+        stamp "W4A16 table: every path (gemv, mma, dequant) at the configs now chosen, against cuBLAS bf16"
+        timeout "${W4_TABLE_LIMIT:-240}" "$PY" benchmarks/kernels/w4a16.py --paths --no-repack --json "$OUT/w4a16_paths.json" \
+            2>&1 | grep -v "warm-up failed" | tail -30 >> "$S"
     fi
     [ -n "${NO_E2E:-}" ] && { stamp done; exit 0; }
     stamp "$LLAMA AWQ (random 4-bit weights, groups of 128) A and B through Triton"

@@ -1,7 +1,9 @@
-"""The last step of a split-K matmul: the K slices' float32 partial sums [S, M, N] added in slice
-order and cast to the output dtype in one kernel, where PyTorch takes two (the sum, then the
-cast) and writes the float32 sum in between. The order is fixed, so the result does not depend
-on timing."""
+"""The last step of a split-K matmul: the K slices' float32 partial sums [S, M, N] added and cast
+to the output dtype in one kernel, where PyTorch takes two (the sum, then the cast) and writes the
+float32 sum in between. A program loads a block of slices at once (a loop over the slices one at a
+time keeps one load in flight and, with few output columns, few programs: a one-row GEMV's many
+slices then cost more than the matmul). The order of the additions is fixed, so the result does
+not depend on timing."""
 
 from __future__ import annotations
 
@@ -11,16 +13,20 @@ import triton.language as tl
 
 from ._launch import cdiv
 
-BLOCK = 1024
+BLOCK = 128  # outputs a program: a one-row projection still spreads over dozens of SMs
+MAX_BLOCK_S = 32  # slices loaded at once
 
 
 @triton.jit
-def _sum_slices_kernel(ws_ptr, out_ptr, total, split, BLOCK: tl.constexpr):
+def _sum_slices_kernel(ws_ptr, out_ptr, total, split, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(split):
-        acc += tl.load(ws_ptr + s * total + offs, mask=mask, other=0.0)
+    for s0 in range(0, split, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        tile = tl.load(ws_ptr + s[:, None].to(tl.int64) * total + offs[None, :],
+                       mask=(s[:, None] < split) & mask[None, :], other=0.0)
+        acc += tl.sum(tile, axis=0)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -29,5 +35,7 @@ def sum_slices(ws: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     split, m, n = ws.shape
     out = torch.empty(m, n, dtype=dtype, device=ws.device)
     if m * n:
-        _sum_slices_kernel[(cdiv(m * n, BLOCK),)](ws, out, m * n, split, BLOCK=BLOCK, num_warps=4)
+        block_s = min(triton.next_power_of_2(split), MAX_BLOCK_S)
+        _sum_slices_kernel[(cdiv(m * n, BLOCK),)](ws, out, m * n, split, BLOCK_S=block_s, BLOCK=BLOCK,
+                                                 num_warps=4)
     return out

@@ -3,7 +3,8 @@ checkpoints hold them) against cuBLAS bf16 (F.linear) at Llama-3-8B's projection
 4096->6144, o 4096->4096, gate_up 4096->28672, down 14336->4096) for M = 1, 8, 16, 64, 256,
 4096 rows; each timed as a CUDA graph replay (triton.testing.do_bench_cudagraph, no launch
 cost), with the speedup over bf16, the weight bandwidth, and the largest difference from the
-dequantized weight through F.linear. --sweep also times a set of tile configs per row bucket;
+dequantized weight through F.linear. --paths also times each path (the GEMV, the tensor-core
+kernel, dequantize + cuBLAS) at its config for that shape and row count. --sweep also times a set of tile configs per row bucket;
 --write-configs merges the fastest per (shape, bucket) into the table the kernel reads for this
 GPU model. Then the load-time repacking of one layer's projections (AWQ and GPTQ act-order
 checkpoint tensors -> the kernel's layout, through backend/layers/int4.py). Prints tables,
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 import kernels  # noqa: E402
 from fp8_matmul import linear_shapes  # noqa: E402
 from kernels.reference import w4a16_dequantize_ref  # noqa: E402
-from kernels.w4a16 import DEFAULT_CONFIGS, W4A16Config, config_key, row_bucket  # noqa: E402
+from kernels.w4a16 import DEFAULT_CONFIGS, METHODS, W4A16Config, choose_config, config_key, row_bucket  # noqa: E402
 
 ROWS = (1, 8, 16, 64, 256, 4096)
 GROUP = 128
@@ -58,6 +59,19 @@ SWEEP = {  # row bucket -> configs tried besides the default
         itertools.product((128,), (128, 256), (64, 128), (4, 8), (3, 4))],
 }
 SWEEP[64].append(W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"))
+# --paths: each path's config where the engine's choice for that row count is another path.
+PATH_DEFAULTS = {
+    "gemv": {b: DEFAULT_CONFIGS[1] for b in DEFAULT_CONFIGS},
+    "mma": {1: DEFAULT_CONFIGS[16], 16: DEFAULT_CONFIGS[16], 64: DEFAULT_CONFIGS[64],
+            256: W4A16Config(64, 128, 64, 0, 8, 4, 4), 0: W4A16Config(128, 128, 64, 1, 8, 8, 3)},
+    "dequant": {b: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant") for b in DEFAULT_CONFIGS},
+}
+
+
+def path_configs(m: int, n: int, k: int) -> dict[str, W4A16Config]:
+    """Each path's config at this shape: the engine's choice for its own path, else the path's default."""
+    chosen = choose_config(m, n, k, 4, GROUP, torch.device("cuda"))
+    return {p: chosen if chosen.method == p else PATH_DEFAULTS[p][row_bucket(m)] for p in METHODS}
 SWEEP[256].append(W4A16Config(64, 128, 64, 0, 8, 4, 4))  # the tensor-core kernel, now not the default
 
 
@@ -92,10 +106,12 @@ def _warm(job: tuple) -> str | None:
         return f"{n}x{k} m{m} {cfg_name(cfg)}: {type(exc).__name__}: {exc}"
 
 
-def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int) -> None:
-    """The sweep's compiles, several processes at once: inline they take most of a sweep's time."""
+def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int, sweep: bool, paths: bool) -> None:
+    """The sweep's and the paths' compiles, several processes at once: inline they take most of
+    a sweep's time."""
     work = [(n, k, m, cfg) for n, k in shapes.values() for m in rows
-            for cfg in [DEFAULT_CONFIGS[row_bucket(m)], *SWEEP[row_bucket(m)]]]
+            for cfg in ([DEFAULT_CONFIGS[row_bucket(m)], *SWEEP[row_bucket(m)]] if sweep else [])
+            + (list(path_configs(m, n, k).values()) if paths else [])]
     start = time.time()
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         errors = [e for e in pool.map(_warm, work) if e]
@@ -103,10 +119,12 @@ def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int) -> None:
           + "".join(f"\n  warm-up failed: {e[:200]}" for e in errors), flush=True)
 
 
-def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tuple[list, dict]:
+def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths: bool = False
+                  ) -> tuple[list, dict]:
     results, best = [], {}
     print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'w4a16 us':>9} {'speedup':>8} "
-          f"{'wt GB/s':>8} {'rel diff':>9}" + ("  best (sweep)" if sweep else ""))
+          f"{'wt GB/s':>8} {'rel diff':>9}" + "".join(f" {p + ' us':>10}" for p in METHODS if paths)
+          + ("  best (sweep)" if sweep else ""))
     for layer, (n, k) in shapes.items():
         w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         qweight, scales, zeros = random_layer(n, k)
@@ -124,6 +142,14 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS) -> tu
                    "max_rel_diff": diff, "bucket": row_bucket(m)}
             line = (f"{layer:8} {n:>5} x {k:<5} {m:>5} {t16:8.1f} {t:9.1f} {t16 / t:7.2f}x "
                     f"{weight_bytes / t / 1e3:8.0f} {diff:9.2e}")
+            if paths:
+                row["paths"] = {}
+                for p, cfg in path_configs(m, n, k).items():
+                    got = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg).float()
+                    err = ((got - ref).abs().max() / ref.abs().max()).item()
+                    tp = time_us(lambda: kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg))
+                    row["paths"][p] = {"us": tp, "speedup": t16 / tp, "max_rel_diff": err, "config": vars(cfg)}
+                    line += f" {tp:10.1f}"
             if sweep:
                 timed = [(t, DEFAULT_CONFIGS[row_bucket(m)])]
                 for cfg in (c for c in SWEEP[row_bucket(m)] if c != DEFAULT_CONFIGS[row_bucket(m)]):
@@ -207,11 +233,12 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3-8b")
     ap.add_argument("--json")
     ap.add_argument("--sweep", action="store_true", help="also time the configs of SWEEP")
+    ap.add_argument("--paths", action="store_true", help="also time each path (gemv, mma, dequant)")
     ap.add_argument("--write-configs", metavar="PATH", help="with --sweep: merge the fastest configs here")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M values (default: all six)")
     ap.add_argument("--no-repack", action="store_true")
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
-                    help="with --sweep: processes compiling the configs first (0: compile as they are timed)")
+                    help="with --sweep or --paths: processes compiling the configs first (0: compile as they are timed)")
     ap.add_argument("--repack-only-on", metavar="DEVICE", help="only time the repacking, on DEVICE (cpu works)")
     a = ap.parse_args()
     torch.manual_seed(0)
@@ -222,9 +249,9 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations")
     rows = tuple(int(r) for r in a.rows.split(","))
-    if a.sweep and a.jobs > 0:
-        warm_compile(shapes, rows, a.jobs)
-    results, best = bench_matmuls(shapes, a.sweep, rows)
+    if (a.sweep or a.paths) and a.jobs > 0:
+        warm_compile(shapes, rows, a.jobs, a.sweep, a.paths)
+    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths)
     repack = [] if a.no_repack else bench_repacking(shapes)
     if a.write_configs and best:
         write_configs(a.write_configs, gpu, best)

@@ -30,3 +30,17 @@ wait_for_idle_gpu() {
     done
     echo "a minute after tritonserver stopped the GPU still has $used MiB in use"
 }
+wait_until_ok() {  # WHAT URL PID TIMEOUT_S LOG: poll URL until it answers 200 or PID exits
+    local what="$1" url="$2" pid="$3" timeout="$4" log="$5" t0
+    t0=$(date +%s)
+    until "$PY" -c "import urllib.request as u; u.urlopen('$url', timeout=2)" 2>/dev/null; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "$what exited before $url answered; its log ends:"; tail -n 60 "$log"; return 1
+        fi
+        if [ $(($(date +%s) - t0)) -gt "$timeout" ]; then
+            echo "$url did not answer within ${timeout}s; the $what log ends:"; tail -n 60 "$log"; return 1
+        fi
+        sleep 1
+    done
+    echo "$what ready after $(($(date +%s) - t0))s"
+}
