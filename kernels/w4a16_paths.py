@@ -176,10 +176,13 @@ def _w4a16_gemv_kernel(
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         counter = count_ptr + row * tl.num_programs(0) + pid_w
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
+            # Eight slices' loads are issued before their sum: one at a time, each waits a trip
+            # to L2, and a slice count in the dozens made the last program the kernel's tail.
             total = tl.zeros((BLOCK_W, PACK), dtype=tl.float32)
-            for s in range(SPLIT_K):
-                total += tl.load(ws_ptr + s * stride_os + row * N + cols, mask=c_mask, other=0.0,
-                                 cache_modifier=".cg")
+            for s0 in range(0, SPLIT_K, 8):
+                for j in tl.static_range(8):
+                    total += tl.load(ws_ptr + (s0 + j) * stride_os + row * N + cols,
+                                     mask=c_mask & (s0 + j < SPLIT_K), other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + row * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=c_mask)
             tl.atomic_xchg(counter, 0)
     else:
