@@ -3,7 +3,9 @@ checkpoints hold them) against cuBLAS bf16 (F.linear) at Llama-3-8B's projection
 4096->6144, o 4096->4096, gate_up 4096->28672, down 14336->4096) for M = 1, 8, 16, 64, 256,
 4096 rows; each timed as a CUDA graph replay (triton.testing.do_bench_cudagraph, no launch
 cost), with the speedup over bf16, the weight bandwidth, and the largest difference from the
-dequantized weight through F.linear. --paths also times each path (the GEMV, the tensor-core
+dequantized weight through F.linear. Each timed call takes the next of several copies of the
+weights, at least 256 MB in all, so that they come from DRAM as a model's layers do, not from L2
+(which holds a small projection whole); --warm-l2 times one copy again and again. --paths also times each path (the GEMV, the tensor-core
 kernel, dequantize + cuBLAS) at its config for that shape and row count. --sweep also times a set of tile configs per row bucket;
 --write-configs merges the fastest per (shape, bucket) into the table the kernel reads for this
 GPU model. Then the load-time repacking of one layer's projections (AWQ and GPTQ act-order
@@ -18,6 +20,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -87,6 +90,15 @@ def random_layer(n: int, k: int):
     return qweight, scales, zeros
 
 
+COLD_BYTES = 256e6  # more than any GPU's L2
+
+
+def cycling(make, nbytes: int, warm: bool):
+    """A function returning the next of enough copies from make() to exceed L2 (one if warm)."""
+    copies = [make() for _ in range(1 if warm else max(1, math.ceil(COLD_BYTES / nbytes)))]
+    return itertools.cycle(copies).__next__
+
+
 def cfg_name(c: W4A16Config) -> str:
     return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
             + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else ""))
@@ -119,24 +131,29 @@ def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int, sweep: bool, pa
           + "".join(f"\n  warm-up failed: {e[:200]}" for e in errors), flush=True)
 
 
-def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths: bool = False
-                  ) -> tuple[list, dict]:
+def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths: bool = False,
+                  warm_l2: bool = False) -> tuple[list, dict]:
     results, best = [], {}
     print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'w4a16 us':>9} {'speedup':>8} "
           f"{'wt GB/s':>8} {'rel diff':>9}" + "".join(f" {p + ' us':>10}" for p in METHODS if paths)
           + ("  best (sweep)" if sweep else ""))
     for layer, (n, k) in shapes.items():
-        w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        next_w16 = cycling(lambda: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02, 2 * n * k, warm_l2)
         qweight, scales, zeros = random_layer(n, k)
         wdq = w4a16_dequantize_ref(qweight, scales, zeros, GROUP, dtype=torch.bfloat16)
         weight_bytes = qweight.numel() * 4 + scales.numel() * 2 + zeros.numel() * 2
+        next_q = cycling(lambda: random_layer(n, k), weight_bytes, warm_l2)
+
+        def w4(x, cfg=None):
+            return kernels.w4a16_matmul(x, *next_q(), GROUP, config=cfg)
+
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            t16 = time_us(lambda: torch.nn.functional.linear(x, w16))
+            t16 = time_us(lambda: torch.nn.functional.linear(x, next_w16()))
             ref = torch.nn.functional.linear(x, wdq).float()
             out = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP).float()
             diff = ((out - ref).abs().max() / ref.abs().max()).item()
-            t = time_us(lambda: kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP))
+            t = time_us(lambda: w4(x))
             row = {"layer": layer, "n": n, "k": k, "rows": m, "bf16_us": t16, "w4a16_us": t,
                    "speedup": t16 / t, "weight_gb_s": weight_bytes / t / 1e3,
                    "max_rel_diff": diff, "bucket": row_bucket(m)}
@@ -147,7 +164,7 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
                 for p, cfg in path_configs(m, n, k).items():
                     got = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg).float()
                     err = ((got - ref).abs().max() / ref.abs().max()).item()
-                    tp = time_us(lambda: kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg))
+                    tp = time_us(lambda: w4(x, cfg))
                     row["paths"][p] = {"us": tp, "speedup": t16 / tp, "max_rel_diff": err, "config": vars(cfg)}
                     line += f" {tp:10.1f}"
             if sweep:
@@ -161,8 +178,7 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
                         if not err <= max(2 * diff, 1e-2):
                             print(f"  WRONG {cfg_name(cfg)}: max rel diff {err:.3g}")
                             continue
-                        timed.append((time_us(lambda: kernels.w4a16_matmul(
-                            x, qweight, scales, zeros, GROUP, config=cfg)), cfg))
+                        timed.append((time_us(lambda: w4(x, cfg)), cfg))
                     except Exception as e:  # a config that does not fit (shared memory)
                         print(f"  skip {cfg_name(cfg)}: {type(e).__name__}")
                 tb, cb = min(timed, key=lambda r: r[0])
@@ -234,6 +250,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--sweep", action="store_true", help="also time the configs of SWEEP")
     ap.add_argument("--paths", action="store_true", help="also time each path (gemv, mma, dequant)")
+    ap.add_argument("--warm-l2", action="store_true", help="time one copy of the weights again and again")
     ap.add_argument("--write-configs", metavar="PATH", help="with --sweep: merge the fastest configs here")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M values (default: all six)")
     ap.add_argument("--no-repack", action="store_true")
@@ -247,11 +264,12 @@ def main() -> None:
         bench_repacking(shapes, a.repack_only_on)
         return
     gpu = torch.cuda.get_device_name()
-    print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations")
+    print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations; "
+          + ("one copy of the weights (warm in L2)" if a.warm_l2 else "weights from DRAM (copies cycled)"))
     rows = tuple(int(r) for r in a.rows.split(","))
     if (a.sweep or a.paths) and a.jobs > 0:
         warm_compile(shapes, rows, a.jobs, a.sweep, a.paths)
-    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths)
+    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths, a.warm_l2)
     repack = [] if a.no_repack else bench_repacking(shapes)
     if a.write_configs and best:
         write_configs(a.write_configs, gpu, best)
@@ -259,6 +277,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"gpu": gpu, "model": a.model, "group_size": GROUP, "results": results,
+                       "weights": "one copy, warm in L2" if a.warm_l2 else f"copies cycled, >= {COLD_BYTES:.0f} bytes",
                        "repack_ms": repack, "chosen": {k: vars(c) for k, c in best.items()}}, f, indent=1)
 
 
