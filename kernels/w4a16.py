@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from . import validation, validation_ops
+from . import w4a16_gemv_kw as gemv_kw
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
 from .split_k import sum_slices
@@ -189,6 +190,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
             return paths.w4a16_dequantize_matmul(x, qweight, scales, zeros, group_size, perm, bits, block_k)
         if cfg.block_n % (32 // bits):
             validation.fail(OP, f"a gemv config's block_n ({cfg.block_n}) must be a multiple of {32 // bits}")
+        if cfg.k_warps > 1:
+            return gemv_kw.w4a16_gemv_kw(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k,
+                                         num_sms(x.device))
         split = paths.gemv_split_k(m, n, k, cfg, block_k, num_sms(x.device), 32 // bits)
         return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split)
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))

@@ -121,7 +121,7 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None) -> dict:
     kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), e(k, n // 8, dtype=torch.int32),
                          e(k // GROUP, n, dtype=torch.float16), e(k // GROUP, n, dtype=torch.float16), GROUP,
                          config=cfg)
-    (fn, args, kwargs), = hopper_compile.launches
+    fn, args, kwargs = hopper_compile.launches[0]  # the GEMV (a K-slice sum may follow)
     kernel = hopper_compile.compile_kernel(fn, args, kwargs)
     sass = cuobjdump(kernel.asm["cubin"], "-sass")
     if sass_dir:
@@ -129,14 +129,16 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None) -> dict:
         Path(sass_dir, f"{label}.sass".replace(" ", "_").replace("/", "-")).write_text(sass)
     body, rest = hot_loop(instructions(sass))
     threads = 32 * kwargs["num_warps"]
-    weights = kwargs["BLOCK_K"] * kwargs["BLOCK_W"] * 8 // threads
-    # The skipped block runs once per group, or per K slice when a slice is shorter.
-    slice_rows = min(GROUP, args[fn.arg_names.index("K_SLICE")]) if "K_SLICE" in fn.arg_names else GROUP
+    weights = kwargs["BLOCK_K"] * kwargs["BLOCK_W"] * kwargs.get("K_WARPS", 1) * 8 // threads
+    # The skipped block runs once per group, or per K slice (per sub-slice with k_warps) when a
+    # slice is shorter.
+    rows_arg = next((a for a in ("K_SLICE", "SUB") if a in fn.arg_names), None)
+    slice_rows = min(GROUP, args[fn.arg_names.index(rows_arg)]) if rows_arg else GROUP
     per_group = len(rest) / (weights * slice_rows // kwargs["BLOCK_K"])
     regs, spills = resources(kernel.asm["cubin"])
     return {"case": label, "n": n, "k": k, "block_n": cfg.block_n,
             "block_k": kwargs["BLOCK_K"], "warps": kwargs["num_warps"], "stages": kwargs["num_stages"],
-            "split": kwargs["SPLIT_K"], "registers": regs, "spills": spills,
+            "split": kwargs.get("SPLIT_K", len(hopper_compile.launches)), "registers": regs, "spills": spills,
             "loop": len(body), "weights": weights, "per_weight": round(len(body) / max(weights, 1), 2),
             "epilogue": len(rest), "per_weight_all": round(len(body) / max(weights, 1) + per_group, 2),
             "mix": mix(body)}

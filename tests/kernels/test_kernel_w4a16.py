@@ -109,6 +109,53 @@ def test_gemv_matches_float64(case, dtype, fused):
     assert not _counters(x.device).any()
 
 
+# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k, k_warps, num_warps): the GEMV
+# with warps along K: sub-slices inside one group and of whole groups, a K slice past K (empty
+# sub-slices), columns past N, act-order rows, 8-bit fields, several rows, automatic slices.
+GEMV_KW_CASES = [(1, 64, 256, 64, 4, False, 64, 16, 2, 4, 4), (1, 96, 512, 128, 4, True, 32, 32, 1, 2, 2),
+                 (2, 40, 192, 32, 4, False, 32, 16, 3, 4, 4), (1, 48, 160, 32, 8, True, 16, 16, 0, 2, 2),
+                 (1, 64, 384, 128, 4, False, 64, 32, 1, 2, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMV_KW_CASES, ids=str)
+def test_gemv_with_warps_along_k_matches_float64(case, dtype):
+    from kernels.w4a16 import W4A16Config
+    m, n, k, group, bits, shuffled, bn, bk, split, k_warps, warps = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 1, dtype)
+    cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=1,
+                      method="gemv", k_warps=k_warps)
+    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_sub_slices_keep_group_ends_together():
+    from kernels.w4a16 import W4A16Config
+    from kernels.w4a16_gemv_kw import sub_slice_rows
+    cfg = W4A16Config(1, 512, 16, 32, 1, 4, 1, method="gemv", k_warps=4)
+    assert sub_slice_rows(4096, 128, 16, cfg, 8, 132) == 32      # 4096 / (32 x 4): inside a group
+    cfg = W4A16Config(1, 512, 16, 4, 1, 4, 1, method="gemv", k_warps=4)
+    assert sub_slice_rows(4096, 128, 16, cfg, 8, 132) == 256     # whole groups
+    cfg = W4A16Config(1, 512, 16, 7, 1, 4, 1, method="gemv", k_warps=4)
+    assert sub_slice_rows(4096, 128, 16, cfg, 8, 132) == 256     # 147 rounds up to two groups
+    cfg = W4A16Config(1, 512, 16, 100, 1, 4, 1, method="gemv", k_warps=2)
+    assert sub_slice_rows(4096, 96, 16, cfg, 8, 132) == 32       # 21 -> 32, which divides 96
+    cfg = W4A16Config(1, 512, 16, 0, 1, 4, 1, method="gemv", k_warps=4)
+    assert sub_slice_rows(4096, 128, 16, cfg, 12, 132) == 64     # 22 slices for ~8 warps an SM
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"k_warps": 3, "method": "gemv"}, "k_warps 3: expected a power of two"),
+    ({"k_warps": 2, "method": "mma"}, "k_warps > 1 is a gemv of its own: no fused_reduce, no prefetch"),
+    ({"k_warps": 2, "method": "gemv", "fused_reduce": True}, "k_warps > 1 is a gemv of its own"),
+])
+def test_k_warps_config_errors(kwargs, message):
+    from kernels.w4a16 import W4A16Config
+    with pytest.raises(ValueError, match=re.escape(message)):
+        W4A16Config(**kwargs)
+
+
 @pytest.mark.parametrize("scale", [2.0**12, 2.0**-12])
 def test_gemv_keeps_large_and_tiny_activations(scale):
     """The GEMV multiplies the fields, read as denormal floats, by x * 2^64: its products stay
