@@ -20,7 +20,7 @@ import triton.language as tl
 from ._launch import cdiv
 from .split_k import sum_slices
 from .w4a16_layout import W4A16Config, _input_rows
-from .w4a16_paths import X_EXP, _apply_group, _field, _load
+from .w4a16_paths import X_EXP, _apply_groups, _fma_fields, _join_fields, _load
 
 
 @triton.jit
@@ -66,15 +66,7 @@ def _w4a16_gemv_kw_kernel(
             q = tl.sum(tl.where(pick, qt, 0), axis=0)
             x = tl.sum(tl.where(pick, xt, -0.0), axis=0)
             xs += x
-            a0 = tl.fma(_field(q, 0, BITS), x, a0)
-            a1 = tl.fma(_field(q, 1, BITS), x, a1)
-            a2 = tl.fma(_field(q, 2, BITS), x, a2)
-            a3 = tl.fma(_field(q, 3, BITS), x, a3)
-            if BITS == 4:
-                a4 = tl.fma(_field(q, 4, BITS), x, a4)
-                a5 = tl.fma(_field(q, 5, BITS), x, a5)
-                a6 = tl.fma(_field(q, 6, BITS), x, a6)
-                a7 = tl.fma(_field(q, 7, BITS), x, a7)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _fma_fields(q, x, a0, a1, a2, a3, a4, a5, a6, a7, BITS)
         k1 = k0 + BLOCK_K
         # Sub-slices start on group boundaries or inside one group, so every virtual column
         # reaches a group's end at the same step.
@@ -85,24 +77,12 @@ def _w4a16_gemv_kw_kernel(
             sp = scale_ptr + g * stride_sg + offs_w * PACK
             zp = zero_ptr + g * stride_sg + offs_w * PACK
             EVEN: tl.constexpr = EVEN_K and EVEN_W
-            o0 = _apply_group(o0, a0, sx, sp, zp, g_mask, EVEN, 0, BITS, X_EXP)
-            o1 = _apply_group(o1, a1, sx, sp, zp, g_mask, EVEN, 1, BITS, X_EXP)
-            o2 = _apply_group(o2, a2, sx, sp, zp, g_mask, EVEN, 2, BITS, X_EXP)
-            o3 = _apply_group(o3, a3, sx, sp, zp, g_mask, EVEN, 3, BITS, X_EXP)
-            if BITS == 4:
-                a6 -= 16.0 * a7  # a6 summed field 6 + 16 * field 7 (see _field)
-                o4 = _apply_group(o4, a4, sx, sp, zp, g_mask, EVEN, 4, BITS, X_EXP)
-                o5 = _apply_group(o5, a5, sx, sp, zp, g_mask, EVEN, 5, BITS, X_EXP)
-                o6 = _apply_group(o6, a6, sx, sp, zp, g_mask, EVEN, 6, BITS, X_EXP)
-                o7 = _apply_group(o7, a7, sx, sp, zp, g_mask, EVEN, 7, BITS, X_EXP)
+            o0, o1, o2, o3, o4, o5, o6, o7 = _apply_groups(o0, o1, o2, o3, o4, o5, o6, o7, a0, a1, a2, a3, a4, a5,
+                                                           a6, a7, sx, sp, zp, g_mask, EVEN, BITS, X_EXP)
             a0 = tl.zeros((C,), dtype=tl.float32)
             a1, a2, a3, a4, a5, a6, a7, xs = a0, a0, a0, a0, a0, a0, a0, a0
-    if BITS == 4:
-        acc = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
-    else:
-        acc = tl.join(tl.join(o0, o2), tl.join(o1, o3))
     # [C, PACK] -> the sub-slices' rows added: [BLOCK_W, PACK] in column order.
-    acc = tl.sum(tl.reshape(acc, (K_WARPS, BLOCK_W, PACK)), axis=0)
+    acc = tl.sum(tl.reshape(_join_fields(o0, o1, o2, o3, o4, o5, o6, o7, BITS), (K_WARPS, BLOCK_W, PACK)), axis=0)
     w_out = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     cols = w_out[:, None] * PACK + tl.arange(0, PACK)[None, :]
     tl.store(out_ptr + pid_k * stride_os + row * stride_om + cols, acc.to(out_ptr.dtype.element_ty),

@@ -82,6 +82,49 @@ def _apply_group(out, acc, sx, scale_ptrs, zero_ptrs, mask, EVEN: tl.constexpr, 
 
 
 @triton.jit
+def _fma_fields(q, x, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr):
+    """Each field's running sum of field x x for one row of words (one FFMA a field)."""
+    a0 = tl.fma(_field(q, 0, BITS), x, a0)
+    a1 = tl.fma(_field(q, 1, BITS), x, a1)
+    a2 = tl.fma(_field(q, 2, BITS), x, a2)
+    a3 = tl.fma(_field(q, 3, BITS), x, a3)
+    if BITS == 4:
+        a4 = tl.fma(_field(q, 4, BITS), x, a4)
+        a5 = tl.fma(_field(q, 5, BITS), x, a5)
+        a6 = tl.fma(_field(q, 6, BITS), x, a6)
+        a7 = tl.fma(_field(q, 7, BITS), x, a7)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _apply_groups(o0, o1, o2, o3, o4, o5, o6, o7, a0, a1, a2, a3, a4, a5, a6, a7, sx, sp, zp, mask,
+                  EVEN: tl.constexpr, BITS: tl.constexpr, X_EXP: tl.constexpr):
+    """_apply_group for every field of a group's end."""
+    o0 = _apply_group(o0, a0, sx, sp, zp, mask, EVEN, 0, BITS, X_EXP)
+    o1 = _apply_group(o1, a1, sx, sp, zp, mask, EVEN, 1, BITS, X_EXP)
+    o2 = _apply_group(o2, a2, sx, sp, zp, mask, EVEN, 2, BITS, X_EXP)
+    o3 = _apply_group(o3, a3, sx, sp, zp, mask, EVEN, 3, BITS, X_EXP)
+    if BITS == 4:
+        a6 -= 16.0 * a7  # a6 summed field 6 + 16 * field 7 (see _field)
+        o4 = _apply_group(o4, a4, sx, sp, zp, mask, EVEN, 4, BITS, X_EXP)
+        o5 = _apply_group(o5, a5, sx, sp, zp, mask, EVEN, 5, BITS, X_EXP)
+        o6 = _apply_group(o6, a6, sx, sp, zp, mask, EVEN, 6, BITS, X_EXP)
+        o7 = _apply_group(o7, a7, sx, sp, zp, mask, EVEN, 7, BITS, X_EXP)
+    return o0, o1, o2, o3, o4, o5, o6, o7
+
+
+@triton.jit
+def _join_fields(o0, o1, o2, o3, o4, o5, o6, o7, BITS: tl.constexpr):
+    """[W] per field -> [W, 32 / BITS], fields in column order (the outer join's new dimension
+    is the minor one: this nesting lists them in order)."""
+    if BITS == 4:
+        acc = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+    else:
+        acc = tl.join(tl.join(o0, o2), tl.join(o1, o3))
+    return acc
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, ws_ptr, count_ptr, N, K, K_SLICE,
     stride_xm, stride_sg, stride_os, stride_om,
@@ -126,15 +169,7 @@ def _w4a16_gemv_kernel(
             pick = offs_k[:, None] == r
             q = tl.sum(tl.where(pick, qt, 0), axis=0)
             x = tl.sum(tl.where(pick, xt, -0.0), axis=0)
-            a0 = tl.fma(_field(q, 0, BITS), x, a0)
-            a1 = tl.fma(_field(q, 1, BITS), x, a1)
-            a2 = tl.fma(_field(q, 2, BITS), x, a2)
-            a3 = tl.fma(_field(q, 3, BITS), x, a3)
-            if BITS == 4:
-                a4 = tl.fma(_field(q, 4, BITS), x, a4)
-                a5 = tl.fma(_field(q, 5, BITS), x, a5)
-                a6 = tl.fma(_field(q, 6, BITS), x, a6)
-                a7 = tl.fma(_field(q, 7, BITS), x, a7)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _fma_fields(q, x, a0, a1, a2, a3, a4, a5, a6, a7, BITS)
         if AHEAD == 2:
             qt, xt, q1, x1 = q1, x1, qn, xn
         else:
@@ -149,24 +184,11 @@ def _w4a16_gemv_kernel(
                              .to(tl.float32), axis=0)
             sp = scale_ptr + g * stride_sg + offs_w * PACK
             zp = zero_ptr + g * stride_sg + offs_w * PACK
-            o0 = _apply_group(o0, a0, sx, sp, zp, w_mask, EVEN_W, 0, BITS, X_EXP)
-            o1 = _apply_group(o1, a1, sx, sp, zp, w_mask, EVEN_W, 1, BITS, X_EXP)
-            o2 = _apply_group(o2, a2, sx, sp, zp, w_mask, EVEN_W, 2, BITS, X_EXP)
-            o3 = _apply_group(o3, a3, sx, sp, zp, w_mask, EVEN_W, 3, BITS, X_EXP)
-            if BITS == 4:
-                a6 -= 16.0 * a7  # a6 summed field 6 + 16 * field 7 (see _field)
-                o4 = _apply_group(o4, a4, sx, sp, zp, w_mask, EVEN_W, 4, BITS, X_EXP)
-                o5 = _apply_group(o5, a5, sx, sp, zp, w_mask, EVEN_W, 5, BITS, X_EXP)
-                o6 = _apply_group(o6, a6, sx, sp, zp, w_mask, EVEN_W, 6, BITS, X_EXP)
-                o7 = _apply_group(o7, a7, sx, sp, zp, w_mask, EVEN_W, 7, BITS, X_EXP)
+            o0, o1, o2, o3, o4, o5, o6, o7 = _apply_groups(o0, o1, o2, o3, o4, o5, o6, o7, a0, a1, a2, a3, a4, a5,
+                                                           a6, a7, sx, sp, zp, w_mask, EVEN_W, BITS, X_EXP)
             a0 = tl.zeros((BLOCK_W,), dtype=tl.float32)
             a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
-    # The outer join's new dimension is the minor one: this nesting lists the fields in order.
-    if BITS == 4:
-        acc = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
-    else:
-        acc = tl.join(tl.join(o0, o2), tl.join(o1, o3))
-    acc = tl.reshape(acc, (BLOCK_W, PACK))
+    acc = tl.reshape(_join_fields(o0, o1, o2, o3, o4, o5, o6, o7, BITS), (BLOCK_W, PACK))
     cols = offs_w[:, None] * PACK + tl.arange(0, PACK)[None, :]  # [BLOCK_W, PACK]: column order
     c_mask = cols < N
     if FUSED_REDUCE:
