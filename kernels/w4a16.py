@@ -43,6 +43,7 @@ import triton.language as tl
 
 from . import validation, validation_ops
 from . import w4a16_gemv_kw as gemv_kw
+from . import w4a16_gemv_rows as gemv_rows
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
 from .split_k import sum_slices
@@ -51,11 +52,12 @@ from .w4a16_layout import METHODS, W4A16Config, _input_rows, _widen  # noqa: F40
 OP = "w4a16_matmul"
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # Row buckets: a config per bucket (each a Triton specialization, compiled once).
-ROW_BUCKETS = (1, 16, 64, 256)  # and "more"
+ROW_BUCKETS = (1, 8, 16, 64, 256)  # and "more"
 
 
 DEFAULT_CONFIGS = {
     1: W4A16Config(1, 512, 16, 0, 1, 1, 1, method="gemv"),
+    8: W4A16Config(16, 64, 128, 0, 1, 4, 4),  # 2-8 rows: a bucket of its own for the several-row GEMV
     16: W4A16Config(16, 64, 128, 0, 1, 4, 4),
     64: W4A16Config(64, 64, 128, 0, 8, 4, 4),
     256: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"),
@@ -190,6 +192,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
             return paths.w4a16_dequantize_matmul(x, qweight, scales, zeros, group_size, perm, bits, block_k)
         if cfg.block_n % (32 // bits):
             validation.fail(OP, f"a gemv config's block_n ({cfg.block_n}) must be a multiple of {32 // bits}")
+        if cfg.block_m > 1:
+            return gemv_rows.w4a16_gemv_rows(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k,
+                                             num_sms(x.device))
         if cfg.k_warps > 1:
             return gemv_kw.w4a16_gemv_kw(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k,
                                          num_sms(x.device))

@@ -14,7 +14,7 @@ METHODS = ("gemv", "mma", "dequant")
 
 @dataclass(frozen=True)
 class W4A16Config:
-    block_m: int = 16
+    block_m: int = 16  # gemv: rows a program (kernels/w4a16_gemv_rows.py when more than one)
     block_n: int = 64  # gemv: columns a program takes (a multiple of 32 / bits)
     block_k: int = 128  # at most the group size (one group's scales per K step)
     split_k: int = 0  # 0: enough K slices for about two programs per SM
@@ -43,6 +43,9 @@ class W4A16Config:
             raise ValueError(f"k_warps {self.k_warps}: expected a power of two")
         if self.k_warps > 1 and (self.method != "gemv" or self.fused_reduce or self.prefetch != 1):
             raise ValueError("k_warps > 1 is a gemv of its own: no fused_reduce, no prefetch")
+        if self.method == "gemv" and self.block_m > 1 and (self.fused_reduce or self.prefetch != 1
+                                                           or self.k_warps > 1):
+            raise ValueError(f"a gemv of {self.block_m} rows a program has no fused_reduce, prefetch or k_warps")
 
 
 @triton.jit

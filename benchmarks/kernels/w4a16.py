@@ -58,6 +58,12 @@ SWEEP = {  # row bucket -> configs tried besides the default
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
         + [W4A16Config(1, 1024, 32, 0, 1, 4, 1, method="gemv")],
+    # 2-8 rows: the 16-row bucket's tiles and the GEMV of several rows a program
+    # (kernels/w4a16_gemv_rows.py: one warp, whose registers hold 2-8 rows of sums).
+    8: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
+        itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
+       + [W4A16Config(bm, bn, 16, split, 1, 1, 1, method="gemv")
+          for bm, bn in ((2, 512), (4, 256), (4, 512), (8, 256)) for split in (0, 16)],
     64: [W4A16Config(bm, bn, bk, 0, 8, 4, st) for bm, bn, bk, st in
          itertools.product((32, 64), (64, 128), (64, 128), (3, 4))],
     256: [W4A16Config(bm, bn, bk, 0, 8, w, st) for bm, bn, bk, w, st in
@@ -68,8 +74,9 @@ SWEEP = {  # row bucket -> configs tried besides the default
 SWEEP[64].append(W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"))
 # --paths: each path's config where the engine's choice for that row count is another path.
 PATH_DEFAULTS = {
-    "gemv": {b: DEFAULT_CONFIGS[1] for b in DEFAULT_CONFIGS},
-    "mma": {1: DEFAULT_CONFIGS[16], 16: DEFAULT_CONFIGS[16], 64: DEFAULT_CONFIGS[64],
+    "gemv": {b: W4A16Config(4, 512, 16, 0, 1, 1, 1, method="gemv") if b in (8, 16) else DEFAULT_CONFIGS[1]
+             for b in DEFAULT_CONFIGS},
+    "mma": {1: DEFAULT_CONFIGS[16], 8: DEFAULT_CONFIGS[16], 16: DEFAULT_CONFIGS[16], 64: DEFAULT_CONFIGS[64],
             256: W4A16Config(64, 128, 64, 0, 8, 4, 4), 0: W4A16Config(128, 128, 64, 1, 8, 8, 3)},
     "dequant": {b: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant") for b in DEFAULT_CONFIGS},
 }

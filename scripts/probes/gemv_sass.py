@@ -15,6 +15,7 @@ constants, conversions, loads by width, SHFL, barriers, shared-memory stores and
     .venv/bin/python scripts/probes/gemv_sass.py                 # default + tuned H100 configs
     .venv/bin/python scripts/probes/gemv_sass.py --config "W4A16Config(1, 1024, 32, 0, 1, 4, 1, method='gemv')"
     .venv/bin/python scripts/probes/gemv_sass.py --sass-dir /tmp/sass   # also keep each SASS listing
+    .venv/bin/python scripts/probes/gemv_sass.py --rows 8 --config "W4A16Config(8, 256, 16, 0, 1, 4, 1, method='gemv')"
 
 Run without TRITON_INTERPRET. Needs only the CPU (tests/kernels/hopper_compile.py's launch capture).
 """
@@ -114,11 +115,11 @@ def mix(body: list[tuple[int, str, str]]) -> dict[str, int]:
     return dict(counts)
 
 
-def probe(label: str, n: int, k: int, cfg, sass_dir: str | None) -> dict:
+def probe(label: str, n: int, k: int, cfg, sass_dir: str | None, rows: int = 1) -> dict:
     import kernels
     hopper_compile.launches.clear()
     e = torch.empty
-    kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), e(k, n // 8, dtype=torch.int32),
+    kernels.w4a16_matmul(e(rows, k, dtype=torch.bfloat16), e(k, n // 8, dtype=torch.int32),
                          e(k // GROUP, n, dtype=torch.float16), e(k // GROUP, n, dtype=torch.float16), GROUP,
                          config=cfg)
     fn, args, kwargs = hopper_compile.launches[0]  # the GEMV (a K-slice sum may follow)
@@ -175,6 +176,7 @@ def main() -> None:
     ap.add_argument("--only", help="one projection (qkv, o, gate_up, down)")
     ap.add_argument("--sass-dir", help="write each build's SASS listing here")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--rows", type=int, default=1, help="activation rows (a config's block_m for the several-row GEMV)")
     args = ap.parse_args()
     JITFunction.run = hopper_compile._record
     import kernels.w4a16
@@ -185,7 +187,7 @@ def main() -> None:
         for proj, (n, k) in PROJECTIONS.items():
             wanted = (not args.only or proj == args.only) and (not name.startswith("tuned ") or proj == name.split()[1])
             if cfg is not None and wanted:
-                rows.append(probe(f"{name} {proj}", n, k, cfg, args.sass_dir))
+                rows.append(probe(f"{name} {proj}", n, k, cfg, args.sass_dir, args.rows))
                 print(line(name, rows[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -36,6 +36,9 @@ def cases():
     k_warps = DEFAULT_CONFIGS[1].__class__(1, 512, 16, 0, 1, 4, 1, method="gemv", k_warps=4)
     yield "w4a16 m=1 k-warps", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group,
                                                             config=k_warps)
+    rows = DEFAULT_CONFIGS[1].__class__(4, 512, 16, 0, 1, 1, 1, method="gemv")
+    yield "w4a16 m=4 rows gemv", lambda: kernels.w4a16_matmul(e(4, k, dtype=torch.bfloat16), w, s, z, group,
+                                                              config=rows)
     yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul(e(4096, k, dtype=torch.float16), w, s, z, group)
     w8 = e(k, n // 4, dtype=torch.int32)
     yield "w8a16 m=16", lambda: kernels.w4a16_matmul(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)

@@ -130,6 +130,27 @@ def test_gemv_with_warps_along_k_matches_float64(case, dtype):
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
+# (rows, N, K, group size, bits, shuffled, block_m, block_n, block_k, split_k, num_warps): the GEMV
+# of several rows a program: row tiles past M, columns past N, act-order rows, 8-bit fields, K
+# slices ending inside groups, automatic slices.
+GEMV_ROWS_CASES = [(2, 64, 256, 64, 4, False, 2, 64, 16, 2, 1), (5, 96, 256, 128, 4, True, 4, 32, 32, 0, 1),
+                   (8, 40, 128, 32, 4, False, 8, 32, 16, 1, 1), (3, 48, 128, 16, 8, True, 4, 16, 16, 2, 1),
+                   (16, 64, 192, 64, 4, False, 8, 64, 16, 4, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMV_ROWS_CASES, ids=str)
+def test_gemv_of_several_rows_matches_float64(case, dtype):
+    from kernels.w4a16 import W4A16Config
+    m, n, k, group, bits, shuffled, bm, bn, bk, split, warps = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 2, dtype)
+    cfg = W4A16Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=1,
+                      method="gemv")
+    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
 def test_sub_slices_keep_group_ends_together():
     from kernels.w4a16 import W4A16Config
     from kernels.w4a16_gemv_kw import sub_slice_rows
@@ -149,6 +170,7 @@ def test_sub_slices_keep_group_ends_together():
     ({"k_warps": 3, "method": "gemv"}, "k_warps 3: expected a power of two"),
     ({"k_warps": 2, "method": "mma"}, "k_warps > 1 is a gemv of its own: no fused_reduce, no prefetch"),
     ({"k_warps": 2, "method": "gemv", "fused_reduce": True}, "k_warps > 1 is a gemv of its own"),
+    ({"block_m": 4, "method": "gemv", "prefetch": 2}, "a gemv of 4 rows a program has no fused_reduce, prefetch or k_warps"),
 ])
 def test_k_warps_config_errors(kwargs, message):
     from kernels.w4a16 import W4A16Config
