@@ -39,3 +39,14 @@ def sum_slices(ws: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         _sum_slices_kernel[(cdiv(m * n, BLOCK),)](ws, out, m * n, split, BLOCK_S=block_s, BLOCK=BLOCK,
                                                  num_warps=4)
     return out
+
+
+def slices_or_output(split: int, m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Where a split-K launch writes: [1, M, N] in the output dtype when K is not split, else the
+    slices' float32 partial sums [S, M, N]."""
+    return torch.empty(split, m, n, dtype=dtype if split == 1 else torch.float32, device=device)
+
+
+def finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[M, N] from what slices_or_output gave the launch."""
+    return out[0] if out.shape[0] == 1 else sum_slices(out, dtype)

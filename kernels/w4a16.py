@@ -46,7 +46,7 @@ from . import w4a16_gemv_kw as gemv_kw
 from . import w4a16_gemv_rows as gemv_rows
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
-from .split_k import sum_slices
+from .split_k import finish, slices_or_output
 from .w4a16_layout import METHODS, W4A16Config, _input_rows, _widen  # noqa: F401 (W4A16Config, METHODS: public here)
 
 OP = "w4a16_matmul"
@@ -203,8 +203,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))
     # One slice: the kernel writes the output. Several: float32 partial sums, summed after
     # (split_k.sum_slices).
-    out = (torch.empty(1, m, n, dtype=x.dtype, device=x.device) if split == 1 else
-           torch.empty(split, m, n, dtype=torch.float32, device=x.device))
+    out = slices_or_output(split, m, n, x.dtype, x.device)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
     _w4a16_kernel[grid](
         x, qweight, scales, zeros, qweight if perm is None else perm, out, m, n, k,
@@ -213,4 +212,4 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
         GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else sum_slices(out, x.dtype)
+    return finish(out, x.dtype)

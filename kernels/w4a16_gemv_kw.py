@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
-from .split_k import sum_slices
+from .split_k import finish, slices_or_output
 from .w4a16_layout import W4A16Config, _input_rows
 from .w4a16_paths import X_EXP, _apply_groups, _fma_fields, _join_fields, _load
 
@@ -117,7 +117,7 @@ def w4a16_gemv_kw(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     programs = m * cdiv(n // pack, block_w)
     sub = sub_slice_rows(k, group_size, block_k, cfg, programs, sms)
     split = cdiv(k, cfg.k_warps * sub)
-    out = torch.empty(split, m, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = slices_or_output(split, m, n, x.dtype, x.device)
     _w4a16_gemv_kw_kernel[(cdiv(n // pack, block_w), split, m)](
         x, qweight, scales, zeros, qweight if perm is None else perm, out, n, k, sub,
         x.stride(0), scales.stride(0), out.stride(0), out.stride(1), STRIDE_QK=qweight.stride(0),
@@ -127,4 +127,4 @@ def w4a16_gemv_kw(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         EVEN_K=k % (cfg.k_warps * sub) == 0, EVEN_W=(n // pack) % block_w == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else sum_slices(out, x.dtype)
+    return finish(out, x.dtype)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._launch import cdiv
-from .split_k import sum_slices
+from .split_k import finish, slices_or_output
 from .w4a16_layout import W4A16Config, _input_rows
 from .w4a16_paths import X_EXP, _apply_groups, _field, _join_fields, _load
 
@@ -107,7 +107,7 @@ def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     split = gemv_rows_split_k(m, n, k, cfg, block_k, sms, pack)
     k_slice = cdiv(k // block_k, split) * block_k
     split = cdiv(k, k_slice)  # no slice left without rows
-    out = torch.empty(split, m, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = slices_or_output(split, m, n, x.dtype, x.device)
     _w4a16_gemv_rows_kernel[(cdiv(n // pack, block_w), split, cdiv(m, cfg.block_m))](
         x, qweight, scales, zeros, qweight if perm is None else perm, out, m, n, k, k_slice,
         x.stride(0), scales.stride(0), out.stride(0), out.stride(1), STRIDE_QK=qweight.stride(0),
@@ -116,4 +116,4 @@ def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
         WORDS=max(1, min(4, block_w // (32 * cfg.num_warps))),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else sum_slices(out, x.dtype)
+    return finish(out, x.dtype)

@@ -117,35 +117,25 @@ GEMV_KW_CASES = [(1, 64, 256, 64, 4, False, 64, 16, 2, 4, 4), (1, 96, 512, 128, 
                  (1, 64, 384, 128, 4, False, 64, 32, 1, 2, 2)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", GEMV_KW_CASES, ids=str)
-def test_gemv_with_warps_along_k_matches_float64(case, dtype):
-    from kernels.w4a16 import W4A16Config
-    m, n, k, group, bits, shuffled, bn, bk, split, k_warps, warps = case
-    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 1, dtype)
-    cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=1,
-                      method="gemv", k_warps=k_warps)
-    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
-    assert out.shape == (m, n) and out.dtype == dtype
-    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
-
-
 # (rows, N, K, group size, bits, shuffled, block_m, block_n, block_k, split_k, num_warps): the GEMV
 # of several rows a program: row tiles past M, columns past N, act-order rows, 8-bit fields, K
 # slices ending inside groups, automatic slices.
 GEMV_ROWS_CASES = [(2, 64, 256, 64, 4, False, 2, 64, 16, 2, 1), (5, 96, 256, 128, 4, True, 4, 32, 32, 0, 1),
                    (8, 40, 128, 32, 4, False, 8, 32, 16, 1, 1), (3, 48, 128, 16, 8, True, 4, 16, 16, 2, 1),
                    (16, 64, 192, 64, 4, False, 8, 64, 16, 4, 2)]
+GEMV_VARIANTS = ([pytest.param(c[:6], dict(block_m=1, block_n=c[6], block_k=c[7], split_k=c[8], k_warps=c[9],
+                                           num_warps=c[10]), id=f"k-warps{c}") for c in GEMV_KW_CASES]
+                 + [pytest.param(c[:6], dict(block_m=c[6], block_n=c[7], block_k=c[8], split_k=c[9], num_warps=c[10]),
+                                 id=f"rows{c}") for c in GEMV_ROWS_CASES])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", GEMV_ROWS_CASES, ids=str)
-def test_gemv_of_several_rows_matches_float64(case, dtype):
+@pytest.mark.parametrize("case, tiles", GEMV_VARIANTS)
+def test_gemv_variants_match_float64(case, tiles, dtype):
     from kernels.w4a16 import W4A16Config
-    m, n, k, group, bits, shuffled, bm, bn, bk, split, warps = case
-    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 2, dtype)
-    cfg = W4A16Config(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=1,
-                      method="gemv")
+    m, n, k, group, bits, shuffled = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 1, dtype)
+    cfg = W4A16Config(**tiles, num_stages=1, method="gemv")
     out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
     assert out.shape == (m, n) and out.dtype == dtype
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
