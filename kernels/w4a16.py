@@ -202,7 +202,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split)
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))
     # One slice: the kernel writes the output. Several: float32 partial sums, summed after
-    # (split_k.sum_slices).
+    # (split_k.finish).
     out = slices_or_output(split, m, n, x.dtype, x.device)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), split)
     _w4a16_kernel[grid](

@@ -17,7 +17,7 @@ import triton.language as tl
 from ._launch import cdiv
 from .split_k import finish, slices_or_output
 from .w4a16_layout import W4A16Config, _input_rows
-from .w4a16_paths import X_EXP, _apply_groups, _field, _join_fields, _load
+from .w4a16_paths import X_EXP, _apply_groups, _field, _join_fields, _load, gemv_split_k
 
 
 @triton.jit
@@ -88,14 +88,6 @@ def _w4a16_gemv_rows_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (cols < N)[None, :])
 
 
-def gemv_rows_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: int, pack: int) -> int:
-    """K slices for about eight warps per SM, each walking at least two BLOCK_K steps."""
-    if cfg.split_k:
-        return cfg.split_k
-    programs = cdiv(m, cfg.block_m) * cdiv(n // pack, cfg.block_n // pack)
-    return max(1, min(cdiv(8 * sms, cfg.num_warps * programs), k // (2 * block_k)))
-
-
 def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                     group_size: int, perm: torch.Tensor | None, bits: int, cfg: W4A16Config, block_k: int,
                     sms: int) -> torch.Tensor:
@@ -104,7 +96,8 @@ def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     pack = 32 // bits
     n = qweight.shape[1] * pack
     block_w = cfg.block_n // pack
-    split = gemv_rows_split_k(m, n, k, cfg, block_k, sms, pack)
+    # The one-row GEMV's choice of K slices, counting a program per tile of block_m rows.
+    split = gemv_split_k(cdiv(m, cfg.block_m), n, k, cfg, block_k, sms, pack)
     k_slice = cdiv(k // block_k, split) * block_k
     split = cdiv(k, k_slice)  # no slice left without rows
     out = slices_or_output(split, m, n, x.dtype, x.device)
