@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -146,7 +147,9 @@ def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int, sweep: bool, pa
 
 
 def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths: bool = False,
-                  warm_l2: bool = False) -> tuple[list, dict]:
+                  warm_l2: bool = False, after_layer: Callable[[dict], None] | None = None) -> tuple[list, dict]:
+    """Each shape at each row count; after_layer gets the best configs so far after each shape,
+    so that a sweep cut short by a time limit still leaves the shapes it finished."""
     results, best = [], {}
     print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'w4a16 us':>9} {'speedup':>8} "
           f"{'wt GB/s':>8} {'rel diff':>9}" + "".join(f" {p + ' us':>10}" for p in METHODS if paths)
@@ -203,6 +206,8 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
                 line += f"  {tb:7.1f} ({t16 / tb:.2f}x) {cfg_name(cb)}"
             print(line, flush=True)
             results.append(row)
+        if after_layer and best:
+            after_layer({key: cfg for key, (_, cfg) in best.items()})
     return results, {key: cfg for key, (_, cfg) in best.items()}
 
 
@@ -268,7 +273,7 @@ def main() -> None:
     ap.add_argument("--write-configs", metavar="PATH", help="with --sweep: merge the fastest configs here")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the M values (default: all six)")
     ap.add_argument("--no-repack", action="store_true")
-    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="with --sweep or --paths: processes compiling the configs first (0: compile as they are timed)")
     ap.add_argument("--repack-only-on", metavar="DEVICE", help="only time the repacking, on DEVICE (cpu works)")
     a = ap.parse_args()
@@ -283,10 +288,10 @@ def main() -> None:
     rows = tuple(int(r) for r in a.rows.split(","))
     if (a.sweep or a.paths) and a.jobs > 0:
         warm_compile(shapes, rows, a.jobs, a.sweep, a.paths)
-    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths, a.warm_l2)
+    save = (lambda best: write_configs(a.write_configs, gpu, best)) if a.write_configs else None
+    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths, a.warm_l2, after_layer=save)
     repack = [] if a.no_repack else bench_repacking(shapes)
-    if a.write_configs and best:
-        write_configs(a.write_configs, gpu, best)
+    if save and best:
         print(f"wrote {len(best)} configs for {gpu} to {a.write_configs}")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
