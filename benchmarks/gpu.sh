@@ -12,7 +12,7 @@
 #                    in-process (the serving overhead)
 #   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
 #                    cache, one after the other on one GPU; then the FP8 matmul table
-#   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests ($W4_TESTS to choose), the config
+#   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests ($W4_TESTS to choose, "none"), the config
 #                    sweep per group of row counts in $W4_SWEEP_ROWS ("1,8,16 64,256,4096"; "" for
 #                    none), each within $W4_SWEEP_LIMIT s (280; its configs used from then on), the
 #                    table of every path at the six row counts ($W4_TABLE_LIMIT s, 240), then
@@ -130,9 +130,11 @@ fp8)
 w4a16)
     EXTRA=("$@")
     if [ -z "${NO_GPU_STEPS:-}" ]; then
-        stamp "GPU tests: the W4A16 kernel (gemv, mma and dequant paths) and the AWQ/GPTQ engine"
-        # shellcheck disable=SC2086
-        gpu_tests 300 20 ${W4_TESTS:-tests/kernels/test_kernel_w4a16.py tests/kernels/test_kernel_split_k.py tests/engine/test_awq_gptq.py} --confcutdir=tests
+        if [ "${W4_TESTS:-}" != none ]; then
+            stamp "GPU tests: the W4A16 kernel (gemv, mma and dequant paths) and the AWQ/GPTQ engine"
+            # shellcheck disable=SC2086
+            gpu_tests 300 20 ${W4_TESTS:-tests/kernels/test_kernel_w4a16.py tests/kernels/test_kernel_split_k.py tests/engine/test_awq_gptq.py} --confcutdir=tests
+        fi
         # In two halves of the row counts, each with its own limit, so that one that runs out
         # of time still leaves the other's table and configs (--write-configs merges into a copy
         # of the table, so other cards' entries stay).

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
 import torch
@@ -133,23 +133,40 @@ def _warm(job: tuple) -> str | None:
         return f"{n}x{k} m{m} {cfg_name(cfg)}: {type(exc).__name__}: {exc}"
 
 
-def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int, sweep: bool, paths: bool) -> None:
+def warm_compile(shapes: dict, rows: tuple[int, ...], jobs: int, sweep: bool, paths: bool,
+                 limit_s: float) -> set:
     """The sweep's and the paths' compiles, several processes at once: inline they take most of
-    a sweep's time."""
+    a sweep's time. Returns the (n, k, m, config) runs that failed or did not finish within
+    limit_s (a kernel that never returns would stop the whole sweep), which are not timed."""
     work = [(n, k, m, cfg) for n, k in shapes.values() for m in rows
             for cfg in ([DEFAULT_CONFIGS[row_bucket(m)], *SWEEP[row_bucket(m)]] if sweep else [])
             + (list(path_configs(m, n, k).values()) if paths else [])]
     start = time.time()
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        errors = [e for e in pool.map(_warm, work) if e]
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+    futures = {pool.submit(_warm, job): job for job in work}
+    done, pending = wait(futures, timeout=limit_s)
+    bad = {futures[f] for f in pending}
+    errors = [f"{futures[f][0]}x{futures[f][1]} m{futures[f][2]} {cfg_name(futures[f][3])}: "
+              f"did not finish in {limit_s:.0f} s" for f in pending]
+    for f in done:
+        if f.result():
+            bad.add(futures[f])
+            errors.append(f.result())
+    if pending:  # the workers stuck in a kernel are ended, not waited for
+        for proc in list(pool._processes.values()):
+            proc.kill()
+    pool.shutdown(wait=not pending, cancel_futures=True)
     print(f"compiled {len(work)} config runs in {time.time() - start:.1f} s with {jobs} processes"
           + "".join(f"\n  warm-up failed: {e[:200]}" for e in errors), flush=True)
+    return bad
 
 
 def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths: bool = False,
-                  warm_l2: bool = False, after_layer: Callable[[dict], None] | None = None) -> tuple[list, dict]:
+                  warm_l2: bool = False, after_layer: Callable[[dict], None] | None = None,
+                  skip: frozenset = frozenset()) -> tuple[list, dict]:
     """Each shape at each row count; after_layer gets the best configs so far after each shape,
-    so that a sweep cut short by a time limit still leaves the shapes it finished."""
+    so that a sweep cut short by a time limit still leaves the shapes it finished. The
+    (n, k, m, config) runs in skip (failed or hung when compiled) are left out."""
     results, best = [], {}
     print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'w4a16 us':>9} {'speedup':>8} "
           f"{'wt GB/s':>8} {'rel diff':>9}" + "".join(f" {p + ' us':>10}" for p in METHODS if paths)
@@ -179,6 +196,9 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
             if paths:
                 row["paths"] = {}
                 for p, cfg in path_configs(m, n, k).items():
+                    if (n, k, m, cfg) in skip:
+                        line += f" {'failed':>10}"
+                        continue
                     got = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg).float()
                     err = ((got - ref).abs().max() / ref.abs().max()).item()
                     tp = time_us(lambda: w4(x, cfg))
@@ -187,6 +207,8 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
             if sweep:
                 timed = [(t, DEFAULT_CONFIGS[row_bucket(m)])]
                 for cfg in (c for c in SWEEP[row_bucket(m)] if c != DEFAULT_CONFIGS[row_bucket(m)]):
+                    if (n, k, m, cfg) in skip:
+                        continue
                     try:
                         # Each config is checked as the default is before it is timed: a wrong
                         # result (a race, say) is reported and never chosen.
@@ -199,7 +221,8 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
                     except Exception as e:  # a config that does not fit (shared memory)
                         print(f"  skip {cfg_name(cfg)}: {type(e).__name__}")
                 tb, cb = min(timed, key=lambda r: r[0])
-                row.update(best_us=tb, best_config=vars(cb), best_speedup=t16 / tb)
+                row.update(best_us=tb, best_config=vars(cb), best_speedup=t16 / tb,
+                           swept={cfg_name(c): round(tc, 2) for tc, c in timed})
                 key = config_key(n, k, 4, GROUP, row_bucket(m))
                 if key not in best or tb / t16 < best[key][0]:
                     best[key] = (tb / t16, cb)
@@ -275,6 +298,8 @@ def main() -> None:
     ap.add_argument("--no-repack", action="store_true")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="with --sweep or --paths: processes compiling the configs first (0: compile as they are timed)")
+    ap.add_argument("--compile-limit", type=float, default=100,
+                    help="seconds for all the compiles; a run still going then is reported and not timed")
     ap.add_argument("--repack-only-on", metavar="DEVICE", help="only time the repacking, on DEVICE (cpu works)")
     a = ap.parse_args()
     torch.manual_seed(0)
@@ -286,10 +311,10 @@ def main() -> None:
     print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations; "
           + ("one copy of the weights (warm in L2)" if a.warm_l2 else "weights from DRAM (copies cycled)"))
     rows = tuple(int(r) for r in a.rows.split(","))
-    if (a.sweep or a.paths) and a.jobs > 0:
-        warm_compile(shapes, rows, a.jobs, a.sweep, a.paths)
+    skip = (warm_compile(shapes, rows, a.jobs, a.sweep, a.paths, a.compile_limit)
+            if (a.sweep or a.paths) and a.jobs > 0 else set())
     save = (lambda best: write_configs(a.write_configs, gpu, best)) if a.write_configs else None
-    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths, a.warm_l2, after_layer=save)
+    results, best = bench_matmuls(shapes, a.sweep, rows, a.paths, a.warm_l2, after_layer=save, skip=frozenset(skip))
     repack = [] if a.no_repack else bench_repacking(shapes)
     if save and best:
         print(f"wrote {len(best)} configs for {gpu} to {a.write_configs}")
