@@ -42,7 +42,6 @@ import triton
 import triton.language as tl
 
 from . import validation, validation_ops
-from . import w4a16_gemv_kw as gemv_kw
 from . import w4a16_gemv_rows as gemv_rows
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
@@ -195,9 +194,6 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         if cfg.block_m > 1:
             return gemv_rows.w4a16_gemv_rows(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k,
                                              num_sms(x.device))
-        if cfg.k_warps > 1:
-            return gemv_kw.w4a16_gemv_kw(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k,
-                                         num_sms(x.device))
         split = paths.gemv_split_k(m, n, k, cfg, block_k, num_sms(x.device), 32 // bits)
         return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split)
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))

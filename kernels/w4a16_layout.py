@@ -30,22 +30,14 @@ class W4A16Config:
     # gemv: K steps whose weight tiles are loading while one step computes (1 or 2; it
     # prefetches by hand, so num_stages does nothing there).
     prefetch: int = 1
-    # gemv: warps along K in each program, each walking its own run of the program's K slice,
-    # their partial sums added in the program (kernels/w4a16_gemv_kw.py); 1: the plain GEMV.
-    k_warps: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
         if self.prefetch not in (1, 2):
             raise ValueError(f"prefetch {self.prefetch}: expected 1 or 2")
-        if self.k_warps < 1 or self.k_warps & (self.k_warps - 1):
-            raise ValueError(f"k_warps {self.k_warps}: expected a power of two")
-        if self.k_warps > 1 and (self.method != "gemv" or self.fused_reduce or self.prefetch != 1):
-            raise ValueError("k_warps > 1 is a gemv of its own: no fused_reduce, no prefetch")
-        if self.method == "gemv" and self.block_m > 1 and (self.fused_reduce or self.prefetch != 1
-                                                           or self.k_warps > 1):
-            raise ValueError(f"a gemv of {self.block_m} rows a program has no fused_reduce, prefetch or k_warps")
+        if self.method == "gemv" and self.block_m > 1 and (self.fused_reduce or self.prefetch != 1):
+            raise ValueError(f"a gemv of {self.block_m} rows a program has no fused_reduce or prefetch")
 
 
 @triton.jit

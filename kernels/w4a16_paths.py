@@ -180,8 +180,10 @@ def _w4a16_gemv_kernel(
             sx = tl.zeros((), dtype=tl.float32)
             for kc in range(tl.maximum(g * GROUP, k_lo), k1, X_CHUNK):  # the group's rows in this slice
                 kx = kc + tl.arange(0, X_CHUNK)
-                sx += tl.sum(tl.load(x_row + _input_rows(perm_ptr, kx, HAS_PERM), mask=kx < k1, other=0.0)
-                             .to(tl.float32), axis=0)
+                # Rows past the step are clamped, not only masked: a slice that starts inside a
+                # group would otherwise read act-order's permutation past its end.
+                rows = _input_rows(perm_ptr, tl.minimum(kx, k1 - 1), HAS_PERM)
+                sx += tl.sum(tl.load(x_row + rows, mask=kx < k1, other=0.0).to(tl.float32), axis=0)
             sp = scale_ptr + g * stride_sg + offs_w * PACK
             zp = zero_ptr + g * stride_sg + offs_w * PACK
             o0, o1, o2, o3, o4, o5, o6, o7 = _apply_groups(o0, o1, o2, o3, o4, o5, o6, o7, a0, a1, a2, a3, a4, a5,

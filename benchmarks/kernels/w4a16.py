@@ -51,11 +51,7 @@ SWEEP = {  # row bucket -> configs tried besides the default
                           (1024, 16, 1), (2048, 16, 2), (4096, 16, 4))
         for split, ahead in ((0, 1), (32, 1), (0, 2)) if ahead == 1 or bn // w <= 512
         for fused in (False, True)]
-       + [W4A16Config(16, 64, 128, 0, 1, 4, 4)]
-       # Warps along K in each program (kernels/w4a16_gemv_kw.py): automatic or fixed K slices.
-       + [W4A16Config(1, bn, bk, split, 1, w, 1, method="gemv", k_warps=kw)
-          for bn, bk, kw, w, split in ((512, 16, 4, 4, 0), (512, 16, 8, 8, 0), (512, 32, 4, 4, 0),
-                                       (512, 16, 4, 4, 8), (512, 16, 8, 8, 4), (1024, 16, 4, 8, 0))],
+       + [W4A16Config(16, 64, 128, 0, 1, 4, 4)],
     16: [W4A16Config(16, bn, bk, 0, 1, w, st) for bn, bk, w, st in
          itertools.product((32, 64, 128), (64, 128), (4,), (3, 4, 5))]
         + [W4A16Config(1, 1024, 32, 0, 1, 4, 1, method="gemv")],
@@ -115,8 +111,7 @@ def cycling(make, nbytes: int, warm: bool):
 
 def cfg_name(c: W4A16Config) -> str:
     return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
-            + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else "")
-            + (f" kw{c.k_warps}" if c.k_warps > 1 else ""))
+            + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else ""))
 
 
 def _warm(job: tuple) -> str | None:

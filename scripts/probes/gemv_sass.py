@@ -130,10 +130,9 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None, rows: int = 1) 
         Path(sass_dir, f"{label}.sass".replace(" ", "_").replace("/", "-")).write_text(sass)
     body, rest = hot_loop(instructions(sass))
     threads = 32 * kwargs["num_warps"]
-    weights = kwargs["BLOCK_K"] * kwargs["BLOCK_W"] * kwargs.get("K_WARPS", 1) * 8 // threads
-    # The skipped block runs once per group, or per K slice (per sub-slice with k_warps) when a
-    # slice is shorter.
-    rows_arg = next((a for a in ("K_SLICE", "SUB") if a in fn.arg_names), None)
+    weights = kwargs["BLOCK_K"] * kwargs["BLOCK_W"] * 8 // threads
+    # The skipped block runs once per group, or per K slice when a slice is shorter.
+    rows_arg = next((a for a in ("K_SLICE",) if a in fn.arg_names), None)
     slice_rows = min(GROUP, args[fn.arg_names.index(rows_arg)]) if rows_arg else GROUP
     per_group = len(rest) / (weights * slice_rows // kwargs["BLOCK_K"])
     regs, spills = resources(kernel.asm["cubin"])

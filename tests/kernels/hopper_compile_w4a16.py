@@ -33,9 +33,6 @@ def cases():
     wide = DEFAULT_CONFIGS[1].__class__(1, 1024, 16, 0, 1, 1, 1, method="gemv")  # four words a thread
     yield "w4a16 m=1 wide tiles", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group,
                                                                config=wide)
-    k_warps = DEFAULT_CONFIGS[1].__class__(1, 512, 16, 0, 1, 4, 1, method="gemv", k_warps=4)
-    yield "w4a16 m=1 k-warps", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group,
-                                                            config=k_warps)
     rows = DEFAULT_CONFIGS[1].__class__(4, 512, 16, 0, 1, 1, 1, method="gemv")
     yield "w4a16 m=4 rows gemv", lambda: kernels.w4a16_matmul(e(4, k, dtype=torch.bfloat16), w, s, z, group,
                                                               config=rows)

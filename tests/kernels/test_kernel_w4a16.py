@@ -109,24 +109,14 @@ def test_gemv_matches_float64(case, dtype, fused):
     assert not _counters(x.device).any()
 
 
-# (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k, k_warps, num_warps): the GEMV
-# with warps along K: sub-slices inside one group and of whole groups, a K slice past K (empty
-# sub-slices), columns past N, act-order rows, 8-bit fields, several rows, automatic slices.
-GEMV_KW_CASES = [(1, 64, 256, 64, 4, False, 64, 16, 2, 4, 4), (1, 96, 512, 128, 4, True, 32, 32, 1, 2, 2),
-                 (2, 40, 192, 32, 4, False, 32, 16, 3, 4, 4), (1, 48, 160, 32, 8, True, 16, 16, 0, 2, 2),
-                 (1, 64, 384, 128, 4, False, 64, 32, 1, 2, 2)]
-
-
 # (rows, N, K, group size, bits, shuffled, block_m, block_n, block_k, split_k, num_warps): the GEMV
 # of several rows a program: row tiles past M, columns past N, act-order rows, 8-bit fields, K
 # slices ending inside groups, automatic slices.
 GEMV_ROWS_CASES = [(2, 64, 256, 64, 4, False, 2, 64, 16, 2, 1), (5, 96, 256, 128, 4, True, 4, 32, 32, 0, 1),
                    (8, 40, 128, 32, 4, False, 8, 32, 16, 1, 1), (3, 48, 128, 16, 8, True, 4, 16, 16, 2, 1),
                    (16, 64, 192, 64, 4, False, 8, 64, 16, 4, 2)]
-GEMV_VARIANTS = ([pytest.param(c[:6], dict(block_m=1, block_n=c[6], block_k=c[7], split_k=c[8], k_warps=c[9],
-                                           num_warps=c[10]), id=f"k-warps{c}") for c in GEMV_KW_CASES]
-                 + [pytest.param(c[:6], dict(block_m=c[6], block_n=c[7], block_k=c[8], split_k=c[9], num_warps=c[10]),
-                                 id=f"rows{c}") for c in GEMV_ROWS_CASES])
+GEMV_VARIANTS = [pytest.param(c[:6], dict(block_m=c[6], block_n=c[7], block_k=c[8], split_k=c[9], num_warps=c[10]),
+                              id=f"rows{c}") for c in GEMV_ROWS_CASES]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -141,28 +131,12 @@ def test_gemv_variants_match_float64(case, tiles, dtype):
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
-def test_sub_slices_keep_group_ends_together():
-    from kernels.w4a16 import W4A16Config
-    from kernels.w4a16_gemv_kw import sub_slice_rows
-    cfg = W4A16Config(1, 512, 16, 32, 1, 4, 1, method="gemv", k_warps=4)
-    assert sub_slice_rows(4096, 128, 16, cfg, 8, 132) == 32      # 4096 / (32 x 4): inside a group
-    cfg = W4A16Config(1, 512, 16, 4, 1, 4, 1, method="gemv", k_warps=4)
-    assert sub_slice_rows(4096, 128, 16, cfg, 8, 132) == 256     # whole groups
-    cfg = W4A16Config(1, 512, 16, 7, 1, 4, 1, method="gemv", k_warps=4)
-    assert sub_slice_rows(4096, 128, 16, cfg, 8, 132) == 256     # 147 rounds up to two groups
-    cfg = W4A16Config(1, 512, 16, 100, 1, 4, 1, method="gemv", k_warps=2)
-    assert sub_slice_rows(4096, 96, 16, cfg, 8, 132) == 32       # 21 -> 32, which divides 96
-    cfg = W4A16Config(1, 512, 16, 0, 1, 4, 1, method="gemv", k_warps=4)
-    assert sub_slice_rows(4096, 128, 16, cfg, 12, 132) == 64     # 22 slices for ~8 warps an SM
-
-
 @pytest.mark.parametrize("kwargs, message", [
-    ({"k_warps": 3, "method": "gemv"}, "k_warps 3: expected a power of two"),
-    ({"k_warps": 2, "method": "mma"}, "k_warps > 1 is a gemv of its own: no fused_reduce, no prefetch"),
-    ({"k_warps": 2, "method": "gemv", "fused_reduce": True}, "k_warps > 1 is a gemv of its own"),
-    ({"block_m": 4, "method": "gemv", "prefetch": 2}, "a gemv of 4 rows a program has no fused_reduce, prefetch or k_warps"),
+    ({"block_m": 4, "method": "gemv", "prefetch": 2}, "a gemv of 4 rows a program has no fused_reduce or prefetch"),
+    ({"block_m": 2, "method": "gemv", "fused_reduce": True}, "a gemv of 2 rows a program has no fused_reduce"),
+    ({"prefetch": 3, "method": "gemv"}, "prefetch 3: expected 1 or 2"),
 ])
-def test_k_warps_config_errors(kwargs, message):
+def test_gemv_config_errors(kwargs, message):
     from kernels.w4a16 import W4A16Config
     with pytest.raises(ValueError, match=re.escape(message)):
         W4A16Config(**kwargs)
