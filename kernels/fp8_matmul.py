@@ -30,7 +30,7 @@ import triton.language as tl
 from . import FP8_MATMUL_MAX_ROWS as MAX_ROWS
 from . import validation_ops
 from ._launch import cdiv, check_runnable, num_sms
-from .split_k import sum_slices
+from .split_k import finish, slices_or_output
 
 OP = "fp8_matmul_few_rows"
 
@@ -144,14 +144,11 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     split = choose_split_k(n, k, cfg, num_sms(x_q.device))
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=out_dtype, device=x_q.device)
-    # One slice: the kernel writes the output. Several: float32 partial sums, summed after
-    # (split_k.sum_slices).
-    out = (torch.empty(1, m, n, dtype=out_dtype, device=x_q.device) if split == 1 else
-           torch.empty(split, m, n, dtype=torch.float32, device=x_q.device))
+    out = slices_or_output(split, m, n, out_dtype, x_q.device)
     _fp8_matmul_kernel[(cdiv(n, cfg.block_n), split)](
         x_q, x_scale, weight, weight_scale, out, m, n, k,
         x_q.stride(0), weight.stride(0), out.stride(0), out.stride(1),
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out[0] if split == 1 else sum_slices(out, out_dtype)
+    return finish(out, out_dtype)
