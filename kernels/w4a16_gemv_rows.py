@@ -17,23 +17,7 @@ import triton.language as tl
 from ._launch import cdiv
 from .split_k import finish, slices_or_output
 from .w4a16_layout import W4A16Config, _input_rows
-from .w4a16_paths import X_EXP, _apply_groups, _field, _join_fields, _load, gemv_split_k
-
-
-@triton.jit
-def _fma_rows(q, x, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr):
-    """Each field of one row of words [W] times each input row's activation [R] into [R, W]."""
-    xc = x[:, None]
-    a0 = tl.fma(_field(q, 0, BITS)[None, :], xc, a0)
-    a1 = tl.fma(_field(q, 1, BITS)[None, :], xc, a1)
-    a2 = tl.fma(_field(q, 2, BITS)[None, :], xc, a2)
-    a3 = tl.fma(_field(q, 3, BITS)[None, :], xc, a3)
-    if BITS == 4:
-        a4 = tl.fma(_field(q, 4, BITS)[None, :], xc, a4)
-        a5 = tl.fma(_field(q, 5, BITS)[None, :], xc, a5)
-        a6 = tl.fma(_field(q, 6, BITS)[None, :], xc, a6)
-        a7 = tl.fma(_field(q, 7, BITS)[None, :], xc, a7)
-    return a0, a1, a2, a3, a4, a5, a6, a7
+from .w4a16_paths import X_EXP, _apply_groups, _fma_fields, _join_fields, _load, gemv_split_k, slice_rows
 
 
 @triton.jit
@@ -70,7 +54,9 @@ def _w4a16_gemv_rows_kernel(
             q = tl.sum(tl.where(offs_k[:, None] == r, qt, 0), axis=0)
             x = tl.load(x_rows + _input_rows(perm_ptr, k0 + r, HAS_PERM)).to(tl.float32) * XS
             xs += x
-            a0, a1, a2, a3, a4, a5, a6, a7 = _fma_rows(q, x, a0, a1, a2, a3, a4, a5, a6, a7, BITS)
+            # Each field of the row of words [W] times each input row's activation [R], into [R, W].
+            a0, a1, a2, a3, a4, a5, a6, a7 = _fma_fields(q[None, :], x[:, None], a0, a1, a2, a3, a4, a5, a6, a7,
+                                                         BITS)
         k1 = k0 + BLOCK_K
         if (k1 % GROUP == 0) | (k1 >= k_hi):  # a group's end: its zero and scale apply once
             g = k0 // GROUP
@@ -98,8 +84,7 @@ def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     block_w = cfg.block_n // pack
     # The one-row GEMV's choice of K slices, counting a program per tile of block_m rows.
     split = gemv_split_k(cdiv(m, cfg.block_m), n, k, cfg, block_k, sms, pack)
-    k_slice = cdiv(k // block_k, split) * block_k
-    split = cdiv(k, k_slice)  # no slice left without rows
+    k_slice, split = slice_rows(k, block_k, split)
     out = slices_or_output(split, m, n, x.dtype, x.device)
     _w4a16_gemv_rows_kernel[(cdiv(n // pack, block_w), split, cdiv(m, cfg.block_m))](
         x, qweight, scales, zeros, qweight if perm is None else perm, out, m, n, k, k_slice,

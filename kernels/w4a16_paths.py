@@ -224,6 +224,13 @@ def gemv_split_k(m: int, n: int, k: int, cfg: W4A16Config, block_k: int, sms: in
     return max(1, min(cdiv(8 * sms, cfg.num_warps * programs), k // (2 * block_k)))
 
 
+def slice_rows(k: int, block_k: int, split: int) -> tuple[int, int]:
+    """Rows of K a slice walks (whole BLOCK_K steps) for about split slices, and the slices that
+    then cover K, none left without rows."""
+    k_slice = cdiv(k // block_k, split) * block_k
+    return k_slice, cdiv(k, k_slice)
+
+
 # Per device: one arrival counter per (row, column tile) of a fused-reduce GEMV, zero between
 # calls (the last slice resets it), made on the first eager call so that a CUDA graph only uses it.
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -246,8 +253,7 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     pack = 32 // bits
     n = qweight.shape[1] * pack
     block_w = cfg.block_n // pack
-    k_slice = cdiv(k // block_k, split) * block_k
-    split = cdiv(k, k_slice)  # no slice left without rows
+    k_slice, split = slice_rows(k, block_k, split)
     grid = (cdiv(n // pack, block_w), split, m)
     fused = cfg.fused_reduce and split > 1 and grid[0] * m <= MAX_COUNTERS
     if split == 1:

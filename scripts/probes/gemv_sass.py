@@ -132,8 +132,7 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None, rows: int = 1) 
     threads = 32 * kwargs["num_warps"]
     weights = kwargs["BLOCK_K"] * kwargs["BLOCK_W"] * 8 // threads
     # The skipped block runs once per group, or per K slice when a slice is shorter.
-    rows_arg = next((a for a in ("K_SLICE",) if a in fn.arg_names), None)
-    slice_rows = min(GROUP, args[fn.arg_names.index(rows_arg)]) if rows_arg else GROUP
+    slice_rows = min(GROUP, args[fn.arg_names.index("K_SLICE")]) if "K_SLICE" in fn.arg_names else GROUP
     per_group = len(rest) / (weights * slice_rows // kwargs["BLOCK_K"])
     regs, spills = resources(kernel.asm["cubin"])
     return {"case": label, "n": n, "k": k, "block_n": cfg.block_n,
