@@ -7,9 +7,16 @@ the kernel launch inside each wrapper, so the wrappers choose constexprs and lau
 exactly as on the GPU, and compiles with the same argument specialisation Triton would use
 there. It leans on Triton internals (binder, _pack_args), so it is a CI aid for the pinned
 Triton, not part of the kernels.
+
+By default it compiles what the engine launches on its default configs, one case per path;
+`--tuned` compiles every tuned config in kernels/configs/ instead (a long test's work: each is
+a separate build). The launches are recorded first, then built on `--jobs` processes, since ptxas and
+LLVM use one core each.
 """
 
+import argparse
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -122,13 +129,6 @@ def cases():
     fp8 = torch.float8_e4m3fn
     yield "fp8_matmul", lambda: kernels.fp8_matmul_few_rows(e(1, 4096, dtype=fp8), e(1, 1), e(6144, 4096, dtype=fp8),
                                                             e(1, 6144), torch.bfloat16)
-    from kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
-    for gpu, shapes in load_tuned_configs(TUNED_CONFIGS).items():
-        for shape, cfg in shapes.items():
-            n, k = (int(v) for v in shape.split("x"))
-            yield (f"fp8_matmul tuned {gpu} {shape}",
-                   lambda n=n, k=k, cfg=cfg: kernels.fp8_matmul_few_rows(
-                       e(16, k, dtype=fp8), e(16, 1), e(n, k, dtype=fp8), e(1, n), torch.bfloat16, config=cfg))
     kv = e(16, 8, 128, dtype=torch.bfloat16)
     yield "store_kv_cache", lambda: kernels.store_kv_cache(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),
@@ -147,19 +147,55 @@ def cases():
         qp[:10], c8, v8, bt[:2], cu5, cl[:2], 5, 0.1, k_scale=0.5, v_scale=2.0)
 
 
+def tuned_cases():
+    """Every tuned fp8_matmul config, at its own shape."""
+    import kernels
+    from kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
+    e, fp8 = torch.empty, torch.float8_e4m3fn
+    for gpu, shapes in load_tuned_configs(TUNED_CONFIGS).items():
+        for shape, cfg in shapes.items():
+            n, k = (int(v) for v in shape.split("x"))
+            yield (f"fp8_matmul tuned {gpu} {shape}",
+                   lambda n=n, k=k, cfg=cfg: kernels.fp8_matmul_few_rows(
+                       e(16, k, dtype=fp8), e(16, 1), e(n, k, dtype=fp8), e(1, n), torch.bfloat16, config=cfg))
+
+
+def _compile_recorded(index: int) -> dict:
+    """In a pool worker forked after recording: the build of recorded launch `index`."""
+    label, fn, args, kwargs = _recorded[index]
+    return {"case": label, **compile_launch(fn, args, kwargs)}
+
+
+_recorded: list[tuple] = []
+
+
+def compile_cases(labelled_calls, jobs: int) -> None:
+    """Record the launch(es) of each (label, call), then build them all on `jobs` forked
+    processes and print one JSON line per launch, in the order they were recorded."""
+    JITFunction.run = _record
+    for label, call in labelled_calls:
+        launches.clear()
+        call()
+        _recorded.extend((label, *launch) for launch in launches)
+    with multiprocessing.get_context("fork").Pool(max(1, jobs)) as pool:
+        for info in pool.imap(_compile_recorded, range(len(_recorded))):
+            print(json.dumps(info), flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tuned", action="store_true", help="every tuned config instead of the default cases")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compile processes")
+    return parser.parse_args()
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
-    JITFunction.run = _record
-    import kernels._launch as launch
+    args = parse_args()
     for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store",
                    "quant", "sampling", "fp8_matmul"):
         __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
-    for label, call in cases():
-        launches.clear()
-        call()
-        for fn, args, kwargs in launches:
-            print(json.dumps({"case": label, **compile_launch(fn, args, kwargs)}), flush=True)
-    del launch
+    compile_cases(tuned_cases() if args.tuned else cases(), args.jobs)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,21 @@
 """Compile w4a16_matmul for sm_90 without a GPU, as hopper_compile.py does for the other kernels:
 the default config of every row bucket at Llama-3-8B's shapes (4 bits, groups of 128), with a
-shuffled input order, 8 bits, fp16, and every tuned config in kernels/configs/w4a16.json. One
-JSON line per launch. Run without TRITON_INTERPRET."""
+shuffled input order, 8 bits, fp16; with `--tuned`, every tuned config in
+kernels/configs/w4a16.json instead. One JSON line per launch. Run without TRITON_INTERPRET."""
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import torch
-from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hopper_compile  # noqa: E402  (also puts the repository root on sys.path)
 
 
 def cases():
+    """Each row bucket's default config and one case per GEMV variant, bit width and dtype."""
     import kernels
-    from kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
     e = torch.empty
     n, k, group = 6144, 4096, 128
     w = e(k, n // 8, dtype=torch.int32)
@@ -39,6 +37,13 @@ def cases():
     yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul(e(4096, k, dtype=torch.float16), w, s, z, group)
     w8 = e(k, n // 4, dtype=torch.int32)
     yield "w8a16 m=16", lambda: kernels.w4a16_matmul(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)
+
+
+def tuned_cases():
+    """Every tuned config in kernels/configs/w4a16.json, at its own shape and row bucket."""
+    import kernels
+    from kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
+    e = torch.empty
     for gpu, entries in load_tuned_configs(TUNED_CONFIGS).items():
         for key, cfg in entries.items():
             shape, wg, _ = key.split("/")
@@ -51,14 +56,10 @@ def cases():
 
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
-    JITFunction.run = hopper_compile._record
+    args = hopper_compile.parse_args()
     import kernels.w4a16
     kernels.w4a16.check_runnable = lambda op, t: None
-    for label, call in cases():
-        hopper_compile.launches.clear()
-        call()
-        for fn, args, kwargs in hopper_compile.launches:
-            print(json.dumps({"case": label, **hopper_compile.compile_launch(fn, args, kwargs)}), flush=True)
+    hopper_compile.compile_cases(tuned_cases() if args.tuned else cases(), args.jobs)
 
 
 if __name__ == "__main__":

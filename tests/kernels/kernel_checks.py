@@ -100,3 +100,28 @@ def attention_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positi
     hidden = torch.arange(k.shape[0], device=k.device)[None, :] > q_positions.to(k.device)[:, None]
     probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+H100_MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90
+
+
+def compile_for_hopper(script: str, *flags: str) -> list[dict]:
+    """Run one of the sm_90 compile scripts beside this file (compiled mode, so without
+    TRITON_INTERPRET) and return its JSON lines: one per kernel launch it built."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / script), *flags],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def assert_fits_without_spills(launch: dict, stack_limit: int = 0) -> None:
+    assert launch["shared"] <= H100_MAX_SHARED, f"over sm_90's shared memory: {launch}"
+    assert launch.get("local_bytes", 0) == 0 and launch.get("stack_bytes", 0) <= stack_limit, \
+        f"spills to local memory: {launch}"

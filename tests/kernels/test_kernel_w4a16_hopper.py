@@ -1,27 +1,14 @@
 """w4a16_matmul compiles for sm_90 (the H200) without spilling, within shared memory: the GEMV for
 one row, mma.sync for the 16-row tile, wgmma for the 64-row tile, the dequantizing kernel for
-more rows."""
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+more rows; every tuned config under `long`."""
 
 import pytest
-from kernel_checks import ON_GPU
-
-HERE = Path(__file__).resolve().parent
-H100_MAX_SHARED = 232448
+from kernel_checks import ON_GPU, assert_fits_without_spills, compile_for_hopper
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU the kernel tests compile and run it for real")
 def test_w4a16_compiles_for_hopper():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "hopper_compile_w4a16.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    launches = [c for c in map(json.loads, done.stdout.splitlines()) if c]
+    launches = compile_for_hopper("hopper_compile_w4a16.py")
     compiled = {}
     for c in launches:  # a case's matmul kernel; K slices are summed by a second launch after it
         compiled.setdefault(c["case"], c)
@@ -30,7 +17,7 @@ def test_w4a16_compiles_for_hopper():
             "w4a16 m=4096 fp16",
             "w8a16 m=16"} <= set(compiled)
     for c in launches:
-        assert c["shared"] <= H100_MAX_SHARED and c["local_bytes"] == 0 and c["stack_bytes"] == 0, c
+        assert_fits_without_spills(c)
     assert any(c["kernel"] == "_sum_slices_kernel" for c in launches), launches
     for case in ("w4a16 m=16", "w8a16 m=16"):
         assert compiled[case]["kernel"] == "_w4a16_kernel" and compiled[case]["mma"], compiled[case]
@@ -44,3 +31,24 @@ def test_w4a16_compiles_for_hopper():
         assert not compiled[case]["ftz"], compiled[case]
     for case in ("w4a16 m=256", "w4a16 m=4096", "w4a16 m=4096 fp16"):
         assert compiled[case]["kernel"] == "_w4a16_dequantize_kernel", compiled[case]
+
+
+@pytest.mark.long
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the kernel tests run the tuned configs for real")
+def test_tuned_w4a16_configs_compile_for_hopper():
+    """Every tuned config in kernels/configs/w4a16.json compiles within shared memory, without
+    spills; each case's matmul is its config's method."""
+    from kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
+    launches = compile_for_hopper("hopper_compile_w4a16.py", "--tuned")
+    for c in launches:
+        assert_fits_without_spills(c)
+    first = {}
+    for c in launches:
+        first.setdefault(c["case"], c)
+    methods = {"gemv": "_w4a16_gemv_kernel", "mma": "_w4a16_kernel"}
+    expected = {f"w4a16 tuned {gpu} {key}": cfg.method
+                for gpu, entries in load_tuned_configs(TUNED_CONFIGS).items() for key, cfg in entries.items()}
+    assert set(first) == set(expected)
+    for case, method in expected.items():
+        if method in methods:
+            assert first[case]["kernel"] in (methods[method], "_w4a16_gemv_rows_kernel"), first[case]
