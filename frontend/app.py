@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -17,9 +16,13 @@ from frontend.chat import ChatCompletions
 from frontend.chat_output import ChatParsing
 from frontend.completions import Completions
 from frontend.errors import OpenAIError, bad_request
-from frontend.json_body import decode_json_body
+from frontend.json_body import decode_json_body, read_body
+from frontend import __version__
 from frontend.metrics import CONTENT_TYPE, FrontendMetrics, default_triton_metrics_url
+from frontend.model_cards import model_cards, one_model_card
 from frontend.model_registry import ModelRegistry
+from frontend.responses import Responses
+from frontend.tokenization import Tokenization
 from frontend.triton_gateway import TritonGateway
 
 
@@ -28,7 +31,7 @@ class FrontendConfig:
     """How the frontend reaches Triton and what it serves."""
 
     triton_grpc: str = "localhost:8001"
-    models: tuple[str, ...] = ()  # served model names; empty: every ready model
+    models: tuple[str, ...] = ()  # the Triton models served (--model); empty: every ready model
     api_key: str | None = None
     chat_template: str | None = None  # a Jinja template's text, over the tokenizer's own
     tokenizer: str | None = None  # over the one named by the model's config
@@ -37,10 +40,12 @@ class FrontendConfig:
     # Triton's metrics endpoint, whose vllm: families /metrics passes on; None: on the gRPC
     # address's host at port 8002; "": none.
     triton_metrics: str | None = None
+    # vLLM's --served-model-name: the names of the one --model, the first reported in responses.
+    served_model_names: tuple[str, ...] = ()
 
 
 async def _json_body(request: Request) -> Any:
-    return decode_json_body(await request.body())
+    return decode_json_body(await read_body(request.stream(), request.headers.get("content-length")))
 
 
 def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = None,
@@ -49,16 +54,20 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
     worker process is (until then /health answers 503), where the frontend runs several."""
     state: dict[str, Any] = {}
     metrics = FrontendMetrics(default_triton_metrics_url(config.triton_grpc)
-                              if config.triton_metrics is None else config.triton_metrics or None)
+                              if config.triton_metrics is None else config.triton_metrics or None,
+                              {config.models[0]: config.served_model_names[0]} if config.served_model_names else {})
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # The gRPC channels belong to the serving process's event loop, so they are made here.
         gateway = (TritonGateway(config.triton_grpc) if config.grpc_channels is None
                    else TritonGateway(config.triton_grpc, config.grpc_channels))
-        registry = ModelRegistry(gateway, list(config.models), config.tokenizer, config.chat_template)
-        state.update(gateway=gateway, registry=registry, chat=ChatCompletions(gateway, registry, config.parsing),
-                     completions=Completions(gateway, registry))
+        registry = ModelRegistry(gateway, list(config.models), config.tokenizer, config.chat_template,
+                                 list(config.served_model_names))
+        chat = ChatCompletions(gateway, registry, config.parsing)
+        state.update(gateway=gateway, registry=registry, chat=chat,
+                     completions=Completions(gateway, registry),
+                     responses=Responses(chat), tokenization=Tokenization(registry))
         # Before the server takes connections: loading a tokenizer imports transformers, which
         # holds the GIL for seconds and would stall every stream this process serves meanwhile.
         await registry.warm()
@@ -116,19 +125,28 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
             raise OpenAIError(503, f"model(s) not ready: {', '.join(not_ready) or 'none loaded'}")
         return JSONResponse({"status": "ok", "models": names})
 
+    # vLLM's (SageMaker's health check): /health's answer, to GET and POST.
+    app.add_api_route("/ping", health, methods=["GET", "POST"])
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": __version__})
+
     @app.get("/v1/models")
     async def models() -> Response:
-        created = int(time.time())
-        return JSONResponse({"object": "list", "data": [
-            {"id": m, "object": "model", "created": created, "owned_by": "tritium"}
-            for m in await state["registry"].ready_models()]})
+        return JSONResponse({"object": "list", "data": await model_cards(state["registry"])})
 
-    @app.get("/v1/models/{name}")
+    @app.get("/v1/models/{name:path}")  # (served names are often Hub ids, org/model)
     async def model(name: str) -> Response:
-        if name not in await state["registry"].ready_models():
-            raise OpenAIError(404, f"The model '{name}' does not exist.", "model", "model_not_found")
-        return JSONResponse({"id": name, "object": "model", "created": int(time.time()),
-                             "owned_by": "tritium"})
+        return JSONResponse(await one_model_card(state["registry"], name))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await state["tokenization"].tokenize(await _json_body(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await state["tokenization"].detokenize(await _json_body(request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -137,6 +155,10 @@ def create_app(config: FrontendConfig, on_started: Callable[[], None] | None = N
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await state["completions"].create(await _json_body(request), request)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await state["responses"].create(await _json_body(request), request)
 
     return app
 

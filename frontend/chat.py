@@ -10,11 +10,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from frontend.chat_output import ChatParsing, ChoiceOutput, delta_dict
 from frontend.errors import OpenAIError
+from frontend.limits import check_prompt_text
 from frontend.logprobs import chat_logprobs
 from frontend.model_registry import ModelRegistry, ServedModel
 from frontend.protocol import ChatCompletionRequest, parse_body
 from frontend.sampling import chat_sampling
-from frontend.serving import SSE_DONE, collect, new_id, sse, until_disconnected, usage
+from frontend.serving import (SSE_DONE, TokenCounts, collect, new_id, resolve_model, sse,
+                              until_disconnected)
 from frontend.triton_gateway import Chunk, GenerationRequest, TritonGateway
 
 
@@ -38,18 +40,44 @@ def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return messages
 
 
-def chat_text(model: ServedModel, req: ChatCompletionRequest) -> str:
-    """The templated prompt's text."""
-    tools = ([t.model_dump(exclude_none=True) for t in req.tools]
-             if req.tools and req.tool_choice != "none" else None)
+def chat_text(model: ServedModel, req: ChatCompletionRequest, parsing: ChatParsing | None = None) -> str:
+    """The templated prompt's text, with the tools `parsing`'s flags give the template."""
+    tools = (parsing or ChatParsing()).template_tools(req)
     return model.apply_chat_template(template_messages(req), tools, req.add_generation_prompt,
-                                     req.continue_final_message, req.chat_template_kwargs or {})
+                                     req.continue_final_message, template_kwargs(req))
 
 
-def chat_prompt(model: ServedModel, text: str) -> str | list[int]:
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """chat_template_kwargs, plus vLLM's `documents` and `reasoning_effort` (which, as in vLLM,
+    also sets a template's enable_thinking, false for "none", unless the request sets it)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.documents is not None:
+        kwargs["documents"] = req.documents
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
+    return kwargs
+
+
+def chat_prompt(model: ServedModel, text: str, add_special_tokens: bool = False) -> str | list[int]:
     """The prompt sent: token ids when the model takes them (the template already holds any
-    BOS, so none is added, as vLLM does), else its text."""
-    return model.encode(text, add_special_tokens=False) if model.takes_input_ids else text
+    BOS, so none is added unless asked, as vLLM does), else its text."""
+    return model.encode(text, add_special_tokens=add_special_tokens) if model.takes_input_ids else text
+
+
+def echo_prefix(req: ChatCompletionRequest) -> str | None:
+    """vLLM's chat echo: what the reply's content starts with. The last message's content when
+    its role is the reply's (the assistant's after a generation prompt, else the last message's
+    own role, as vLLM names it), else nothing; None without echo."""
+    if not req.echo:
+        return None
+    last = req.messages[-1]
+    generation_prompt = req.add_generation_prompt and not req.continue_final_message
+    if last.role != ("assistant" if generation_prompt else last.role):
+        return ""
+    if isinstance(last.content, list):
+        return "\n".join(part.text for part in last.content)
+    return last.content or ""
 
 
 class ChatCompletions:
@@ -62,13 +90,7 @@ class ChatCompletions:
 
     async def create(self, body: Any, request: Request) -> Response:
         req = parse_body(ChatCompletionRequest, body)
-        sampling = chat_sampling(req)
-        model = await self.registry.get(req.model)
-        text = chat_text(model, req)
-        outputs = self.parsing.for_request(req, text)
-        gen = GenerationRequest(req.model, new_id("chatcmpl"), chat_prompt(model, text), sampling,
-                                stream=req.stream, logprobs=req.logprobs,
-                                cached_tokens=model.reports_cached_tokens)
+        gen, outputs, model = await self.generation(req)
         reply = _Reply(req, gen.request_id, outputs, model.system_fingerprint)
         chunks = self.gateway.generate(gen)
         try:
@@ -80,6 +102,23 @@ class ChatCompletions:
         except OpenAIError as e:  # the engine's parameter names -> the request's
             raise e.renamed(_field_names(req)) from None
         return StreamingResponse(reply.events(first, chunks), media_type="text/event-stream")
+
+    async def generation(self, req: ChatCompletionRequest, response_id: str | None = None
+                         ) -> tuple[GenerationRequest, Callable[[], ChoiceOutput], ServedModel]:
+        """The model's request for `req`, a maker of each choice's output parser, and the model.
+        /v1/responses, a chat completion underneath, is prepared here too."""
+        model, sampling = await resolve_model(self.registry, req, chat_sampling(req))
+        text = chat_text(model, req, self.parsing)
+        check_prompt_text(text)  # before tokenizing
+        outputs = self.parsing.for_request(req, text)
+        self.parsing.adjust_sampling(req, sampling)
+        if response_id is None:
+            response_id = f"chatcmpl-{req.request_id}" if req.request_id else new_id("chatcmpl")
+        gen = GenerationRequest(model.name, response_id, chat_prompt(model, text, req.add_special_tokens),
+                                sampling, stream=req.stream, logprobs=req.logprobs,
+                                cached_tokens=model.reports_cached_tokens,
+                                stop_reason=model.reports_stop_reason)
+        return gen, outputs, model
 
 
 def _field_names(req: ChatCompletionRequest) -> dict[str, str]:
@@ -98,23 +137,29 @@ class _Reply:
         self.req, self.id, self.outputs, self.fingerprint = req, response_id, outputs, fingerprint
         self.created = int(time.time())
         self.k = req.top_logprobs or 0
+        self.as_ids = bool(req.return_tokens_as_token_ids)
+        self.echo = echo_prefix(req)
 
     def complete(self, totals: Any) -> dict[str, Any]:
         choices = []
         for i in range(self.req.n):
             text = totals.text(i)
-            logprobs = ({"content": chat_logprobs(totals.logprobs[i], self.k, text)}
+            logprobs = ({"content": chat_logprobs(totals.logprobs[i], self.k, text, self.as_ids)}
                         if self.req.logprobs else None)
             output = self.outputs()
             output.start()
             output.feed(text)
             output.finish()
-            choices.append({"index": i, "message": {**output.as_message(), "refusal": None},
-                            "logprobs": logprobs,
-                            "finish_reason": output.finish_reason(totals.finish_reasons[i])})
+            message = {**output.as_message(), "refusal": None}
+            if self.echo is not None:  # as vLLM: after the parsers, and content "" rather than null
+                message["content"] = self.echo + (message["content"] or "")
+            choices.append({"index": i, "message": message, "logprobs": logprobs,
+                            "finish_reason": output.finish_reason(totals.finish_reasons[i]),
+                            "stop_reason": totals.stop_reasons[i]})
         return {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices,
-                "usage": usage(totals.prompt_tokens, totals.completion_tokens, totals.cached_tokens)}
+                "usage": totals.usage(),
+                "prompt_logprobs": totals.prompt_logprobs}
 
     def _chunk(self, choices: list[dict[str, Any]], with_usage: dict | None = None) -> str:
         obj = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -124,10 +169,8 @@ class _Reply:
         return sse(obj)
 
     async def events(self, first: Chunk | None, rest: AsyncIterator[Chunk]) -> AsyncIterator[str]:
-        n, completion_tokens = self.req.n, 0
-        # The first response already holds the prompt's counts: every chunk can carry them.
-        prompt_tokens = first.num_input_tokens if first is not None else 0
-        cached_tokens = first.num_cached_tokens if first is not None else None
+        n, counts = self.req.n, TokenCounts()
+        counts.add_prompt(first)  # every chunk can carry the prompt's counts
         finished = [False] * n
         continuous = self.req.stream_options is not None and self.req.stream_options.continuous
         outputs = [self.outputs() for _ in range(n)]
@@ -137,13 +180,15 @@ class _Reply:
             opening = {"role": "assistant", "content": None, **opening} if opening else \
                 {"role": "assistant", "content": ""}
             yield self._chunk([{"index": i, "delta": opening, "logprobs": None, "finish_reason": None}],
-                              usage(prompt_tokens, 0, cached_tokens) if continuous else None)
+                              counts.usage() if continuous else None)
+        for i in range(n if self.echo else 0):  # vLLM's echo: its own chunk, after the openings
+            yield self._chunk([{"index": i, "delta": {"content": self.echo}, "logprobs": None,
+                                "finish_reason": None}],
+                              counts.usage() if continuous else None)
         try:
             chunk = first
             while chunk is not None:
-                prompt_tokens = chunk.num_input_tokens or prompt_tokens
-                cached_tokens = cached_tokens if chunk.num_cached_tokens is None else chunk.num_cached_tokens
-                completion_tokens += sum(chunk.num_output_tokens)
+                counts.add(chunk)
                 for i in range(n):
                     text, reason = chunk.texts[i], chunk.finish_reasons[i]
                     ends = reason is not None and not finished[i]
@@ -152,20 +197,21 @@ class _Reply:
                     finished[i] = finished[i] or ends
                     logprobs = None
                     if self.req.logprobs and chunk.logprobs is not None and chunk.logprobs[i]:
-                        logprobs = {"content": chat_logprobs(chunk.logprobs[i], self.k, text)}
+                        logprobs = {"content": chat_logprobs(chunk.logprobs[i], self.k, text, self.as_ids)}
                     delta = outputs[i].feed(text)
                     if ends:
                         delta.extend(outputs[i].finish())
                     reason = outputs[i].finish_reason(reason) if ends else None
                     if not delta and not ends and logprobs is None:
                         continue  # held back (a tag may be starting)
-                    yield self._chunk([{"index": i, "delta": delta_dict(delta),
-                                        "logprobs": logprobs, "finish_reason": reason}],
-                                      usage(prompt_tokens, completion_tokens, cached_tokens)
-                                      if continuous else None)
+                    choice = {"index": i, "delta": delta_dict(delta), "logprobs": logprobs,
+                              "finish_reason": reason}
+                    if ends:  # as vLLM: in the choice's last chunk only
+                        choice["stop_reason"] = chunk.stop_reasons[i] if chunk.stop_reasons else None
+                    yield self._chunk([choice], counts.usage() if continuous else None)
                 chunk = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event
             yield sse(e.body())
         if self.req.stream_options is not None and self.req.stream_options.include_usage:
-            yield self._chunk([], usage(prompt_tokens, completion_tokens, cached_tokens))
+            yield self._chunk([], counts.usage())
         yield SSE_DONE

@@ -21,6 +21,8 @@ class ChatParsing:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    # vLLM's default (False): tool_choice "none" still shows the model its tools, as OpenAI does.
+    exclude_tools_when_tool_choice_none: bool = False
 
     def __post_init__(self) -> None:
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
@@ -31,6 +33,20 @@ class ChatParsing:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"--reasoning-parser {self.reasoning_parser!r} is not one of "
                              f"{', '.join(REASONING_PARSERS)}")
+
+    def template_tools(self, req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+        """The tools the chat template gets (as vLLM: also under tool_choice "none", unless
+        --exclude-tools-when-tool-choice-none)."""
+        if not req.tools or (req.tool_choice == "none" and self.exclude_tools_when_tool_choice_none):
+            return None
+        return [t.model_dump(exclude_none=True) for t in req.tools]
+
+    def adjust_sampling(self, req: ChatCompletionRequest, sampling: dict[str, Any]) -> None:
+        """vLLM's adjust_request: a parser whose calls start with a special token ([TOOL_CALLS])
+        needs special tokens left in the text."""
+        parser = TOOL_PARSERS.get(self.tool_call_parser or "")
+        if parser is not None and parser.keeps_special_tokens and req.tools and req.tool_choice != "none":
+            sampling["skip_special_tokens"] = False
 
     def for_request(self, req: ChatCompletionRequest, prompt: str) -> Callable[[], "ChoiceOutput"]:
         """A maker of each choice's output parser; 400 for a tool_choice the flags do not allow."""
@@ -44,13 +60,14 @@ class ChatParsing:
             if not self.enable_auto_tool_choice:
                 raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
                                   "--tool-call-parser to be set", "tool_choice")
-            tools = TOOL_PARSERS[self.tool_call_parser]
+            functions = [t.function.model_dump(exclude_none=True) for t in req.tools]
+            tools = partial(TOOL_PARSERS[self.tool_call_parser], functions)
         # Under guided decoding the reply is the constrained output from its first token: no thinking.
         reasoning = None if _guided(req, choice) else self.reasoning_parser
 
         def make() -> ChoiceOutput:
             return ChoiceOutput(ReasoningParser.create(reasoning, prompt) if reasoning else None,
-                                tools() if tools is not None else None)
+                                tools() if tools is not None else None, req.include_reasoning)
         return make
 
 
@@ -68,8 +85,11 @@ def _guided(req: ChatCompletionRequest, choice: Any) -> bool:
 class ChoiceOutput:
     """One choice's text through the parsers, piece by piece; and its message as it grew."""
 
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None) -> None:
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None,
+                 include_reasoning: bool = True) -> None:
         self.reasoning, self.tools = reasoning, tools
+        # vLLM's include_reasoning=false: the thinking is still taken out of the content, and dropped.
+        self.include_reasoning = include_reasoning
         self.message = DeltaMessage()
 
     def start(self) -> DeltaMessage:
@@ -87,7 +107,8 @@ class ChoiceOutput:
             split = self.reasoning.feed(text)
             if final:
                 split.extend(self.reasoning.finish())
-            out.reasoning_content, text = split.reasoning_content, split.content
+            out.reasoning_content = split.reasoning_content if self.include_reasoning else ""
+            text = split.content
         if self.tools is None:
             out.content = text
             return out
@@ -102,13 +123,16 @@ class ChoiceOutput:
 
     @property
     def called(self) -> bool:
-        return self.tools is not None and self.tools.calls_made > 0
+        """Whether the message has calls (whole ones: abandoned calls are not in it)."""
+        return self.tools is not None and self.tools.calls_made > len(self.tools.abandoned)
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
         """"tool_calls" when the model chose to call (auto, required), as vLLM and OpenAI say it;
         a call the request forced by name keeps the engine's reason, and so does a reply cut
-        short ("length": the last call's arguments may be incomplete)."""
-        if engine_reason in (None, "length") or not self.called or isinstance(self.tools, NamedToolParser):
+        short ("length") or one that abandoned a streamed call: every call a client holds after
+        "tool_calls" has arguments that parse."""
+        if engine_reason in (None, "length") or not self.called or self.tools.abandoned \
+                or isinstance(self.tools, NamedToolParser):
             return engine_reason
         return "tool_calls"
 
@@ -119,6 +143,8 @@ class ChoiceOutput:
         if self.called:
             calls: dict[int, dict[str, Any]] = {}
             for d in m.tool_calls:
+                if d.index in self.tools.abandoned:
+                    continue
                 if d.name is not None:
                     calls[d.index] = {"id": d.id, "type": "function",
                                       "function": {"name": d.name, "arguments": d.arguments}}
@@ -127,7 +153,8 @@ class ChoiceOutput:
             message["content"] = m.content if m.content.strip() else None
             message["tool_calls"] = [calls[i] for i in sorted(calls)]
         if self.reasoning is not None:
-            message["reasoning_content"] = m.reasoning_content or None
+            # vLLM's current name, and the older one that clients still read.
+            message["reasoning"] = message["reasoning_content"] = m.reasoning_content or None
         return message
 
 
@@ -135,7 +162,7 @@ def delta_dict(delta: DeltaMessage) -> dict[str, Any]:
     """A streamed chunk's `delta`."""
     out: dict[str, Any] = {}
     if delta.reasoning_content:
-        out["reasoning_content"] = delta.reasoning_content
+        out["reasoning"] = out["reasoning_content"] = delta.reasoning_content
     if delta.content:
         out["content"] = delta.content
     if delta.tool_calls:

@@ -10,13 +10,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from frontend.errors import OpenAIError, bad_request
 from frontend.logprobs import CompletionLogprobs
-from frontend.model_registry import ServedModel
+from frontend.model_registry import ModelRegistry, ServedModel
 from frontend.protocol import CompletionRequest, parse_body
 from frontend.sampling import completion_sampling
-from frontend.serving import (SSE_DONE, Totals, collect, merge, new_id, sse, until_disconnected,
-                              usage)
+from frontend.serving import (SSE_DONE, TokenCounts, Totals, collect, merge, new_id, resolve_model,
+                              sse, until_disconnected)
 from frontend.triton_gateway import GenerationRequest, TritonGateway
-from frontend.model_registry import ModelRegistry
 
 
 def prompts_of(req: CompletionRequest) -> list[str | list[int]]:
@@ -43,14 +42,20 @@ class _Prompt:
         self.model, self.prompt, self.req = model, prompt, req
         # A model without an input_ids input (Triton's vLLM backend) gets the ids as text.
         self.sent = prompt if isinstance(prompt, str) or model.takes_input_ids else model.decode(prompt)
+        if isinstance(prompt, str) and not req.add_special_tokens:  # vLLM's: no BOS before the text
+            if not model.takes_input_ids:
+                raise bad_request("add_special_tokens=false needs a model that takes input_ids: this "
+                                  "one tokenizes a text prompt itself", "add_special_tokens")
+            self.sent = model.encode(prompt, False)
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.model.decode(self.prompt, skip_special_tokens=True)
 
     def echo_logprobs(self, entries: list | None, k: int) -> CompletionLogprobs:
-        lp = CompletionLogprobs()
+        lp = CompletionLogprobs(as_ids=bool(self.req.return_tokens_as_token_ids))
         # The engine's tokenization of a text prompt is the tokenizer's, with special tokens.
-        ids = self.prompt if isinstance(self.prompt, list) else self.model.encode(self.prompt, True)
+        ids = self.prompt if isinstance(self.prompt, list) else \
+            self.model.encode(self.prompt, self.req.add_special_tokens)
         # Special tokens decode to nothing, as in the echoed text, so that text_offset matches it.
         lp.add_prompt(ids, [self.model.decode([t], skip_special_tokens=True) for t in ids], entries or [None] * len(ids), k)
         return lp
@@ -66,12 +71,13 @@ class Completions:
         req = parse_body(CompletionRequest, body)
         sampling = completion_sampling(req)
         prompts = prompts_of(req)
-        model = await self.registry.get(req.model)
+        model, sampling = await resolve_model(self.registry, req, sampling)
         parts = [_Prompt(model, p, req) for p in prompts]
-        response_id = new_id("cmpl")
+        response_id = f"cmpl-{req.request_id}" if req.request_id else new_id("cmpl")
         streams = [self.gateway.generate(GenerationRequest(
-            req.model, f"{response_id}-{i}", part.sent, sampling, stream=req.stream,
-            logprobs=req.logprobs is not None, cached_tokens=model.reports_cached_tokens))
+            model.name, f"{response_id}-{i}", part.sent, sampling, stream=req.stream,
+            logprobs=req.logprobs is not None, cached_tokens=model.reports_cached_tokens,
+            stop_reason=model.reports_stop_reason))
             for i, part in enumerate(parts)]
         reply = _Reply(req, response_id, parts, model.system_fingerprint)
         if not req.stream:
@@ -98,6 +104,7 @@ class _Reply:
         self.req, self.id, self.parts, self.fingerprint = req, response_id, parts, fingerprint
         self.created = int(time.time())
         self.k = req.logprobs or 0
+        self.as_ids = bool(req.return_tokens_as_token_ids)
 
     def _obj(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created,
@@ -105,43 +112,37 @@ class _Reply:
                 **extra}
 
     def complete(self, all_totals: list[Totals]) -> dict[str, Any]:
-        choices, prompt_tokens, completion_tokens = [], 0, 0
-        cached = [t.cached_tokens for t in all_totals]
+        choices = []
         for p, (part, totals) in enumerate(zip(self.parts, all_totals)):
-            prompt_tokens += totals.prompt_tokens
-            completion_tokens += totals.completion_tokens
             for j in range(self.req.n):
                 text = totals.text(j)
                 logprobs = None
                 if self.req.logprobs is not None:
                     lp = (part.echo_logprobs(totals.prompt_logprobs, self.k) if self.req.echo
-                          else CompletionLogprobs())
+                          else CompletionLogprobs(as_ids=self.as_ids))
                     lp.add_output(totals.logprobs[j], self.k, text)
                     logprobs = lp.as_dict()
                 choices.append({"index": p * self.req.n + j,
                                 "text": (part.text() if self.req.echo else "") + text,
-                                "logprobs": logprobs, "finish_reason": totals.finish_reasons[j]})
-        return self._obj(choices, usage=usage(prompt_tokens, completion_tokens, _sum(cached)))
+                                "logprobs": logprobs, "finish_reason": totals.finish_reasons[j],
+                                "stop_reason": totals.stop_reasons[j],
+                                "prompt_logprobs": totals.prompt_logprobs})
+        return self._obj(choices, usage=TokenCounts.total(all_totals).usage())
 
     async def events(self, first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str]:
         n = self.req.n
         with_usage = self.req.stream_options is not None and self.req.stream_options.include_usage
         continuous = with_usage and self.req.stream_options.continuous
         extra = {"usage": None} if with_usage else {}
-        prompt_tokens = [0] * len(self.parts)
-        cached: list[int | None] = [None] * len(self.parts)
-        completion_tokens = 0
+        counts = [TokenCounts() for _ in self.parts]
         finished = [[False] * n for _ in self.parts]
-        logprobs = [[CompletionLogprobs() for _ in range(n)] for _ in self.parts]
+        logprobs = [[CompletionLogprobs(as_ids=self.as_ids) for _ in range(n)] for _ in self.parts]
         echoed = [[not self.req.echo] * n for _ in self.parts]
         try:
             item = first
             while item is not None:
                 p, chunk = item
-                prompt_tokens[p] = chunk.num_input_tokens or prompt_tokens[p]
-                if chunk.num_cached_tokens is not None:
-                    cached[p] = chunk.num_cached_tokens
-                completion_tokens += sum(chunk.num_output_tokens)
+                counts[p].add(chunk)
                 for j in range(n):
                     text, reason = chunk.texts[j], chunk.finish_reasons[j]
                     lp, start = logprobs[p][j], len(logprobs[p][j].tokens)
@@ -160,18 +161,14 @@ class _Reply:
                             lp.add_output(chunk.logprobs[j], self.k, chunk.texts[j])
                         choice_lp = lp.as_dict(start)
                     if continuous:
-                        extra = {"usage": usage(sum(prompt_tokens), completion_tokens, _sum(cached))}
+                        extra = {"usage": TokenCounts.total(counts).usage()}
+                    stop_reason = chunk.stop_reasons[j] if ends and chunk.stop_reasons else None
                     yield sse(self._obj([{"index": p * n + j, "text": text, "logprobs": choice_lp,
-                                          "finish_reason": reason if ends else None}], **extra))
+                                          "finish_reason": reason if ends else None,
+                                          "stop_reason": stop_reason}], **extra))
                 item = await anext(rest, None)
         except OpenAIError as e:  # the status is sent already: the error goes as an event
             yield sse(e.body())
         if with_usage:
-            yield sse(self._obj([], usage=usage(sum(prompt_tokens), completion_tokens, _sum(cached))))
+            yield sse(self._obj([], usage=TokenCounts.total(counts).usage()))
         yield SSE_DONE
-
-
-def _sum(cached: list[int | None]) -> int | None:
-    """The prompts' cached tokens together; None where the model reports none."""
-    known = [c for c in cached if c is not None]
-    return sum(known) if known else None

@@ -30,17 +30,27 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def chat_logprobs(entries: list[Entry], k: int, text: str) -> list[dict[str, Any]]:
-    """choices[].logprobs.content for the tokens of `text` (the text these entries produced)."""
+def _token(tid: str, value: dict[str, Any], as_ids: bool) -> str:
+    """A token as logprobs show it: its text, or vLLM's return_tokens_as_token_ids form (for
+    tokens whose text is not valid UTF-8 on its own)."""
+    return f"token_id:{tid}" if as_ids else value["decoded_token"] or ""
+
+
+def chat_logprobs(entries: list[Entry], k: int, text: str, as_ids: bool = False) -> list[dict[str, Any]]:
+    """choices[].logprobs.content for the tokens of `text` (the text these entries produced).
+    As vLLM: with `as_ids`, a sampled token's bytes stay its text's, the top tokens' are those
+    of their "token_id:N" strings."""
     content, cursor = [], 0
     for entry in entries:
         tid = sampled_key(entry, k, text[cursor:])
-        token = entry[tid]["decoded_token"] or ""
-        cursor += len(token)
-        content.append({"token": token, "logprob": entry[tid]["logprob"], "bytes": _bytes(token),
-                        "top_logprobs": [{"token": v["decoded_token"], "logprob": v["logprob"],
-                                          "bytes": _bytes(v["decoded_token"] or "")}
-                                         for _, v in _top(entry, k)]})
+        text_of_token = entry[tid]["decoded_token"] or ""
+        cursor += len(text_of_token)
+        top = []
+        for t, v in _top(entry, k):
+            token = _token(t, v, as_ids)
+            top.append({"token": token, "logprob": v["logprob"], "bytes": _bytes(token)})
+        content.append({"token": _token(tid, entry[tid], as_ids), "logprob": entry[tid]["logprob"],
+                        "bytes": _bytes(text_of_token), "top_logprobs": top})
     return content
 
 
@@ -53,23 +63,27 @@ class CompletionLogprobs:
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
     text_offset: list[int] = field(default_factory=list)
     offset: int = 0  # where the next token starts in the choice's text
+    # vLLM's return_tokens_as_token_ids: tokens are "token_id:N", and, as in vLLM, text_offset
+    # counts the lengths of those strings.
+    as_ids: bool = False
 
     def add_prompt(self, prompt_ids: list[int], token_texts: list[str],
                    entries: list[Entry | None], k: int) -> None:
         """The echoed prompt: its tokens (known by id), the first one without a logprob."""
         for tid, token, entry in zip(prompt_ids, token_texts, entries):
             own = None if entry is None else entry.get(str(tid))
-            self._add(token, None if own is None else own["logprob"],
-                      None if entry is None else {v["decoded_token"]: v["logprob"] for _, v in _top(entry, k)})
+            self._add(f"token_id:{tid}" if self.as_ids else token, None if own is None else own["logprob"],
+                      None if entry is None else self._top_dict(entry, k))
 
     def add_output(self, entries: list[Entry], k: int, text: str) -> None:
         cursor = 0
         for entry in entries:
             tid = sampled_key(entry, k, text[cursor:])
-            token = entry[tid]["decoded_token"] or ""
-            cursor += len(token)
-            self._add(token, entry[tid]["logprob"],
-                      {v["decoded_token"]: v["logprob"] for _, v in _top(entry, k)})
+            cursor += len(entry[tid]["decoded_token"] or "")
+            self._add(_token(tid, entry[tid], self.as_ids), entry[tid]["logprob"], self._top_dict(entry, k))
+
+    def _top_dict(self, entry: Entry, k: int) -> dict[str, float]:
+        return {_token(t, v, self.as_ids): v["logprob"] for t, v in _top(entry, k)}
 
     def _add(self, token: str, logprob: float | None, top: dict[str, float] | None) -> None:
         self.tokens.append(token)

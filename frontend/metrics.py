@@ -3,9 +3,10 @@ the engines' `vllm:` families as Triton reports them, so that one scrape target 
 from __future__ import annotations
 
 import os
+import re
 import time
 from urllib.parse import urlsplit
-from typing import Any
+from typing import Any, Mapping
 
 import aiohttp
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
@@ -34,8 +35,11 @@ class FrontendMetrics:
     response's last byte, streams included) and requests in progress; vLLM's server exports the
     same families (prometheus-fastapi-instrumentator's names)."""
 
-    def __init__(self, triton_metrics_url: str | None) -> None:
+    def __init__(self, triton_metrics_url: str | None, model_names: Mapping[str, str] | None = None) -> None:
+        """model_names: Triton model name -> the name this frontend serves it under (the first
+        --served-model-name), for the vllm: families' model_name label."""
         self.triton_metrics_url = triton_metrics_url
+        self.model_names = dict(model_names or {})
         self.registry = CollectorRegistry()
         self.requests = Counter("http_requests_total", "HTTP requests answered, by route, method "
                                 "and status.", ["handler", "method", "status"], registry=self.registry)
@@ -103,7 +107,8 @@ class FrontendMetrics:
             # A comment, which scrapers skip: the frontend's own metrics still count.
             why = " ".join(f"{type(e).__name__}: {e}".split())  # one line
             return f"# Triton's metrics at {self.triton_metrics_url} were not reachable ({why})\n".encode()
-        return "".join(line + "\n" for line in text.splitlines() if _is_vllm(line)).encode()
+        return "".join(with_model_name(line, self.model_names) + "\n"
+                       for line in text.splitlines() if _is_vllm(line)).encode()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -116,3 +121,38 @@ def _is_vllm(line: str) -> bool:
         parts = line.split(" ", 3)
         return len(parts) > 2 and parts[1] in ("HELP", "TYPE") and parts[2].startswith("vllm:")
     return line.startswith("vllm:")
+
+
+_LABEL = re.compile(r'\s*([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def with_model_name(line: str, model_names: Mapping[str, str]) -> str:
+    """A sample line with vLLM's `model_name` label, which its dashboards select on: the name
+    this frontend serves the Triton model under (`model_names`), else Triton's model name.
+    Triton's labels (`model`, `version`, ...) stay; a model_name already there (Tritium sets
+    it to the Triton name) takes the served name. Other lines are returned as they are."""
+    brace = line.find("{")
+    if line.startswith("#") or brace < 0:
+        return line
+    labels, end = [], brace + 1
+    while (m := _LABEL.match(line, end)) is not None:
+        labels.append((m.group(1), m.group(2)))
+        end = m.end()
+    model = dict(labels).get("model")
+    if line[end:end + 1] != "}" or model is None:  # not a label set read whole, or no model
+        return line
+    name = model_names.get(_unescape(model))
+    value = model if name is None else _escape(name)
+    if any(k == "model_name" for k, _ in labels):
+        labels = [(k, value if k == "model_name" else v) for k, v in labels]
+    else:
+        labels.append(("model_name", value))
+    return line[:brace + 1] + ",".join(f'{k}="{v}"' for k, v in labels) + line[end:]
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

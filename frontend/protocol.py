@@ -1,13 +1,16 @@
 """The request bodies of /v1/chat/completions and /v1/completions (OpenAI's fields, plus vLLM's
 extra sampling parameters). Types are checked here; ranges are the engine's to check, so that
-its messages reach the client unchanged."""
+its messages reach the client unchanged; sizes (n, list lengths, prompt lengths) are bounded
+here first (frontend/limits.py), before anything is built from them."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from frontend.errors import OpenAIError, bad_request
+from frontend.limits import check_collection_sizes, check_values
+from frontend.refused_fields import CHAT_REFUSED, COMPLETION_REFUSED, refuse_unsupported
 
 
 class _Body(BaseModel):
@@ -59,10 +62,15 @@ class SamplingFields(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    guided_whitespace_pattern: str | None = None
     priority: int | None = None
     lora_name: str | None = None
     cache_salt: str | None = None  # vLLM's: prefix-cache isolation between tenants
+    best_of: int | None = None  # only equal to n: no more candidates are sampled than returned
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs (not streamed)
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs' tokens as "token_id:123"
+    request_id: str | None = None  # vLLM's: the response id is "chatcmpl-" / "cmpl-" and this
+    truncation_side: Literal["left", "right"] | None = None  # the engine keeps the last tokens
+    guided_decoding_backend: str | None = None
 
     @field_validator("n")
     @classmethod
@@ -156,6 +164,13 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's
+    echo: bool = False  # the reply starts with the last message's content, when roles match
+    include_reasoning: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    documents: list[dict[str, str]] | None = None  # for the chat template (RAG)
+    add_special_tokens: bool = False  # on top of the template's
+    refused_fields: ClassVar[dict[str, tuple]] = CHAT_REFUSED
 
     @field_validator("messages")
     @classmethod
@@ -169,18 +184,23 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS before a text prompt
+    response_format: ResponseFormat | None = None  # vLLM's, as chat's
+    refused_fields: ClassVar[dict[str, tuple]] = COMPLETION_REFUSED
 
 
 def parse_body(cls: type[_Body], body: Any) -> Any:
     """Validate a decoded JSON body; a failure is a 400 naming the first bad field."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    refuse_unsupported(body, getattr(cls, "refused_fields", {}))
+    check_collection_sizes(body)  # before validation builds an object per item
     try:
-        return cls.model_validate(body)
+        req = cls.model_validate(body)
     except ValidationError as e:
         raise _first_error(e) from None
+    check_values(req)  # before anything is built per choice
+    return req
 
 
 def _first_error(e: ValidationError) -> OpenAIError:

@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from frontend.errors import bad_request
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
 from frontend.tool_parsers.required import required_schema
 
 # Fields whose names and meanings are the same in OpenAI's API, vLLM's and the engine's.
@@ -23,6 +23,16 @@ def common_sampling(req: SamplingFields) -> dict[str, Any]:
     structured = _structured_outputs(req)
     if structured is not None:
         params["structured_outputs"] = structured
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request(f"best_of must equal n (sampling more candidates than returned is not "
+                          f"supported), got best_of={req.best_of}", "best_of")
+    if req.truncation_side == "right":
+        raise bad_request("truncation_side 'right' is not supported by this server: "
+                          "truncate_prompt_tokens keeps the prompt's last tokens", "truncation_side")
+    if req.prompt_logprobs is not None:
+        if req.stream:  # vLLM's words: a stream's chunks have no place for them
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        params["prompt_logprobs"] = req.prompt_logprobs
     return params
 
 
@@ -46,7 +56,11 @@ def chat_sampling(req: ChatCompletionRequest) -> dict[str, Any]:
                               "guided_*/structured_outputs fields", "response_format")
         # structured_outputs may still carry options (vLLM's disable_any_whitespace).
         params["structured_outputs"] = {**structured, **given}
-    return params
+    if req.echo and req.prompt_logprobs is None and not req.stream:
+        # vLLM's: echo asks for the prompt's logprobs (top_logprobs of them), which a
+        # non-streamed reply carries as prompt_logprobs.
+        params["prompt_logprobs"] = req.top_logprobs or 0
+    return _with_decoding_backend(params, req)
 
 
 _OPTIONS = {"disable_any_whitespace"}
@@ -56,15 +70,29 @@ def completion_sampling(req: CompletionRequest) -> dict[str, Any]:
     params = common_sampling(req)
     if req.max_tokens is not None:
         params["max_tokens"] = req.max_tokens
-    if req.best_of is not None and req.best_of != req.n:
-        raise bad_request(f"best_of must equal n (sampling more candidates than returned is not "
-                          f"supported), got best_of={req.best_of}", "best_of")
-    if req.suffix is not None:
-        raise bad_request("suffix is not supported", "suffix")
     if req.logprobs is not None:
         params["logprobs"] = req.logprobs
-        if req.echo:
+        if req.echo and req.prompt_logprobs is None:
             params["prompt_logprobs"] = req.logprobs
+    structured = format_structure(req.response_format)
+    if structured is not None:
+        given = params.get("structured_outputs") or {}
+        if set(given) - _OPTIONS:
+            raise bad_request("give response_format or the guided_*/structured_outputs fields, "
+                              "not both", "response_format")
+        params["structured_outputs"] = {**structured, **given}
+    return _with_decoding_backend(params, req)
+
+
+def _with_decoding_backend(params: dict[str, Any], req: SamplingFields) -> dict[str, Any]:
+    """vLLM's guided_decoding_backend: the engine has xgrammar only. Without a structured output
+    there is nothing for it to choose, as in vLLM."""
+    backend = req.guided_decoding_backend
+    if backend is not None and backend not in ("auto", "xgrammar"):
+        raise bad_request(f"guided_decoding_backend {backend!r} is not available: the engine uses "
+                          "xgrammar ('auto' or 'xgrammar')", "guided_decoding_backend")
+    if backend is not None and "structured_outputs" in params:
+        params["structured_outputs"] = {**params["structured_outputs"], "backend": backend}
     return params
 
 
@@ -98,6 +126,11 @@ def response_structure(req: ChatCompletionRequest) -> dict[str, Any] | None:
             return {"json": required_schema([t.function.model_dump(exclude_none=True) for t in req.tools])}
         except ValueError as e:
             raise bad_request(str(e), "tools") from None
+    return format_structure(fmt)
+
+
+def format_structure(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """structured_outputs for a response_format (json_object, json_schema), or None."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -124,6 +157,4 @@ def _structured_outputs(req: SamplingFields) -> dict[str, Any] | None:
             given["json"] = json.loads(given["json"])
         except json.JSONDecodeError as e:
             raise bad_request(f"guided_json is not valid JSON: {e}", "guided_json") from None
-    if req.guided_whitespace_pattern is not None:
-        raise bad_request("guided_whitespace_pattern is not supported", "guided_whitespace_pattern")
     return given

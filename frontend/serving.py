@@ -1,5 +1,6 @@
-"""What the chat and completions handlers share: request ids, server-sent events, watching for a
-client that went away, merging several generations, and the totals of a finished generation."""
+"""What the chat, completions and responses handlers share: request ids, the model a request
+names, server-sent events, watching for a client that went away, merging several generations, a
+generation's token counts as it streams, and the totals of a finished one."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,8 @@ from typing import Any, AsyncIterator, Awaitable, TypeVar
 from starlette.requests import Request
 
 from frontend.errors import OpenAIError
+from frontend.limits import check_max_tokens
+from frontend.model_registry import ModelRegistry, ServedModel
 from frontend.triton_gateway import Chunk
 
 T = TypeVar("T")
@@ -25,6 +28,18 @@ def sse(obj: dict[str, Any]) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+async def resolve_model(registry: ModelRegistry, req: Any,
+                        sampling: dict[str, Any]) -> tuple[ServedModel, dict[str, Any]]:
+    """The model a request's `model` names (a served name, or a LoRA adapter's: vLLM's way to
+    select it) and `sampling` with that adapter. `req.model` becomes the name the responses
+    report; max_tokens is checked against the model's max_model_len."""
+    target = await registry.resolve(req.model)
+    sampling = target.with_lora(sampling)
+    req.model = target.name
+    check_max_tokens(req, target.model.max_model_len)
+    return target.model, sampling
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
@@ -90,28 +105,56 @@ async def merge(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int,
 
 
 @dataclass
-class Totals:
+class TokenCounts:
+    """A generation's token counts, from its chunks as they come (each may repeat the prompt's)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None  # None where the model does not report it
+
+    def add(self, chunk: Chunk) -> None:
+        self.add_prompt(chunk)
+        self.completion_tokens += sum(chunk.num_output_tokens)
+
+    def add_prompt(self, chunk: Chunk | None) -> None:
+        """The prompt's counts alone: the first response holds them, so that what is sent
+        before its text can carry them."""
+        if chunk is None:
+            return
+        self.prompt_tokens = chunk.num_input_tokens or self.prompt_tokens
+        if chunk.num_cached_tokens is not None:
+            self.cached_tokens = chunk.num_cached_tokens
+
+    def usage(self) -> dict[str, Any]:
+        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    @staticmethod
+    def total(counts: list[TokenCounts]) -> TokenCounts:
+        """Several generations' counts together (cached tokens: None where none reports them)."""
+        cached = [c.cached_tokens for c in counts if c.cached_tokens is not None]
+        return TokenCounts(sum(c.prompt_tokens for c in counts), sum(c.completion_tokens for c in counts),
+                           sum(cached) if cached else None)
+
+
+@dataclass
+class Totals(TokenCounts):
     """One generation's samples, accumulated from its chunks."""
 
-    n: int
+    n: int = 1
     texts: list[list[str]] = field(default_factory=list)
     logprobs: list[list[dict]] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int | None = None
+    stop_reasons: list[int | str | None] = field(default_factory=list)
     prompt_logprobs: list | None = None
 
     def __post_init__(self) -> None:
         self.texts = [[] for _ in range(self.n)]
         self.logprobs = [[] for _ in range(self.n)]
         self.finish_reasons = [None] * self.n
+        self.stop_reasons = [None] * self.n
 
     def add(self, chunk: Chunk) -> None:
-        self.prompt_tokens = chunk.num_input_tokens or self.prompt_tokens
-        if chunk.num_cached_tokens is not None:
-            self.cached_tokens = chunk.num_cached_tokens
-        self.completion_tokens += sum(chunk.num_output_tokens)
+        super().add(chunk)
         if chunk.prompt_logprobs is not None:
             self.prompt_logprobs = chunk.prompt_logprobs
         for i, text in enumerate(chunk.texts):
@@ -120,13 +163,14 @@ class Totals:
                 self.logprobs[i] += chunk.logprobs[i]
             if chunk.finish_reasons[i] is not None:
                 self.finish_reasons[i] = chunk.finish_reasons[i]
+                self.stop_reasons[i] = chunk.stop_reasons[i] if chunk.stop_reasons else None
 
     def text(self, i: int) -> str:
         return "".join(self.texts[i])
 
 
 async def collect(stream: AsyncIterator[Chunk], n: int) -> Totals:
-    totals = Totals(n)
+    totals = Totals(n=n)
     async for chunk in stream:
         totals.add(chunk)
     return totals

@@ -17,6 +17,10 @@ from tritonclient.utils import InferenceServerException
 
 from frontend.errors import ERROR_DETAILS, OpenAIError, from_triton
 
+# The request parameter that asks a Tritium model to describe itself instead of generating
+# (backend/serving/triton_request.py's MODEL_INFO, a wire contract that tests/test_frontend_units.py checks).
+MODEL_INFO = "model_info"
+
 
 @dataclass
 class GenerationRequest:
@@ -29,6 +33,7 @@ class GenerationRequest:
     stream: bool
     logprobs: bool = False  # ask for the logprobs (and prompt_logprobs) outputs
     cached_tokens: bool = False  # ask for num_cached_tokens (a model whose config declares it)
+    stop_reason: bool = False  # ask for stop_reason (likewise)
 
 
 @dataclass
@@ -43,6 +48,9 @@ class Chunk:
     logprobs: list[list[dict[str, Any]] | None] | None = None
     prompt_logprobs: list[dict[str, Any] | None] | None = None
     num_cached_tokens: int | None = None  # prompt tokens from the prefix cache; None: not reported
+    # Per sample, the stop string or stop token id that ended it (None for EOS, length, or a
+    # model that does not report it).
+    stop_reasons: list[int | str | None] | None = None
 
 
 def _tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
@@ -62,6 +70,8 @@ def build_inputs(req: GenerationRequest) -> list[grpcclient.InferInput]:
         flags["return_logprobs"] = True
     if req.cached_tokens:
         flags["return_num_cached_tokens"] = True
+    if req.stop_reason:
+        flags["return_stop_reason"] = True
     inputs.append(_tensor("sampling_parameters",
                           np.array([json.dumps(req.sampling).encode("utf-8")], dtype=np.object_), "BYTES"))
     inputs += [_tensor(k, np.array([v], dtype=bool), "BOOL") for k, v in flags.items()]
@@ -100,7 +110,8 @@ def parse_chunk(response: Any) -> Chunk:
     logprobs = [json.loads(s) for s in outputs["logprobs"]] if "logprobs" in outputs else None
     prompt_logprobs = json.loads(outputs["prompt_logprobs"][0]) if "prompt_logprobs" in outputs else None
     cached = outputs["num_cached_tokens"][0] if "num_cached_tokens" in outputs else None
-    return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs, cached)
+    stop_reasons = [json.loads(s) for s in outputs["stop_reason"]] if "stop_reason" in outputs else None
+    return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs, cached, stop_reasons)
 
 
 # gRPC waits ever longer (up to two minutes) between attempts to reach a server that is down, and
@@ -168,6 +179,33 @@ class TritonGateway:
 
     async def model_config(self, model: str) -> dict[str, Any]:
         return (await self.client.get_model_config(model, as_json=True))["config"]
+
+    async def model_info(self, model: str) -> dict[str, Any]:
+        """A Tritium model's description, its one answer to a MODEL_INFO request: {"model": its
+        path, "max_model_len", "lora_modules": {adapter name: directory}}. A 503 when it gives none."""
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": model, "inputs": [_tensor("stream", np.array([False]), "BOOL")],
+                   "request_id": "model-info", "parameters": {MODEL_INFO: True}}
+            await finished.wait()
+
+        responses = self.client.stream_infer(requests())
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise OpenAIError(503, f"model '{model}' did not describe itself: "
+                                      f"{error.message() if hasattr(error, 'message') else error}")
+                response = result.get_response()
+                outputs = {o.name: _values(o.datatype, response.raw_output_contents[i])
+                           for i, o in enumerate(response.outputs)}
+                return json.loads(outputs["text_output"][0])
+            raise OpenAIError(503, f"model '{model}' did not describe itself: the stream ended")
+        except (InferenceServerException, grpc.RpcError, KeyError, IndexError, ValueError) as e:
+            raise OpenAIError(503, f"model '{model}' did not describe itself: {e}") from None
+        finally:
+            finished.set()
+            responses.cancel()
 
     async def refused(self, model: str, message: str) -> OpenAIError:
         """The OpenAI error for a stream error that is not the model's JSON: tritonserver's own

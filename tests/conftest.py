@@ -40,6 +40,34 @@ def chat_stack(tiny_model, tmp_path_factory):
     server.stop_in_background()
 
 
+@pytest.fixture(scope="session")
+def tool_stack(tmp_path_factory):
+    """One tritonserver serving the tiny tool models (scripts/build_tool_model.py), the
+    Hermes-format one as 'llm' and the Llama 3.1-format one as 'llama'; a frontend for each, with
+    its parser: (server, hermes frontend, llama frontend). Shared by the tool-calling tests of
+    chat and of /v1/responses."""
+    from frontend_server import start_frontend
+    from scripts import build_tool_model
+    auto = ("--enable-auto-tool-choice", "--tool-call-parser")
+    tmp = tmp_path_factory.mktemp("tools")
+    repo = str(tmp / "repo")
+    write_model_repository(repo, {"model": build_tool_model.ensure("hermes"), **TEST_ENGINE_ARGS})
+    write_model_repository(repo, {"model": build_tool_model.ensure("llama3_json"), **TEST_ENGINE_ARGS},
+                           name="llama")
+    server = start_server(repo, str(tmp / "tritonserver.log"))
+    frontends = []
+    try:
+        frontends.append(start_frontend(server.grpc_url, str(tmp / "hermes.log"), "--model", "llm",
+                                        *auto, "hermes", "--reasoning-parser", "qwen3"))
+        frontends.append(start_frontend(server.grpc_url, str(tmp / "llama.log"), "--model", "llama",
+                                        *auto, "llama3_json"))
+        yield server, *frontends
+    finally:
+        for frontend in frontends:
+            frontend.stop()
+        server.stop_in_background()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """On a failure, show the log of the server the test used."""

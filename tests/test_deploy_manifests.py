@@ -206,6 +206,8 @@ def test_hpa_scales_the_deployment_on_the_adapter_metric():
     assert rule["seriesQuery"].startswith(source + "{")
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
     assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    # The model publishes it: vLLM's metrics are off unless REPORT_CUSTOM_METRICS is true.
+    assert pbtxt_parameters(one(objects, "ConfigMap")["data"]["config.pbtxt"])["REPORT_CUSTOM_METRICS"] == "true"
 
 
 def test_pod_monitor_scrapes_the_metrics_port():

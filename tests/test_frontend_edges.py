@@ -259,8 +259,9 @@ def test_metrics_on_the_api_port(stack):
     assert delta == {"200": 2, "400": 1, "405": 1}
     count = ("http_request_duration_seconds_count", (("handler", CHAT_PATH), ("method", "POST")))
     assert after[count] - before.get(count, 0.0) == 3
-    # The engine's vllm: families, as Triton reports them (nothing runs meanwhile).
-    labels = {"model": "llm", "version": "1"}
+    # The engine's vllm: families, as Triton reports them (nothing runs meanwhile), with vLLM's
+    # model_name label.
+    labels = {"model": "llm", "model_name": "llm", "version": "1"}
     key = ("vllm:generation_tokens_total", tuple(sorted(labels.items())))
     assert after[key] == server.metric("vllm:generation_tokens_total", **labels) > 0
     names = {family.name for family in text_string_to_metric_families(r.text)}

@@ -51,7 +51,7 @@ BAD = [
      "logit_bias: the bias of token 5 must be in [-100, 100], got 101.0"),
     ("comp", {**COMP, "n": 65}, 400, "n", "n=65 is larger than max_num_seqs=64."),
     ("comp", {**COMP, "n": 0}, 400, "n", "n: n must be at least 1, got 0"),
-    ("chat", {**CHAT, "model": "gpt-4"}, 404, "model", "The model 'gpt-4' does not exist."),
+    ("chat", {**CHAT, "model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist."),
     ("chat", '{"model": "llm", "messages": [', 400, None,
      "the request body is not valid JSON: Expecting value: line 1 column 31 (char 30)"),
     ("chat", {**CHAT, "max_tokens": "many"}, 400, "max_tokens",

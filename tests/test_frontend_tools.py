@@ -8,35 +8,13 @@ import json
 import pytest
 from openai import OpenAI
 
-from frontend_server import start_frontend
-from scripts import build_tool_model
 from scripts import tool_chat_formats as tm
-from triton_server import TEST_ENGINE_ARGS, start_server, write_model_repository
-
-AUTO = ("--enable-auto-tool-choice", "--tool-call-parser")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """One tritonserver serving the Hermes-format model as 'llm' and the Llama 3.1-format one as
-    'llama'; a frontend for each, with its parser."""
-    tmp = tmp_path_factory.mktemp("tools")
-    repo = str(tmp / "repo")
-    write_model_repository(repo, {"model": build_tool_model.ensure("hermes"), **TEST_ENGINE_ARGS})
-    write_model_repository(repo, {"model": build_tool_model.ensure("llama3_json"), **TEST_ENGINE_ARGS},
-                           name="llama")
-    server = start_server(repo, str(tmp / "tritonserver.log"))
-    frontends = []
-    try:
-        frontends.append(start_frontend(server.grpc_url, str(tmp / "hermes.log"), "--model", "llm",
-                                        *AUTO, "hermes", "--reasoning-parser", "qwen3"))
-        frontends.append(start_frontend(server.grpc_url, str(tmp / "llama.log"), "--model", "llama",
-                                        *AUTO, "llama3_json"))
-        yield server, *frontends
-    finally:
-        for frontend in frontends:
-            frontend.stop()
-        server.stop_in_background()
+def stack(tool_stack):
+    """tests/conftest.py's tool_stack (shared with tests/test_frontend_responses.py)."""
+    return tool_stack
 
 
 @pytest.fixture(scope="module")

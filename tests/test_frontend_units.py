@@ -265,6 +265,42 @@ def test_metrics_pass_only_the_vllm_families_and_find_triton():
     assert default_triton_metrics_url("[::1]:8001") == "http://[::1]:8002/metrics"
 
 
+def test_vllm_samples_get_the_model_name_label_of_the_served_name():
+    from frontend.metrics import with_model_name
+
+    names = {"llm": "meta-llama/Llama-3.1-8B"}
+    assert [with_model_name(line, names) for line in (
+        'vllm:num_requests_running{model="llm",version="1"} 0',
+        'vllm:e2e_request_latency_seconds_bucket{le="0.5",model="llm",model_name="llm",version="1"} 3',
+        'vllm:lora_requests_info{max_lora="2",model="llm",running_lora_adapters="a,b}",version="1"} 1.7e+09',
+        'vllm:num_requests_waiting{model="other\\"q",version="1"} 2',
+        'vllm:no_labels 3', 'vllm:no_model{position="0"} 1', '# HELP vllm:x {model="llm"}')] == [
+        'vllm:num_requests_running{model="llm",version="1",model_name="meta-llama/Llama-3.1-8B"} 0',
+        'vllm:e2e_request_latency_seconds_bucket{le="0.5",model="llm",model_name="meta-llama/Llama-3.1-8B",version="1"} 3',
+        'vllm:lora_requests_info{max_lora="2",model="llm",running_lora_adapters="a,b}",version="1",'
+        'model_name="meta-llama/Llama-3.1-8B"} 1.7e+09',
+        'vllm:num_requests_waiting{model="other\\"q",version="1",model_name="other\\"q"} 2',
+        'vllm:no_labels 3', 'vllm:no_model{position="0"} 1', '# HELP vllm:x {model="llm"}']
+
+
+def test_the_frontend_speaks_the_models_info_contract():
+    from backend.serving.triton_request import MODEL_INFO as BACKEND_MODEL_INFO
+    from frontend.triton_gateway import MODEL_INFO
+
+    assert MODEL_INFO == BACKEND_MODEL_INFO
+
+
+def test_served_model_names_need_one_triton_model():
+    from frontend.cli import config_from, parse_args
+
+    config = config_from(parse_args(["--model", "llm", "--served-model-name", "org/m", "m"]))
+    assert (config.models, config.served_model_names) == (("llm",), ("org/m", "m"))
+    for argv in (["--served-model-name", "org/m"], ["--model", "a", "--model", "b", "--served-model-name", "m"]):
+        with pytest.raises(SystemExit, match=r"^python -m frontend: --served-model-name names one Triton "
+                                             r"model: give it with one --model \(got [02]\)$"):
+            config_from(parse_args(argv))
+
+
 def test_stream_options_need_stream_and_content_parts_must_be_text():
     with pytest.raises(OpenAIError, match="Stream options can only be defined when `stream=True`."):
         chat(stream_options={"include_usage": True})

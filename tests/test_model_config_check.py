@@ -53,12 +53,13 @@ def test_the_current_vllm_sample_is_completed():
         "exclude_input_in_output": ("TYPE_BOOL", [1]), "return_finish_reason": ("TYPE_BOOL", [1]),
         "return_cumulative_logprob": ("TYPE_BOOL", [1]), "return_logprobs": ("TYPE_BOOL", [1]),
         "return_num_input_tokens": ("TYPE_BOOL", [1]), "return_num_output_tokens": ("TYPE_BOOL", [1]),
-        "return_num_cached_tokens": ("TYPE_BOOL", [1])}
+        "return_num_cached_tokens": ("TYPE_BOOL", [1]), "return_stop_reason": ("TYPE_BOOL", [1])}
     assert {t["name"]: (t["data_type"], t["dims"]) for t in done["output"]} == {
         "text_output": ("TYPE_STRING", [-1]), "finish_reason": ("TYPE_STRING", [-1]),
         "cumulative_logprob": ("TYPE_FP32", [-1]), "logprobs": ("TYPE_STRING", [-1]),
         "prompt_logprobs": ("TYPE_STRING", [-1]), "num_input_tokens": ("TYPE_UINT32", [1]),
-        "num_output_tokens": ("TYPE_UINT32", [-1]), "num_cached_tokens": ("TYPE_UINT32", [1])}
+        "num_output_tokens": ("TYPE_UINT32", [-1]), "num_cached_tokens": ("TYPE_UINT32", [1]),
+        "stop_reason": ("TYPE_STRING", [-1])}
     assert done["model_transaction_policy"] == {"decoupled": True} and done["max_batch_size"] == 0
     assert check_model_config(done) == []  # what initialize() then gets passes its check
 
@@ -119,7 +120,7 @@ def test_the_projects_own_configuration_declares_what_auto_complete_would():
      "input 'image': Tritium does not read it, and the configuration makes every request carry it; "
      "valid inputs: text_input, input_ids, stream, sampling_parameters, exclude_input_in_output, "
      "return_finish_reason, return_cumulative_logprob, return_logprobs, return_num_input_tokens, "
-     "return_num_output_tokens, return_num_cached_tokens."),
+     "return_num_output_tokens, return_num_cached_tokens, return_stop_reason."),
     ({"output": [{"name": "num_output_tokens", "data_type": "TYPE_INT32", "dims": [-1]}]},
      "output 'num_output_tokens': data_type must be TYPE_UINT32, got TYPE_INT32."),
 ])

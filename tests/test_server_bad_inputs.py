@@ -46,7 +46,7 @@ BAD_GRPC = [  # (inputs, the exact error message)
     (grpc_inputs("x", sampling={"logit_bias": {"999999": 5}}),
      "logit_bias: token id 999999 is out of vocabulary (valid ids are 0 to 511)."),
     (grpc_inputs("x", stream=True, exclude_input_in_output=False),
-     "When streaming, `exclude_input_in_output` = False is not allowed. A stream sends only the new text."),
+     "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."),
     (grpc_inputs("x", sampling={"priority": "high"}), "priority must be an integer, got 'high'."),
     (grpc_inputs("x", sampling={"guided_decoding": {"regex": "[0-9"}}),
      "structured_outputs: invalid regex: Regex parsing error at position 5: Unclosed '['"),

@@ -130,14 +130,92 @@ def test_unknown_adapter_is_a_clear_error(lora_setup, offline):
     finally:
         stream.close()
     assert status == 400
-    # The vLLM backend's words, then Tritium's.
-    assert json.loads(body)["error"] == ("LoRA sql is not supported, we currently support ['attn', 'mlp']. "
-                                         "lora_name must name one of the model's adapters.")
+    # The vLLM backend's message whole; Tritium's hint goes to the log, after the vLLM backend's line.
+    assert json.loads(body)["error"] == "LoRA sql is not supported, we currently support ['attn', 'mlp']"
+    assert "[vllm] LoRA sql not found. tritium: lora_name must name one of the model's adapters" in \
+        open(server.log_path, encoding="utf-8").read()
 
 
-def test_an_adapter_added_to_multi_lora_json_is_served_after_a_reload(lora_setup, offline):
+@pytest.fixture(scope="module")
+def lora_frontend(lora_setup, tmp_path_factory):
+    """The OpenAI frontend in front of this server, serving its model under vLLM's
+    --served-model-name names (an org/model name first, as Hub ids are)."""
+    from frontend_server import start_frontend
+    server, _ = lora_setup
+    fe = start_frontend(server.grpc_url, str(tmp_path_factory.mktemp("lora_frontend") / "frontend.log"),
+                        "--model", "llm", "--served-model-name", "org/tiny-base", "tiny",
+                        "--triton-metrics", f"http://127.0.0.1:{server.metrics_port}/metrics")
+    yield fe
+    fe.stop()
+
+
+def _cards(url: str) -> list[tuple]:
+    """/v1/models' cards as (id, root, parent, max_model_len)."""
+    status, body = http_request(url + "/v1/models")
+    assert status == 200, body
+    return [(c["id"], c["root"], c["parent"], c["max_model_len"]) for c in json.loads(body)["data"]]
+
+
+def _complete(url: str, model: str, **fields) -> tuple[int, dict]:
+    status, body = http_request(url + "/v1/completions", {"model": model, "prompt": PROMPT, "temperature": 0,
+                                                         "max_tokens": MAX_TOKENS, **fields}, timeout=120)
+    return status, json.loads(body)
+
+
+def test_the_openai_frontend_serves_the_adapters_as_models(tiny_model, lora_setup, lora_frontend, offline):
+    """As vLLM: each served name and each adapter is a model of /v1/models (an adapter's parent
+    the first served name), and `model: "<adapter>"` selects the adapter as lora_name does."""
+    _, adapters = lora_setup
+    url = lora_frontend.url
+    assert _cards(url) == [("org/tiny-base", tiny_model, None, 1024), ("tiny", tiny_model, None, 1024),
+                           ("attn", adapters["attn"], "org/tiny-base", 1024),
+                           ("mlp", adapters["mlp"], "org/tiny-base", 1024)]
+    status, body = http_request(url + "/v1/models/org/tiny-base")
+    assert status == 200 and json.loads(body)["id"] == "org/tiny-base"
+    for model, reported, adapter in (("attn", "attn", "attn"), ("tiny", "org/tiny-base", None),
+                                     ("org/tiny-base", "org/tiny-base", None), ("mlp", "mlp", "mlp")):
+        status, r = _complete(url, model)
+        assert status == 200, r
+        assert (r["model"], r["choices"][0]["text"]) == (reported, offline[adapter]), model
+    status, r = _complete(url, "tiny", lora_name="mlp")  # the lora_name field still works
+    assert (status, r["choices"][0]["text"]) == (200, offline["mlp"])
+    # The Triton model's own name is not one of the served names (as vLLM's model path is not).
+    assert _complete(url, "llm") == (404, {"error": {"message": "The model `llm` does not exist.", "type":
+                                                     "not_found_error", "param": "model", "code": "model_not_found"}})
+    status, r = _complete(url, "attn", lora_name="mlp")
+    assert (status, r["error"]["message"], r["error"]["param"]) == (
+        400, "model names the LoRA adapter 'attn' and lora_name names 'mlp': give one", "lora_name")
+    # The vllm: families carry vLLM's model_name label: the served name, Triton's labels kept.
+    status, text = http_request(url + "/metrics")
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+    assert running == ['vllm:num_requests_running{model="llm",model_name="org/tiny-base",version="1"} 0']
+
+
+def test_responses_take_the_served_names_and_adapters_as_chat_does(lora_frontend):
+    """/v1/responses is prepared by the chat path: a served name or an adapter's is its model,
+    the adapter applied (each reply is chat's for the same model, and the three differ)."""
+    url, replies, max_tokens = lora_frontend.url, {}, 6
+    for model, reported in (("attn", "attn"), ("tiny", "org/tiny-base"), ("mlp", "mlp")):
+        status, body = http_request(url + "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+            "max_tokens": max_tokens}, timeout=120)
+        assert status == 200, body
+        replies[model] = json.loads(body)["choices"][0]["message"]["content"]
+        status, body = http_request(url + "/v1/responses", {"model": model, "input": PROMPT, "temperature": 0,
+                                                             "max_output_tokens": max_tokens}, timeout=120)
+        assert status == 200, body
+        r = json.loads(body)
+        assert (r["model"], [part["text"] for item in r["output"] for part in item["content"]]) == \
+            (reported, [replies[model]]), model
+    assert len(set(replies.values())) == 3
+    status, body = http_request(url + "/v1/responses", {"model": "llm", "input": PROMPT})
+    assert (status, json.loads(body)["error"]["message"]) == (404, "The model `llm` does not exist.")
+
+
+def test_an_adapter_added_to_multi_lora_json_is_served_after_a_reload(lora_setup, offline, lora_frontend):
     """How an operator adds an adapter without restarting the server: edit multi_lora.json,
-    then load the model again (explicit mode; poll mode reloads by itself)."""
+    then load the model again (explicit mode; poll mode reloads by itself). The OpenAI frontend
+    lists it and serves it then, without a restart either."""
     server, adapters = lora_setup
     body = {"text_input": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "lora_name": "attn2",
             "exclude_input_in_output": True}
@@ -153,4 +231,7 @@ def test_an_adapter_added_to_multi_lora_json_is_served_after_a_reload(lora_setup
     status, text = http_request(f"{server.http_url}/v2/models/llm/generate", body)
     assert status == 200, text
     assert json.loads(text)["text_output"] == offline["attn"]
+    status, r = _complete(lora_frontend.url, "attn2")  # an unknown name: the model is asked again
+    assert (status, r["model"], r["choices"][0]["text"]) == (200, "attn2", offline["attn"])
+    assert [card[0] for card in _cards(lora_frontend.url)] == ["org/tiny-base", "tiny", "attn", "mlp", "attn2"]
 

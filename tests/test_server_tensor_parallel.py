@@ -1,5 +1,6 @@
-"""tensor_parallel_size through the real tritonserver (CPU, gloo): the same greedy text as one
-rank; a rank killed while requests stream ends each of them once with an error, and an
+"""tensor_parallel_size through the real tritonserver (CPU, gloo), set as the vLLM backend's
+multi-GPU CI sets it (1/model.json, "distributed_executor_backend": "ray"): the same greedy text
+as one rank; a rank killed while requests stream ends each of them once with an error, and an
 unload/load serves again with no tensor-parallel process left behind."""
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def gqa_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def tp_server(gqa_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tp_server")
-    repo = write_model_repository(str(tmp / "repo"), {"model": gqa_model, **TEST_ENGINE_ARGS,
-                                                      "tensor_parallel_size": "2"})
+    repo = write_model_repository(str(tmp / "repo"), {"model": gqa_model, **TEST_ENGINE_ARGS})
+    with open(tmp / "repo" / "llm" / "1" / "model.json", "w", encoding="utf-8") as f:
+        json.dump({"tensor_parallel_size": 2, "distributed_executor_backend": "ray"}, f)
     server = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
                           "--load-model=llm")
     yield server
@@ -75,6 +77,13 @@ def test_greedy_text_matches_one_rank(tp_server, gqa_model):
     want = [o.outputs[0].text for o in llm.generate(
         PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))]
     assert [_generate(tp_server, p) for p in PROMPTS] == want
+
+
+def test_ray_runs_the_ranks_as_tritiums_processes(tp_server):
+    with open(tp_server.log_path, encoding="utf-8") as f:
+        assert ("tritium: distributed_executor_backend=ray: the 2 tensor-parallel ranks run as Tritium's own "
+                "processes on this host ('mp'), not as Ray workers") in f.read()
+    assert len(_tp_workers(tp_server.proc.pid)) == 1  # rank 1; rank 0 is the engine's process
 
 
 def test_killed_rank_fails_streams_once_and_reload_serves(tp_server):

@@ -1,9 +1,10 @@
 """Tritium as a drop-in for Triton's vLLM backend, tried as its CI tries it: its current sample model
 repository (a config.pbtxt of only `backend` and `instance_group`, which the backend auto-completes,
 and 1/model.json; `backend: "vllm"` changed to "tritium" and the model path to the tiny model) and
-its older, fully spelled-out sample, its config keys, load/unload, invalid engine arguments, models
-and configurations, its messages, Hugging Face's greedy tokens, per-token TPOT, metrics current at
-the final response, the health check."""
+its older, fully spelled-out sample, its config keys (REPORT_CUSTOM_METRICS off unless "true"),
+load/unload, invalid engine arguments, models and configurations, its messages word for word,
+Hugging Face's greedy tokens, per-token TPOT, metrics current at the final response, the health
+check."""
 import json
 import os
 import re
@@ -28,19 +29,72 @@ instance_group [
   }
 ]
 """
-# Its older sample, which spelled out what the backend now fills in.
-OLDER_SAMPLE_CONFIG = """
-backend: "tritium"
-max_batch_size: 0
-model_transaction_policy { decoupled: True }
-input [
-  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
-  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] },
-  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }
-]
-output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
-instance_group [ { count: 1 kind: KIND_MODEL } ]
+# What its metrics CI (ci/L0_backend_vllm/metrics_test/test.sh) appends to the sample's
+# config.pbtxt to turn the vllm: metrics on; without it they are off.
+REPORT_CUSTOM_METRICS_TRUE = """
+parameters: {
+  key: "REPORT_CUSTOM_METRICS"
+  value: {
+    string_value: "true"
+  }
+}
 """
+# Its older sample (before 0e5b209, Nov 2023), which spelled out what the backend now fills in,
+# verbatim but for the backend's name and the license header; and its model.json of then.
+OLDER_SAMPLE_CONFIG = """
+# Note: You do not need to change any fields in this configuration.
+
+backend: "tritium"
+
+# Disabling batching in Triton, let vLLM handle the batching on its own.
+max_batch_size: 0
+
+# We need to use decoupled transaction policy for saturating
+# vLLM engine for max throughtput.
+# TODO [DLIS:5233]: Allow asynchronous execution to lift this
+# restriction for cases there is exactly a single response to
+# a single request.
+model_transaction_policy {
+  decoupled: True
+}
+# Note: The vLLM backend uses the following input and output names.
+# Any change here needs to also be made in model.py
+input [
+  {
+    name: "text_input"
+    data_type: TYPE_STRING
+    dims: [ 1 ]
+  },
+  {
+    name: "stream"
+    data_type: TYPE_BOOL
+    dims: [ 1 ]
+  },
+  {
+    name: "sampling_parameters"
+    data_type: TYPE_STRING
+    dims: [ 1 ]
+    optional: true
+  }
+]
+
+output [
+  {
+    name: "text_output"
+    data_type: TYPE_STRING
+    dims: [ -1 ]
+  }
+]
+
+# The usage of device is deferred to the vLLM engine
+instance_group [
+  {
+    count: 1
+    kind: KIND_MODEL
+  }
+]
+"""
+OLDER_SAMPLE_MODEL_JSON = {"model": "facebook/opt-125m", "disable_log_requests": "true", "gpu_memory_utilization": 0.5}
 PROMPTS = ["The most dangerous animal is", "The capital of France is", "The future of AI is"]
 
 
@@ -60,13 +114,11 @@ def server(tiny_model, tmp_path_factory):
     repo = str(tmp / "repo")
     # The current sample's model.json: only "model" changed (facebook/opt-125m -> the tiny model).
     sample = {"model": tiny_model, "gpu_memory_utilization": 0.1, "enforce_eager": True}
-    _model(repo, "vllm_model", sample)
+    _model(repo, "vllm_model", sample, config=SAMPLE_CONFIG + REPORT_CUSTOM_METRICS_TRUE)
     # The older sample, config.pbtxt and model.json.
-    _model(repo, "vllm_older", {"model": tiny_model, "disable_log_requests": True, "gpu_memory_utilization": 0.5,
-                                "enforce_eager": True, "disable_log_stats": False}, config=OLDER_SAMPLE_CONFIG)
-    # The vLLM backend's config keys that used to stop the load.
-    _model(repo, "vllm_no_metrics", {**sample, "max_model_len": 512},
-           parameters={"REPORT_CUSTOM_METRICS": "false", "ENABLE_VLLM_HEALTH_CHECK": "true"})
+    _model(repo, "vllm_older", {**OLDER_SAMPLE_MODEL_JSON, "model": tiny_model}, config=OLDER_SAMPLE_CONFIG)
+    # The vLLM backend's config keys that used to stop the load; REPORT_CUSTOM_METRICS unset.
+    _model(repo, "vllm_no_metrics", {**sample, "max_model_len": 512}, parameters={"ENABLE_VLLM_HEALTH_CHECK": "true"})
     _model(repo, "vllm_invalid_1", {**sample, "invalid_attribute": True})
     _model(repo, "vllm_invalid_2", {**sample, "model": "./no/such/model"})
     _model(repo, "vllm_conflict", sample, parameters={"enforce_eager": "false"})
@@ -226,18 +278,27 @@ def test_tpot_counts_output_tokens_and_metrics_are_current_at_the_last_response(
         prompt_tokens + 96
 
 
-def test_report_custom_metrics_false_turns_them_off(server):
+def test_report_custom_metrics_unset_leaves_them_off(server):
+    """As the vLLM backend's metrics CI: none without REPORT_CUSTOM_METRICS, on with "true"."""
     assert _generate(server, "vllm_no_metrics", PROMPTS[0], max_tokens=4)[0] == 200
     assert not re.search(r'^vllm:\w+\{[^}]*model="vllm_no_metrics"', server.metrics(), re.M)
     assert _metric(server, "vllm:num_requests_running") == 0  # the other model's are there
 
 
 def test_messages_are_the_vllm_backends(server):
+    """Whole, as its CI compares them (multi_lora_test.py, enabled_stream_test.py); Tritium's
+    hint is in the log, after the vLLM backend's line."""
     status, body = _generate(server, "vllm_model", PROMPTS[0], max_tokens=4, lora_name="doll")
-    assert status == 400 and body["error"].startswith("LoRA feature is not enabled."), body
-    status, text = http_request(f"{server.http_url}/v2/models/vllm_model/generate_stream",
-                                {"text_input": PROMPTS[0], "stream": True, "exclude_input_in_output": False})
-    assert "When streaming, `exclude_input_in_output` = False is not allowed." in text, text
+    assert status == 400 and body["error"] == "LoRA feature is not enabled.", body
+    assert "[vllm] LoRA is not enabled, please restart the backend with LoRA enabled. tritium: set enable_lora" \
+        in open(server.log_path, encoding="utf-8").read()
+    stream = StreamCollector(server.grpc_url)
+    try:
+        stream.send("0", grpc_inputs(PROMPTS[0], stream=True, exclude_input_in_output=False), model="vllm_model")
+        assert stream.next_error() == \
+            "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
+    finally:
+        stream.close()
 
 
 def test_cancellation_logs_the_vllm_backends_lines(server):

@@ -24,7 +24,8 @@ def test_defaults_match_the_vllm_backend():
     assert (r.stream, r.exclude_input_in_output) == (False, False)
     assert not any(getattr(r, f) for f in ("return_finish_reason", "return_cumulative_logprob",
                                             "return_logprobs", "return_num_input_tokens",
-                                            "return_num_output_tokens", "return_num_cached_tokens"))
+                                            "return_num_output_tokens", "return_num_cached_tokens",
+                                            "return_stop_reason"))
     streaming = parse_request({"text_input": s("Hello"), "stream": b(True)})
     assert (streaming.stream, streaming.exclude_input_in_output) == (True, True)
 
@@ -115,7 +116,7 @@ def test_input_ids_prompt():
     ({"text_input": s("x"), "sampling_parameters": s('{"top_p": 0}')}, None,
      "top_p must be in (0, 1], got 0.0."),
     ({"text_input": s("x"), "stream": b(True), "exclude_input_in_output": b(False)}, None,
-     "When streaming, `exclude_input_in_output` = False is not allowed. A stream sends only the new text."),
+     "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."),
     ({"text_input": s("x"), "stream": np.array([1], dtype=np.int32)}, None,
      "stream must be a BOOL tensor, got int32."),
     ({"text_input": s("x")}, "{not json", "request parameters are not valid JSON: "
@@ -126,7 +127,7 @@ def test_input_ids_prompt():
     ({"text_input": s("x"), "image": s("x")}, None, "unexpected input 'image'. Valid inputs: text_input, "
      "input_ids, sampling_parameters, stream, exclude_input_in_output, return_finish_reason, "
      "return_cumulative_logprob, return_logprobs, return_num_input_tokens, return_num_output_tokens, "
-     "return_num_cached_tokens."),
+     "return_num_cached_tokens, return_stop_reason."),
 ])
 def test_bad_requests_raise_clear_errors(inputs, parameters, message):
     with pytest.raises(ValueError) as e:
@@ -196,6 +197,26 @@ def test_num_cached_tokens_only_when_asked_for():
     assert whole.add(cached(16, "stop")).outputs["num_cached_tokens"].tolist() == [16]
     plain = ResponseBuilder(parse_request({"text_input": s("Hi"), "stream": b(True)}))
     assert "num_cached_tokens" not in plain.add(cached(32, "stop")).outputs
+
+
+def test_stop_reason_only_when_asked_for():
+    """vLLM's stop_reason per sample, as JSON: the stop string or stop token id that ended it,
+    null while running and for EOS or length; a request that does not ask gets no such output."""
+    def stopped(reasons: list[int | str | None], finish: list[str | None]) -> RequestOutput:
+        outs = [CompletionOutput(i, "a", [7], None, None, f, r) for i, (r, f) in enumerate(zip(reasons, finish))]
+        return RequestOutput("0", "Hi", [1, 2], outs, finished=all(f is not None for f in finish))
+
+    req = parse_request({"text_input": s("Hi"), "stream": b(True), "return_stop_reason": b(True),
+                         "sampling_parameters": s('{"n": 3}')})
+    builder = ResponseBuilder(req)
+    running = builder.add(stopped([None, None, None], [None, None, None]))
+    assert _texts(running.outputs["stop_reason"]) == ["null", "null", "null"]
+    done = builder.add(stopped(["\n\n", 42, None], ["stop", "stop", "length"]))
+    assert [json.loads(v) for v in _texts(done.outputs["stop_reason"])] == ["\n\n", 42, None]
+    whole = ResponseBuilder(parse_request({"text_input": s("Hi"), "return_stop_reason": b(True)}))
+    assert _texts(whole.add(stopped(["END"], ["stop"])).outputs["stop_reason"]) == ['"END"']
+    plain = ResponseBuilder(parse_request({"text_input": s("Hi"), "stream": b(True)}))
+    assert "stop_reason" not in plain.add(stopped(["END"], ["stop"])).outputs
 
 
 def test_n_samples_and_logprobs_in_the_vllm_backend_format():
@@ -333,3 +354,19 @@ def test_structured_outputs_arrive_under_either_name():
     with pytest.raises(ValueError) as info:
         parse_request({"text_input": s("x")}, {"guided_decoding": "[1]"})
     assert str(info.value) == "sampling parameter 'guided_decoding' must be a JSON object, got [1]."
+
+
+def test_a_model_info_request_is_answered_with_the_models_description():
+    from backend.serving.triton_request import model_info_asked, model_info_outputs
+
+    assert [model_info_asked(p) for p in ({"model_info": True}, '{"model_info": "true"}', {"model_info": False},
+                                          '{"return_error_details": true}', None, "not json")] == [
+        True, True, False, False, False, False]
+    from types import SimpleNamespace as NS
+    outputs = model_info_outputs(NS(model="/models/llama", enable_lora=True, lora_modules={"sql": "/loras/sql"}),
+                                 NS(max_model_len=4096))
+    assert list(outputs) == ["text_output"] and outputs["text_output"].dtype == np.object_
+    assert json.loads(outputs["text_output"][0]) == {"model": "/models/llama", "max_model_len": 4096,
+                                                     "lora_modules": {"sql": "/loras/sql"}}
+    without_lora = NS(model="/m", enable_lora=False, lora_modules={"sql": "/loras/sql"})
+    assert json.loads(model_info_outputs(without_lora, NS(max_model_len=8))["text_output"][0])["lora_modules"] == {}

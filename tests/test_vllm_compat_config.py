@@ -31,7 +31,7 @@ def test_the_vllm_backend_sample_model_json(repo):
     cfg = serving_config({}, str(root), str(version))
     args = cfg.engine_args
     assert (args.model, args.gpu_memory_utilization, args.enforce_eager) == (str(root / "m"), 0.5, True)
-    assert cfg.report_metrics and not cfg.health_check
+    assert not cfg.report_metrics and not cfg.health_check  # off unless set true, as in the vLLM backend
     assert cfg.notes == [
         "tritium: ignoring vLLM engine argument disable_log_requests=true: Tritium does not log requests",
         "tritium: ignoring vLLM engine argument disable_log_stats=false: Tritium logs no periodic "
@@ -56,7 +56,9 @@ def test_model_json_beside_parameters(repo):
 def test_the_vllm_backend_config_keys(repo):
     root, version = repo
     base = {"model": str(root / "m")}
+    assert not serving_config(base, str(root)).report_metrics  # unset: off, as in the vLLM backend
     assert serving_config({**base, "REPORT_CUSTOM_METRICS": "true"}, str(root)).report_metrics
+    assert serving_config({**base, "REPORT_CUSTOM_METRICS": "True"}, str(root)).report_metrics
     assert not serving_config({**base, "REPORT_CUSTOM_METRICS": "false"}, str(root)).report_metrics
     assert not serving_config({**base, "disable_log_stats": "true"}, str(root)).report_metrics
     assert serving_config({**base, "ENABLE_VLLM_HEALTH_CHECK": "true"}, str(root)).health_check
@@ -89,12 +91,65 @@ def test_unimplemented_vllm_arguments(repo):
 
 
 def test_lora_messages_are_the_vllm_backends():
-    check_lora(None, None)
-    check_lora("doll", ["doll", "sheep"])
-    with pytest.raises(ValueError, match=r"^LoRA feature is not enabled\. This model serves no LoRA adapters"):
-        check_lora("doll", None)
-    with pytest.raises(ValueError, match=r"^LoRA cat is not supported, we currently support \['doll', 'sheep'\]\. "):
-        check_lora("cat", ["doll", "sheep"])
+    """Its messages whole (its multi-LoRA CI compares them with assertEqual); its log lines, with
+    Tritium's hint after them."""
+    log: list[str] = []
+    check_lora(None, None, log.append)
+    check_lora("doll", ["doll", "sheep"], log.append)
+    assert log == []
+    with pytest.raises(ValueError) as info:
+        check_lora("doll", None, log.append)
+    assert str(info.value) == "LoRA feature is not enabled."
+    with pytest.raises(ValueError) as info:
+        check_lora("bactrian", ["doll", "sheep"], log.append)
+    assert str(info.value) == "LoRA bactrian is not supported, we currently support ['doll', 'sheep']"
+    assert log == [
+        "[vllm] LoRA is not enabled, please restart the backend with LoRA enabled. tritium: set enable_lora "
+        "and list the adapters in 1/multi_lora.json (or a lora_modules parameter), then load the model again.",
+        "[vllm] LoRA bactrian not found. tritium: lora_name must name one of the model's adapters "
+        "['doll', 'sheep']; to serve another, add it to 1/multi_lora.json and load the model again."]
+
+
+def test_ray_runs_the_ranks_as_tritiums_processes(repo):
+    """The vLLM backend's multi-LoRA CI model (ci/L0_multi_gpu_vllm/multi_lora/test.sh), its
+    1/model.json and 1/multi_lora.json verbatim: "ray" loads, as Tritium's default executor for
+    the ranks, with a log line; the adapters are served in multi_lora.json's order."""
+    root, version = repo
+    for d in ("backbone/gemma-2b", "loras/GemmaDoll", "loras/GemmaSheep"):
+        os.makedirs(root / "weights" / d)
+    (root / "weights" / "backbone" / "gemma-2b" / "config.json").write_text("{}", encoding="utf-8")
+    (version / "model.json").write_text('''{
+    "model":"./weights/backbone/gemma-2b",
+    "gpu_memory_utilization": 0.7,
+    "tensor_parallel_size": 2,
+    "block_size": 16,
+    "enforce_eager": true,
+    "enable_lora": true,
+    "max_lora_rank": 32,
+    "distributed_executor_backend":"ray"
+}
+''', encoding="utf-8")
+    (version / "multi_lora.json").write_text('''{
+    "doll": "./weights/loras/GemmaDoll",
+    "sheep": "./weights/loras/GemmaSheep"
+}
+''', encoding="utf-8")
+    cfg = serving_config({}, "/nonexistent", str(version), cwd=str(root))
+    args = cfg.engine_args
+    assert (args.tensor_parallel_size, args.distributed_executor_backend) == (2, None)  # None: "mp" for 2
+    assert cfg.notes == ["tritium: distributed_executor_backend=ray: the 2 tensor-parallel ranks run as "
+                         "Tritium's own processes on this host ('mp'), not as Ray workers"]
+    assert list(args.lora_modules) == ["doll", "sheep"]
+    # One rank (the vLLM backend's CI adds "ray" only from 2; a user may at 1).
+    _model_json(version, {"model": str(root / "m"), "distributed_executor_backend": "ray"})
+    cfg = serving_config({}, str(root), str(version))
+    assert cfg.engine_args.distributed_executor_backend is None and cfg.notes == [
+        "tritium: distributed_executor_backend=ray: the one rank runs in Tritium's engine process ('uni'), "
+        "not as a Ray worker"]
+    # Tritium's own executors keep their checks; external_launcher is still refused.
+    _model_json(version, {"model": str(root / "m"), "distributed_executor_backend": "external_launcher"})
+    with pytest.raises(ValueError, match=r"^distributed_executor_backend='external_launcher' is not supported"):
+        serving_config({}, str(root), str(version))
 
 
 def test_multi_lora_json_relative_paths_from_the_working_directory(repo):

@@ -51,10 +51,12 @@ def write_model_repository(dest: str, engine_args: dict[str, str], name: str = "
 
 
 def write_config(model_dir: str, engine_args: dict[str, str], backend: str = "tritium") -> None:
-    """config.pbtxt of the project's model with its parameters replaced by `engine_args`."""
+    """config.pbtxt of the project's model with its parameters replaced by `engine_args`, but
+    for REPORT_CUSTOM_METRICS (the tests read the vllm: metrics) unless `engine_args` sets it."""
     with open(CONFIG_PBTXT, encoding="utf-8") as f:
         text = f.read()
-    text = re.sub(r"^parameters \{.*\}\n", "", text, flags=re.M)
+    kept = "" if "REPORT_CUSTOM_METRICS" in engine_args else '(?!"REPORT_CUSTOM_METRICS")'
+    text = re.sub(rf"^parameters \{{ key: {kept}.*\}}\n", "", text, flags=re.M)
     text = re.sub(r'^backend: "\w+"', f'backend: "{backend}"', text, flags=re.M)
     def quoted(v: str) -> str:  # a text-format string (JSON values carry quotes)
         return v.replace("\\", "\\\\").replace('"', '\\"')

@@ -86,6 +86,8 @@ class TritonPythonModel:
             from backend import StreamingEngine  # imports torch into this process
             self._engine = StreamingEngine(engine_args)
         self._ids = itertools.count()
+        # The answer to a MODEL_INFO request (the OpenAI frontend's /v1/models and /tokenize).
+        self._model_info = triton_request.model_info_outputs(engine_args, self._engine.config.model_config)
         # The engine thread must get the GIL back quickly from the sender and metrics threads
         # when a step's results arrive: hand it over every 1 ms instead of every 5 ms.
         sys.setswitchinterval(0.001)
@@ -125,10 +127,13 @@ class TritonPythonModel:
         sender, details = request.get_response_sender(), False
         try:
             details = self._details(request)
+            if self._requests.model_info_asked(request.parameters()):  # a description, no generation
+                self._sender.answer(sender, self._model_info)
+                return
             # Every input the request carries: one that is declared but not Tritium's is refused.
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             parsed = self._requests.parse_request(inputs, request.parameters())
-            self._requests.check_lora(parsed.lora_name, self._loras)
+            self._requests.check_lora(parsed.lora_name, self._loras, pb_utils.Logger.log_info)
             # Clients' request ids may be empty or repeat: the engine gets its own.
             state = self._in_flight(str(next(self._ids)), sender, self._requests.ResponseBuilder(parsed),
                                     error_details=details)
@@ -182,12 +187,7 @@ class TritonPythonModel:
         self._token.release()
         self._sender.log_stats(getattr(self._engine, "receiver_stats", None))
         # ...and any the engine did not finish gets one here.
-        for state in leftover:
-            try:
-                self._sender.send_error(state.sender, self._errors.unavailable("the model was unloaded"),
-                                        state.error_details)
-            except Exception as e:  # (its client went away)
-                pb_utils.Logger.log_warn(f"tritium: unload: a final response could not be sent: {e}")
+        self._sender.fail(leftover, self._errors.unavailable("the model was unloaded"))
         self._engine = None
         gc.collect()
         torch = sys.modules.get("torch")

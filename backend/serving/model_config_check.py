@@ -52,8 +52,8 @@ INPUTS = (TensorSpec("text_input", "TYPE_STRING", (1,)),
           TensorSpec("stream", "TYPE_BOOL", (1,)),
           TensorSpec("sampling_parameters", "TYPE_STRING", (1,)),
           *(TensorSpec(name, "TYPE_BOOL", (1,)) for name in FLAG_INPUTS if name != "stream"))
-# One element per sample (n), except the prompt's token counts; prompt_logprobs (JSON) and
-# num_cached_tokens are Tritium's own.
+# One element per sample (n), except the prompt's token counts; prompt_logprobs (JSON),
+# num_cached_tokens and stop_reason (JSON) are Tritium's own.
 OUTPUTS = (TensorSpec("text_output", "TYPE_STRING", (-1,), single=False),
            TensorSpec("finish_reason", "TYPE_STRING", (-1,), single=False),
            TensorSpec("cumulative_logprob", "TYPE_FP32", (-1,), single=False),
@@ -61,7 +61,8 @@ OUTPUTS = (TensorSpec("text_output", "TYPE_STRING", (-1,), single=False),
            TensorSpec("prompt_logprobs", "TYPE_STRING", (-1,), single=False),
            TensorSpec("num_input_tokens", "TYPE_UINT32", (1,)),
            TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,), single=False),
-           TensorSpec("num_cached_tokens", "TYPE_UINT32", (1,)))
+           TensorSpec("num_cached_tokens", "TYPE_UINT32", (1,)),
+           TensorSpec("stop_reason", "TYPE_STRING", (-1,), single=False))
 
 
 @dataclass(frozen=True)

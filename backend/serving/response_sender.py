@@ -56,6 +56,13 @@ class Rejection:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """A request answered without the engine (a MODEL_INFO request): one FINAL response."""
+    sender: Any
+    outputs: dict  # output name -> numpy array
+
+
+@dataclass(frozen=True)
 class EngineOutput:
     request_id: str
     output: RequestOutput
@@ -121,6 +128,9 @@ class ResponseSender:
     def reject(self, sender: Any, error: RequestError, error_details: bool = False) -> None:
         self._pending.put(Rejection(sender, error, error_details))
 
+    def answer(self, sender: Any, outputs: dict) -> None:
+        self._pending.put(Answer(sender, outputs))
+
     def on_output(self, request_id: str, output: RequestOutput) -> None:
         # On the engine's thread: only enqueue. Holding the id, not the response sender, means
         # an engine that keeps a finished request's callback a while never keeps a Triton
@@ -156,6 +166,14 @@ class ResponseSender:
         message = error.to_json() if error_details else error.message
         sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)),
                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def fail(self, states: list[InFlight], error: RequestError) -> None:
+        """The FINAL response of requests the engine did not finish (at unload): `error`."""
+        for state in states:
+            try:
+                self.send_error(state.sender, error, state.error_details)
+            except Exception as e:  # (its client went away)
+                self._pb.Logger.log_warn(f"tritium: unload: a final response could not be sent: {e}")
 
     # ---- the sender thread -------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -198,7 +216,7 @@ class ResponseSender:
                 if check_unload:
                     next_unload_check = now + _UNLOAD_CHECK_S
 
-    def _coalesce(self, first: Any) -> list[Rejection | EngineOutput]:
+    def _coalesce(self, first: Any) -> list[Rejection | Answer | EngineOutput]:
         """`first` and everything queued behind it, with each request's outputs folded into one
         (in order): a send costs far more than a token, so when this thread falls behind, a
         response carries several tokens instead of the backlog growing. Everything: with a cap
@@ -209,16 +227,19 @@ class ResponseSender:
         for item in items:
             if isinstance(item, _Stop):
                 self._stopping = True
-            elif isinstance(item, Rejection):
+            elif isinstance(item, (Rejection, Answer)):
                 rejected.append(item)
             else:
                 outputs.append((item.request_id, item.output))
         return rejected + [EngineOutput(rid, out) for rid, out in fold_outputs(outputs)]
 
-    def _handle(self, item: Rejection | EngineOutput) -> None:
+    def _handle(self, item: Rejection | Answer | EngineOutput) -> None:
         pb = self._pb
         if isinstance(item, Rejection):
             self.send_error(item.sender, item.error, item.error_details)
+            return
+        if isinstance(item, Answer):
+            item.sender.send(self._response(item.outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         output = item.output
         with self._lock:

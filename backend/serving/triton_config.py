@@ -24,7 +24,7 @@ class ServingConfig:
     """What a model's configuration asks of the engine and of the Triton adapter."""
 
     engine_args: EngineArgs
-    report_metrics: bool = True  # the vllm: metrics (REPORT_CUSTOM_METRICS, disable_log_stats)
+    report_metrics: bool = False  # the vllm: metrics (REPORT_CUSTOM_METRICS, disable_log_stats)
     health_check: bool = False  # ENABLE_VLLM_HEALTH_CHECK: check the engine before each batch
     gpu_device_ids: str | None = None  # GPU_DEVICE_IDS: CUDA_VISIBLE_DEVICES for the engine
     notes: list[str] = field(default_factory=list)  # log lines: arguments accepted but ignored
@@ -40,8 +40,8 @@ def serving_config(parameters: Mapping[str, Any], root: str, version_dir: str | 
     JSON, as Triton's vLLM backend reads it; its relative paths, and those of multi_lora.json,
     are taken from `cwd` (the server's working directory), where vLLM looks for them. A key set
     in both must say the same. The vLLM backend's keys (REPORT_CUSTOM_METRICS,
-    ENABLE_VLLM_HEALTH_CHECK, GPU_DEVICE_IDS) keep its meaning, except that metrics are on
-    unless turned off. Raises ValueError naming a bad, unknown or conflicting argument.
+    ENABLE_VLLM_HEALTH_CHECK, GPU_DEVICE_IDS) keep its meaning: metrics and the health check
+    are off unless set true. Raises ValueError naming a bad, unknown or conflicting argument.
     """
     cwd = cwd or os.getcwd()
     values: dict[str, str] = {}
@@ -68,7 +68,8 @@ def serving_config(parameters: Mapping[str, Any], root: str, version_dir: str | 
                              f"parameters ({values[key]!r}) and in 1/{vllm_compat.MODEL_JSON} ({value!r}).")
         values[key] = value
         from_json.add(key)
-    metrics = _flag(triton, vllm_compat.REPORT_CUSTOM_METRICS, True)
+    # Off unless asked for, as in the vLLM backend: its repositories expect no vllm: metrics.
+    metrics = _flag(triton, vllm_compat.REPORT_CUSTOM_METRICS, False)
     if parse_bool(values.get("disable_log_stats", "false")):
         metrics = False
     notes = vllm_compat.drop_unimplemented(values)

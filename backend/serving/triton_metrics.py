@@ -216,7 +216,8 @@ class MetricsPublisher:
 
     def __init__(self, pb_utils: Any, labels: dict[str, str], lock_name: str) -> None:
         self._pb = pb_utils
-        self._labels = labels
+        # model_name: vLLM's label, which its dashboards select on; Triton's model and version stay.
+        self._labels = {**labels, "model_name": labels["model"]}
         self._lock = _AbstractSocketLock(lock_name)
         self._tracker = MetricsTracker()
         self._pending: collections.deque[MetricOp] = collections.deque()  # samples not yet observed

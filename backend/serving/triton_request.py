@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from backend.errors import ERROR_DETAILS, ParameterError, RequestError
+from backend.serving import request_limits
 from backend.outputs import CompletionOutput, RequestOutput
 from backend.engine.request import accumulate
 from backend.sampling_params import SamplingParams
@@ -21,7 +22,7 @@ from backend.sampling_params import SamplingParams
 # turns top-level JSON keys that are not inputs into request parameters).
 FLAG_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
                "return_cumulative_logprob", "return_logprobs", "return_num_input_tokens",
-               "return_num_output_tokens", "return_num_cached_tokens")
+               "return_num_output_tokens", "return_num_cached_tokens", "return_stop_reason")
 INPUT_NAMES = ("text_input", "input_ids", "sampling_parameters") + FLAG_INPUTS
 # Request parameters that belong to Triton, not to the model (see Triton's parameters extension).
 _RESERVED_PARAMETERS = frozenset({"sequence_id", "priority", "timeout", "sequence_start",
@@ -44,6 +45,9 @@ class ParsedRequest:
     # Tritium's own: the prompt tokens served from the prefix cache (OpenAI's usage
     # prompt_tokens_details.cached_tokens); an input the vLLM backend's config does not declare.
     return_num_cached_tokens: bool = False
+    # Tritium's own: what stopped each sample (vLLM's stop_reason: the stop string or stop token
+    # id; null for EOS, length or abort), for the OpenAI frontend's `stop_reason`.
+    return_stop_reason: bool = False
     # The engine's scheduling priority (vLLM's add_request argument; lower first). Triton keeps
     # its own `priority` request parameter, which a Python-backend model cannot read, so this one
     # arrives in sampling_parameters.
@@ -73,9 +77,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     stream = flags.get("stream", False)
     # The vLLM backend's defaults: a stream sends only new text; otherwise the prompt comes first.
     exclude = flags.get("exclude_input_in_output", stream)
-    if stream and not exclude:  # the vLLM backend's words, then why
-        raise ParameterError("When streaming, `exclude_input_in_output` = False is not allowed. "
-                             "A stream sends only the new text.", "exclude_input_in_output")
+    if stream and not exclude:  # the vLLM backend's message, word for word: its CI compares it whole
+        raise ParameterError("Error generating stream: When streaming, `exclude_input_in_output` = False "
+                             "is not allowed.", "exclude_input_in_output")
 
     sampling = dict(request_params)
     if inputs.get("sampling_parameters") is not None:
@@ -88,6 +92,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     lora_name = sampling.pop("lora_name", None)
     if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
         raise ParameterError(f"lora_name must be a non-empty string, got {lora_name!r}.", "lora_name")
+    request_limits.check_sampling_sizes(sampling)  # before anything is built per sample or item
     params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
@@ -101,17 +106,22 @@ def deadline(timeout_us: int) -> float | None:
     return time.time() + timeout_us / 1e6 if timeout_us else None
 
 
-def check_lora(lora_name: str | None, served: list[str] | None) -> None:
-    """The vLLM backend's check of a request's `lora_name` against the model's adapters, with its
-    words (clients match on them), then Tritium's detail. Raises ValueError."""
+def check_lora(lora_name: str | None, served: list[str] | None,
+               log: Callable[[str], None] = lambda line: None) -> None:
+    """The vLLM backend's check of a request's `lora_name` against the model's adapters. The
+    client gets its message word for word (its CI and clients compare it whole); `log` gets its
+    log line with Tritium's hint after it. Raises ParameterError."""
     if lora_name is None:
         return
     if not served:
-        raise ParameterError("LoRA feature is not enabled. This model serves no LoRA adapters: load it "
-                             "with enable_lora and its adapters in 1/multi_lora.json.", "lora_name")
+        log("[vllm] LoRA is not enabled, please restart the backend with LoRA enabled. tritium: set "
+            "enable_lora and list the adapters in 1/multi_lora.json (or a lora_modules parameter), "
+            "then load the model again.")
+        raise ParameterError("LoRA feature is not enabled.", "lora_name")
     if lora_name not in served:
-        raise ParameterError(f"LoRA {lora_name} is not supported, we currently support {served}. "
-                             f"lora_name must name one of the model's adapters.", "lora_name")
+        log(f"[vllm] LoRA {lora_name} not found. tritium: lora_name must name one of the model's "
+            f"adapters {served}; to serve another, add it to 1/multi_lora.json and load the model again.")
+        raise ParameterError(f"LoRA {lora_name} is not supported, we currently support {served}", "lora_name")
 
 
 def _openai_frontend_keys(sampling: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +151,7 @@ def _prompt(inputs: Mapping[str, np.ndarray]) -> str | list[int]:
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise ValueError(f"input_ids must hold integers, got {ids.dtype}.")
+        request_limits.check_input_ids(ids.size)
         token_ids = ids.reshape(-1).tolist()  # Python ints, converted in C
         if not token_ids:
             raise ValueError("input_ids must not be empty.")
@@ -152,6 +163,7 @@ def _prompt(inputs: Mapping[str, np.ndarray]) -> str | list[int]:
     prompt = _string_input("text_input", text)
     if not prompt:
         raise ValueError("text_input must not be empty.")
+    request_limits.check_text_input(prompt)
     return prompt
 
 
@@ -191,6 +203,7 @@ def _bool_value(what: str, value: Any, parameter: str) -> bool:
 
 def _json_object_input(name: str, array: np.ndarray) -> dict[str, Any]:
     text = _string_input(name, array)
+    request_limits.check_sampling_parameters(text)
     try:
         value = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as e:
@@ -219,12 +232,34 @@ def _parse_request_parameters(parameters: str | Mapping[str, Any] | None) -> dic
 def error_details_asked(parameters: str | Mapping[str, Any] | None) -> bool:
     """Whether a request's parameters ask for its errors as JSON (ERROR_DETAILS); read before
     and apart from parsing, so that a request refused for any reason is answered as it asked."""
+    return _parameter_is_true(parameters, ERROR_DETAILS)
+
+
+# A request parameter (Tritium's own) that asks the model to describe itself instead of
+# generating: the OpenAI frontend lists its max_model_len and LoRA adapters from the answer.
+MODEL_INFO = "model_info"
+
+
+def model_info_asked(parameters: str | Mapping[str, Any] | None) -> bool:
+    """Whether a request's parameters ask for the model's description (MODEL_INFO)."""
+    return _parameter_is_true(parameters, MODEL_INFO)
+
+
+def model_info_outputs(engine_args: Any, model_config: Any) -> dict[str, np.ndarray]:
+    """The outputs of the one response to a MODEL_INFO request: `text_output` holds
+    {"model": the model's path, "max_model_len", "lora_modules": {adapter name: directory}} as JSON."""
+    loras = engine_args.lora_modules if engine_args.enable_lora else None
+    info = {"model": engine_args.model, "max_model_len": model_config.max_model_len, "lora_modules": dict(loras or {})}
+    return {"text_output": np.array([json.dumps(info).encode("utf-8")], dtype=np.object_)}
+
+
+def _parameter_is_true(parameters: str | Mapping[str, Any] | None, name: str) -> bool:
     if isinstance(parameters, str):
         try:
             parameters = json.loads(parameters) if parameters else None
         except json.JSONDecodeError:
             return False
-    value = parameters.get(ERROR_DETAILS) if isinstance(parameters, Mapping) else None
+    value = parameters.get(name) if isinstance(parameters, Mapping) else None
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
@@ -245,6 +280,7 @@ class _Sample:
     cumulative_logprob: float | None = None
     logprobs: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ResponseBuilder:
@@ -278,7 +314,7 @@ class ResponseBuilder:
             s.text.append(c.text)
             s.num_tokens += len(c.token_ids)
             s.cumulative_logprob = c.cumulative_logprob
-            s.finish_reason = c.finish_reason
+            s.finish_reason, s.stop_reason = c.finish_reason, c.stop_reason
             if c.logprobs is not None:
                 s.logprobs = (s.logprobs or []) + [_logprob_entry(d) for d in c.logprobs]
         if output.error is not None:
@@ -310,6 +346,8 @@ class ResponseBuilder:
         out = {"text_output": _strings(texts)}
         if r.return_finish_reason:
             out["finish_reason"] = _strings([str(s.finish_reason) for s in self._samples])
+        if r.return_stop_reason:  # JSON per sample: a string, a token id or null
+            out["stop_reason"] = _strings([json.dumps(s.stop_reason) for s in self._samples])
         if r.return_cumulative_logprob:
             out["cumulative_logprob"] = np.array(
                 [np.nan if s.cumulative_logprob is None else s.cumulative_logprob

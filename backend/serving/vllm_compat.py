@@ -99,7 +99,24 @@ def drop_unimplemented(values: dict[str, str]) -> list[str]:
                 raise ValueError(f"vLLM engine argument '{key}' is not supported by Tritium with a value "
                                  f"other than {as_string(default)}, got {value!r}.")
             notes.append(f"tritium: vLLM engine argument {key}={value} is Tritium's only behaviour")
+        elif key == "distributed_executor_backend" and values[key].strip() == "ray":
+            values.pop(key)  # Tritium's default executor for this tensor_parallel_size
+            notes.append(_ray_note(values.get("tensor_parallel_size", "1")))
     return notes
+
+
+def _ray_note(tensor_parallel_size: str) -> str:
+    """The log line for `distributed_executor_backend: "ray"` (the vLLM backend's multi-GPU
+    samples): Tritium has no Ray workers, its own processes on this host run the same ranks."""
+    try:
+        ranks = int(tensor_parallel_size)
+    except ValueError:
+        ranks = 0  # the engine arguments refuse it, naming tensor_parallel_size
+    if ranks > 1:
+        return (f"tritium: distributed_executor_backend=ray: the {ranks} tensor-parallel ranks run as Tritium's "
+                f"own processes on this host ('mp'), not as Ray workers")
+    return ("tritium: distributed_executor_backend=ray: the one rank runs in Tritium's engine process "
+            "('uni'), not as a Ray worker")
 
 
 def device_ids(text: str) -> str:

@@ -56,10 +56,21 @@ class DeltaMessage:
 
 
 class ToolParser(ABC):
-    """Turns the model's text into content and tool calls, incrementally."""
+    """Turns the model's text into content and tool calls, incrementally.
 
-    def __init__(self) -> None:
+    A call that began streaming and then turns out to be no call (cut off, or not the format)
+    is `abandoned`: its deltas were sent and cannot be taken back, so its text comes as content
+    too, the non-streamed message leaves it out, and finish_reason is not "tool_calls"."""
+
+    keeps_special_tokens = False  # its calls start with a special token (see ChatParsing.adjust_sampling)
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        self.tools = tools or []  # the request's function definitions (name, parameters)
         self._sent: list[tuple[str, str]] = []  # per call started: (name, arguments sent)
+        self.abandoned: set[int] = set()
+
+    def new_call_id(self) -> str:
+        return tool_call_id()
 
     def start(self) -> DeltaMessage:
         """What the reply opens with, before any text (a named function's call)."""
@@ -73,14 +84,19 @@ class ToolParser(ABC):
 
     @property
     def calls_made(self) -> int:
+        """Calls started (streamed), abandoned ones included."""
         return len(self._sent)
+
+    def _abandon(self, indexes: range | list[int], text: str) -> DeltaMessage:
+        self.abandoned.update(indexes)
+        return DeltaMessage(content=text)
 
     def _progress(self, index: int, name: str, arguments: str) -> ToolCallDelta | None:
         """The delta that brings call `index` (numbered in the order calls start) to this name
         and arguments so far; the arguments only ever grow, as the model writes them."""
         if index == len(self._sent):
             self._sent.append((name, arguments))
-            return ToolCallDelta(index, tool_call_id(), name, arguments)
+            return ToolCallDelta(index, self.new_call_id(), name, arguments)
         sent_name, sent = self._sent[index]
         assert arguments.startswith(sent) and name == sent_name, "a call's streamed text changed"
         self._sent[index] = (name, arguments)
@@ -100,10 +116,59 @@ class ToolParser(ABC):
         return out
 
 
+class TaggedToolParser(ToolParser):
+    """A parser whose calls each begin at a `tag` among plain text (Mistral's [TOOL_CALLS],
+    Qwen3-Coder's <tool_call>): the text between calls is read here, the calls by `_step`."""
+
+    tag: str
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tools)
+        self._text = ""  # the reply so far
+        self._at = 0  # where parsing goes on
+        self._phase = "text"  # else where in a call (each parser's own phases)
+        self._call_at = 0  # where the current call's tag starts
+        self._gap = ""  # the space before it (text again if no call follows)
+
+    def feed(self, text: str) -> DeltaMessage:
+        self._text += text
+        return self._parse(final=False)
+
+    def finish(self) -> DeltaMessage:
+        return self._parse(final=True)
+
+    def _parse(self, final: bool) -> DeltaMessage:
+        out = DeltaMessage()
+        while True:
+            if self._phase == "text":
+                content, gap, self._at, found = text_part(self._text, self._at, self.tag, final,
+                                                          after_calls=self.calls_made > 0)
+                out.content += content
+                if found is None:
+                    return out
+                self._call_at, self._gap = found, gap
+                self._begin()
+            elif not self._step(out, final):
+                return out
+
+    def _call_text(self, end: int) -> str:
+        """The current call's text up to `end`, with the space before it: content after all."""
+        return self._gap + self._text[self._call_at:end]
+
+    @abstractmethod
+    def _begin(self) -> None:
+        """A call's tag was read (parsing goes on just past it): the parser's first phase."""
+
+    @abstractmethod
+    def _step(self, out: DeltaMessage, final: bool) -> bool:
+        """One move inside the current call, its deltas added to `out`; False when it waits
+        for more text."""
+
+
 def started(name: str | None, arguments: str | None) -> bool:
     """Whether a call streams: from the moment its name and the opening brace of its arguments
-    are written (as vLLM streams calls). From then on it is a call, whose arguments are the text
-    the model writes for them; a reply that breaks off before that point stays text."""
+    are written (as vLLM streams calls), its arguments as the text the model writes for them.
+    One that does not end as a whole call is then abandoned (see ToolParser)."""
     return bool(name) and arguments is not None and arguments.startswith("{")
 
 
@@ -120,6 +185,32 @@ def call_name(text: str, arguments_keys: tuple[str, ...]) -> str | None:
     if len(given) > 1 or (given and not isinstance(obj[given[0]], dict)):
         return None
     return obj["name"]
+
+
+def is_call_array(text: str, arguments_keys: tuple[str, ...]) -> bool:
+    """Whether `text` is a JSON array of one or more call objects."""
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(calls, list) and bool(calls) and \
+        all(call_name(json.dumps(c), arguments_keys) is not None for c in calls)
+
+
+def text_part(text: str, at: int, tag: str, final: bool, after_calls: bool) -> tuple[str, str, int, int | None]:
+    """Plain text from `at` up to a call's start `tag`: (the content ready to give out, the
+    space before the tag, where parsing goes on, where the tag starts or None). What could be
+    the start of the tag waits, and so does trailing space: between text and a call it is
+    neither (given back if the call turns out to be text), after the last call it is dropped."""
+    found = text.find(tag, at)
+    if found >= 0:
+        body = text[at:found].rstrip()
+        return body, text[at + len(body):found], found + len(tag), found
+    if final:
+        rest = text[at:]
+        return (rest.rstrip() if after_calls else rest), "", len(text), None
+    body = text[at:len(text) - held_back(text[at:], tag)].rstrip()
+    return body, "", at + len(body), None
 
 
 def held_back(text: str, tag: str) -> int:

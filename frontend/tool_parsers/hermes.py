@@ -10,13 +10,15 @@ _KEYS = ("arguments",)
 
 class HermesToolParser(ToolParser):
     """Text outside the tags is content. A call streams from the moment its name and the
-    opening brace of its arguments are written (`started`); a tagged body that is no call by
-    then stays text, also one left unclosed at the end."""
+    opening brace of its arguments are written (`started`); a tagged body that is not a JSON
+    call object (closed by its tag or by the end of the reply) stays text, and a streamed one
+    that turns out so is abandoned (see ToolParser)."""
 
     START, END = "<tool_call>", "</tool_call>"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
+        self._gap = ""  # the space between text and the current call (text again if no call)
         self._pending = ""  # text seen but not yet given out (a possible tag, trailing space)
         self._call: CallScanner | None = None  # inside <tool_call>: its body
         self._call_index: int | None = None  # once the current call has started streaming
@@ -32,6 +34,7 @@ class HermesToolParser(ToolParser):
             before, self._pending = self._pending[:at], self._pending[at + len(tag):]
             if self._call is None:
                 out.content += before.rstrip()  # the space between text and a call is neither
+                self._gap = before[len(before.rstrip()):]
                 self._call, self._call_index = CallScanner(0, _KEYS), None
             else:
                 self._call.feed(before)
@@ -76,11 +79,14 @@ class HermesToolParser(ToolParser):
 
     def _close_call(self, out: DeltaMessage, closed: bool) -> None:
         scanner, self._call = self._call, None
-        if self._call_index is not None:
-            return  # streamed already, up to its last character
         name = call_name(scanner.text.strip(), _KEYS)
+        text = self._gap + self.START + scanner.text + (self.END if closed else "")
+        if self._call_index is not None:  # streamed already, up to its last character
+            if name is None:  # cut off or malformed
+                out.extend(self._abandon([self._call_index], text))
+            return
         if name is None:  # not a call: it stays text
-            out.content += self.START + scanner.text + (self.END if closed else "")
+            out.content += text
             return
         arguments = scanner.arguments(scanner.calls[0])
         delta = self._progress(self.calls_made, name, arguments if arguments is not None else "{}")

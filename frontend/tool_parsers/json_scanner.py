@@ -17,6 +17,8 @@ class ScannedCall:
     arguments_start: int | None = None
     arguments_end: int | None = None
     closed: bool = False
+    start: int = 0  # where its object opens
+    end: int | None = None  # just past its closing brace
 
 
 class CallScanner:
@@ -28,6 +30,9 @@ class CallScanner:
         self.base, self.arguments_keys = base, arguments_keys
         self.text = ""
         self.calls: list[ScannedCall] = []
+        # An array of calls (base 1): just past its closing bracket, once written; the scanner
+        # stops there, and what follows is left in `text`.
+        self.end: int | None = None
         self._depth = 0
         self._in_string = self._escape = False
         # Inside a call: key, in_key, colon, value, in_value or after (a value).
@@ -40,6 +45,8 @@ class CallScanner:
         start = len(self.text)
         self.text += text
         for i in range(start, len(self.text)):
+            if self.end is not None:
+                break
             self._step(i, self.text[i])
 
     def arguments(self, call: ScannedCall) -> str | None:
@@ -77,7 +84,7 @@ class CallScanner:
             self._in_string = True
         elif c in "{[":
             if c == "{" and self._depth == self.base:
-                self.calls.append(ScannedCall())
+                self.calls.append(ScannedCall(start=i))
                 self._expect, self._key = "key", None
             self._depth += 1
         elif c in "}]":
@@ -85,7 +92,9 @@ class CallScanner:
             if self._depth == member_depth:
                 self._value_closed(i + 1)
             elif self._depth == self.base and c == "}" and self.calls:
-                self.calls[-1].closed = True
+                self.calls[-1].closed, self.calls[-1].end = True, i + 1
+            if self._depth == 0 and self.base == 1:
+                self.end = i + 1
         elif self._depth == member_depth:
             if c == ":" and self._expect == "colon":
                 self._expect = "value"

@@ -13,13 +13,14 @@ _KEYS = ("parameters", "arguments")
 
 class Llama3JsonToolParser(ToolParser):
     """Decides on the reply's first non-space character: `{` (after the optional tag) may be
-    calls, streamed as they are written (`started`); anything else is text. A reply in which no
-    call has started by its end is text unless it parses as calls."""
+    calls, streamed as they are written (`started`); anything else is text. A reply that does
+    not parse as calls by its end is text, and the calls it streamed are abandoned (as vLLM,
+    all or nothing)."""
 
     TAG = "<|python_tag|>"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
         self._text = ""
         self._mode = "undecided"  # then "text" or "calls"
         self._scanner = CallScanner(0, _KEYS)
@@ -45,10 +46,8 @@ class Llama3JsonToolParser(ToolParser):
     def finish(self) -> DeltaMessage:
         if self._mode == "text":
             return DeltaMessage()
-        if self.calls_made:
-            return self._stream_calls(self._scanner, at_end=False)
         if self._mode == "undecided" or not _all_calls(self._scanner.text):
-            return DeltaMessage(content=self._text)  # space only, or no calls: text
+            return self._abandon(range(self.calls_made), self._text)  # space only, cut off, no calls
         return self._stream_calls(self._scanner, at_end=True)
 
 

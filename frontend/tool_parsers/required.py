@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name
+from frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name, is_call_array
 from frontend.tool_parsers.json_scanner import CallScanner
 
 _KEYS = ("parameters",)
@@ -34,8 +34,12 @@ def required_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class RequiredToolParser(ToolParser):
-    def __init__(self) -> None:
-        super().__init__()
+    """Calls stream as written. A reply cut short (max_tokens) keeps the calls it wrote whole;
+    the call it was writing is abandoned and its text is content (the whole reply, when no
+    call was whole)."""
+
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
         self._scanner = CallScanner(1, _KEYS)
 
     def feed(self, text: str) -> DeltaMessage:
@@ -43,20 +47,19 @@ class RequiredToolParser(ToolParser):
         return self._stream_calls(self._scanner, at_end=False)
 
     def finish(self) -> DeltaMessage:
-        if self.calls_made:
-            return self._stream_calls(self._scanner, at_end=False)
-        if not _is_call_array(self._scanner.text):  # cut short (max_tokens) before a call
-            return DeltaMessage(content=self._scanner.text)
-        return self._stream_calls(self._scanner, at_end=True)
+        text, calls = self._scanner.text, self._scanner.calls
+        if _is_call_array(text):
+            return self._stream_calls(self._scanner, at_end=True)
+        whole = 0
+        while whole < len(calls) and calls[whole].end is not None and \
+                call_name(text[calls[whole].start:calls[whole].end], _KEYS) is not None:
+            whole += 1
+        rest = text if whole == 0 else text[calls[whole].start:] if whole < len(calls) else ""
+        return self._abandon(range(whole, self.calls_made), rest)
 
 
 def _is_call_array(text: str) -> bool:
-    try:
-        calls = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(calls, list) and bool(calls) and \
-        all(call_name(json.dumps(c), _KEYS) is not None for c in calls)
+    return is_call_array(text, _KEYS)
 
 
 class NamedToolParser(ToolParser):
@@ -75,4 +78,9 @@ class NamedToolParser(ToolParser):
         return DeltaMessage(tool_calls=[delta] if delta is not None else [])
 
     def finish(self) -> DeltaMessage:
-        return DeltaMessage()
+        try:
+            whole = isinstance(json.loads(self._arguments), dict)
+        except ValueError:
+            whole = False
+        # Cut short (max_tokens): not arguments an agent could run; the text is content.
+        return DeltaMessage() if whole else self._abandon([0], self._arguments)
