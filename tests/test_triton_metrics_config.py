@@ -185,7 +185,8 @@ def test_publisher_waits_for_the_previous_instance_and_applies_deltas():
                             request_success={"stop": 1}))
     assert families["vllm:generation_tokens_total"].metrics[0].value == 7.0
     assert families["vllm:num_requests_running"].metrics[0].value == 2.0
-    assert families["vllm:num_requests_running"].metrics[0].labels == labels
+    # vLLM's model_name label beside Triton's model and version (vLLM's dashboards select on it).
+    assert families["vllm:num_requests_running"].metrics[0].labels == {**labels, "model_name": "llm"}
     e2e = families["vllm:e2e_request_latency_seconds"].metrics[0]
     assert e2e.observed == [0.5] and e2e.buckets[0] == 0.3
     success = {m.labels["finished_reason"]: m.value for m in families["vllm:request_success_total"].metrics}
@@ -213,7 +214,9 @@ def test_lora_requests_info_series_of_the_current_adapters_is_the_latest():
     publisher.publish(EngineStats(max_lora=2, running_lora_adapters="sql", waiting_lora_adapters="doc"))
     publisher.publish(EngineStats(max_lora=2, running_lora_adapters="doc,sql"))
     assert [m.labels for m in family.metrics] == [
-        {"model": "llm", "running_lora_adapters": "sql", "waiting_lora_adapters": "doc", "max_lora": "2"},
-        {"model": "llm", "running_lora_adapters": "doc,sql", "waiting_lora_adapters": "", "max_lora": "2"}]
+        {"model": "llm", "model_name": "llm", "running_lora_adapters": "sql", "waiting_lora_adapters": "doc",
+         "max_lora": "2"},
+        {"model": "llm", "model_name": "llm", "running_lora_adapters": "doc,sql", "waiting_lora_adapters": "",
+         "max_lora": "2"}]
     assert family.metrics[1].value >= family.metrics[0].value > 1.7e9  # times of the updates
     publisher.close()

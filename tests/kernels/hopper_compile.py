@@ -28,6 +28,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from torch.overrides import TorchFunctionMode
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -169,14 +170,30 @@ def _compile_recorded(index: int) -> dict:
 _recorded: list[tuple] = []
 
 
+_PRODUCTS = (torch.matmul, torch.mm, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.mm)
+
+
+class _NoHostProducts(TorchFunctionMode):
+    """While launches are recorded, a matrix product a wrapper computes with torch (the
+    dequantizing path's cuBLAS product; on this machine a CPU product of hundreds of GFLOP)
+    returns an uninitialised result of its shape: only the launches are wanted."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _PRODUCTS:
+            a, b = args[0], args[1]
+            return torch.empty(*a.shape[:-1], b.shape[-1], dtype=a.dtype)
+        return func(*args, **(kwargs or {}))
+
+
 def compile_cases(labelled_calls, jobs: int) -> None:
     """Record the launch(es) of each (label, call), then build them all on `jobs` forked
     processes and print one JSON line per launch, in the order they were recorded."""
     JITFunction.run = _record
-    for label, call in labelled_calls:
-        launches.clear()
-        call()
-        _recorded.extend((label, *launch) for launch in launches)
+    with _NoHostProducts():
+        for label, call in labelled_calls:
+            launches.clear()
+            call()
+            _recorded.extend((label, *launch) for launch in launches)
     with multiprocessing.get_context("fork").Pool(max(1, jobs)) as pool:
         for info in pool.imap(_compile_recorded, range(len(_recorded))):
             print(json.dumps(info), flush=True)
