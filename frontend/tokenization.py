@@ -12,6 +12,7 @@ from frontend.errors import OpenAIError, bad_request
 from frontend.limits import check_prompt_text
 from frontend.model_registry import ModelRegistry, Target
 from frontend.protocol import ChatMessage, Tool, _Body, parse_body
+from frontend.refused_fields import refuse_unsupported
 
 # The most token ids one /detokenize takes: more than any model's context, and bounded so that
 # one request cannot hold this process decoding for long.
@@ -49,6 +50,8 @@ class Tokenization:
 
     async def tokenize(self, body: Any) -> Response:
         chat = isinstance(body, dict) and "messages" in body  # vLLM's two request shapes
+        if chat:  # a template of the request's own: vLLM too refuses it unless trusted
+            refuse_unsupported(body, {"chat_template": (None,)})
         req = parse_body(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
         model = (await self._target(req.model)).model
         if isinstance(req, TokenizeChatRequest):

@@ -308,3 +308,15 @@ def test_stream_options_need_stream_and_content_parts_must_be_text():
     image = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]
     with pytest.raises(OpenAIError, match=r"^messages.0.content: part 1 is an image \(type 'image_url'\)"):
         parse_body(ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": image}]})
+
+
+def test_tokenize_refuses_a_chat_template_of_the_requests_own():
+    import asyncio
+
+    from frontend.tokenization import Tokenization
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}
+    with pytest.raises(OpenAIError) as info:
+        asyncio.run(Tokenization(None).tokenize(body))
+    assert (info.value.status, info.value.message, info.value.param) == (
+        400, "chat_template is not supported by this server", "chat_template")
