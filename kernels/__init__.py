@@ -17,7 +17,8 @@ import torch
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
            "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "fp8_matmul_few_rows",
-           "greedy_sample", "apply_penalties", "add_lora", "w4a16_matmul"]
+           "greedy_sample", "apply_penalties", "add_lora", "w4a16_matmul", "fused_moe",
+           "moe_align_block_size"]
 
 # fp8_matmul_few_rows serves at most this many rows (one MMA tile); more go to torch._scaled_mm.
 FP8_MATMUL_MAX_ROWS = 16
@@ -108,3 +109,18 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
                  **options) -> torch.Tensor:
     return _impl("w4a16", "w4a16_matmul")(x, qweight, scales, zeros, group_size, perm, bits=bits,
                                           **options)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None, **options) -> torch.Tensor:
+    """Mixture-of-experts MLP: x [M, H], w13 [E, 2*I, H] (gate rows, then up), w2 [E, H, I],
+    topk_weights float32 / topk_ids [M, top_k]; float8_e4m3fn weights take scales [E, N] or
+    [E, N/128, K/128]. Returns [M, H] (kernels/moe.py)."""
+    return _impl("moe", "fused_moe")(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
+                                           **options)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(sorted_token_ids, expert_ids, num_tokens_post_padded) of kernels/moe_align.py (torch only)."""
+    return _impl("moe_align", "moe_align_block_size")(topk_ids, num_experts, block_m)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from . import FP8_MATMUL_MAX_ROWS
 from . import validation as v
+from . import validation_moe as vm
 from . import validation_ops as vo
 
 
@@ -316,3 +317,51 @@ def w4a16_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     compute = _compute_dtype(x.dtype)
     w = w4a16_dequantize_ref(qweight, scales, zeros, group_size, perm, bits=bits, dtype=compute)
     return F.linear(x.to(compute), w).to(x.dtype)
+
+
+def _moe_weight(w: torch.Tensor, scale: torch.Tensor | None, kind: int, e: int, compute: torch.dtype,
+                dtype: torch.dtype) -> torch.Tensor:
+    """Expert e's [N, K] weight in `compute`: 16/32-bit as stored; FP8 widened to the activations'
+    dtype (exact), times its per-channel or 128 x 128 block scales."""
+    if kind == 0:
+        return w[e].to(compute)
+    we = w[e].to(dtype).to(compute)
+    if kind == 1:
+        return we * scale[e].to(compute)[:, None]
+    n, k = we.shape
+    block = vm.FP8_BLOCK
+    s = scale[e].to(compute).repeat_interleave(block, 0).repeat_interleave(block, 1)[:n, :k]
+    return we * s
+
+
+def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None, **_options) -> torch.Tensor:
+    """Mixture of experts, one expert at a time: for each expert, the (token, k) pairs routed to
+    it (an expert without pairs is skipped), gate and up rounded to x.dtype, silu rounded, their
+    product rounded (Hugging Face's rounding points), the down projection in float32 (float64 for
+    float64 x) times the routing weight, summed over k in float32 and rounded once, as
+    kernels/moe.py does."""
+    k13, k2 = vm.check_fused_moe("fused_moe", x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
+                                 v.REFERENCE_DTYPES)
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    if topk_ids.numel() and not bool(((topk_ids >= 0) & (topk_ids < num_experts)).all()):
+        v.fail("fused_moe", f"topk_ids must lie in [0, {num_experts}), got values from "
+                            f"{int(topk_ids.min())} to {int(topk_ids.max())}")
+    compute = _compute_dtype(x.dtype)
+    top_k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1).to(compute)
+    acc = torch.zeros(x.shape[0], x.shape[1], dtype=compute, device=x.device)
+    for e in range(num_experts):
+        pairs = (flat == e).nonzero().flatten()
+        if pairs.numel() == 0:
+            continue
+        tokens = pairs // top_k
+        xe = x[tokens].to(compute)
+        gate_up = xe @ _moe_weight(w13, w13_scale, k13, e, compute, x.dtype).t()
+        gate = F.silu(gate_up[:, :inter].to(x.dtype).to(compute)).to(x.dtype)
+        h = (gate.to(compute) * gate_up[:, inter:].to(x.dtype).to(compute)).to(x.dtype)
+        down = h.to(compute) @ _moe_weight(w2, w2_scale, k2, e, compute, x.dtype).t()
+        acc.index_add_(0, tokens, down * weights[pairs][:, None])
+    return acc.to(x.dtype)

@@ -143,6 +143,12 @@ def cases():
     qp, cu = e(512, 32, 128, dtype=torch.bfloat16), torch.tensor([0, 512], dtype=torch.int32)
     yield "prefill fp8 cache", lambda: kernels.paged_prefill_attention(qp, c8, v8, bt[:1], cu, cl[:1], 512, 0.1,
                                                                        k_scale=0.5, v_scale=2.0)
+    # Mixture of experts at Qwen3-30B-A3B's shapes (128 experts, top-8, H 2048, I 768): a decode
+    # batch (16-row tiles, mma) and a prefill chunk (64 x 128 tiles, two accumulators, wgmma).
+    for rows in (16, 8192):
+        yield (f"fused_moe bf16 M={rows}", lambda rows=rows: kernels.fused_moe(
+            e(rows, 2048, dtype=torch.bfloat16), e(128, 1536, 2048, dtype=torch.bfloat16),
+            e(128, 2048, 768, dtype=torch.bfloat16), e(rows, 8), torch.zeros(rows, 8, dtype=torch.int32)))
     cu5 = torch.tensor([0, 5, 10], dtype=torch.int32)
     yield "prefill fp8 cache, GQA heads packed", lambda: kernels.paged_prefill_attention(
         qp[:10], c8, v8, bt[:2], cu5, cl[:2], 5, 0.1, k_scale=0.5, v_scale=2.0)
@@ -210,7 +216,7 @@ def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
     args = parse_args()
     for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store",
-                   "quant", "sampling", "fp8_matmul"):
+                   "quant", "sampling", "fp8_matmul", "moe"):
         __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
     compile_cases(tuned_cases() if args.tuned else cases(), args.jobs)
 

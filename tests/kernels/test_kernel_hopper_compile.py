@@ -41,6 +41,9 @@ def test_kernels_compile_for_hopper(compiled):
     assert packed["mma"] and packed["tma"], packed
     assert by_kernel[("prefill fp8 cache, GQA heads packed", "_prefill_kernel")]["mma"]
     assert by_kernel[("store_kv_cache fp8", "_store_kv_kernel")]
+    assert by_kernel[("fused_moe bf16 M=16", "_gate_up_kernel")]["mma"]
+    assert by_kernel[("fused_moe bf16 M=8192", "_gate_up_kernel")]["wgmma"]
+    assert by_kernel[("fused_moe bf16 M=8192", "_down_kernel")]["wgmma"]
     fp8 = by_kernel[("fp8_matmul", "_fp8_matmul_kernel")]
     assert fp8["mma"] or fp8["wgmma"], fp8  # FP8 tensor cores, not a scalar loop
 
