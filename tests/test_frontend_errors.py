@@ -107,7 +107,7 @@ def test_bad_inputs_get_clear_errors_while_a_stream_carries_on(stack):
     finally:
         thread.join(timeout=120)
     assert result["finish"] == "length" and result["usage"].completion_tokens == 400
-    good = post(frontend.url, "chat", CHAT)
+    good = post(frontend.url, "chat", {**CHAT, "ignore_eos": True})  # (an early end token is no failure here)
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 4
 
 
@@ -163,7 +163,10 @@ def test_api_key(stack):
         r = httpx.post(keyed.url + "/v1/completions", json=COMP)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         client = OpenAI(api_key="sesame", base_url=keyed.url + "/v1", max_retries=0)
-        assert client.completions.create(**COMP).usage.completion_tokens == 4
+        # ignore_eos: the shared server's sampler may draw the end token early, depending on
+        # what ran before on it; the key is what this checks.
+        answer = client.completions.create(**COMP, extra_body={"ignore_eos": True})
+        assert answer.usage.completion_tokens == 4
     finally:
         keyed.stop()
 
