@@ -2,7 +2,8 @@
 trained here on scripts/data/corpus.txt. Offline; used by `make serve` (the embedded default
 model) and by the tests. The output of such a model is not meaningful text.
 
-    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2|qwen3|phi3]
+    python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2|qwen3|phi3|
+        mixtral|qwen2_moe|qwen3_moe]
 """
 from __future__ import annotations
 
@@ -63,10 +64,13 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 num_attention_heads: int = 4, num_key_value_heads: int = 2,
                 tie_word_embeddings: bool = False, max_position_embeddings: int = 2048,
                 rope_scaling: dict | None = None, max_shard_size: str | None = None,
-                dtype: str = "float32", add_bos: bool = True, head_dim: int | None = None) -> str:
-    """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir."""
+                dtype: str = "float32", add_bos: bool = True, head_dim: int | None = None,
+                **moe) -> str:
+    """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir. `moe`:
+    the mixture-of-experts families' own config fields (their config class's names)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (AutoModelForCausalLM, LlamaConfig, MixtralConfig, Phi3Config, Qwen2Config,
+                              Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(out_dir, vocab_size, add_bos=add_bos)
@@ -88,6 +92,16 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
         # (Phi-4-mini's 0.75, Phi-3's 1.0), so the partial rotary path is exercised.
         config = Phi3Config(**common, rms_norm_eps=1e-5, partial_rotary_factor=0.5,
                             pad_token_id=tok.eos_token_id)
+    elif arch == "mixtral":
+        config = MixtralConfig(**common, rms_norm_eps=1e-5, **{"num_local_experts": 8, "num_experts_per_tok": 2, **moe})
+    elif arch == "qwen2_moe":
+        config = Qwen2MoeConfig(**common, rms_norm_eps=1e-6, **{
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 96, **moe})
+    elif arch == "qwen3_moe":
+        config = Qwen3MoeConfig(**common, head_dim=head_dim or hidden_size // num_attention_heads,
+                                rms_norm_eps=1e-6, **{"num_experts": 8, "num_experts_per_tok": 2,
+                                                      "moe_intermediate_size": 32, **moe})
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(seed)
@@ -96,8 +110,8 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
     # repeats one token. Larger weights make the tiny model's output vary with its input.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.25 if "embed" in name else 1.0 / p.shape[1] ** 0.5)
+            if p.dim() >= 2:  # (stacked experts: [E, out, in])
+                p.normal_(0.0, 0.25 if "embed" in name else 1.0 / p.shape[-1] ** 0.5)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
             elif name.endswith(("q_norm.weight", "k_norm.weight")):
@@ -111,7 +125,8 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "models", "tiny-llama"))
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "phi3"])
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "phi3", "mixtral",
+                                                            "qwen2_moe", "qwen3_moe"])
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
     args = parser.parse_args(argv)
     if os.path.isfile(os.path.join(args.out, "config.json")) and not args.force:

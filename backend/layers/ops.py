@@ -71,3 +71,8 @@ def apply_penalties(logits, rows, slots, output_counts, in_prompt, repetition, f
 def add_lora(y, x, lora_a, lora_b, slots):
     fn = kernels.add_lora if _on_gpu(x) else reference.add_lora_ref
     return fn(y, x, lora_a, lora_b, slots)
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
+    fn = kernels.fused_moe if _on_gpu(x) else reference.fused_moe_ref
+    return fn(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)

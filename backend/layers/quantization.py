@@ -86,7 +86,11 @@ def get_linear_method(quantization: str | None, quantization_config: dict | None
 def process_weights_after_loading(model: nn.Module) -> None:
     methods = {}
     for module in model.modules():
-        if isinstance(module, LinearBase):
+        if not isinstance(module, LinearBase):
+            hook = getattr(module, "process_weights_after_loading", None)  # e.g. stacked experts
+            if hook is not None:
+                hook()
+        else:
             hook = getattr(module.linear_method, "process_weights_after_loading", None)
             if hook is not None:
                 hook(module)

@@ -1,13 +1,21 @@
-"""Model registry: Hugging Face `architectures` name -> model class."""
+"""Model registry: Hugging Face `architectures` name -> model class (one file per family)."""
 from __future__ import annotations
 
 from ..engine_config import ModelLimits
 from ..layers.rotary import rope_type
 from .interface import CausalLM
-from .llama import LlamaArgs, LlamaForCausalLM
+from .llama import LlamaForCausalLM
+from .mixtral import MixtralForCausalLM
+from .phi3 import Phi3ForCausalLM
+from .qwen2 import Qwen2ForCausalLM
+from .qwen2_moe import Qwen2MoeForCausalLM
+from .qwen3 import Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeForCausalLM
 
 # Every architecture class (models/interface.py says what one provides).
-MODEL_CLASSES: tuple[type[CausalLM], ...] = (LlamaForCausalLM,)
+MODEL_CLASSES: tuple[type[CausalLM], ...] = (
+    LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM,
+    MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)
 MODEL_REGISTRY = {arch: cls for cls in MODEL_CLASSES for arch in cls.architectures}
 
 
@@ -45,8 +53,8 @@ def longrope_original_length(hf_config: dict) -> int | None:
     The engine picks one set for its whole life, as vLLM does (switching mid-sequence would leave
     the cached keys rotated the other way): the long factors when max_model_len passes this
     length, so max_model_len defaults to it."""
-    get_model_class(hf_config)  # an unsupported architecture says so first
-    rope = LlamaArgs.from_hf_config(hf_config).rope_scaling  # (longrope: with its lengths filled in)
+    # (an unsupported architecture says so first; longrope: with its lengths filled in)
+    rope = get_model_class(hf_config).read_config(hf_config).rope_scaling
     if rope_type(rope) != "longrope":
         return None
     return int(rope["original_max_position_embeddings"])
@@ -60,6 +68,6 @@ def sliding_window(hf_config: dict) -> int | None:
     window = hf_config.get("sliding_window")
     if not window:
         return None
-    if hf_config.get("model_type") in ("qwen2", "qwen3") and not hf_config.get("use_sliding_window", False):
+    if hf_config.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not hf_config.get("use_sliding_window", False):
         return None
     return int(window)

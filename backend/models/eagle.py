@@ -16,11 +16,15 @@ import torch
 from torch import nn
 
 from ..layers.attention import Attention
+from ..layers.attention_block import SelfAttention
 from ..layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ..layers.layernorm import RMSNorm
 from ..layers.linear import QKVParallelLinear, ReplicatedLinear
+from ..layers.mlp import GatedMLP
+from .decoder import DecoderForCausalLM, DecoderLayer
+from .decoder_config import DecoderConfig
 from .eagle_config import EagleHeadSpec
-from .llama import LlamaArgs, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from .interface import CausalLM
 from .loader import checkpoint_tensor_shapes, load_safetensors
 
 
@@ -34,11 +38,11 @@ class Eagle3DecoderLayer(nn.Module):
         self.norm_before_residual = spec.norm_before_residual
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(a, dtype)
+        self.self_attn = SelfAttention(a, dtype)
         self.self_attn.qkv_proj = QKVParallelLinear(2 * a.hidden_size, a.head_dim, a.num_attention_heads,
                                                     a.num_key_value_heads, bias=a.attention_bias, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
-        self.mlp = LlamaMLP(a, dtype)
+        self.mlp = GatedMLP(a.hidden_size, a.intermediate_size, a.mlp_bias, dtype)
 
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor,
                 hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +71,9 @@ class EagleDraftHead(nn.Module):
     `forward(input_ids, positions, hidden)` -> (hidden for the next step, normed hidden), then
     `compute_logits(normed)` over the draft vocabulary, argmax, and `draft_to_target`."""
 
-    packed_modules = LlamaForCausalLM.packed_modules
+    packed_modules = DecoderForCausalLM.packed_modules
 
-    def __init__(self, method: str, config: dict, target: LlamaArgs, dtype: torch.dtype,
+    def __init__(self, method: str, config: dict, target: DecoderConfig, dtype: torch.dtype,
                  max_model_len: int | None = None, checkpoint_has_fc_bias: bool = True) -> None:
         super().__init__()
         self.spec = EagleHeadSpec.from_config(method, config, target, max_model_len, checkpoint_has_fc_bias)
@@ -83,7 +87,9 @@ class EagleDraftHead(nn.Module):
             self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, dtype)
         else:
             self.fc = ReplicatedLinear(2 * a.hidden_size, a.hidden_size, self.spec.fc_bias, dtype)
-            self.layers = nn.ModuleList([LlamaDecoderLayer(a, dtype) for _ in range(a.num_hidden_layers)])
+            self.layers = nn.ModuleList([
+                DecoderLayer(a, GatedMLP(a.hidden_size, a.intermediate_size, a.mlp_bias, dtype), dtype)
+                for _ in range(a.num_hidden_layers)])
             self.layers[0].input_layernorm = nn.Identity()  # fc's output goes in un-normed
         self.lm_head = ParallelLMHead(self.spec.draft_vocab_size, a.hidden_size, dtype)
         # Draft token d is target token d + d2t[d]; t2d marks the target tokens the head can draft.
@@ -92,7 +98,7 @@ class EagleDraftHead(nn.Module):
         self.own_weights: frozenset[str] = frozenset()  # checkpoint tensors loaded (load_weights)
 
     @classmethod
-    def from_pretrained(cls, method: str, head_dir: str, target: LlamaForCausalLM, dtype: torch.dtype,
+    def from_pretrained(cls, method: str, head_dir: str, target: CausalLM, dtype: torch.dtype,
                         max_model_len: int | None = None) -> "EagleDraftHead":
         """The head of `head_dir` (config.json + safetensors), loaded, sharing what it lacks with
         `target`. Build it on the target's device (a `torch.device` context)."""
@@ -102,7 +108,7 @@ class EagleDraftHead(nn.Module):
         with open(os.path.join(head_dir, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         has_fc_bias = "fc.bias" in checkpoint_tensor_shapes(head_dir)
-        head = cls(method, config, target.args, dtype, max_model_len, has_fc_bias)
+        head = cls(method, config, target.config, dtype, max_model_len, has_fc_bias)
         head.eval()
         head.load_weights(head_dir)
         head.share_target_weights(target)
@@ -137,16 +143,17 @@ class EagleDraftHead(nn.Module):
         if has_t2d and not torch.equal(self.t2d.nonzero().flatten(), target_ids.sort().values):
             raise ValueError("eagle head: t2d does not mark exactly the target tokens d2t maps to")
 
-    def share_target_weights(self, target: LlamaForCausalLM) -> SharedWeights:
+    def share_target_weights(self, target: CausalLM) -> SharedWeights:
         """Points the embedding (and EAGLE-1's LM head) at the target's where the checkpoint had
         none, as vLLM does; an embedding of another width cannot be shared."""
         shared = SharedWeights("embed_tokens.weight" in self.own_weights, "lm_head.weight" in self.own_weights)
         if not shared.own_embed_tokens:
-            self.embed_tokens.weight = self._shareable("embed_tokens.weight", target.model.embed_tokens.weight)
+            self.embed_tokens.weight = self._shareable("embed_tokens.weight",
+                                                      target.get_parameter("model.embed_tokens.weight"))
         if not shared.own_lm_head:
             if self.method == "eagle3":
                 raise ValueError("eagle head: an EAGLE-3 head has its own lm_head (checkpoint lacks it)")
-            self.lm_head.weight = self._shareable("lm_head.weight", target.lm_head.weight)
+            self.lm_head.weight = self._shareable("lm_head.weight", target.get_parameter("lm_head.weight"))
         return shared
 
     def _shareable(self, name: str, target_weight: nn.Parameter) -> nn.Parameter:
@@ -190,7 +197,7 @@ class EagleDraftHead(nn.Module):
         layers = [self.midlayer] if self.method == "eagle3" else list(self.layers)
         return [layer.self_attn.attn for layer in layers]
 
-    def request_target_hidden_states(self, target: LlamaForCausalLM) -> None:
+    def request_target_hidden_states(self, target: CausalLM) -> None:
         """Makes the target keep, every forward, the hidden states this head reads
-        (`target.model.aux_hidden_states`)."""
-        target.model.keep_hidden_states(self.aux_layer_ids, final=self.method == "eagle")
+        (`target.aux_hidden_states`)."""
+        target.keep_hidden_states(self.aux_layer_ids, final=self.method == "eagle")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .llama import LlamaArgs
+from .decoder_config import DecoderConfig
 
 EAGLE_METHODS = ("eagle", "eagle3")
 
@@ -38,7 +38,7 @@ class EagleHeadSpec:
     """An EAGLE-1 ("eagle") or EAGLE-3 ("eagle3") head for one target model."""
 
     method: str
-    args: LlamaArgs  # the head's decoder (its vocab_size is the target's)
+    args: DecoderConfig  # the head's decoder (its vocab_size is the target's)
     draft_vocab_size: int  # rows of the head's lm_head: the target vocabulary or a subset (EAGLE-3)
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...]  # EAGLE-3: target layers whose inputs it reads; EAGLE-1: ()
@@ -46,7 +46,7 @@ class EagleHeadSpec:
     norm_before_residual: bool  # EAGLE-3 variant: the residual is hidden_norm(hidden)
 
     @classmethod
-    def from_config(cls, method: str, config: dict, target: LlamaArgs, max_model_len: int | None = None,
+    def from_config(cls, method: str, config: dict, target: DecoderConfig, max_model_len: int | None = None,
                     checkpoint_has_fc_bias: bool = True) -> "EagleHeadSpec":
         """checkpoint_has_fc_bias: decides EAGLE-1's fc bias where the config does not (EAGLE's
         checkpoints have one; vLLM's EAGLE-1 reads none)."""
@@ -60,7 +60,7 @@ class EagleHeadSpec:
                 raise ValueError(f"eagle head: {flag}=true ({what}) is not supported")
         if (config.get("eagle_config") or {}).get("use_aux_hidden_state") is False:
             raise ValueError("eagle head: eagle_config.use_aux_hidden_state=false is not supported")
-        args = LlamaArgs.from_hf_config(config)
+        args = DecoderConfig.from_hf_config(config)
         if args.vocab_size != target.vocab_size:
             raise ValueError(f"eagle head: vocab_size {args.vocab_size} differs from the target's "
                              f"{target.vocab_size}")

@@ -1,10 +1,12 @@
 """What a model architecture provides to the engine: the contract of `models/` classes.
 
-A new architecture is a subclass of `CausalLM` that sets the class attributes below and
-implements the methods; `models/__init__.py` lists it in `MODEL_CLASSES`. The engine reads
-nothing else of a model: the runner calls `forward`, `compute_logits` and `attention_layers`,
-the loader `named_parameters`, `packed_modules` and `checkpoint_shards`, the LoRA manager
-`lora_modules` and `lora_projections`.
+A family is a subclass of `CausalLM` (in practice of models/decoder.py's DecoderForCausalLM)
+that sets the class attributes below and implements the methods; `models/__init__.py` lists it
+in `MODEL_CLASSES`. The engine reads nothing else of a model: the runner calls `forward`,
+`compute_logits` and `attention_layers` and reads `config` (sizes); the loader calls
+`named_parameters`, `checkpoint_name`, `checkpoint_target` and `checkpoint_shards` and reads
+`packed_modules`; the LoRA manager reads `lora_modules` and calls `lora_projections`; EAGLE heads
+call `keep_hidden_states` and read `aux_hidden_states`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from torch import nn
 
 from ..layers.attention import Attention
 from ..layers.linear import LinearBase
+from .decoder_config import DecoderConfig
 
 
 class CausalLM(nn.Module):
@@ -28,6 +31,15 @@ class CausalLM(nn.Module):
     # LoRA: the module names a PEFT adapter may target -> (the model's projection, which of its
     # parts; None: the whole projection, for checkpoints that fuse it themselves).
     lora_modules: ClassVar[dict[str, tuple[str, int | None]]] = {}
+    # The model as served: sizes, heads, experts (set by __init__).
+    config: DecoderConfig
+    # With keep_hidden_states: the hidden states the last forward kept, [T, width].
+    aux_hidden_states: torch.Tensor | None = None
+
+    @classmethod
+    def read_config(cls, hf_config: dict) -> DecoderConfig:
+        """config.json as this family reads it (before the engine's max_model_len applies)."""
+        raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,9 +54,27 @@ class CausalLM(nn.Module):
         """Every layer's paged attention, in order: the runner binds the KV cache to them."""
         raise NotImplementedError
 
+    def keep_hidden_states(self, layers: tuple[int, ...] = (), final: bool = False) -> None:
+        """From the next forward on, `aux_hidden_states` holds every packed row's hidden states:
+        with `layers` (EAGLE-3), the input of each of those decoder layers (the residual stream
+        before layer i runs, Hugging Face's hidden_states[i]; i == num_hidden_layers: the last
+        layer's output before the final norm), concatenated in layer order, [T, len(layers) * H];
+        with `final` (EAGLE-1), the final normed hidden states, [T, H]."""
+        raise NotImplementedError
+
     def lora_projections(self) -> Iterator[tuple[tuple[int, str], LinearBase]]:
         """((layer index, projection name), layer) of each projection LoRA adapters may target."""
         raise NotImplementedError
+
+    def checkpoint_name(self, name: str) -> str:
+        """A checkpoint tensor's name in this module tree (where the family names a module
+        otherwise, e.g. Mixtral's block_sparse_moe)."""
+        return name
+
+    def checkpoint_target(self, name: str) -> tuple[str, object] | None:
+        """(parameter, shard id) for a tensor stacked into a bigger parameter (one expert's
+        projection into its layer's experts), else None."""
+        return None
 
     def checkpoint_shards(self, param_name: str) -> list[tuple[str | int, int]] | None:
         """For a checkpoint tensor that is already fused: (shard id, rows) of its parts."""

@@ -152,7 +152,9 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
     weight_scales = _weight_scales(files)
     fp8_weights = 0
     packed = getattr(model, "packed_modules", {})
-    tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    rename = getattr(model, "checkpoint_name", None)
+    stacked = getattr(model, "checkpoint_target", None)
     loaded: set[str] = set()
     for path in files:
         with safe_open(path, framework="pt") as f:
@@ -172,11 +174,18 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
                     value = _scale_value(name, tensor)
                     kv_scales.setdefault(block, {}).update({kind: value for kind in kinds})
                     continue
-                target, shard_id = name, None
-                for ckpt_frag, (param_frag, sid) in packed.items():
-                    if f".{ckpt_frag}." in name:
-                        target, shard_id = name.replace(ckpt_frag, param_frag), sid
-                        break
+                ours = rename(name) if rename is not None else name
+                target, shard_id = ours, None
+                # One expert's projection goes into its layer's stacked experts; other names
+                # through packed_modules (q/k/v and gate/up fused).
+                placed = stacked(ours) if stacked is not None else None
+                if placed is not None:
+                    target, shard_id = placed
+                else:
+                    for ckpt_frag, (param_frag, sid) in packed.items():
+                        if f".{ckpt_frag}." in ours:
+                            target, shard_id = ours.replace(ckpt_frag, param_frag), sid
+                            break
                 param = params.get(target)
                 if param is None:
                     raise ValueError(f"model: checkpoint tensor {name!r} has no matching parameter")

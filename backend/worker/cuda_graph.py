@@ -387,15 +387,15 @@ class HeadPrefillGraphs(PrefillGraphs):
 
 
 def kept_hidden_states(model: nn.Module) -> torch.Tensor | None:
-    """The hidden states the model keeps for an EAGLE head (LlamaModel.keep_hidden_states), as
+    """The hidden states the model keeps for an EAGLE head (CausalLM.keep_hidden_states), as
     the forward just made them: captured, that is the graph's own buffer."""
-    return getattr(getattr(model, "model", None), "aux_hidden_states", None)
+    return getattr(model, "aux_hidden_states", None)
 
 
 def restore_kept_hidden_states(model: nn.Module, kept: torch.Tensor | None) -> None:
     """After a replay, the model's kept hidden states are the replayed graph's buffer."""
     if kept is not None:
-        model.model.aux_hidden_states = kept
+        model.aux_hidden_states = kept
 
 
 def _fill_lora_row(row, lora_slots, n: int, end: int) -> None:

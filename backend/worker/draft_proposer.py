@@ -78,7 +78,7 @@ class DraftModelProposer:
         self.max_model_len = config.model_config.max_model_len
         self.max_num_seqs = config.scheduler_config.max_num_seqs
         self.max_num_batched_tokens = config.scheduler_config.max_num_batched_tokens
-        self.target_vocab_size = target.args.vocab_size
+        self.target_vocab_size = target.config.vocab_size
         self.model = self._build(draft_config, target)
         self.attn_layers = self.model.attention_layers()
         self.kv_cache: torch.Tensor | None = None

@@ -41,7 +41,7 @@ class EagleProposer(DraftModelProposer):
         spec_method = self._method
         with torch.device(self.device):
             if draft_config.load_format == "dummy":
-                head = EagleDraftHead(spec_method, draft_config.hf_config, target.args, self.dtype,
+                head = EagleDraftHead(spec_method, draft_config.hf_config, target.config, self.dtype,
                                       self.max_model_len)
                 load_dummy(head, draft_config.seed + 1)
                 # Random weights stand for a checkpoint of the head's own tensors: the embedding
@@ -60,7 +60,7 @@ class EagleProposer(DraftModelProposer):
         """Graphs of the first pass (a few sequences' accepted rows, at most k + 1 each) and of
         the one-token passes."""
         max_blocks = -(-self.max_model_len // self.block_size)
-        hidden_size = self.model.args.hidden_size
+        hidden_size = self.model.config.hidden_size
         seqs, chunk = min(self.max_num_seqs, SPEC_GRAPH_MAX_SEQS), self.k + 1
         self.prefill_graphs = HeadPrefillGraphs(self.model, hidden_size, self.dtype,
                                                 min(seqs * chunk, self.max_num_batched_tokens), max_blocks,

@@ -50,7 +50,7 @@ class ModelRunner:
         self.dtype = dtype
         self.lora_manager = lora_manager
         self.block_size = config.cache_config.block_size
-        self.vocab_size = model.args.vocab_size
+        self.vocab_size = model.config.vocab_size
         # Only rank 0 samples: the other ranks keep one sampling slot, for the warm-up of the
         # penalties' kernel, and never learn the sampled tokens.
         self.samples = rank == 0

@@ -68,7 +68,7 @@ def handle(worker, message) -> bool:
             worker.lora_manager.add_adapter(name, path)
         runner.follow_step(message.step)
     elif isinstance(message, LogitsCall):
-        hidden = tp_broadcast(torch.empty(message.rows, worker.model.args.hidden_size, dtype=runner.dtype,
+        hidden = tp_broadcast(torch.empty(message.rows, worker.model.config.hidden_size, dtype=runner.dtype,
                                           device=runner.device))
         runner.model.compute_logits(hidden)
     elif isinstance(message, Stop):

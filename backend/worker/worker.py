@@ -69,8 +69,8 @@ class Worker:
         self.runner = ModelRunner(config, self.model, self.device, self.dtype, self.lora_manager, rank)
         self.attn_layers = self.model.attention_layers()
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
-        self.head_dim = self.model.args.head_dim
-        self.vocab_size = self.model.args.vocab_size
+        self.head_dim = self.model.config.head_dim
+        self.vocab_size = self.model.config.vocab_size
         spec = config.speculative_config
         # A draft model before the memory profile: its weights and its share of each block count.
         self.drafter = self.runner.drafter = make_proposer(config, self.device, self.model) \

@@ -1,0 +1,54 @@
+"""The decoder's self-attention block: fused q/k/v projection, rotary (after Qwen3's per-head
+norms), paged attention, output projection."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .forward_context import select_lora_rows
+from .layernorm import RMSNorm
+from .linear import LinearMethod, QKVParallelLinear, RowParallelLinear
+from .rotary import RotaryEmbedding
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, c, dtype: torch.dtype, linear_method: LinearMethod | None = None) -> None:
+        """c: the model's DecoderConfig (models/decoder_config.py)."""
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_attention_heads,
+                                          c.num_key_value_heads, bias=c.attention_bias, dtype=dtype,
+                                          linear_method=linear_method)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * c.head_dim
+        self.kv_size = self.num_kv_heads * c.head_dim
+        self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size,
+                                        bias=False, dtype=dtype, linear_method=linear_method)
+        self.rotary_emb = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta,
+                                          c.rope_scaling, rotary_dim=c.rotary_dim or c.head_dim,
+                                          long_factors=c.long_rope)
+        self.attn = Attention(self.num_heads, c.head_dim, c.head_dim ** -0.5, self.num_kv_heads)
+        self.head_dim = c.head_dim
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`rows`: project only these rows' attention outputs (see DecoderModel.forward)."""
+        qkv = self.qkv_proj(hidden)
+        # Strided views into qkv: rotary works in place and the attention kernels take row
+        # strides, so no copies.
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # One kernel applies rotary (after Qwen3's head norms) and stores every row's keys and
+        # values; then attention.
+        out = self.attn(q, k, v, positions, self.rotary_emb, self.q_norm, self.k_norm)
+        if rows is not None:
+            if rows.numel() == 0:
+                return hidden[:0]
+            out = out[rows]
+            select_lora_rows(rows)  # LoRA adapters follow the rows kept
+        return self.o_proj(out)

@@ -1,0 +1,122 @@
+"""The mixture-of-experts MLP block: a router picks each token's top-k experts, the experts'
+SwiGLU MLPs run as one fused kernel over stacked weights (kernels/moe.py), and Qwen2-MoE adds a
+gated shared expert. Tensor parallelism shards every expert's intermediate dimension, as the
+dense MLP's: each rank holds a slice of all experts and one all-reduce sums the partial outputs."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+
+from . import ops
+from .int4 import Int4LinearMethod
+from .linear import LinearMethod, ReplicatedLinear
+from .mlp import GatedMLP
+from .parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
+from .quantization import Fp8LinearMethod
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+                   round_to: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 routing weights, int32 expert ids), [T, top_k] each: softmax over the experts in
+    float32, the top k, renormalised to sum to one if asked, rounded to `round_to` where the
+    family's reference rounds them (Hugging Face's order of operations)."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if round_to is not None:
+        weights = weights.to(round_to)
+    return weights.float(), ids.to(torch.int32)
+
+
+class FusedMoE(nn.Module):
+    """One layer's experts, stacked at load: w13_weight [E, 2 * I_rank, H] (this rank's gate rows,
+    then its up rows) and w2_weight [E, H, I_rank]. With quantization="fp8" both become
+    float8_e4m3fn after loading, with one scale per expert and output channel (the kernel widens
+    them in registers; activations stay 16-bit)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
+                 linear_method: LinearMethod | None = None) -> None:
+        super().__init__()
+        tp = get_tp_size()
+        if intermediate_size % tp:
+            raise ValueError(f"model: the experts' intermediate size {intermediate_size} does not "
+                             f"split over {tp} tensor-parallel ranks")
+        if isinstance(linear_method, Int4LinearMethod):
+            raise ValueError("model: AWQ and GPTQ mixture-of-experts checkpoints are not supported "
+                             "(bf16 and FP8 experts are)")
+        self.fp8 = isinstance(linear_method, Fp8LinearMethod)
+        self.num_experts, self.tp_rank = num_experts, get_tp_rank()
+        self.intermediate = intermediate_size // tp  # this rank's
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
+                                      requires_grad=False)
+        for param in (self.w13_weight, self.w2_weight):
+            param.weight_loader = self.weight_loader
+        self.w13_scale: torch.Tensor | None = None
+        self.w2_scale: torch.Tensor | None = None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, str]) -> None:
+        """One expert's checkpoint projection (gate or up [I, H], down [H, I]) into its place,
+        cut to this rank's slice of I."""
+        expert, part = shard_id
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"model: checkpoint expert {expert} is not one of the model's "
+                             f"{self.num_experts} experts")
+        size, start = self.intermediate, self.tp_rank * self.intermediate
+        if part == "down":
+            target, piece = param.data[expert], loaded.narrow(1, start, size)
+        else:
+            offset = 0 if part == "gate" else size
+            target, piece = param.data[expert].narrow(0, offset, size), loaded.narrow(0, start, size)
+        if target.shape != piece.shape:
+            raise ValueError(f"model: expert {expert} {part} projection has shape {tuple(loaded.shape)}; "
+                             f"its slice {tuple(piece.shape)} does not fit {tuple(target.shape)}")
+        target.copy_(piece)
+
+    def process_weights_after_loading(self) -> None:
+        if not self.fp8:
+            return
+        for name in ("w13", "w2"):
+            w = getattr(self, f"{name}_weight").data.float()
+            scale = (w.abs().amax(dim=2) / FP8_MAX).clamp(min=FP8_MIN_SCALE)  # [E, N]
+            q = (w / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+            setattr(self, f"{name}_weight", nn.Parameter(q, requires_grad=False))
+            setattr(self, f"{name}_scale", scale)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum of the experts' outputs (the caller all-reduces)."""
+        return ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+                             self.w13_scale, self.w2_scale)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (`gate`, replicated and 16-bit), experts, and an optional shared expert whose
+    output a sigmoid gate scales (Qwen2-MoE); checkpoint names as Hugging Face's."""
+
+    def __init__(self, c, dtype: torch.dtype, linear_method: LinearMethod | None = None) -> None:
+        """c: the model's DecoderConfig (models/decoder_config.py)."""
+        super().__init__()
+        self.top_k, self.renormalize = c.num_experts_per_tok, c.norm_topk_prob
+        self.round_weights = c.router_weights_in_dtype
+        self.gate = ReplicatedLinear(c.hidden_size, c.num_experts, False, dtype)
+        self.experts = FusedMoE(c.num_experts, c.hidden_size, c.moe_intermediate_size, dtype, linear_method)
+        if c.shared_expert_intermediate_size:
+            self.shared_expert = GatedMLP(c.hidden_size, c.shared_expert_intermediate_size, False, dtype,
+                                          linear_method)
+            self.shared_expert_gate = ReplicatedLinear(c.hidden_size, 1, False, dtype)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        weights, ids = select_experts(logits, self.top_k, self.renormalize,
+                                      x.dtype if self.round_weights else None)
+        out = tp_all_reduce(self.experts(x, weights, ids))
+        if self.shared_expert is not None:
+            out = out + F.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
