@@ -55,8 +55,9 @@ class FusedMoE(nn.Module):
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
                                       requires_grad=False)
-        for param in (self.w13_weight, self.w2_weight):
+        for param, parts in ((self.w13_weight, ("gate", "up")), (self.w2_weight, ("down",))):
             param.weight_loader = self.weight_loader
+            param.expert_shards = [(e, p) for e in range(num_experts) for p in parts]  # (the loader checks)
         self.w13_scale: torch.Tensor | None = None
         self.w2_scale: torch.Tensor | None = None
 

@@ -156,6 +156,7 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
     rename = getattr(model, "checkpoint_name", None)
     stacked = getattr(model, "checkpoint_target", None)
     loaded: set[str] = set()
+    expert_shards: dict[str, set] = {}  # stacked parameter -> the (expert, part) shards placed
     for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
@@ -181,6 +182,7 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
                 placed = stacked(ours) if stacked is not None else None
                 if placed is not None:
                     target, shard_id = placed
+                    expert_shards.setdefault(target, set()).add(shard_id)
                 else:
                     for ckpt_frag, (param_frag, sid) in packed.items():
                         if f".{ckpt_frag}." in ours:
@@ -213,6 +215,7 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
                 loaded.add(target)
     missing = [n for n in params if n not in loaded and n not in optional
                and not (tied and n == "lm_head.weight")]
+    _check_experts_complete(params, expert_shards)
     if missing:
         raise ValueError(f"model: checkpoint lacks weights for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")
@@ -220,6 +223,17 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
         logger.info("Read %d FP8 weights with their scales; served in FP8 with quantization=fp8, "
                     "else in the model dtype", fp8_weights)
     return kv_scales
+
+
+def _check_experts_complete(params: dict, placed: dict[str, set]) -> None:
+    """Stacked experts load as one parameter per layer: each expert's every projection must be
+    in the checkpoint, else that expert's rows would stay uninitialised."""
+    for name, shards in placed.items():
+        expected = getattr(params[name], "expert_shards", ())
+        for expert, part in sorted(set(expected) - shards):
+            layer = name.split(".layers.")[1].split(".")[0] if ".layers." in name else "?"
+            raise ValueError(f"model: checkpoint lacks layer {layer} expert {expert}'s {part} "
+                             f"projection ({name})")
 
 
 def load_dummy(model: nn.Module, seed: int) -> None:

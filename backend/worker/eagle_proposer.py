@@ -60,7 +60,7 @@ class EagleProposer(DraftModelProposer):
         """Graphs of the first pass (a few sequences' accepted rows, at most k + 1 each) and of
         the one-token passes."""
         max_blocks = -(-self.max_model_len // self.block_size)
-        hidden_size = self.model.config.hidden_size
+        hidden_size = self.model.args.hidden_size
         seqs, chunk = min(self.max_num_seqs, SPEC_GRAPH_MAX_SEQS), self.k + 1
         self.prefill_graphs = HeadPrefillGraphs(self.model, hidden_size, self.dtype,
                                                 min(seqs * chunk, self.max_num_batched_tokens), max_blocks,

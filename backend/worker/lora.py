@@ -69,6 +69,10 @@ class LoRAAdapter:
         self.weights: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
         with safe_open(weights_path, framework="pt") as f:
             for key in f.keys():
+                if ".experts." in key:
+                    raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} targets an expert of a "
+                                     f"mixture-of-experts layer; LoRA on experts is not supported "
+                                     f"(on attention and dense MLP projections it is).")
                 match = _KEY.search(key)
                 if match is None or match.group(2) not in targets:
                     raise ValueError(f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA weight "

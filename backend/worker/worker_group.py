@@ -91,6 +91,11 @@ def check_tp_shapes(hf_config: dict, tp: int) -> None:
     if inter % tp:
         raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
                          f"intermediate_size={inter}.")
+    experts = hf_config.get("num_experts") or hf_config.get("num_local_experts")
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        size = (hf_config.get(name) or 0) if experts else 0
+        if size % tp:  # experts shard their intermediate dimension, as the dense MLP does
+            raise ValueError(f"tensor_parallel_size={tp} does not divide the model's {name}={size}.")
 
 
 class _Ranks:

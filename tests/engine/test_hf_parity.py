@@ -42,8 +42,9 @@ def expected(model_dir):
 
 
 def run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
-    """Submit a third of the prompts, then one more every other step while the others run."""
-    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    """Submit a third of the prompts, then one more every other step while the others run.
+    min_tokens, as Hugging Face's min_new_tokens, keeps EOS from being drawn."""
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, min_tokens=MAX_NEW)
     pending = list(enumerate(prompts))
     results: dict[str, object] = {}
     for _ in range(len(prompts) // 3):

@@ -77,7 +77,7 @@ def test_longrope_short_factors_by_default_up_to_the_original_length(phi3_dir, t
                      original_max_position_embeddings=64, max_position_embeddings=2048)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
     assert engine.config.model_config.max_model_len == 64
-    assert not engine.executor.worker.model.args.long_rope
+    assert not engine.executor.worker.model.config.long_rope
     prompts = [list(range(5, 35)), list(range(100, 112))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     assert _generate(engine, prompts, 30) == hf_greedy_generate(hf, prompts, 30)
@@ -91,7 +91,7 @@ def test_longrope_long_factors_past_the_original_length(phi3_dir, tmp_path):
                      original_max_position_embeddings=64, max_position_embeddings=2048)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=256, max_num_batched_tokens=48,
                                   enable_prefix_caching=False))
-    assert engine.config.model_config.max_model_len == 256 and engine.executor.worker.model.args.long_rope
+    assert engine.config.model_config.max_model_len == 256 and engine.executor.worker.model.config.long_rope
     prompts = [list(range(5, 75)), list(range(100, 190))]
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     want = hf_greedy_generate(hf, prompts, 20)
@@ -106,7 +106,7 @@ def test_longrope_long_factors_past_the_original_length(phi3_dir, tmp_path):
 def test_su_is_longrope_under_its_first_name():
     from backend.layers.rotary import RotaryEmbedding
     from backend.models import longrope_original_length
-    from backend.models.llama import LlamaArgs
+    from backend.models.decoder_config import DecoderConfig
 
     base = dict(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                 num_attention_heads=4, max_position_embeddings=2048, original_max_position_embeddings=64,
@@ -117,7 +117,7 @@ def test_su_is_longrope_under_its_first_name():
     for kind in ("longrope", "su"):
         config = {**base, "rope_scaling": {"type": kind, **factors}}
         assert longrope_original_length(config) == 64
-        a = LlamaArgs.from_hf_config(config)
+        a = DecoderConfig.from_hf_config(config)
         caches.append(RotaryEmbedding(a.head_dim, 128, a.rope_theta, a.rope_scaling).cos_sin_cache)
     assert torch.equal(caches[0], caches[1])
     assert not torch.equal(caches[0], RotaryEmbedding(16, 128, 10000.0, None).cos_sin_cache)

@@ -151,8 +151,9 @@ def test_reference_matches_float64():
 
 
 def test_default_configs_by_rows_per_expert():
-    from kernels.moe import DEFAULT_CONFIGS, default_config
-    assert default_config(1, 8, 64, torch.bfloat16) == DEFAULT_CONFIGS[16]      # decode
+    from kernels.moe import DEFAULT_CONFIGS, default_config, row_bucket
+    assert [row_bucket(r) for r in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257)] == [1, 4, 4, 16, 16, 64, 64, 256, 256, 0]
+    assert default_config(1, 8, 64, torch.bfloat16) == DEFAULT_CONFIGS[1]       # decode
     assert default_config(64, 8, 16, torch.bfloat16) == DEFAULT_CONFIGS[64]     # 32 rows an expert
     assert default_config(256, 2, 4, torch.bfloat16) == DEFAULT_CONFIGS[256]
     assert default_config(8192, 8, 64, torch.bfloat16) == DEFAULT_CONFIGS[0]    # prefill
@@ -161,6 +162,49 @@ def test_default_configs_by_rows_per_expert():
     with pytest.raises(ValueError, match="^block_m must be a power of two of at least 16, got 24$"):
         from kernels.moe import FusedMoEConfig
         FusedMoEConfig(block_m=24)
+
+
+def test_tuned_table_picks_the_config_per_gpu_shape_and_bucket(tmp_path, monkeypatch):
+    import json
+
+    from kernels import moe
+    from kernels.moe import FusedMoEConfig, choose_config, config_key, default_config
+    tuned = {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "num_warps": 2, "num_stages": 2}
+    here = moe._device_name(torch.device(DEVICE))  # "cpu" in the interpreter
+    assert config_key(128, 8, 2048, 768, torch.bfloat16, 0) == "e128-top8-h2048-i768/bfloat16/mbig"
+    table = tmp_path / "fused_moe.json"
+    table.write_text(json.dumps({"configs": {
+        "GPU A": {"e128-top8-h2048-i768/bfloat16/m1": tuned},
+        here: {config_key(4, 2, 32, 16, torch.float32, 4): tuned}}}))
+    bf16, path = torch.bfloat16, str(table)
+    qwen = (8, 128, 2048, 768)  # top_k, E, H, I
+
+    def pick(m, *, shape=qwen, weight_dtype=bf16, gpu="GPU A", path=path):
+        return choose_config(m, shape[0], shape[1], shape[2], shape[3], weight_dtype, bf16, gpu, path)
+
+    assert pick(16) == FusedMoEConfig(32, 32, 32, 2, 2, 2)  # 16 tokens x top-8 over 128 experts: 1 row each
+    assert pick(17) == default_config(17, 8, 128, bf16)     # 2 rows an expert: another bucket
+    assert pick(16, gpu="GPU B") == default_config(16, 8, 128, bf16)
+    assert pick(16, shape=(8, 128, 2048, 1536)) == default_config(16, 8, 128, bf16)
+    assert pick(16, weight_dtype=torch.float8_e4m3fn) == default_config(16, 8, 128, bf16)
+    assert pick(16, path=str(tmp_path / "none.json")) == default_config(16, 8, 128, bf16)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"configs": {"GPU A": {"e1-top1-h16-i16/bfloat16/m1": {**tuned, "block_m": 24}}}}))
+    with pytest.raises(ValueError, match="^" + re.escape(f"{bad}: GPU A e1-top1-h16-i16/bfloat16/m1: block_m must be "
+                                                         "a power of two of at least 16, got 24") + "$"):
+        moe.load_tuned_configs(str(bad))
+
+    # The kernel call takes the table's config for its device when none is given (3 tokens x top-2
+    # over 4 experts: 2 rows an expert), and its block_m reaches the alignment step.
+    monkeypatch.setattr(moe, "TUNED_CONFIGS", path)
+    seen = []
+    real_align = moe.moe_align_block_size
+    monkeypatch.setattr(moe, "moe_align_block_size",
+                        lambda ids, e, block_m: seen.append(block_m) or real_align(ids, e, block_m))
+    (x, w13, w2, weights, ids), oracle, _ = _case(3, 4, 2, 32, 16, torch.float32, 5)
+    out = kernels.fused_moe(x, w13, w2, weights, ids)
+    assert seen == [32]
+    assert rel_err(out, oracle) < _bound(torch.float32)
 
 
 def _args(**change):
