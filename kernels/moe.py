@@ -23,10 +23,18 @@ FP8 weights (float8_e4m3fn) are widened to the activations' dtype in registers (
 is exact in fp16 and bf16; W8A16, activations are not quantized); per-output-channel scales
 [E, N] multiply the float32 sums after the K loop, 128 x 128 block scales [E, N/128, K/128]
 multiply each K step's sums (BLOCK_K divides 128).
+
+Tiles come from a config per bucket of rows per expert; a table of measured configs per GPU,
+layer shape, weight dtype and bucket (kernels/configs/fused_moe.json, written by
+`benchmarks/kernels/fused_moe.py --sweep --write-configs`) overrides the defaults. A table, not an
+autotuner at start-up: the choice, and so the summation order, is the same in every run.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -60,10 +68,13 @@ class FusedMoEConfig:
             raise ValueError(f"group_m and num_stages must be at least 1 and num_warps 1, 2, 4 or 8, got {self}")
 
 
-# Defaults by rows per expert (M * top_k / E, the rows one expert's tiles hold on average);
-# not tuned on a GPU yet (no kernels/configs/fused_moe.json): vLLM's defaults' shape.
-ROW_BUCKETS = (16, 64, 256)  # and more
+# Defaults by rows per expert (M * top_k / E, the rows one expert's tiles hold on average), in the
+# shape of vLLM's defaults; decode batches (1 and 4 rows an expert) have buckets of their own so
+# that the tuned table can give them tiles of their own.
+ROW_BUCKETS = (1, 4, 16, 64, 256)  # and more
 DEFAULT_CONFIGS = {
+    1: FusedMoEConfig(16, 64, 128, 1, 4, 4),
+    4: FusedMoEConfig(16, 64, 128, 1, 4, 4),
     16: FusedMoEConfig(16, 64, 128, 1, 4, 4),
     64: FusedMoEConfig(32, 64, 128, 4, 4, 3),
     256: FusedMoEConfig(64, 64, 64, 8, 4, 3),
@@ -80,6 +91,48 @@ def default_config(m: int, top_k: int, num_experts: int, dtype: torch.dtype) -> 
     if dtype == torch.float32:  # (tests) float32 tiles take twice the shared memory
         cfg = FusedMoEConfig(cfg.block_m, min(cfg.block_n, 64), 32, cfg.group_m, cfg.num_warps, 2)
     return cfg
+
+
+TUNED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "fused_moe.json")
+
+
+def config_key(num_experts: int, top_k: int, hidden: int, inter: int, weight_dtype: torch.dtype,
+               bucket: int) -> str:
+    """The tuned table's key, like "e128-top8-h2048-i768/bfloat16/m16" ("mbig": the last bucket)."""
+    dtype = str(weight_dtype).removeprefix("torch.")
+    return f"e{num_experts}-top{top_k}-h{hidden}-i{inter}/{dtype}/m{bucket or 'big'}"
+
+
+@functools.lru_cache(maxsize=None)
+def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, FusedMoEConfig]]:
+    """{GPU name: {config_key: config}} from the table; empty when there is none."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+    out: dict[str, dict[str, FusedMoEConfig]] = {}
+    for gpu, entries in table.get("configs", {}).items():
+        out[gpu] = {}
+        for key, entry in entries.items():
+            try:
+                out[gpu][key] = FusedMoEConfig(**entry)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{path}: {gpu} {key}: {e}") from None
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def choose_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int, weight_dtype: torch.dtype,
+                  dtype: torch.dtype, device_name: str, path: str | None = None) -> FusedMoEConfig:
+    """The table's config for this GPU model, layer shape, weight dtype and bucket, else the default."""
+    bucket = row_bucket(cdiv(m * top_k, num_experts))
+    table = load_tuned_configs(path or TUNED_CONFIGS).get(device_name, {})
+    tuned = table.get(config_key(num_experts, top_k, hidden, inter, weight_dtype, bucket))
+    return tuned or default_config(m, top_k, num_experts, dtype)
 
 
 @triton.jit
@@ -206,7 +259,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     m, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
-    cfg = config or default_config(m, top_k, num_experts, x.dtype)
+    cfg = config or choose_config(m, top_k, num_experts, hidden, inter, w13.dtype, x.dtype, _device_name(x.device))
     if (k13 == 2 or k2 == 2) and FP8_BLOCK % cfg.block_k:
         validation.fail(OP, f"block-wise FP8 scales need a block_k that divides {FP8_BLOCK}, got {cfg.block_k}")
     if m == 0 or hidden == 0:

@@ -121,7 +121,7 @@ def main() -> None:
     values = engine_values(a)
     engine = LLMEngine(EngineArgs.from_strings(values))
     result: dict = {"engine_args": values}
-    cfg = engine.executor.worker.model.args
+    cfg = engine.executor.worker.model.config
     if a.gemm:
         result["gemm"] = gemm_ceiling(cfg.hidden_size, cfg.intermediate_size,
                                       cfg.num_attention_heads * cfg.head_dim,

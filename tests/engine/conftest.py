@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from build_default_model import build_model  # noqa: E402
+from tiny_moe import MOE_FAMILIES  # noqa: E402
 
 # Llama with GQA (4 query / 2 kv heads), untied embeddings and Llama-3 rope scaling whose
 # original context (64) is shorter than our prompts, so the scaled frequencies matter.
@@ -54,18 +55,6 @@ def phi3_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3", "phi3"])
 def model_dir(request, llama_dir, qwen2_dir, qwen3_dir, phi3_dir) -> str:
     return {"llama": llama_dir, "qwen2": qwen2_dir, "qwen3": qwen3_dir, "phi3": phi3_dir}[request.param]
-
-
-# Mixture-of-experts families, from transformers' own config classes: 8 experts, top-2.
-# Mixtral renormalises the top-k weights; Qwen2-MoE does not, adds a gated shared expert and
-# keeps layer 1 of 3 dense (mlp_only_layers); Qwen3-MoE renormalises (as Qwen3-30B-A3B's config
-# says) with per-head q/k norms and head_dim apart from hidden_size / heads.
-MIXTRAL = dict(arch="mixtral", num_attention_heads=4, num_key_value_heads=2, intermediate_size=48)
-QWEN2_MOE = dict(arch="qwen2_moe", num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
-                 mlp_only_layers=[1], tie_word_embeddings=True)
-QWEN3_MOE = dict(arch="qwen3_moe", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 norm_topk_prob=True)
-MOE_FAMILIES = {"mixtral": (MIXTRAL, 5), "qwen2_moe": (QWEN2_MOE, 6), "qwen3_moe": (QWEN3_MOE, 7)}
 
 
 @pytest.fixture(scope="session")

@@ -207,6 +207,14 @@ def test_tuned_table_picks_the_config_per_gpu_shape_and_bucket(tmp_path, monkeyp
     assert rel_err(out, oracle) < _bound(torch.float32)
 
 
+def test_shipped_tuned_table_loads():
+    from kernels.moe import ROW_BUCKETS, TUNED_CONFIGS, config_key, load_tuned_configs
+    h100 = load_tuned_configs(TUNED_CONFIGS)["NVIDIA H100 80GB HBM3"]
+    # Every bucket of Qwen3-30B-A3B's and Mixtral-8x7B's layers in bf16 (the 2026-12-07 sweep).
+    assert set(h100) == {config_key(e, k, h, i, torch.bfloat16, b)
+                         for e, k, h, i in ((128, 8, 2048, 768), (8, 2, 4096, 14336)) for b in (*ROW_BUCKETS, 0)}
+
+
 def _args(**change):
     e, h, i, m, k = 4, 32, 16, 3, 2
     args = dict(x=torch.zeros(m, h), w13=torch.zeros(e, 2 * i, h), w2=torch.zeros(e, h, i),
