@@ -121,6 +121,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
                                            **options)
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """(sorted_token_ids, expert_ids, num_tokens_post_padded) of kernels/moe_align.py (torch only)."""
-    return _impl("moe_align", "moe_align_block_size")(topk_ids, num_experts, block_m)
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                         use_kernel: bool | None = None):
+    """(sorted_token_ids, expert_ids, num_tokens_post_padded) of kernels/moe_align.py."""
+    return _impl("moe_align", "moe_align_block_size")(topk_ids, num_experts, block_m, use_kernel)

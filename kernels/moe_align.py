@@ -2,17 +2,25 @@
 padded to a multiple of BLOCK_M, so that every BLOCK_M-row tile of the grouped GEMMs belongs to
 one expert (the idea of vLLM's / SGLang's `moe_align_block_size`; this is our own code).
 
-Plain PyTorch on the tensors' device, and no device-to-host copy (the sizes come from M, top_k
-and E only), so a step that runs it can be captured in a CUDA graph. Imports only torch.
+No device-to-host copy (the sizes come from M, top_k and E only), so a step that runs it can be
+captured in a CUDA graph. Up to ALIGN_KERNEL_MAX_PAIRS pairs (decode and small prefills) one
+Triton program does it all in one launch (`_align_kernel`): a chain of a dozen PyTorch ops costs
+more than the grouped GEMMs of a decode step. More pairs take the PyTorch ops (`_align_torch`),
+whose cost is small beside those GEMMs and which spread over the whole GPU.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from .validation_moe import check_align
 
 OP = "moe_align_block_size"
+# One program walks the pairs three times; past this many a single program is slower than torch's
+# sort spread over the GPU.
+ALIGN_KERNEL_MAX_PAIRS = 4096
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -26,8 +34,8 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return _cdiv(bound, block_m) * block_m
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                         use_kernel: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """topk_ids [M, top_k] -> (sorted_token_ids, expert_ids, num_tokens_post_padded):
 
     - sorted_token_ids [P] int32, P = max_padded_rows(M * top_k, E, block_m): the flat pair
@@ -38,8 +46,18 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int
     - num_tokens_post_padded [1] int32: the padded length actually used (a multiple of block_m).
 
     An expert with no pair gets no tile. Ids must lie in [0, E) (not checked: that would need a
-    device sync; kernels.reference.fused_moe_ref checks)."""
+    device sync; kernels.reference.fused_moe_ref checks). `use_kernel`: None picks by size (the
+    kernel needs a device Triton runs on); True or False forces one way (tests)."""
     check_align(OP, topk_ids, num_experts, block_m)
+    if use_kernel is None:
+        from ._launch import INTERPRETED
+        runnable = topk_ids.is_cuda or (INTERPRETED and topk_ids.device.type == "cpu")
+        use_kernel = runnable and topk_ids.numel() <= ALIGN_KERNEL_MAX_PAIRS
+    return (_align_with_kernel if use_kernel else _align_torch)(topk_ids, num_experts, block_m)
+
+
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     pairs = flat.numel()
@@ -59,3 +77,59 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int
     total = ends[-1:]
     expert_ids = torch.where(tile_starts < total, expert_ids, -1).to(torch.int32)
     return sorted_ids, expert_ids, total.to(torch.int32)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, post_ptr, num_pairs, padded_len, num_tiles,
+                  E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: count each expert's pairs, lay the padded groups out (exclusive cumsum), place
+    every pair at its group's start plus its rank among the earlier pairs of its expert (pairs
+    walked in order, so groups keep increasing pair order), fill the other slots with the
+    sentinel and write each tile's expert. Work per chunk is [BLOCK, E_POW2] one-hot masks."""
+    experts = tl.arange(0, E_POW2)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
+        counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(post_ptr, tl.sum(padded, axis=0))
+    seen = tl.zeros([E_POW2], dtype=tl.int32)  # pairs of each expert placed so far
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        valid = offs < num_pairs
+        e = tl.load(ids_ptr + offs, mask=valid, other=-1).to(tl.int32)
+        hit = (e[:, None] == experts[None, :]).to(tl.int32)        # [BLOCK, E_POW2]
+        rank = tl.sum((tl.cumsum(hit, axis=0) - hit) * hit, axis=1)  # earlier pairs of its expert in the chunk
+        base = tl.sum(hit * (starts + seen)[None, :], axis=1)
+        tl.store(sorted_ptr + base + rank, offs.to(tl.int32), mask=valid)
+        seen += tl.sum(hit, axis=0)
+    for start in range(0, padded_len, BLOCK):
+        slot = start + tl.arange(0, BLOCK)
+        into = slot[:, None] - starts[None, :]
+        is_pair = tl.sum(((into >= 0) & (into < counts[None, :])).to(tl.int32), axis=1) > 0
+        tl.store(sorted_ptr + slot, num_pairs, mask=(slot < padded_len) & (is_pair == 0))
+    for start in range(0, num_tiles, BLOCK):
+        tile = start + tl.arange(0, BLOCK)
+        first = tile[:, None] * BLOCK_M
+        inside = (first >= starts[None, :]) & (first < ends[None, :])   # at most one expert per tile
+        expert = tl.sum(tl.where(inside, experts[None, :], 0), axis=1)
+        owned = tl.sum(inside.to(tl.int32), axis=1) > 0
+        tl.store(expert_ids_ptr + tile, tl.where(owned, expert, -1), mask=tile < num_tiles)
+
+
+def _align_with_kernel(topk_ids: torch.Tensor, num_experts: int, block_m: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    pairs = topk_ids.numel()
+    padded_len = max_padded_rows(pairs, num_experts, block_m)
+    device = topk_ids.device
+    sorted_ids = torch.empty(padded_len, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(padded_len // block_m, dtype=torch.int32, device=device)
+    total = torch.empty(1, dtype=torch.int32, device=device)
+    e_pow2 = triton.next_power_of_2(num_experts)
+    block = max(16, min(128, 4096 // e_pow2))  # keeps each [BLOCK, E_POW2] mask at 4k elements
+    _align_kernel[(1,)](topk_ids.reshape(-1), sorted_ids, expert_ids, total, pairs, padded_len,
+                        expert_ids.numel(), E_POW2=e_pow2, BLOCK_M=block_m, BLOCK=block, num_warps=4)
+    return sorted_ids, expert_ids, total

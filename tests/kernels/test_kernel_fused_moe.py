@@ -142,6 +142,19 @@ def test_alignment_on_a_hand_made_case():
     assert [t.tolist() for t in empty] == [[], [], [0]]
 
 
+@pytest.mark.parametrize("m,top_k,experts,block_m", [(1, 8, 128, 16), (37, 8, 128, 16), (64, 2, 8, 64),
+                                                     (200, 4, 60, 32), (5, 1, 1, 16)])
+def test_alignment_kernel_equals_the_torch_ops(m, top_k, experts, block_m):
+    """The one-program kernel (small batches) and the PyTorch ops (large ones) give the same three
+    tensors, experts without a pair included."""
+    gen = torch.Generator().manual_seed(m)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(m)]).int().to(DEVICE)
+    torch_ops = kernels.moe_align_block_size(ids, experts, block_m, use_kernel=False)
+    kernel = kernels.moe_align_block_size(ids, experts, block_m, use_kernel=True)
+    for a, b in zip(torch_ops, kernel):
+        assert torch.equal(a, b)
+
+
 def test_reference_matches_float64():
     (x, w13, w2, weights, ids), oracle, _ = _case(7, 8, 2, 80, 48, torch.float32, 1, [1, 2, 5, 6])
     ref = reference.fused_moe_ref(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu())
