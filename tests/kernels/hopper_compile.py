@@ -149,6 +149,9 @@ def cases():
         yield (f"fused_moe bf16 M={rows}", lambda rows=rows: kernels.fused_moe(
             e(rows, 2048, dtype=torch.bfloat16), e(128, 1536, 2048, dtype=torch.bfloat16),
             e(128, 2048, 768, dtype=torch.bfloat16), e(rows, 8), torch.zeros(rows, 8, dtype=torch.int32)))
+    # The decode batch's alignment in one program (here the tensors are on the CPU, so say so).
+    yield "moe_align M=16", lambda: kernels.moe_align_block_size(torch.zeros(16, 8, dtype=torch.int32), 128, 16,
+                                                                 use_kernel=True)
     cu5 = torch.tensor([0, 5, 10], dtype=torch.int32)
     yield "prefill fp8 cache, GQA heads packed", lambda: kernels.paged_prefill_attention(
         qp[:10], c8, v8, bt[:2], cu5, cl[:2], 5, 0.1, k_scale=0.5, v_scale=2.0)
