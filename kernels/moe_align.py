@@ -80,37 +80,32 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int
 
 
 @triton.jit
-def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, post_ptr, num_pairs, padded_len, num_tiles,
-                  E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: count each expert's pairs, lay the padded groups out (exclusive cumsum), place
-    every pair at its group's start plus its rank among the earlier pairs of its expert (pairs
-    walked in order, so groups keep increasing pair order), fill the other slots with the
-    sentinel and write each tile's expert. Work per chunk is [BLOCK, E_POW2] one-hot masks."""
+def _chunk_counts(e, valid, experts, E_POW2: tl.constexpr):
+    """Pairs of each expert among a chunk's valid lanes (invalid lanes count as expert 0, then
+    come off again: no histogram mask needed)."""
+    invalid = tl.sum((valid == 0).to(tl.int32), axis=0)
+    return tl.histogram(tl.where(valid, e, 0), E_POW2) - tl.where(experts == 0, invalid, 0)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, post_ptr, cursor_ptr, num_pairs, padded_len,
+                  num_tiles, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+                  FILL: tl.constexpr):
+    """One program: count each expert's pairs (histograms), lay the padded groups out (exclusive
+    cumsum), write each tile's expert, fill every slot with the sentinel, then walk the pairs in
+    order and place each at its expert's cursor plus its rank among the chunk's earlier pairs of
+    that expert (a [BLOCK, BLOCK] comparison), so groups keep increasing pair order. The cursors
+    live in global scratch so lanes can gather them; barriers order the CTA's writes."""
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros([E_POW2], dtype=tl.int32)
-    for start in range(0, num_pairs, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1).to(tl.int32)
-        counts += tl.sum((e[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    for start in range(0, num_pairs, FILL):
+        offs = start + tl.arange(0, FILL)
+        valid = offs < num_pairs
+        counts += _chunk_counts(tl.load(ids_ptr + offs, mask=valid, other=0).to(tl.int32), valid, experts, E_POW2)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
     tl.store(post_ptr, tl.sum(padded, axis=0))
-    seen = tl.zeros([E_POW2], dtype=tl.int32)  # pairs of each expert placed so far
-    for start in range(0, num_pairs, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        valid = offs < num_pairs
-        e = tl.load(ids_ptr + offs, mask=valid, other=-1).to(tl.int32)
-        hit = (e[:, None] == experts[None, :]).to(tl.int32)        # [BLOCK, E_POW2]
-        rank = tl.sum((tl.cumsum(hit, axis=0) - hit) * hit, axis=1)  # earlier pairs of its expert in the chunk
-        base = tl.sum(hit * (starts + seen)[None, :], axis=1)
-        tl.store(sorted_ptr + base + rank, offs.to(tl.int32), mask=valid)
-        seen += tl.sum(hit, axis=0)
-    for start in range(0, padded_len, BLOCK):
-        slot = start + tl.arange(0, BLOCK)
-        into = slot[:, None] - starts[None, :]
-        is_pair = tl.sum(((into >= 0) & (into < counts[None, :])).to(tl.int32), axis=1) > 0
-        tl.store(sorted_ptr + slot, num_pairs, mask=(slot < padded_len) & (is_pair == 0))
     for start in range(0, num_tiles, BLOCK):
         tile = start + tl.arange(0, BLOCK)
         first = tile[:, None] * BLOCK_M
@@ -118,6 +113,25 @@ def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, post_ptr, num_pairs, padd
         expert = tl.sum(tl.where(inside, experts[None, :], 0), axis=1)
         owned = tl.sum(inside.to(tl.int32), axis=1) > 0
         tl.store(expert_ids_ptr + tile, tl.where(owned, expert, -1), mask=tile < num_tiles)
+    for start in range(0, padded_len, FILL):
+        slot = start + tl.arange(0, FILL)
+        tl.store(sorted_ptr + slot, tl.zeros([FILL], dtype=tl.int32) + num_pairs, mask=slot < padded_len)
+    cursor = starts
+    tl.store(cursor_ptr + experts, cursor)
+    tl.debug_barrier()
+    lane = tl.arange(0, BLOCK)
+    earlier = lane[None, :] < lane[:, None]  # [i, j]: lane j comes before lane i
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + lane
+        valid = offs < num_pairs
+        e = tl.load(ids_ptr + offs, mask=valid, other=-1).to(tl.int32)
+        base = tl.load(cursor_ptr + e, mask=valid, other=0)
+        rank = tl.sum(((e[:, None] == e[None, :]) & earlier).to(tl.int32), axis=1)
+        tl.store(sorted_ptr + base + rank, offs.to(tl.int32), mask=valid)
+        tl.debug_barrier()  # every lane has read the cursors before they move
+        cursor += _chunk_counts(e, valid, experts, E_POW2)
+        tl.store(cursor_ptr + experts, cursor)
+        tl.debug_barrier()
 
 
 def _align_with_kernel(topk_ids: torch.Tensor, num_experts: int, block_m: int
@@ -129,7 +143,8 @@ def _align_with_kernel(topk_ids: torch.Tensor, num_experts: int, block_m: int
     expert_ids = torch.empty(padded_len // block_m, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
     e_pow2 = triton.next_power_of_2(num_experts)
-    block = max(16, min(128, 4096 // e_pow2))  # keeps each [BLOCK, E_POW2] mask at 4k elements
-    _align_kernel[(1,)](topk_ids.reshape(-1), sorted_ids, expert_ids, total, pairs, padded_len,
-                        expert_ids.numel(), E_POW2=e_pow2, BLOCK_M=block_m, BLOCK=block, num_warps=4)
+    cursors = torch.empty(e_pow2, dtype=torch.int32, device=device)
+    _align_kernel[(1,)](topk_ids.reshape(-1), sorted_ids, expert_ids, total, cursors, pairs, padded_len,
+                        expert_ids.numel(), E_POW2=e_pow2, BLOCK_M=block_m, BLOCK=64, FILL=1024,
+                        num_warps=4)
     return sorted_ids, expert_ids, total
