@@ -18,7 +18,7 @@ import torch
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_prefill_attention", "rms_norm",
            "apply_rotary_emb", "silu_and_mul", "quantize_fp8_per_token", "fp8_matmul_few_rows",
            "greedy_sample", "apply_penalties", "add_lora", "w4a16_matmul", "fused_moe",
-           "moe_align_block_size"]
+           "moe_align_block_size", "topk_softmax"]
 
 # fp8_matmul_few_rows serves at most this many rows (one MMA tile); more go to torch._scaled_mm.
 FP8_MATMUL_MAX_ROWS = 16
@@ -125,3 +125,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                          use_kernel: bool | None = None):
     """(sorted_token_ids, expert_ids, num_tokens_post_padded) of kernels/moe_align.py."""
     return _impl("moe_align", "moe_align_block_size")(topk_ids, num_experts, block_m, use_kernel)
+
+
+def topk_softmax(logits: torch.Tensor, top_k: int, renormalize: bool, round_to: torch.dtype | None = None):
+    """The MoE router's (weights float32, expert ids int32) [M, top_k] of logits [M, E]
+    (kernels/moe_router.py)."""
+    return _impl("moe_router", "topk_softmax")(logits, top_k, renormalize, round_to)

@@ -365,3 +365,17 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         down = h.to(compute) @ _moe_weight(w2, w2_scale, k2, e, compute, x.dtype).t()
         acc.index_add_(0, tokens, down * weights[pairs][:, None])
     return acc.to(x.dtype)
+
+
+def topk_softmax_ref(logits: torch.Tensor, top_k: int, renormalize: bool,
+                     round_to: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's selection as Hugging Face's MoE blocks compute it: softmax in float32, top k,
+    renormalised if asked, rounded to `round_to` if given; (weights float32, ids int32)."""
+    vm.check_topk_softmax("topk_softmax", logits, top_k, round_to)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if round_to is not None:
+        weights = weights.to(round_to)
+    return weights.float(), ids.to(torch.int32)

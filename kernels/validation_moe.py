@@ -80,3 +80,19 @@ def check_align(op: str, topk_ids, num_experts: int, block_m: int) -> None:
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 1 or block_m & (block_m - 1):
         fail(op, f"block_m must be a power of two, got {block_m!r}")
 
+
+
+# The router kernel keeps one token's logits in registers.
+MAX_ROUTED_EXPERTS = 1024
+
+
+def check_topk_softmax(op: str, logits, top_k: int, round_to) -> None:
+    check_tensor(op, "logits", logits, "[M, E]", (torch.float16, torch.bfloat16, torch.float32))
+    check_last_dim_contiguous(op, "logits", logits)
+    experts = logits.shape[1]
+    if not 1 <= experts <= MAX_ROUTED_EXPERTS:
+        fail(op, f"logits must have 1 to {MAX_ROUTED_EXPERTS} experts, got {experts}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        fail(op, f"top_k must be an int in 1..{experts}, got {top_k!r}")
+    if round_to not in (None, torch.float16, torch.bfloat16, torch.float32):
+        fail(op, f"round_to must be None, float16, bfloat16 or float32, got {round_to!r}")

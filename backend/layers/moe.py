@@ -18,20 +18,6 @@ from .parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
 from .quantization import Fp8LinearMethod
 
 
-def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool,
-                   round_to: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 routing weights, int32 expert ids), [T, top_k] each: softmax over the experts in
-    float32, the top k, renormalised to sum to one if asked, rounded to `round_to` where the
-    family's reference rounds them (Hugging Face's order of operations)."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    if round_to is not None:
-        weights = weights.to(round_to)
-    return weights.float(), ids.to(torch.int32)
-
-
 class FusedMoE(nn.Module):
     """One layer's experts, stacked at load: w13_weight [E, 2 * I_rank, H] (this rank's gate rows,
     then its up rows) and w2_weight [E, H, I_rank]. With quantization="fp8" both become
@@ -115,8 +101,9 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
-        weights, ids = select_experts(logits, self.top_k, self.renormalize,
-                                      x.dtype if self.round_weights else None)
+        # Softmax in float32, top k, renormalised and rounded as the family's reference does.
+        weights, ids = ops.topk_softmax(logits, self.top_k, self.renormalize,
+                                        x.dtype if self.round_weights else None)
         out = tp_all_reduce(self.experts(x, weights, ids))
         if self.shared_expert is not None:
             out = out + F.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -76,3 +76,8 @@ def add_lora(y, x, lora_a, lora_b, slots):
 def fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale=None, w2_scale=None):
     fn = kernels.fused_moe if _on_gpu(x) else reference.fused_moe_ref
     return fn(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+
+
+def topk_softmax(logits, top_k, renormalize, round_to=None):
+    fn = kernels.topk_softmax if _on_gpu(logits) else reference.topk_softmax_ref
+    return fn(logits, top_k, renormalize, round_to)

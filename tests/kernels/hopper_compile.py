@@ -149,6 +149,8 @@ def cases():
         yield (f"fused_moe bf16 M={rows}", lambda rows=rows: kernels.fused_moe(
             e(rows, 2048, dtype=torch.bfloat16), e(128, 1536, 2048, dtype=torch.bfloat16),
             e(128, 2048, 768, dtype=torch.bfloat16), e(rows, 8), torch.zeros(rows, 8, dtype=torch.int32)))
+    yield "topk_softmax 128 experts", lambda: kernels.topk_softmax(e(64, 128, dtype=torch.bfloat16), 8, True,
+                                                                   torch.bfloat16)
     # The decode batch's alignment in one program (here the tensors are on the CPU, so say so).
     yield "moe_align M=16", lambda: kernels.moe_align_block_size(torch.zeros(16, 8, dtype=torch.int32), 128, 16,
                                                                  use_kernel=True)
@@ -219,7 +221,7 @@ def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
     args = parse_args()
     for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store",
-                   "quant", "sampling", "fp8_matmul", "moe"):
+                   "quant", "sampling", "fp8_matmul", "moe", "moe_router"):
         __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
     compile_cases(tuned_cases() if args.tuned else cases(), args.jobs)
 

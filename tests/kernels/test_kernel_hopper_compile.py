@@ -43,6 +43,7 @@ def test_kernels_compile_for_hopper(compiled):
     assert by_kernel[("store_kv_cache fp8", "_store_kv_kernel")]
     assert by_kernel[("fused_moe bf16 M=16", "_gate_up_kernel")]["mma"]
     assert ("moe_align M=16", "_align_kernel") in by_kernel  # decode's one-launch alignment
+    assert ("topk_softmax 128 experts", "_topk_softmax_kernel") in by_kernel
     assert by_kernel[("fused_moe bf16 M=8192", "_gate_up_kernel")]["wgmma"]
     assert by_kernel[("fused_moe bf16 M=8192", "_down_kernel")]["wgmma"]
     fp8 = by_kernel[("fp8_matmul", "_fp8_matmul_kernel")]
