@@ -34,6 +34,9 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, num_exper
     x = x - tl.where(row_ok, tl.max(x, axis=1), 0.0)[:, None]  # (rows past the end: no NaN)
     p = tl.where(live, tl.exp(x), 0.0)
     p = p / tl.where(row_ok, tl.sum(p, axis=1), 1.0)[:, None]
+    # NaN or infinite logits (a broken model, a warm-up on garbage) give NaN probabilities, which
+    # match no maximum: as zeros they still give valid expert ids (never past the experts).
+    p = tl.where(p == p, p, 0.0)
     slots = tl.arange(0, K_POW2)
     top_w = tl.zeros([BLOCK_T, K_POW2], dtype=tl.float32)
     top_i = tl.zeros([BLOCK_T, K_POW2], dtype=tl.int32)

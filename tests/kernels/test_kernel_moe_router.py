@@ -43,6 +43,18 @@ def test_bf16_logits_with_ties_pick_the_lower_expert_id():
             assert row_w[k] > row_w[k + 1] or (row_w[k] == row_w[k + 1] and row_i[k] < row_i[k + 1])
 
 
+def test_nan_and_infinite_logits_still_give_valid_expert_ids():
+    """Ids index the experts' weights: a NaN or infinite row must not give one past the end."""
+    logits = torch.randn(4, 60, device=DEVICE)
+    logits[0, 3] = float("nan")
+    logits[1] = float("nan")
+    logits[2, 7] = float("inf")
+    logits[3] = float("-inf")
+    _, ids = kernels.topk_softmax(logits, 8, True)
+    assert bool(((ids >= 0) & (ids < 60)).all())
+    assert all(len(set(row)) == 8 for row in ids.tolist())
+
+
 def test_strided_rows_and_no_tokens():
     logits = torch.randn(6, 256, device=DEVICE)[:, :128]  # a row stride of 256
     weights, ids = kernels.topk_softmax(logits, 8, True)
