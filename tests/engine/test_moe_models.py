@@ -131,6 +131,23 @@ def test_ngram_speculation_and_a_guided_request_on_a_moe_model(moe_dirs, moe_exp
     assert guided[0].outputs[0].text in ("yes", "no", "maybe so")
 
 
+def test_preemption_by_swap_and_a_draft_model_on_a_moe_model(moe_dirs, moe_expected, llama_dir):
+    """Mixtral with preempted sequences swapped to host memory and back, then Qwen3-MoE
+    speculating with the tiny Llama (same tokenizer) as its draft model."""
+    prompts, ref = moe_expected["mixtral"]
+    engine = LLMEngine(EngineArgs(model=moe_dirs["mixtral"], dtype="float32", max_num_batched_tokens=16,
+                                  num_kv_blocks=24, block_size=16, swap_space=0.01, preemption_mode="swap"))
+    got = run_staggered(engine, prompts)
+    stats = engine.get_stats()
+    assert stats.num_swapped_preemptions > 0 and stats.num_blocks_swapped_in == stats.num_blocks_swapped_out > 0
+    assert [got[str(i)] for i in range(len(prompts))] == ref
+    prompts, ref = moe_expected["qwen3_moe"]
+    llm = LLM(moe_dirs["qwen3_moe"], dtype="float32",
+              speculative_config={"model": llama_dir, "num_speculative_tokens": 3})
+    outs = llm.generate(prompts[:6], SamplingParams(temperature=0, max_tokens=20, min_tokens=20))
+    assert [o.outputs[0].token_ids for o in outs] == ref[:6]
+
+
 def test_two_tensor_parallel_ranks_match_hf(moe_dirs, moe_expected):
     """Qwen2-MoE on two gloo ranks: each holds half of every expert's, the shared expert's and the
     dense layer's intermediate dimension, and one kv head."""
