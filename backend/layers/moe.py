@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+from kernels.validation_moe import FP8_BLOCK
 
 from . import ops
 from .int4 import Int4LinearMethod
@@ -18,11 +19,25 @@ from .parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
 from .quantization import Fp8LinearMethod
 
 
+def check_block_fp8_experts(intermediate_size: int, tp: int) -> None:
+    """Block-wise FP8 experts keep their checkpoint's 128 x 128 block scales: the gate and up
+    projections each have their own grid of blocks, stacked along the output rows, and each
+    rank's slice of the intermediate size must hold whole blocks (as vLLM's Fp8MoEMethod asks)."""
+    if intermediate_size % FP8_BLOCK:
+        raise ValueError(f"model: block-wise FP8 experts need a moe_intermediate_size that is a multiple "
+                         f"of {FP8_BLOCK} (gate and up have blocks of their own), got {intermediate_size}")
+    if intermediate_size // tp % FP8_BLOCK:
+        raise ValueError(f"tensor_parallel_size={tp} splits the experts' moe_intermediate_size="
+                         f"{intermediate_size} into {intermediate_size // tp} a rank, inside their "
+                         f"{FP8_BLOCK} x {FP8_BLOCK} FP8 blocks.")
+
+
 class FusedMoE(nn.Module):
     """One layer's experts, stacked at load: w13_weight [E, 2 * I_rank, H] (this rank's gate rows,
     then its up rows) and w2_weight [E, H, I_rank]. With quantization="fp8" both become
-    float8_e4m3fn after loading, with one scale per expert and output channel (the kernel widens
-    them in registers; activations stay 16-bit)."""
+    float8_e4m3fn after loading (the kernel widens them in registers; activations stay 16-bit),
+    with one scale per expert and output channel, or the checkpoint's own scales where it is FP8:
+    per channel [E, N], or per 128 x 128 block [E, N / 128, K / 128]."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, dtype: torch.dtype,
                  linear_method: LinearMethod | None = None) -> None:
@@ -43,7 +58,12 @@ class FusedMoE(nn.Module):
                                       requires_grad=False)
         for param, parts in ((self.w13_weight, ("gate", "up")), (self.w2_weight, ("down",))):
             param.weight_loader = self.weight_loader
+            param.checkpoint_scale_loader = self.checkpoint_scale_loader
             param.expert_shards = [(e, p) for e in range(num_experts) for p in parts]  # (the loader checks)
+        # An FP8 checkpoint's scales by "w13" / "w2" (NaN where an expert's part has none), kept
+        # with quantization="fp8": per output channel [E, N], or per block [E, N/128, K/128].
+        self.checkpoint_scales: dict[str, torch.Tensor] = {}
+        self.checkpoint_block_scales: dict[str, torch.Tensor] = {}
         self.w13_scale: torch.Tensor | None = None
         self.w2_scale: torch.Tensor | None = None
 
@@ -65,13 +85,60 @@ class FusedMoE(nn.Module):
                              f"its slice {tuple(piece.shape)} does not fit {tuple(target.shape)}")
         target.copy_(piece)
 
+    def checkpoint_scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, str],
+                                blocks: bool) -> None:
+        """The FP8 checkpoint's scales of one expert's projection, whose weight the loader placed
+        widened: per row [N, 1], or per block [ceil(N / 128), ceil(K / 128)], cut to this rank's
+        slice as the weight was. Kept for quantization="fp8" only (else the widened weights
+        are served)."""
+        if not self.fp8:
+            return
+        expert, part = shard_id
+        name = "w2" if part == "down" else "w13"
+        size, start = self.intermediate, self.tp_rank * self.intermediate
+        e, n, k = param.shape
+        if blocks:
+            check_block_fp8_experts(self.intermediate * get_tp_size(), get_tp_size())
+            size, start = size // FP8_BLOCK, start // FP8_BLOCK
+            shape, records = (e, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)), self.checkpoint_block_scales
+        else:
+            loaded, shape, records = loaded.reshape(-1), (e, n), self.checkpoint_scales
+        record = records.get(name)
+        if record is None:
+            record = records[name] = torch.full(shape, float("nan"), dtype=torch.float32, device=param.device)
+        if part == "down":  # (its rows, H, are whole on every rank; blocks: its columns are cut)
+            target, piece = record[expert], loaded.narrow(1, start, size) if blocks else loaded
+        else:
+            target = record[expert].narrow(0, 0 if part == "gate" else size, size)
+            piece = loaded.narrow(0, start, size)
+        target.copy_(piece)
+
     def process_weights_after_loading(self) -> None:
         if not self.fp8:
             return
+        # The checkpoint's own scales give its FP8 values back (the widened weight divided by its
+        # scale rounds to that value, as Fp8LinearMethod's comment says); NaN (an expert's part
+        # without one) and 0 fail `> 0`, and such parts take their maxima over FP8's largest.
         for name in ("w13", "w2"):
             w = getattr(self, f"{name}_weight").data.float()
-            scale = (w.abs().amax(dim=2) / FP8_MAX).clamp(min=FP8_MIN_SCALE)  # [E, N]
-            q = (w / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+            e, n, k = w.shape
+            channels = self.checkpoint_scales.pop(name, None)
+            blocks = self.checkpoint_block_scales.pop(name, None)
+            if blocks is not None:
+                scale = blocks
+                if not bool((blocks > 0).all()):
+                    nb, kb = blocks.shape[1:]
+                    padded = torch.zeros(e, nb * FP8_BLOCK, kb * FP8_BLOCK, dtype=w.dtype, device=w.device)
+                    padded[:, :n, :k] = w.abs()
+                    amax = padded.view(e, nb, FP8_BLOCK, kb, FP8_BLOCK).amax(dim=(2, 4))
+                    scale = torch.where(blocks > 0, blocks, (amax / FP8_MAX).clamp(min=FP8_MIN_SCALE))
+                per_weight = scale.repeat_interleave(FP8_BLOCK, 1).repeat_interleave(FP8_BLOCK, 2)[:, :n, :k]
+            else:
+                scale = (w.abs().amax(dim=2) / FP8_MAX).clamp(min=FP8_MIN_SCALE)  # [E, N]
+                if channels is not None:
+                    scale = torch.where(channels > 0, channels, scale)
+                per_weight = scale[..., None]
+            q = (w / per_weight).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
             setattr(self, f"{name}_weight", nn.Parameter(q, requires_grad=False))
             setattr(self, f"{name}_scale", scale)
 

@@ -2,7 +2,9 @@
 
 Weights are quantized once, after loading: a 16-bit checkpoint's to float8_e4m3fn with one
 scale per output channel; an FP8 checkpoint's (which the loader reads times its scales) back to
-its own FP8 values, with its scales (per tensor or per channel) as the per-channel scales. Activations are
+its own FP8 values, with its scales (per tensor or per channel) as the per-channel scales; a
+block-wise FP8 checkpoint's (128 x 128 blocks) per output channel from its widened rows, which
+rounds each weight a second time unless all blocks of its row share one scale. Activations are
 quantized per token at every call (dynamic scaling, so no calibration data is needed). The matmul runs on FP8 tensor cores through torch._scaled_mm, which
 applies both scales to the output (for up to 16 rows, our kernel: kernels/fp8_matmul.py);
 Hopper runs FP8 at twice the bf16 rate and reads half the weight bytes. Embeddings, the LM head,
@@ -15,6 +17,7 @@ from torch import nn
 
 import kernels
 from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+from kernels.validation_moe import FP8_BLOCK
 
 from ..config import QUANTIZATIONS
 from . import ops
@@ -69,6 +72,22 @@ class Fp8LinearMethod(LinearMethod):
         else:  # emulation with the same rounding of inputs (tests; no FP8 matmul on the CPU)
             out = ((x_q.float() * x_scale) @ (layer.weight.float() * layer.weight_scale.t()).t()).to(x.dtype)
         return out if bias is None else out + bias
+
+
+def fp8_weight_block_size(quantization_config: dict | None) -> tuple[int, int] | None:
+    """The 128 x 128 blocks of a block-wise FP8 checkpoint (DeepSeek-V3's and Qwen3's FP8
+    releases: quant_method "fp8", weight_block_size [128, 128] in config.json's
+    quantization_config, each weight's `weight_scale_inv` one float per block, as vLLM's
+    Fp8Config reads it); None for other checkpoints. Other block sizes are refused: the fused-MoE
+    kernel's block scales cover 128 x 128."""
+    config = quantization_config or {}
+    if str(config.get("quant_method", "")).lower() != "fp8" or config.get("weight_block_size") is None:
+        return None
+    block = config["weight_block_size"]
+    if not isinstance(block, (list, tuple)) or list(block) != [FP8_BLOCK, FP8_BLOCK]:
+        raise ValueError(f"model: quantization_config.weight_block_size is {block!r}; Tritium reads "
+                         f"block-wise FP8 checkpoints of [{FP8_BLOCK}, {FP8_BLOCK}] blocks only")
+    return FP8_BLOCK, FP8_BLOCK
 
 
 def get_linear_method(quantization: str | None, quantization_config: dict | None = None

@@ -65,27 +65,37 @@ def _scale_value(name: str, tensor: torch.Tensor) -> float:
     return value
 
 
-def _weight_scales(files: list[str]) -> dict[str, torch.Tensor]:
-    """`X.weight_scale` tensors of an FP8 checkpoint, by weight name `X.weight` (a first pass:
-    a weight may come before its scale, in the same file or another)."""
-    scales = {}
+def _weight_scales(files: list[str]) -> dict[str, tuple[str, torch.Tensor]]:
+    """`X.weight_scale` (per tensor or channel) and `X.weight_scale_inv` (per block) tensors of
+    an FP8 checkpoint as (name, tensor), by weight name `X.weight` (a first pass: a weight may
+    come before its scale, in the same file or another)."""
+    scales: dict[str, tuple[str, torch.Tensor]] = {}
     for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                if name.endswith(".weight_scale"):
-                    scales[name[:-len("_scale")]] = f.get_tensor(name)
+                if name.endswith((".weight_scale", ".weight_scale_inv")):
+                    weight = name[:name.rindex("_scale")]
+                    if weight in scales:
+                        raise ValueError(f"model: {weight} has both {scales[weight][0]} and {name}")
+                    scales[weight] = (name, f.get_tensor(name))
     return scales
 
 
-def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """An FP8 checkpoint's weight times its scale (per tensor, or per output channel as [N] or
-    [N, 1]), in float32, and the scale of each row ([N, 1] float32). The model's linear method
-    takes the weight from there; quantization="fp8" uses the row scales to get the
-    checkpoint's own FP8 values back (`Fp8LinearMethod`)."""
+def _dequantize(name: str, weight: torch.Tensor, scale: tuple[str, torch.Tensor] | None,
+                block: tuple[int, int] | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """An FP8 checkpoint's weight times its scale (per tensor, per output channel as [N] or
+    [N, 1], or per block), in float32, the scale of each row ([N, 1] float32; None where a
+    row's blocks differ) and the block scales (None unless per block). The model's linear
+    method takes the weight from there; quantization="fp8" uses the row scales to get the
+    checkpoint's own FP8 values back (`Fp8LinearMethod`), and stacked experts their row or
+    block scales (layers/moe.py)."""
     if scale is None:
         raise ValueError(f"model: {name} is {weight.dtype} but the checkpoint has no "
-                         f"{name}_scale to read it with")
+                         f"{name}_scale or {name}_scale_inv to read it with")
+    scale_name, scale = scale
+    if scale_name.endswith("_scale_inv"):
+        return _dequantize_blocks(name, weight, scale_name, scale, block)
     rows = weight.shape[0]
     if scale.numel() == 1:
         row_scale = scale.float().reshape(1, 1).expand(rows, 1)
@@ -94,7 +104,30 @@ def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None
     else:
         raise ValueError(f"model: {name}_scale has shape {tuple(scale.shape)}; only per-tensor "
                          f"and per-output-channel FP8 scales are supported")
-    return weight.float() * row_scale, row_scale
+    return weight.float() * row_scale, row_scale, None
+
+
+def _dequantize_blocks(name: str, weight: torch.Tensor, scale_name: str, scale: torch.Tensor,
+                       block: tuple[int, int] | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Block-wise FP8 as DeepSeek-V3 stores it (its README_WEIGHTS.md; Qwen3's FP8 releases and
+    vLLM's Fp8Config read the same): `weight_scale_inv` holds one float per block of the [N, K]
+    weight, [ceil(N / 128), ceil(K / 128)] (the last blocks cut short), and each weight is its
+    FP8 value times its block's number, despite the name."""
+    if block is None:
+        raise ValueError(f"model: {scale_name} holds block-wise FP8 scales, but config.json declares "
+                         f"no quantization_config.weight_block_size (quant_method 'fp8')")
+    (bn, bk), (n, k) = block, weight.shape
+    grid = (-(-n // bn), -(-k // bk))
+    if tuple(scale.shape) != grid:
+        raise ValueError(f"model: {scale_name} has shape {tuple(scale.shape)}; {name} {(n, k)} "
+                         f"in {bn} x {bk} blocks needs {grid}")
+    blocks = scale.float()
+    widened = weight.float() * blocks.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[:n, :k]
+    # Where every block of a row has one scale, the row keeps it: FP8 linear layers (one scale
+    # per row) then get the checkpoint's values back, where they would otherwise round twice.
+    uniform = bool((blocks == blocks[:, :1]).all())
+    return widened, blocks[:, :1].repeat_interleave(bn, 0)[:n] if uniform else None, blocks
 
 
 def _place(name: str, target: torch.Tensor, loader, tensor: torch.Tensor, shard_id) -> None:
@@ -134,7 +167,8 @@ def _record_row_scale(name: str, param: nn.Parameter, loader, row_scale: torch.T
 
 
 def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] = (),
-                     optional: frozenset[str] = frozenset()) -> dict[str, dict[str, float]]:
+                     optional: frozenset[str] = frozenset(),
+                     weight_block_size: tuple[int, int] | None = None) -> dict[str, dict[str, float]]:
     """Loads every parameter (and the named `buffers`) except those in `optional` the checkpoint
     lacks; returns the checkpoint's KV-cache scales, if any, as
     {attention block name ("model.layers.N.self_attn"): {"k": k_scale, "v": v_scale}}: they
@@ -143,7 +177,10 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
     FP8 checkpoints (float8_e4m3fn weights with `weight_scale`, as AutoFP8, llm-compressor and
     vLLM's FP8 format store them) load too: each weight is widened with its scale, and the scale
     of each row is kept on the parameter (`checkpoint_scale`) for quantization="fp8". Their
-    `input_scale` (a static activation scale) is not used: activations are scaled per token."""
+    `input_scale` (a static activation scale) is not used: activations are scaled per token.
+    Block-wise FP8 checkpoints (`weight_scale_inv`, `weight_block_size` from config.json's
+    quantization_config) load alike, each weight times its block's scale; stacked experts keep
+    their row or block scales through their parameter's `checkpoint_scale_loader`."""
     params = dict(model.named_parameters(remove_duplicate=False))
     named_buffers = dict(model.named_buffers())
     params.update({name: named_buffers[name] for name in buffers})
@@ -162,12 +199,13 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
             for name in f.keys():
                 if name.endswith(_SKIP_SUFFIXES) or (tied and name == "lm_head.weight"):
                     continue
-                if name.endswith((".weight_scale", ".input_scale")):
+                if name.endswith((".weight_scale", ".weight_scale_inv", ".input_scale")):
                     continue  # read with their weights above; activations scale per token
                 tensor = f.get_tensor(name)
-                row_scale = None
+                row_scale = block_scale = None
                 if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                    tensor, row_scale = _dequantize(name, tensor, weight_scales.get(name))
+                    tensor, row_scale, block_scale = _dequantize(name, tensor, weight_scales.get(name),
+                                                                 weight_block_size)
                     fp8_weights += 1
                 scale_target = _kv_scale_target(name)
                 if scale_target is not None:
@@ -208,7 +246,11 @@ def load_safetensors(model: nn.Module, model_dir: str, buffers: tuple[str, ...] 
                     for sid, rows in parts:
                         part = tensor if rows is None else _rows(name, tensor, start, rows, parts)
                         _place(name, param, loader, part, sid)
-                        if row_scale is not None:  # ([N, 1]: one per row of the tensor)
+                        if placed is not None and (row_scale is not None or block_scale is not None):
+                            # One expert's projection: its scales go to its (expert, part).
+                            param.checkpoint_scale_loader(param, row_scale if block_scale is None
+                                                          else block_scale, sid, block_scale is not None)
+                        elif row_scale is not None:  # ([N, 1]: one per row of the tensor)
                             scale = row_scale if rows is None else _rows(name, row_scale, start, rows, parts)
                             _record_row_scale(name, param, loader, scale, sid)
                         start += rows or 0

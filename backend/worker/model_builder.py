@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..engine_config import ModelConfig
-from ..layers.quantization import check_fp8_supported, get_linear_method, process_weights_after_loading
+from ..layers.quantization import (check_fp8_supported, fp8_weight_block_size, get_linear_method,
+                                   process_weights_after_loading)
 from ..models import get_model_class
 from ..models.interface import CausalLM
 from ..models.loader import load_dummy, load_safetensors
@@ -29,6 +30,8 @@ def build_model(model_config: ModelConfig, device: torch.device, dtype: torch.dt
     hf_config = model_config.hf_config
     quantization = resolve_quantization(model_config)
     linear_method = get_linear_method(quantization, hf_config.get("quantization_config"))
+    # Block-wise FP8 checkpoints: their block size, refused here unless 128 x 128.
+    weight_block_size = fp8_weight_block_size(hf_config.get("quantization_config"))
     if quantization == "fp8":
         check_fp8_supported(device)
     with torch.device(device):
@@ -39,6 +42,6 @@ def build_model(model_config: ModelConfig, device: torch.device, dtype: torch.dt
     if model_config.load_format == "dummy":
         load_dummy(model, model_config.seed if seed is None else seed)
     else:
-        kv_scales = load_safetensors(model, model_config.model)
+        kv_scales = load_safetensors(model, model_config.model, weight_block_size=weight_block_size)
     process_weights_after_loading(model)
     return BuiltModel(model, quantization, kv_scales)

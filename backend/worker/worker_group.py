@@ -24,7 +24,9 @@ from typing import Any, Callable
 import torch
 
 from ..engine_config import EngineConfig
+from ..layers.moe import check_block_fp8_experts
 from ..layers.parallel_state import destroy_tp_group, init_tp_group, tp_broadcast
+from ..layers.quantization import fp8_weight_block_size
 from ..python_env import python_executable
 from ..step import SchedulerOutput
 
@@ -96,6 +98,8 @@ def check_tp_shapes(hf_config: dict, tp: int) -> None:
         size = (hf_config.get(name) or 0) if experts else 0
         if size % tp:  # experts shard their intermediate dimension, as the dense MLP does
             raise ValueError(f"tensor_parallel_size={tp} does not divide the model's {name}={size}.")
+    if experts and fp8_weight_block_size(hf_config.get("quantization_config")):
+        check_block_fp8_experts(hf_config.get("moe_intermediate_size") or inter, tp)
 
 
 class _Ranks:

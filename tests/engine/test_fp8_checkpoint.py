@@ -124,7 +124,8 @@ def test_fp8_checkpoint_differs_from_the_original(llama_dir, tmp_path):
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.pop("model.layers.0.self_attn.q_proj.weight_scale"),
      "model: model.layers.0.self_attn.q_proj.weight is torch.float8_e4m3fn but the checkpoint has "
-     "no model.layers.0.self_attn.q_proj.weight_scale to read it with"),
+     "no model.layers.0.self_attn.q_proj.weight_scale or model.layers.0.self_attn.q_proj.weight_scale_inv "
+     "to read it with"),
     (lambda t: t.update({"model.layers.1.mlp.down_proj.weight_scale": torch.ones(2, 2)}),
      "model: model.layers.1.mlp.down_proj.weight_scale has shape (2, 2); only per-tensor and "
      "per-output-channel FP8 scales are supported"),
