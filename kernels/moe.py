@@ -32,6 +32,7 @@ autotuner at start-up: the choice, and so the summation order, is the same in ev
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -260,6 +261,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
     cfg = config or choose_config(m, top_k, num_experts, hidden, inter, w13.dtype, x.dtype, _device_name(x.device))
+    if config is None and (k13 == 2 or k2 == 2) and FP8_BLOCK % cfg.block_k:
+        # A tuned entry is keyed by the weight dtype, not the scale kind: block scales need K
+        # steps inside one 128-wide block.
+        cfg = dataclasses.replace(cfg, block_k=FP8_BLOCK)
     if (k13 == 2 or k2 == 2) and FP8_BLOCK % cfg.block_k:
         validation.fail(OP, f"block-wise FP8 scales need a block_k that divides {FP8_BLOCK}, got {cfg.block_k}")
     if m == 0 or hidden == 0:

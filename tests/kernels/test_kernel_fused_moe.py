@@ -124,6 +124,18 @@ def test_fp8_weights_match_float64(block):
     assert rel_err(ref, oracle) < 1.5e-3
 
 
+def test_block_scales_take_128_deep_k_steps_whatever_the_tuned_table_says(monkeypatch):
+    """The tuned table is keyed by weight dtype, not scale kind: an entry with 256-deep K steps
+    serves block-scaled weights with 128-deep ones (an explicit config is refused instead)."""
+    from kernels import moe
+    from kernels.moe import FusedMoEConfig
+    (x, w13, w2, weights, ids, s13, s2), oracle = _fp8_case(True, 5)
+    monkeypatch.setattr(moe, "choose_config", lambda *a, **k: FusedMoEConfig(16, 64, 256, 1, 4, 2))
+    assert rel_err(kernels.fused_moe(x, w13, w2, weights, ids, s13, s2), oracle) < 1.5e-3
+    with pytest.raises(ValueError, match=r"^fused_moe: block-wise FP8 scales need a block_k that divides 128, got 256$"):
+        kernels.fused_moe(x, w13, w2, weights, ids, s13, s2, config=FusedMoEConfig(16, 64, 256, 1, 4, 2))
+
+
 def test_alignment_on_a_hand_made_case():
     """Pairs (m, k) -> flat m * 2 + k: token 0 -> experts 2, 0; token 1 -> 2, 3; token 2 -> 0, 2.
     Expert 0: pairs 1, 4; expert 1: none; expert 2: 0, 2, 5; expert 3: 3; expert 4: none."""
