@@ -38,20 +38,26 @@ def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, *, k_scale: float = 1.0,
-                           v_scale: float = 1.0, **options) -> torch.Tensor:
+                           v_scale: float = 1.0, sliding_window: int | None = None,
+                           logit_softcap: float | None = None, **options) -> torch.Tensor:
+    """sliding_window W: the query at position p sees keys p - W < k <= p (None or 0: all);
+    logit_softcap C: scores become C * tanh(scores / C) before the softmax (None: no cap)."""
     return _impl("decode_attention", "paged_decode_attention")(
         query, k_cache, v_cache, block_tables, context_lens, scale, out, k_scale=k_scale,
-        v_scale=v_scale, **options)
+        v_scale=v_scale, sliding_window=sliding_window, logit_softcap=logit_softcap, **options)
 
 
 def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                             context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
                             out: torch.Tensor | None = None, *, k_scale: float = 1.0,
-                            v_scale: float = 1.0, **options) -> torch.Tensor:
+                            v_scale: float = 1.0, sliding_window: int | None = None,
+                            logit_softcap: float | None = None, **options) -> torch.Tensor:
+    """sliding_window and logit_softcap as in paged_decode_attention."""
     return _impl("prefill_attention", "paged_prefill_attention")(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q, scale, out,
-        k_scale=k_scale, v_scale=v_scale, **options)
+        k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
+        logit_softcap=logit_softcap, **options)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from . import validation
-from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile
+from ._attention_tile import (attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile,
+                              window_softcap_args)
 from ._launch import cdiv, check_runnable, dot_block, next_pow2, num_sms
 
 OP = "paged_decode_attention"
@@ -98,12 +99,13 @@ def tokens_per_split(max_context_len: int, num_splits: int, block_n: int) -> int
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2e, v_scale, tokens_per_split,
+    scale_log2e, v_scale, tokens_per_split, window, softcap,
     stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ob, stride_oh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr,
-    V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr,
+    V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr, USE_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     # KV heads on the fastest axis: a token's heads are adjacent 256-byte rows in the cache, so
     # the programs that read them run together and share DRAM pages.
@@ -111,7 +113,13 @@ def _decode_kernel(
     seq = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    start = split * tokens_per_split
+    if USE_WINDOW:
+        # The query at ctx - 1 sees keys k > ctx - 1 - window (window_bounds). The splits share
+        # out only the tiles from lo's on, so the keys before the window are never read.
+        lo = tl.maximum(ctx - window, 0)
+        start = _window_start(ctx, window, BLOCK_N) + split * tokens_per_split
+    else:
+        start = split * tokens_per_split
     # The last split runs to ctx even if max_context_len understated it: no token is dropped.
     end = tl.where(split == tl.num_programs(2) - 1, ctx, tl.minimum(start + tokens_per_split, ctx))
     if SPLIT:
@@ -136,6 +144,8 @@ def _decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < end
+        if USE_WINDOW:
+            valid = valid & (tok >= lo)
         rows = kv_row_offsets(block_table_row, tok, valid, kv_head * stride_ch, stride_cb, stride_ct,
                               BLOCK_SIZE)
         if BLOCK_D == HEAD_DIM:
@@ -144,13 +154,19 @@ def _decode_kernel(
             kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if V_TRANSPOSED:
-            v = transposed_v_tile(v_cache_ptr, block_table_row, n0, end, offs_d, d_mask,
-                                  kv_head * (HEAD_DIM * BLOCK_SIZE), stride_cb, BLOCK_SIZE, BLOCK_N,
-                                  BLOCK_D, V_RUN)
+            if USE_WINDOW:
+                v = transposed_v_tile(v_cache_ptr, block_table_row, n0, end, offs_d, d_mask,
+                                      kv_head * (HEAD_DIM * BLOCK_SIZE), stride_cb, BLOCK_SIZE,
+                                      BLOCK_N, BLOCK_D, V_RUN, lo, True)
+            else:
+                v = transposed_v_tile(v_cache_ptr, block_table_row, n0, end, offs_d, d_mask,
+                                      kv_head * (HEAD_DIM * BLOCK_SIZE), stride_cb, BLOCK_SIZE,
+                                      BLOCK_N, BLOCK_D, V_RUN)
         else:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        # Every row (one position) sees a key of the first tile: no EMPTY_ROWS even windowed.
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc,
-                                    scale_log2e, True, DOT_PRECISION)
+                                    scale_log2e, True, DOT_PRECISION, softcap, SOFTCAP)
 
     num_q_heads = tl.num_programs(0) * GROUP
     if SPLIT:
@@ -171,19 +187,29 @@ def _decode_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
+@triton.jit
+def _window_start(ctx, window, BLOCK_N: tl.constexpr):
+    """The first token a sliding window's splits cover: the tile of its first visible key."""
+    return (tl.maximum(ctx - window, 0) // BLOCK_N) * BLOCK_N
+
+
 # One variant for every split count: the count changes with the batch and context.
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, context_lens_ptr, out_ptr,
-    tokens_per_split, num_splits, stride_ob, stride_oh,
+    tokens_per_split, num_splits, stride_ob, stride_oh, window,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    USE_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Partials are combined BLOCK_S splits at a time with a running maximum, so the split count
     # is not bounded by what one program holds in registers.
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
-    used = tl.minimum((ctx + tokens_per_split - 1) // tokens_per_split, num_splits)
+    covered = ctx
+    if USE_WINDOW:
+        covered = ctx - _window_start(ctx, window, BLOCK_N)  # the tokens the splits share out
+    used = tl.minimum((covered + tokens_per_split - 1) // tokens_per_split, num_splits)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -212,13 +238,19 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, *, max_context_len: int | None = None,
                            config: DecodeConfig | None = None, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> torch.Tensor:
+                           v_scale: float = 1.0, sliding_window: int | None = None,
+                           logit_softcap: float | None = None) -> torch.Tensor:
     """See docs/architecture.md. `max_context_len` (optional) bounds context_lens for the split
     choice; by default the block-table width bounds it, which needs no device sync. The scales
-    multiply an FP8 cache's values back (a 16-bit cache has 1.0)."""
+    multiply an FP8 cache's values back (a 16-bit cache has 1.0). `sliding_window` W: the query
+    at position p sees keys p - W < k <= p, and only those are read (the splits share out the
+    window, so a long context with a small window reads about W keys); `logit_softcap` C caps
+    the scores at C * tanh(score / C) (validation.check_window_softcap)."""
     validation.check_decode(OP, query, k_cache, v_cache, block_tables, context_lens, out,
                             validation.HALF_AND_FLOAT)
     validation.check_kv_scales(OP, k_scale, v_scale)
+    window, softcap, option_constexprs = window_softcap_args(
+        *validation.check_window_softcap(OP, sliding_window, logit_softcap))
     check_runnable(OP, query)
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -232,6 +264,9 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if max_context_len is None:
         max_context_len = block_tables.shape[1] * block_size
     max_context_len = max(int(max_context_len), 1)
+    if window:
+        # The splits cover the window's tiles: lo's tile on, at most window + block_n - 1 tokens.
+        max_context_len = min(max_context_len, window + cfg.block_n - 1)
     splits = cfg.num_splits or choose_num_splits(batch, num_kv_heads, max_context_len,
                                                  num_sms(query.device), cfg.programs_per_sm,
                                                  cfg.min_tokens_per_split, cfg.max_splits)
@@ -248,17 +283,19 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         part_out = part_lse = out  # unused when SPLIT is False
     _decode_kernel[(num_kv_heads, batch, splits)](
         query, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale_log2e, v_scale, per_split,
+        scale_log2e, v_scale, per_split, window, softcap,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=dot_block(group), HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
         BLOCK_SIZE=block_size, BLOCK_N=cfg.block_n, SPLIT=splits > 1,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **option_constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         _merge_kernel[(batch, num_heads)](
             part_out, part_lse, context_lens, out, per_split, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=MERGE_BLOCK_S, num_warps=4,
+            window, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=MERGE_BLOCK_S,
+            # BLOCK_N only places a window's first split: without one, every tile size shares a variant.
+            USE_WINDOW=bool(window), BLOCK_N=cfg.block_n if window else 0, num_warps=4,
         )
     return out

@@ -25,7 +25,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import validation
-from ._attention_tile import attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile
+from ._attention_tile import (attend_tile, cache_launch_args, kv_row_offsets, transposed_v_tile,
+                              window_bounds, window_softcap_args)
 from ._launch import cdiv, check_runnable, dot_block
 
 OP = "paged_prefill_attention"
@@ -85,15 +86,37 @@ def default_config(dtype: torch.dtype, head_dim: int, max_seqlen_q: int,
 @triton.jit
 def _attend_through_cache(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row,
                           head_offset, v_head_offset, prefix, p_lo, p_hi, scale_log2e, stride_cb,
-                          stride_ct, offs_n, offs_d, d_mask, HEAD_DIM: tl.constexpr,
+                          stride_ct, offs_n, offs_d, d_mask, window, softcap, HEAD_DIM: tl.constexpr,
                           BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                           BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                          V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr):
+                          V_TRANSPOSED: tl.constexpr, V_RUN: tl.constexpr,
+                          USE_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     """Every key, prefix and chunk alike, read through the block table. The tile's rows are at
     chunk positions p_lo..p_hi-1."""
     # Keys at positions <= prefix + p_lo are visible to every row of this tile: no mask at all.
     full_end = ((prefix + p_lo + 1) // BLOCK_N) * BLOCK_N
-    for n0 in range(0, full_end, BLOCK_N):
+    free = 0
+    if USE_WINDOW:
+        # Tiles before lo's are skipped; up to `free` a row may be outside some keys' window.
+        lo, start, free = window_bounds(prefix + p_lo, prefix + p_hi - 1, window, BLOCK_N)
+        free = tl.minimum(free, full_end)
+        for n0 in range(start, free, BLOCK_N):
+            tok = n0 + offs_n
+            valid = tok >= lo
+            rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
+                                  BLOCK_SIZE)
+            kv_mask = valid[:, None] & d_mask[None, :]
+            k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if V_TRANSPOSED:
+                v = transposed_v_tile(v_cache_ptr, block_table_row, n0, free, offs_d, d_mask,
+                                      v_head_offset, stride_cb, BLOCK_SIZE, BLOCK_N, BLOCK_D, V_RUN,
+                                      lo, True)
+            else:
+                v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            seen = tok[None, :] > q_pos[:, None] - window
+            m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), seen, m_i, l_i, acc,
+                                        scale_log2e, True, DOT_PRECISION, softcap, SOFTCAP, True)
+    for n0 in range(free, full_end, BLOCK_N):
         tok = n0 + offs_n
         rows = kv_row_offsets(block_table_row, tok, tok < full_end, head_offset, stride_cb,
                               stride_ct, BLOCK_SIZE)
@@ -109,26 +132,36 @@ def _attend_through_cache(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, blo
         else:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), 0, m_i, l_i, acc, scale_log2e,
-                                    False, DOT_PRECISION)
+                                    False, DOT_PRECISION, softcap, SOFTCAP)
 
     # Diagonal tiles: causal mask. The first one holds position prefix + p_lo, which every row
-    # sees, so no row is fully masked on its first tile (attend_tile relies on that).
+    # sees, so no row is fully masked on its first tile (attend_tile relies on that; with a
+    # window, which may hide it from later rows, EMPTY_ROWS covers them).
     kv_end = prefix + p_hi
     for n0 in range(full_end, kv_end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < kv_end
+        if USE_WINDOW:
+            valid = valid & (tok >= lo)
         rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
                               BLOCK_SIZE)
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if V_TRANSPOSED:
-            v = transposed_v_tile(v_cache_ptr, block_table_row, n0, kv_end, offs_d, d_mask,
-                                  v_head_offset, stride_cb, BLOCK_SIZE, BLOCK_N, BLOCK_D, V_RUN)
+            if USE_WINDOW:
+                v = transposed_v_tile(v_cache_ptr, block_table_row, n0, kv_end, offs_d, d_mask,
+                                      v_head_offset, stride_cb, BLOCK_SIZE, BLOCK_N, BLOCK_D, V_RUN,
+                                      lo, True)
+            else:
+                v = transposed_v_tile(v_cache_ptr, block_table_row, n0, kv_end, offs_d, d_mask,
+                                      v_head_offset, stride_cb, BLOCK_SIZE, BLOCK_N, BLOCK_D, V_RUN)
         else:
             v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         causal = (tok[None, :] <= q_pos[:, None]) & valid[None, :]
+        if USE_WINDOW:
+            causal = causal & (tok[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), causal, m_i, l_i, acc,
-                                    scale_log2e, True, DOT_PRECISION)
+                                    scale_log2e, True, DOT_PRECISION, softcap, SOFTCAP, USE_WINDOW)
     return m_i, l_i, acc
 
 
@@ -180,23 +213,44 @@ def _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, valid, offs_d, d_mask, HEAD_D
 
 
 @triton.jit
-def _attend_prefix(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
-                   prefix, scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFIX_STAGES: tl.constexpr):
+def _attend_prefix(q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
+                   prefix, p_lo, p_hi, scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask,
+                   window, softcap, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   PREFIX_STAGES: tl.constexpr, USE_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     """The cached prefix (earlier chunks, prefix-cache hits) through the block table."""
     # The prefix is visible to every row: whole tiles need no mask, only a partial last one does.
     # Whichever tile comes first holds token 0, so no row is fully masked on its first tile
-    # (attend_tile relies on that).
+    # (attend_tile relies on that). A window hides the prefix's start from some rows: its tiles
+    # before `free` are masked (EMPTY_ROWS), those before lo's skipped.
     full_prefix = (prefix // BLOCK_N) * BLOCK_N
-    for n0 in tl.range(0, full_prefix, BLOCK_N, num_stages=PREFIX_STAGES):
+    free = 0
+    if USE_WINDOW:
+        lo, start, free = window_bounds(prefix + p_lo, prefix + p_hi - 1, window, BLOCK_N)
+        for n0 in tl.range(start, tl.minimum(free, prefix), BLOCK_N, num_stages=PREFIX_STAGES):
+            tok = n0 + offs_n
+            valid = (tok >= lo) & (tok < prefix)
+            rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
+                                  BLOCK_SIZE)
+            k, v = _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, valid, offs_d, d_mask, HEAD_DIM,
+                                  BLOCK_D, True)
+            seen = valid[None, :] & (tok[None, :] > q_pos[:, None] - window)
+            m_i, l_i, acc = attend_tile(q, k, v, seen, m_i, l_i, acc, scale_log2e, True,
+                                        DOT_PRECISION, softcap, SOFTCAP, True)
+    for n0 in tl.range(free, full_prefix, BLOCK_N, num_stages=PREFIX_STAGES):
         whole = offs_n >= 0
         rows = kv_row_offsets(block_table_row, n0 + offs_n, whole, head_offset, stride_cb,
                               stride_ct, BLOCK_SIZE)
         k, v = _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, whole, offs_d, d_mask, HEAD_DIM,
                               BLOCK_D, False)
-        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
-    if full_prefix < prefix:
+        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION,
+                                    softcap, SOFTCAP)
+    if USE_WINDOW:
+        # `free` is a tile boundary: past full_prefix, the masked loop above took the last tile.
+        tail = (full_prefix < prefix) & (free <= full_prefix)
+    else:
+        tail = full_prefix < prefix
+    if tail:
         tok = full_prefix + offs_n
         valid = tok < prefix
         rows = kv_row_offsets(block_table_row, tok, valid, head_offset, stride_cb, stride_ct,
@@ -204,24 +258,38 @@ def _attend_prefix(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, 
         k, v = _cache_kv_tile(k_cache_ptr, v_cache_ptr, rows, valid, offs_d, d_mask, HEAD_DIM,
                               BLOCK_D, True)
         m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, scale_log2e, True,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, softcap, SOFTCAP)
     return m_i, l_i, acc
 
 
 @triton.jit
 def _attend_chunk(q, m_i, l_i, acc, key, value, q_start, q_len, p_lo, p_hi, kv_head, scale_log2e,
                   stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr):
+                  window, softcap, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_TMA: tl.constexpr,
+                  USE_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     """The chunk's own keys from `key` / `value` (descriptors when KV_TMA). The tile's rows are
     at chunk positions `offs_m`, within p_lo..p_hi-1."""
     # Chunk keys j <= p_lo (relative to the chunk) are visible to every row of this tile.
     full_end = ((p_lo + 1) // BLOCK_N) * BLOCK_N
-    for j0 in range(0, full_end, BLOCK_N):
+    free = 0
+    if USE_WINDOW:
+        # As in _attend_through_cache, in the chunk's positions (the tiles read lie in the chunk).
+        lo, start, free = window_bounds(p_lo, p_hi - 1, window, BLOCK_N)
+        free = tl.minimum(free, full_end)
+        for j0 in range(start, free, BLOCK_N):
+            k, v = _chunk_kv_tile(key, value, q_start + j0, offs_n, offs_n >= 0, kv_head, stride_kt,
+                                  stride_kh, stride_vt, stride_vh, offs_d, d_mask, HEAD_DIM, BLOCK_D,
+                                  False, KV_TMA)
+            seen = (j0 + offs_n)[None, :] > offs_m[:, None] - window
+            m_i, l_i, acc = attend_tile(q, k, v, seen, m_i, l_i, acc, scale_log2e, True,
+                                        DOT_PRECISION, softcap, SOFTCAP, True)
+    for j0 in range(free, full_end, BLOCK_N):
         k, v = _chunk_kv_tile(key, value, q_start + j0, offs_n, offs_n >= 0, kv_head, stride_kt,
                               stride_kh, stride_vt, stride_vh, offs_d, d_mask, HEAD_DIM, BLOCK_D,
                               False, KV_TMA)
-        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, k, v, 0, m_i, l_i, acc, scale_log2e, False, DOT_PRECISION,
+                                    softcap, SOFTCAP)
 
     # Diagonal tiles: causal within the chunk; the first holds key p_lo (or key 0 when the tile
     # is the chunk's first), which every row sees.
@@ -232,8 +300,10 @@ def _attend_chunk(q, m_i, l_i, acc, key, value, q_start, q_len, p_lo, p_hi, kv_h
                               stride_kh, stride_vt, stride_vh, offs_d, d_mask, HEAD_DIM, BLOCK_D,
                               True, KV_TMA)
         causal = (j[None, :] <= offs_m[:, None]) & valid[None, :]
+        if USE_WINDOW:
+            causal = causal & (j[None, :] > offs_m[:, None] - window)
         m_i, l_i, acc = attend_tile(q, k, v, causal, m_i, l_i, acc, scale_log2e, True,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, softcap, SOFTCAP, USE_WINDOW)
     return m_i, l_i, acc
 
 
@@ -241,14 +311,15 @@ def _attend_chunk(q, m_i, l_i, acc, key, value, q_start, q_len, p_lo, p_hi, kv_h
 @triton.jit(do_not_specialize=["stride_btb"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr, out_ptr,
-    key, value, state_acc_ptr, state_ml_ptr, scale_log2e, v_scale,
+    key, value, state_acc_ptr, state_ml_ptr, scale_log2e, v_scale, window, softcap,
     stride_qt, stride_qh, stride_cb, stride_ct, stride_ch, stride_btb, stride_ot, stride_oh,
     stride_kt, stride_kh, stride_vt, stride_vh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SCALE_V: tl.constexpr, FP16_DOTS: tl.constexpr, V_TRANSPOSED: tl.constexpr,
     V_RUN: tl.constexpr, KV_DIRECT: tl.constexpr, KV_TMA: tl.constexpr, PACK_GQA: tl.constexpr,
-    PREFIX_STAGES: tl.constexpr, PREFIX_PART: tl.constexpr,
+    PREFIX_STAGES: tl.constexpr, PREFIX_PART: tl.constexpr, USE_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     # Fastest axis: a query head (heads sharing a KV head run together and share L2); with
     # PACK_GQA a KV head, whose GROUP query heads are the tile's rows.
@@ -305,9 +376,10 @@ def _prefill_kernel(
         state_row = q_rows * tl.num_programs(0) + head
         if PREFIX_PART != 2:
             m_i, l_i, acc = _attend_prefix(
-                q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset, prefix,
-                scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask, HEAD_DIM, BLOCK_D,
-                BLOCK_SIZE, BLOCK_N, DOT_PRECISION, PREFIX_STAGES)
+                q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
+                prefix, p_lo, p_hi, scale_log2e, stride_cb, stride_ct, offs_n, offs_d, d_mask,
+                window, softcap, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+                PREFIX_STAGES, USE_WINDOW, SOFTCAP)
         if PREFIX_PART == 2:
             if prefix > 0:
                 m_i = tl.load(state_ml_ptr + state_row * 2, mask=m_mask, other=float("-inf"))
@@ -324,14 +396,18 @@ def _prefill_kernel(
             m_i, l_i, acc = _attend_chunk(
                 q, m_i, l_i, acc, key, value, q_start, q_len, p_lo, p_hi, kv_head, scale_log2e,
                 stride_kt, stride_kh, stride_vt, stride_vh, offs_m, offs_n, offs_d, d_mask,
-                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, KV_TMA)
+                window, softcap, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION, KV_TMA, USE_WINDOW,
+                SOFTCAP)
     else:
         m_i, l_i, acc = _attend_through_cache(
             q, q_pos, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row, head_offset,
             v_head_offset, prefix, p_lo, p_hi, scale_log2e, stride_cb, stride_ct, offs_n, offs_d,
-            d_mask, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, V_TRANSPOSED, V_RUN)
+            d_mask, window, softcap, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+            V_TRANSPOSED, V_RUN, USE_WINDOW, SOFTCAP)
 
     if PREFIX_PART != 1:
+        if USE_WINDOW:
+            l_i = tl.where(l_i > 0.0, l_i, 1.0)  # a padding row past the chunk may see no key
         o = acc / l_i[:, None]
         if SCALE_V:
             o = o * v_scale
@@ -345,14 +421,20 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
                             out: torch.Tensor | None = None, *,
                             config: PrefillConfig | None = None, k_scale: float = 1.0,
                             v_scale: float = 1.0, key: torch.Tensor | None = None,
-                            value: torch.Tensor | None = None) -> torch.Tensor:
+                            value: torch.Tensor | None = None, sliding_window: int | None = None,
+                            logit_softcap: float | None = None) -> torch.Tensor:
     """See docs/architecture.md. max_seqlen_q must bound every chunk (it sizes the grid). The
     scales multiply an FP8 cache's values back (a 16-bit cache has 1.0). `key` / `value`, the
     chunk's keys and values as stored ([T, Hkv, D], rows as query's), let a 16-bit cache's
-    chunk be read from them; an FP8 cache reads them from the cache, as decode will."""
+    chunk be read from them; an FP8 cache reads them from the cache, as decode will.
+    `sliding_window` W: the query at position p sees keys p - W < k <= p, and a tile of queries
+    reads no key tile before its first query's window; `logit_softcap` C caps the scores at
+    C * tanh(score / C) (validation.check_window_softcap)."""
     validation.check_prefill(OP, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                              max_seqlen_q, out, validation.HALF_AND_FLOAT)
     validation.check_kv_scales(OP, k_scale, v_scale)
+    window, softcap, option_constexprs = window_softcap_args(
+        *validation.check_window_softcap(OP, sliding_window, logit_softcap))
     validation.check_chunk_kv(OP, key, value, query, k_cache)
     check_runnable(OP, query)
     num_tokens, num_heads, head_dim = query.shape
@@ -385,7 +467,7 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
     for part in (1, 2) if split else (0,):
         _prefill_kernel[grid](
             query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-            key_arg, value_arg, state_acc, state_ml, scale_log2e, v_scale,
+            key_arg, value_arg, state_acc, state_ml, scale_log2e, v_scale, window, softcap,
             query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1),
             k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
@@ -394,7 +476,7 @@ def paged_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache:
             GROUP=group, HEAD_DIM=head_dim, BLOCK_D=dot_block(head_dim),
             BLOCK_SIZE=block_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", **cache_constexprs,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **option_constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out
 

@@ -73,10 +73,15 @@ def store_kv_cache_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Te
 def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                                out: torch.Tensor | None = None, *, k_scale: float = 1.0,
-                               v_scale: float = 1.0, **_options) -> torch.Tensor:
+                               v_scale: float = 1.0, sliding_window: int | None = None,
+                               logit_softcap: float | None = None, **_options) -> torch.Tensor:
+    """`sliding_window` W: the query at position p = ctx - 1 sees keys p - W < k <= p (Hugging
+    Face's sliding_window_overlay), and only those are gathered. `logit_softcap` C: scores
+    become C * tanh(scores / C) after the scale, before the mask (gemma2's eager attention)."""
     op = "paged_decode_attention"
     v.check_decode(op, query, k_cache, v_cache, block_tables, context_lens, out, v.REFERENCE_DTYPES)
     v.check_kv_scales(op, k_scale, v_scale)
+    window, softcap = v.check_window_softcap(op, sliding_window, logit_softcap)
     batch, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -88,9 +93,12 @@ def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cac
                    f"{block_tables.shape[1]} blocks of {block_size}")
     result = torch.zeros(batch, num_heads, head_dim, dtype=compute, device=query.device)
     if max_len > 0:
-        pos = torch.arange(max_len, device=query.device)
-        valid = pos[None, :] < ctx[:, None]                                   # [B, L]
-        blocks = block_tables.long()[:, pos // block_size]
+        lo = (ctx - window).clamp(min=0) if window else torch.zeros_like(ctx)
+        span = int((ctx - lo).max()) if window else max_len
+        pos = lo[:, None] + torch.arange(span, device=query.device)[None, :]  # [B, L]
+        valid = pos < ctx[:, None]
+        pos = torch.where(valid, pos, 0)
+        blocks = block_tables.long().gather(1, pos // block_size)
         slots = torch.where(valid, blocks * block_size + pos % block_size, 0)  # padding reads slot 0
         k = _cache_rows(k_cache, slots, compute, k_scale, values=False)
         k = k.permute(0, 2, 3, 1)  # [B, Hkv, D, L]
@@ -101,6 +109,8 @@ def paged_decode_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cac
         vals = vals.permute(0, 2, 1, 3)                                        # [B, Hkv, L, D]
         q = query.to(compute).view(batch, num_kv_heads, group, head_dim)
         scores = torch.matmul(q, k) * scale                                    # [B, Hkv, G, L]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         attn = torch.matmul(probs, vals).view(batch, num_heads, head_dim)
@@ -116,12 +126,17 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
                                 context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
                                 out: torch.Tensor | None = None, *, k_scale: float = 1.0,
                                 v_scale: float = 1.0, key: torch.Tensor | None = None,
-                                value: torch.Tensor | None = None, **_options) -> torch.Tensor:
-    """`key` / `value` (the chunk's, as stored) are checked and not read: the cache holds them."""
+                                value: torch.Tensor | None = None, sliding_window: int | None = None,
+                                logit_softcap: float | None = None, **_options) -> torch.Tensor:
+    """`key` / `value` (the chunk's, as stored) are checked and not read: the cache holds them.
+    `sliding_window` and `logit_softcap` as in paged_decode_attention_ref: the query at
+    position p sees keys p - W < k <= p, and keys before the chunk's first window are not
+    gathered."""
     op = "paged_prefill_attention"
     v.check_prefill(op, query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                     max_seqlen_q, out, v.REFERENCE_DTYPES)
     v.check_kv_scales(op, k_scale, v_scale)
+    window, softcap = v.check_window_softcap(op, sliding_window, logit_softcap)
     v.check_chunk_kv(op, key, value, query, k_cache)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -145,7 +160,8 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
         if ctx > block_tables.shape[1] * block_size:
             v.fail(op, f"context_lens[{b}] = {ctx} exceeds the block tables' "
                        f"{block_tables.shape[1]} blocks of {block_size}")
-        pos = torch.arange(ctx, device=query.device)
+        first = max(ctx - q_len - window + 1, 0) if window else 0  # the first query's window
+        pos = torch.arange(first, ctx, device=query.device)
         slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
         k = _cache_rows(k_cache, slots, compute, k_scale, values=False)
         k = k.permute(1, 2, 0)[:, None]  # [Hkv, 1, D, L]
@@ -153,8 +169,13 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
         vals = vals.permute(1, 0, 2)[:, None]  # [Hkv, 1, L, D]
         q = query[start:end].to(compute).view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
         scores = torch.matmul(q, k) * scale                                     # [Hkv, G, q, L]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = ctx - q_len + torch.arange(q_len, device=query.device)
-        scores = scores.masked_fill(pos[None, :] > q_pos[:, None], float("-inf"))
+        hidden = pos[None, :] > q_pos[:, None]
+        if window:
+            hidden = hidden | (pos[None, :] <= q_pos[:, None] - window)
+        scores = scores.masked_fill(hidden, float("-inf"))
         attn = torch.matmul(torch.softmax(scores, dim=-1), vals)                # [Hkv, G, q, D]
         out[start:end] = attn.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(out.dtype)
     return out

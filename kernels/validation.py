@@ -127,6 +127,22 @@ def check_kv_scales(op: str, k_scale: object, v_scale: object) -> None:
             fail(op, f"{name} must be a positive finite number, got {scale!r}")
 
 
+def check_window_softcap(op: str, sliding_window: object, logit_softcap: object) -> tuple[int, float]:
+    """Per-call attention options, as (window, softcap) with 0 for none: `sliding_window` a
+    positive int (None or 0: every earlier key), `logit_softcap` a positive finite number (None:
+    no cap)."""
+    if sliding_window is None:
+        sliding_window = 0
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        fail(op, f"sliding_window must be a positive int, or None or 0 for no window, got {sliding_window!r}")
+    if logit_softcap is None:
+        return sliding_window, 0.0
+    if isinstance(logit_softcap, bool) or not isinstance(logit_softcap, (int, float)) or not (
+            0.0 < float(logit_softcap) < float("inf")):
+        fail(op, f"logit_softcap must be a positive finite float, or None for no cap, got {logit_softcap!r}")
+    return sliding_window, float(logit_softcap)
+
+
 def check_kv_cache(op: str, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    dtypes: tuple[torch.dtype, ...]) -> tuple[int, int, int]:
     """Caches [num_blocks, block_size, Hkv, D] matching query [..., Hq, D]; returns (block_size, Hkv, D)."""

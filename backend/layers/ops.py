@@ -17,22 +17,27 @@ def store_kv_cache(key, value, k_cache, v_cache, slot_mapping, k_scale=1.0, v_sc
 
 
 def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out=None,
-                           max_context_len=None, k_scale=1.0, v_scale=1.0):
+                           max_context_len=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
+                           logit_softcap=None):
+    """sliding_window / logit_softcap: None for full-context, uncapped attention."""
     if _on_gpu(query):
         return kernels.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens,
                                               scale, out=out, max_context_len=max_context_len,
-                                              k_scale=k_scale, v_scale=v_scale)
+                                              k_scale=k_scale, v_scale=v_scale,
+                                              sliding_window=sliding_window, logit_softcap=logit_softcap)
     return reference.paged_decode_attention_ref(query, k_cache, v_cache, block_tables,
                                                 context_lens, scale, out=out, k_scale=k_scale,
-                                                v_scale=v_scale)
+                                                v_scale=v_scale, sliding_window=sliding_window,
+                                                logit_softcap=logit_softcap)
 
 
 def paged_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens,
                             max_seqlen_q, scale, out=None, k_scale=1.0, v_scale=1.0, key=None,
-                            value=None):
+                            value=None, sliding_window=None, logit_softcap=None):
     fn = kernels.paged_prefill_attention if _on_gpu(query) else reference.paged_prefill_attention_ref
     return fn(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q,
-              scale, out=out, k_scale=k_scale, v_scale=v_scale, key=key, value=value)
+              scale, out=out, k_scale=k_scale, v_scale=v_scale, key=key, value=value,
+              sliding_window=sliding_window, logit_softcap=logit_softcap)
 
 
 def rms_norm(x, weight, eps, residual=None):

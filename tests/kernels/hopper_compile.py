@@ -104,6 +104,15 @@ def cases():
         yield (f"prefill {dtype} chunk tma, GQA heads packed",
                lambda: kernels.paged_prefill_attention(qp[:10], cache, cache, bt, cu5, cl, 5, 0.1,
                                                        key=key[:10], value=value[:10]))
+        # A sliding window with soft-capped scores (Gemma 2's local layers), split decode and
+        # the engine's default prefill of a 512-token chunk.
+        window = dict(sliding_window=4096, logit_softcap=50.0)
+        yield (f"decode {dtype} window softcap splits=4",
+               lambda: kernels.paged_decode_attention(q, cache, cache, bt, cl, 0.1,
+                                                      config=DecodeConfig(num_splits=4), **window))
+        yield (f"prefill {dtype} chunk tma window softcap",
+               lambda: kernels.paged_prefill_attention(qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1,
+                                                       key=key, value=value, **window))
     h = e(16, 4096, dtype=torch.bfloat16)
     yield "rms_norm", lambda: kernels.rms_norm(h, h[0], 1e-5, h)
     yield "rotary", lambda: kernels.apply_rotary_emb(e(16, 4096, dtype=torch.bfloat16),
@@ -157,6 +166,10 @@ def cases():
     cu5 = torch.tensor([0, 5, 10], dtype=torch.int32)
     yield "prefill fp8 cache, GQA heads packed", lambda: kernels.paged_prefill_attention(
         qp[:10], c8, v8, bt[:2], cu5, cl[:2], 5, 0.1, k_scale=0.5, v_scale=2.0)
+    # A window over an FP8 cache: every key through the block table, transposed values from lo's run.
+    yield "prefill fp8 cache window softcap", lambda: kernels.paged_prefill_attention(
+        qp, c8, v8, bt[:1], cu, cl[:1], 512, 0.1, k_scale=0.5, v_scale=2.0, sliding_window=4096,
+        logit_softcap=50.0)
 
 
 def tuned_cases():

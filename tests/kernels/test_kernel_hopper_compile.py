@@ -40,6 +40,14 @@ def test_kernels_compile_for_hopper(compiled):
     packed = by_kernel[("prefill torch.bfloat16 chunk tma, GQA heads packed", "_prefill_kernel")]
     assert packed["mma"] and packed["tma"], packed
     assert by_kernel[("prefill fp8 cache, GQA heads packed", "_prefill_kernel")]["mma"]
+    # A sliding window with soft-capped scores: the same tensor-core paths, without spills.
+    windowed = [by_kernel[("decode torch.bfloat16 window softcap splits=4", "_decode_kernel")],
+                by_kernel[("decode torch.bfloat16 window softcap splits=4", "_merge_kernel")],
+                by_kernel[("prefill torch.bfloat16 chunk tma window softcap", "_prefill_kernel")],
+                by_kernel[("prefill fp8 cache window softcap", "_prefill_kernel")]]
+    for c in windowed:
+        assert_fits_without_spills(c)
+    assert windowed[0]["mma"] and windowed[2]["wgmma"] and windowed[2]["tma"] and windowed[3]["wgmma"], windowed
     assert by_kernel[("store_kv_cache fp8", "_store_kv_kernel")]
     assert by_kernel[("fused_moe bf16 M=16", "_gate_up_kernel")]["mma"]
     assert ("moe_align M=16", "_align_kernel") in by_kernel  # decode's one-launch alignment
