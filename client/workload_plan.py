@@ -39,16 +39,11 @@ def repository_max_model_len(path: str = REPO_CONFIG) -> int:
 
 
 def model_context_limit(model_dir: str) -> tuple[int, str]:
-    """The longest sequence the engine serves for this model, and what sets it. The sliding
-    window rule is the engine's own (it imports torch: run with the engine's interpreter)."""
-    from backend.models import sliding_window
-
+    """The longest sequence the engine serves for this model, and what sets it (sliding windows
+    set nothing: the attention kernels apply them)."""
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     limit = int(config.get("max_position_embeddings") or 4096)  # EngineConfig's fallback
-    window = sliding_window(config)
-    if window is not None and window < limit:
-        return window, f"sliding_window={window}"
     return limit, f"max_position_embeddings={limit}"
 
 

@@ -3,7 +3,7 @@ trained here on scripts/data/corpus.txt. Offline; used by `make serve` (the embe
 model) and by the tests. The output of such a model is not meaningful text.
 
     python scripts/build_default_model.py [--out models/tiny-llama] [--arch llama|qwen2|qwen3|phi3|
-        mixtral|qwen2_moe|qwen3_moe]
+        mistral|gemma2|gemma3|mixtral|qwen2_moe|qwen3_moe]
 """
 from __future__ import annotations
 
@@ -65,12 +65,12 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 tie_word_embeddings: bool = False, max_position_embeddings: int = 2048,
                 rope_scaling: dict | None = None, max_shard_size: str | None = None,
                 dtype: str = "float32", add_bos: bool = True, head_dim: int | None = None,
-                **moe) -> str:
-    """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir. `moe`:
-    the mixture-of-experts families' own config fields (their config class's names)."""
+                **family_fields) -> str:
+    """Write config.json, *.safetensors and the tokenizer of a tiny model into out_dir. `family_fields`:
+    further config fields of the family's config class (experts, sliding windows)."""
     import torch
-    from transformers import (AutoModelForCausalLM, LlamaConfig, MixtralConfig, Phi3Config, Qwen2Config,
-                              Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                              MixtralConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(out_dir, vocab_size, add_bos=add_bos)
@@ -92,16 +92,22 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
         # (Phi-4-mini's 0.75, Phi-3's 1.0), so the partial rotary path is exercised.
         config = Phi3Config(**common, rms_norm_eps=1e-5, partial_rotary_factor=0.5,
                             pad_token_id=tok.eos_token_id)
+    elif arch == "mistral":  # `family_fields` may carry its sliding_window
+        config = MistralConfig(**common, rms_norm_eps=1e-5, **{"sliding_window": 32, **family_fields})
+    elif arch in ("gemma2", "gemma3"):  # windows of 16 by default; query scale apart from head_dim
+        cls = Gemma2Config if arch == "gemma2" else Gemma3TextConfig
+        config = cls(**common, head_dim=head_dim or hidden_size // num_attention_heads, rms_norm_eps=1e-6,
+                     **{"sliding_window": 16, "query_pre_attn_scalar": 24, **family_fields})
     elif arch == "mixtral":
-        config = MixtralConfig(**common, rms_norm_eps=1e-5, **{"num_local_experts": 8, "num_experts_per_tok": 2, **moe})
+        config = MixtralConfig(**common, rms_norm_eps=1e-5, **{"num_local_experts": 8, "num_experts_per_tok": 2, **family_fields})
     elif arch == "qwen2_moe":
         config = Qwen2MoeConfig(**common, rms_norm_eps=1e-6, **{
             "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "shared_expert_intermediate_size": 96, **moe})
+            "shared_expert_intermediate_size": 96, **family_fields})
     elif arch == "qwen3_moe":
         config = Qwen3MoeConfig(**common, head_dim=head_dim or hidden_size // num_attention_heads,
                                 rms_norm_eps=1e-6, **{"num_experts": 8, "num_experts_per_tok": 2,
-                                                      "moe_intermediate_size": 32, **moe})
+                                                      "moe_intermediate_size": 32, **family_fields})
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(seed)
@@ -114,6 +120,8 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
                 p.normal_(0.0, 0.25 if "embed" in name else 1.0 / p.shape[-1] ** 0.5)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
+            elif arch.startswith("gemma") and name.endswith("norm.weight"):
+                p.normal_(0.0, 0.2)  # Gemma's norms hold offsets from one
             elif name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.normal_(1.0, 0.2)  # Qwen3's per-head norms: not all ones, so that they matter
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
@@ -125,7 +133,7 @@ def build_model(out_dir: str, arch: str = "llama", seed: int = 0, vocab_size: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "models", "tiny-llama"))
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "phi3", "mixtral",
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "phi3", "mistral", "gemma2", "gemma3", "mixtral",
                                                             "qwen2_moe", "qwen3_moe"])
     parser.add_argument("--force", action="store_true", help="rebuild even if it exists")
     args = parser.parse_args(argv)

@@ -70,7 +70,7 @@ def test_model_context_limits():
               for name in ("llama-3-8b", "llama-3.1-8b", "phi-3-mini-4k", "qwen2.5-7b")}
     assert limits == {"llama-3-8b": (8192, "max_position_embeddings=8192"),
                       "llama-3.1-8b": (131072, "max_position_embeddings=131072"),
-                      "phi-3-mini-4k": (2047, "sliding_window=2047"),
+                      "phi-3-mini-4k": (4096, "max_position_embeddings=4096"),
                       "qwen2.5-7b": (32768, "max_position_embeddings=32768")}
 
 

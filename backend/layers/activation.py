@@ -11,3 +11,12 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.silu_and_mul(x)
+
+
+class GeluTanhAndMul(nn.Module):
+    """x = cat(gate, up) -> gelu_tanh(gate) * up (Gemma's GeGLU, hidden_activation
+    gelu_pytorch_tanh)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return torch.nn.functional.gelu(gate, approximate="tanh") * up

@@ -10,8 +10,13 @@ from . import ops
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
+                 sliding_window: int | None = None, logit_softcap: float | None = None) -> None:
+        """sliding_window W: a query at position p sees the keys p - W < k <= p (None: all);
+        logit_softcap C: scores become C * tanh(scores / C) (Gemma 2)."""
         super().__init__()
+        self.sliding_window = sliding_window or None
+        self.logit_softcap = logit_softcap or None
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
@@ -50,12 +55,14 @@ class Attention(nn.Module):
             ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, md.decode_block_tables,
                                        md.decode_context_lens, self.scale, out=out[:nd],
                                        max_context_len=md.decode_max_context_len,
-                                       k_scale=self.k_scale, v_scale=self.v_scale)
+                                       k_scale=self.k_scale, v_scale=self.v_scale,
+                                       sliding_window=self.sliding_window, logit_softcap=self.logit_softcap)
         if md.num_prefill_tokens:
             end = nd + md.num_prefill_tokens
             ops.paged_prefill_attention(q[nd:end], self.k_cache, self.v_cache,
                                         md.prefill_block_tables, md.prefill_cu_seqlens_q,
                                         md.prefill_context_lens, md.prefill_max_seqlen_q,
                                         self.scale, out=out[nd:end], k_scale=self.k_scale,
-                                        v_scale=self.v_scale, key=k[nd:end], value=v[nd:end])
+                                        v_scale=self.v_scale, key=k[nd:end], value=v[nd:end],
+                                        sliding_window=self.sliding_window, logit_softcap=self.logit_softcap)
         return out.view(num_tokens, self.num_heads * self.head_dim)

@@ -155,6 +155,9 @@ class SparseMoeBlock(nn.Module):
     def __init__(self, c, dtype: torch.dtype, linear_method: LinearMethod | None = None) -> None:
         """c: the model's DecoderConfig (models/decoder_config.py)."""
         super().__init__()
+        if c.hidden_act != "silu":  # the fused kernel's epilogue is SiLU-and-multiply
+            raise ValueError(f"model: mixture-of-experts layers with hidden_act {c.hidden_act!r} are "
+                             f"not supported (silu is)")
         self.top_k, self.renormalize = c.num_experts_per_tok, c.norm_topk_prob
         self.round_weights = c.router_weights_in_dtype
         self.gate = ReplicatedLinear(c.hidden_size, c.num_experts, False, dtype)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from ..engine_config import ModelLimits
 from ..layers.rotary import rope_type
+from .gemma2 import Gemma2ForCausalLM
+from .gemma3 import Gemma3ForCausalLM
 from .interface import CausalLM
 from .llama import LlamaForCausalLM
 from .mixtral import MixtralForCausalLM
@@ -15,7 +17,7 @@ from .qwen3_moe import Qwen3MoeForCausalLM
 # Every architecture class (models/interface.py says what one provides).
 MODEL_CLASSES: tuple[type[CausalLM], ...] = (
     LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM,
-    MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)
+    MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)
 MODEL_REGISTRY = {arch: cls for cls in MODEL_CLASSES for arch in cls.architectures}
 
 
@@ -33,18 +35,10 @@ def get_model_class(hf_config: dict) -> type[CausalLM]:
 
 
 def model_limits(hf_config: dict) -> ModelLimits:
-    """The architecture's limits on the sequence lengths it serves (EngineArgs.create_model_config)."""
-    return ModelLimits(context_limit(hf_config), longrope_original_length(hf_config))
-
-
-def context_limit(hf_config: dict) -> tuple[int, str] | None:
-    """The longest sequence served exactly when it is shorter than max_position_embeddings, and
-    why: a sliding attention window (see sliding_window)."""
-    window = sliding_window(hf_config)
-    if window is None:
-        return None
-    return window, (f"the model's sliding_window={window} (attention over the whole context "
-                    f"matches the model's only up to its window)")
+    """The architecture's limits on the sequence lengths it serves (EngineArgs.create_model_config).
+    Sliding windows set none: the attention kernels apply them, so such models serve their whole
+    max_position_embeddings."""
+    return ModelLimits(None, longrope_original_length(hf_config))
 
 
 def longrope_original_length(hf_config: dict) -> int | None:
@@ -58,16 +52,3 @@ def longrope_original_length(hf_config: dict) -> int | None:
     if rope_type(rope) != "longrope":
         return None
     return int(rope["original_max_position_embeddings"])
-
-
-def sliding_window(hf_config: dict) -> int | None:
-    """The attention window the architecture applies, or None. Mistral and Phi-3 apply
-    `sliding_window` whenever it is set; Qwen2 and Qwen3 only with `use_sliding_window`. The
-    kernels attend to the whole context, so the engine serves such a model up to its window,
-    where the two agree (as vLLM does with disable_sliding_window)."""
-    window = hf_config.get("sliding_window")
-    if not window:
-        return None
-    if hf_config.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not hf_config.get("use_sliding_window", False):
-        return None
-    return int(window)

@@ -26,9 +26,9 @@ _EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<pro
 
 class DecoderLayer(nn.Module):
     def __init__(self, c: DecoderConfig, mlp: nn.Module, dtype: torch.dtype,
-                 linear_method: LinearMethod | None = None) -> None:
+                 linear_method: LinearMethod | None = None, layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(c, dtype, linear_method)
+        self.self_attn = SelfAttention(c, dtype, linear_method, layer)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
@@ -51,11 +51,14 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, c: DecoderConfig, layers: list[DecoderLayer], dtype: torch.dtype) -> None:
+    def __init__(self, c: DecoderConfig, layers: list[nn.Module], dtype: torch.dtype,
+                 norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, dtype)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.norm = norm(c.hidden_size, c.rms_norm_eps, dtype)
+        # Gemma: the embedding times sqrt(hidden_size), that factor rounded to the dtype first.
+        self.embed_scale = c.hidden_size ** 0.5 if c.scale_embeddings else None
         # Speculative decoding with an EAGLE head reads hidden states of every packed row besides
         # the sampled rows' output (see `keep_hidden_states`); left unset, nothing is kept.
         self.aux_hidden_state_layers: tuple[int, ...] = ()
@@ -82,6 +85,8 @@ class DecoderModel(nn.Module):
         projection and MLP on those rows alone, unless `keep_hidden_states` asked for every
         row's output. An empty index gives an empty result."""
         hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         residual = None
         aux_layers = self.aux_hidden_state_layers
         kept: list[torch.Tensor] = []
@@ -125,6 +130,9 @@ class DecoderForCausalLM(CausalLM):
     expert_projections: ClassVar[dict[str, str]] = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
     # Checkpoint name fragment -> ours, where the family's checkpoints name a module otherwise.
     checkpoint_renames: ClassVar[dict[str, str]] = {}
+    # The layer and norm blocks (Gemma: norms around attention and the MLP, weights offset from one).
+    decoder_layer: ClassVar[type[nn.Module]] = DecoderLayer
+    norm: ClassVar[type[nn.Module]] = RMSNorm
 
     @classmethod
     def read_config(cls, hf_config: dict) -> DecoderConfig:
@@ -135,10 +143,10 @@ class DecoderForCausalLM(CausalLM):
         super().__init__()
         self.config = self.adjust_config(self.read_config(hf_config), max_model_len)
         c = self.config
-        layers = [DecoderLayer(c, self.make_mlp(c, i, dtype, linear_method), dtype, linear_method)
+        layers = [self.decoder_layer(c, self.make_mlp(c, i, dtype, linear_method), dtype, linear_method, i)
                   for i in range(c.num_hidden_layers)]
         # The decoder's projections use `linear_method` (e.g. FP8); the LM head stays 16-bit.
-        self.model = DecoderModel(c, layers, dtype)
+        self.model = DecoderModel(c, layers, dtype, self.norm)
         self.lm_head = ParallelLMHead(c.vocab_size, c.hidden_size, dtype)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -151,7 +159,7 @@ class DecoderForCausalLM(CausalLM):
                  linear_method: LinearMethod | None) -> nn.Module:
         if c.is_moe and layer in c.sparse_layers:
             return SparseMoeBlock(c, dtype, linear_method)
-        return GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias, dtype, linear_method)
+        return GatedMLP(c.hidden_size, c.intermediate_size, c.mlp_bias, dtype, linear_method, c.hidden_act)
 
     # ---- the engine's interface (models/interface.py) ------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -159,7 +167,11 @@ class DecoderForCausalLM(CausalLM):
         return self.model(input_ids, positions, logits_indices)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcap
+        if cap:  # Gemma 2: cap * tanh(logits / cap), in the logits' dtype as Hugging Face does
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -36,6 +36,18 @@ class DecoderConfig:
     router_weights_in_dtype: bool = True  # the routing weights rounded to the model dtype (Qwen-MoE)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's gated shared expert; 0: none
     sparse_layers: tuple[int, ...] = ()
+    # Each layer's sliding attention window (0: the whole context), from config.json's
+    # layer_types where it has them, else the family's rule (`windowed_layers`).
+    layer_windows: tuple[int, ...] = ()
+    hidden_act: str = "silu"  # the gated MLP's: silu (SwiGLU) or gelu_pytorch_tanh (Gemma's GeGLU)
+    # Gemma: scores scaled by query_pre_attn_scalar ** -0.5 (else head_dim ** -0.5), capped by
+    # C * tanh(x / C) in attention (Gemma 2) and on the final logits; the embedding times
+    # sqrt(hidden_size); windowed layers rotating with their own base (Gemma 3).
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    scale_embeddings: bool = False
+    local_rope_theta: float | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -48,6 +60,10 @@ class DecoderConfig:
         they name the same field (attention_bias, norm_topk_prob)."""
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or {})  # transformers 5 layout
+        local_theta = c.get("rope_local_base_freq")  # Gemma 3's older layout
+        if "full_attention" in rope:  # transformers 5, Gemma 3: one set per layer type
+            local_theta = (rope.get("sliding_attention") or {}).get("rope_theta", local_theta)
+            rope = dict(rope["full_attention"])
         if c.get("rope_scaling"):
             rope.update(c["rope_scaling"])
         theta = rope.pop("rope_theta", c.get("rope_theta", 10000.0))
@@ -58,8 +74,9 @@ class DecoderConfig:
             rope.setdefault("original_max_position_embeddings",
                             c.get("original_max_position_embeddings") or c.get("max_position_embeddings", 4096))
             rope.setdefault("max_position_embeddings", c.get("max_position_embeddings", 4096))
-        if c.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"model: hidden_act {c['hidden_act']!r} is not supported (silu is)")
+        act = c.get("hidden_activation") or c.get("hidden_act") or "silu"
+        if act not in ("silu", "gelu_pytorch_tanh"):
+            raise ValueError(f"model: hidden_act {act!r} is not supported (silu and gelu_pytorch_tanh are)")
         head_dim = c.get("head_dim") or c["hidden_size"] // heads
         fields = dict(
             vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
@@ -69,10 +86,46 @@ class DecoderConfig:
             rope_scaling=rope or None, max_position_embeddings=c.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             attention_bias=bool(c.get("attention_bias", c.get("qkv_bias", family_defaults.pop("attention_bias", False)))),
-            mlp_bias=bool(c.get("mlp_bias", False)), rotary_dim=int(head_dim * partial))
+            mlp_bias=bool(c.get("mlp_bias", False)), rotary_dim=int(head_dim * partial), hidden_act=act,
+            query_pre_attn_scalar=c.get("query_pre_attn_scalar"),
+            attn_logit_softcap=c.get("attn_logit_softcapping"),
+            final_logit_softcap=c.get("final_logit_softcapping"),
+            local_rope_theta=float(local_theta) if local_theta else None)
         fields.update(_experts(c, family_defaults.pop("norm_topk_prob", False)))
+        fields["layer_windows"] = _layer_windows(c, family_defaults.pop("windowed_layers", None))
         fields.update(family_defaults)
         return cls(**fields)
+
+
+def by_layer_types(c: dict, layer: int) -> bool:
+    """Whether config.json's layer_types make `layer` a sliding one; without layer_types, every
+    layer is (Mistral and Phi-3 apply sliding_window to all)."""
+    types = c.get("layer_types")
+    return not types or types[layer] == "sliding_attention"
+
+
+def qwen_windowed_layers(c: dict, layer: int) -> bool:
+    """Qwen2 / Qwen3 (dense and MoE): only with use_sliding_window, and then the layers
+    layer_types names, or those from max_window_layers on (transformers' Qwen2Config)."""
+    if not c.get("use_sliding_window", False):
+        return False
+    if c.get("layer_types"):
+        return by_layer_types(c, layer)
+    return layer >= c.get("max_window_layers", 28)
+
+
+def _layer_windows(c: dict, windowed_layers) -> tuple[int, ...]:
+    """Per layer: the window, or 0. `windowed_layers(config, layer) -> bool`: the family's rule
+    (default: by_layer_types)."""
+    layers = c["num_hidden_layers"]
+    window = int(c.get("sliding_window") or 0)
+    types = c.get("layer_types")
+    if types and len(types) != layers:
+        raise ValueError(f"model: layer_types has {len(types)} entries for {layers} layers")
+    if not window:
+        return (0,) * layers
+    rule = windowed_layers or by_layer_types
+    return tuple(window if rule(c, i) else 0 for i in range(layers))
 
 
 def _experts(c: dict, norm_topk_default: bool) -> dict:

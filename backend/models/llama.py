@@ -1,4 +1,4 @@
-"""Llama 2 / 3 and Mistral (Mistral's sliding window: see models.sliding_window)."""
+"""Llama 2 / 3 and Mistral (its sliding_window applies to every layer: DecoderConfig.layer_windows)."""
 from __future__ import annotations
 
 from .decoder import DecoderForCausalLM

@@ -3,9 +3,10 @@ layers of routed experts without a shared one."""
 from __future__ import annotations
 
 from .decoder import DecoderForCausalLM
+from .decoder_config import qwen_windowed_layers
 
 
 class Qwen3MoeForCausalLM(DecoderForCausalLM):
     architectures = ("Qwen3MoeForCausalLM",)
     model_types = ("qwen3_moe",)
-    config_defaults = {"qk_norm": True}
+    config_defaults = {"qk_norm": True, "windowed_layers": qwen_windowed_layers}

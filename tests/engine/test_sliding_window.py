@@ -1,6 +1,7 @@
-"""Models with a sliding attention window (Mistral, Phi-3; Qwen2/3 with use_sliding_window) are
-served up to their window, where attention over the whole context equals theirs; and a model
-the engine cannot run exactly is refused with its reason."""
+"""Models with a sliding attention window (Mistral, Phi-3; Qwen2/3 with use_sliding_window on the
+layers their layer_types name) are served past their window, with Hugging Face's tokens under
+chunked prefill and prefix caching; and a model the engine cannot run exactly is refused with its
+reason."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM
 
 from backend import EngineArgs, LLMEngine, SamplingParams
+from build_default_model import build_model
 
 
 def _with_config(src: str, dst, **changes) -> str:
@@ -23,35 +25,69 @@ def _with_config(src: str, dst, **changes) -> str:
     return str(dst)
 
 
-def test_phi3_window_caps_max_model_len_and_matches_hf_within_it(phi3_dir, tmp_path):
-    d = _with_config(phi3_dir, tmp_path / "phi3-window", sliding_window=40)
+def _greedy_staggered(model_dir: str, prompts: list[list[int]], max_new: int, **engine) -> list[list[int]]:
+    """Greedy tokens with chunked prefill (16-token budget), prefix caching and staggered arrivals."""
+    e = LLMEngine(EngineArgs(model=model_dir, dtype="float32", max_num_batched_tokens=16, block_size=16,
+                             enable_prefix_caching=True, **engine))
+    params = SamplingParams(temperature=0, max_tokens=max_new, min_tokens=max_new)
+    got: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    while pending or e.has_unfinished_requests():
+        if pending:
+            i, p = pending.pop(0)
+            e.add_request(str(i), p, params)
+        for o in e.step():
+            got.setdefault(o.request_id, []).extend(o.outputs[0].token_ids)
+    assert e.block_manager.prefix_cache_hits > 0
+    return [got[str(i)] for i in range(len(prompts))]
+
+
+def _window_prompts() -> list[list[int]]:
+    """Prompts of 20-70 tokens, two sharing a 48-token prefix (three full blocks)."""
+    gen = torch.Generator().manual_seed(50)
+    shared = torch.randint(3, 500, (48,), generator=gen).tolist()
+    return [shared + [7, 9], shared + [11, 13, 17], torch.randint(3, 500, (70,), generator=gen).tolist(),
+            torch.randint(3, 500, (20,), generator=gen).tolist()]
+
+
+@pytest.mark.parametrize("window", [16, 23])
+def test_mistral_window_is_served_past_it_and_matches_hf(tmp_path, window):
+    """Every layer windowed (Mistral): prompts plus outputs span several windows; the engine
+    serves the whole max_position_embeddings."""
+    d = build_model(str(tmp_path / "mistral"), arch="mistral", seed=9, sliding_window=window)
     engine = LLMEngine(EngineArgs(model=d, dtype="float32"))
-    assert engine.config.model_config.max_model_len == 40
-    with pytest.raises(ValueError, match=r"^max_model_len=41 is larger than the model's sliding_window=40 "
-                                         r"\(attention over the whole context matches the model's only up "
-                                         r"to its window\)\.$"):
-        LLMEngine(EngineArgs(model=d, dtype="float32", max_model_len=41))
-    # 20 prompt tokens and 19 generated: the last query sees 38 earlier tokens, inside the window.
-    prompt = list(range(5, 25))
-    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=19, ignore_eos=True))
-    got = []
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            got += o.outputs[0].token_ids
+    assert engine.config.model_config.max_model_len == 2048
+    assert engine.executor.worker.model.config.layer_windows == (window, window)
+    prompts = _window_prompts()
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
-    assert got == hf_greedy_generate(hf, [prompt], 19)[0]
+    assert _greedy_staggered(d, prompts, 40) == hf_greedy_generate(hf, prompts, 40)
 
 
-def test_qwen2_window_counts_only_with_use_sliding_window(qwen2_dir, tmp_path):
-    off = _with_config(qwen2_dir, tmp_path / "off", sliding_window=40, use_sliding_window=False)
-    on = _with_config(qwen2_dir, tmp_path / "on", sliding_window=40, use_sliding_window=True)
-    assert LLMEngine(EngineArgs(model=off, dtype="float32")).config.model_config.max_model_len == 2048
-    assert LLMEngine(EngineArgs(model=on, dtype="float32")).config.model_config.max_model_len == 40
+def test_phi3_window_matches_hf_past_it(phi3_dir, tmp_path):
+    d = _with_config(phi3_dir, tmp_path / "phi3-window", sliding_window=24)
+    prompts = _window_prompts()
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert _greedy_staggered(d, prompts, 30) == hf_greedy_generate(hf, prompts, 30)
+
+
+def test_qwen2_windows_only_with_use_sliding_window_on_the_layers_it_names(qwen2_dir, tmp_path):
+    """Qwen2 applies its window only with use_sliding_window, and then to the layers layer_types
+    names (here the second of two): one windowed layer, one global, as HF runs them."""
+    off = _with_config(qwen2_dir, tmp_path / "off", sliding_window=16, use_sliding_window=False)
+    on = _with_config(qwen2_dir, tmp_path / "on", sliding_window=16, use_sliding_window=True,
+                      layer_types=["full_attention", "sliding_attention"])
+    assert LLMEngine(EngineArgs(model=off, dtype="float32")).executor.worker.model.config.layer_windows == (0, 0)
+    assert LLMEngine(EngineArgs(model=on, dtype="float32")).executor.worker.model.config.layer_windows == (0, 16)
+    prompts = _window_prompts()
+    hf = AutoModelForCausalLM.from_pretrained(on, dtype=torch.float32)
+    ref = hf_greedy_generate(hf, prompts, 30)
+    assert _greedy_staggered(on, prompts, 30) == ref
+    assert _greedy_staggered(off, prompts, 30) != ref  # the window changes the outputs
 
 
 def test_other_activations_are_refused(llama_dir, tmp_path):
     d = _with_config(llama_dir, tmp_path / "gelu", hidden_act="gelu")
-    with pytest.raises(ValueError, match=r"^model: hidden_act 'gelu' is not supported \(silu is\)$"):
+    with pytest.raises(ValueError, match=r"^model: hidden_act 'gelu' is not supported \(silu and gelu_pytorch_tanh are\)$"):
         LLMEngine(EngineArgs(model=d, dtype="float32"))
 
 
