@@ -117,8 +117,8 @@ def test_decode_window_splits_cover_only_the_window(monkeypatch):
     monkeypatch.setattr(decode_attention, "_decode_kernel", Spy())
     kv, query, ctx = _decode_case(100, torch.float32, seed=5, ctx=(700, 90, 129))
     out = poisoned(query.shape, torch.float32)
-    kernels.paged_decode_attention(query, kv.k_cache, kv.v_cache, kv.block_tables,
-                                   torch.tensor(ctx, dtype=torch.int32), 0.125, out=out,
+    lens = torch.tensor(ctx, dtype=torch.int32, device=query.device)
+    kernels.paged_decode_attention(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125, out=out,
                                    max_context_len=32768, sliding_window=100,
                                    config=DecodeConfig(num_stages=2, min_tokens_per_split=64))
     assert grids == [(1, 3, 2)]
