@@ -18,7 +18,8 @@ _PROMPT_CONTEXT_TOKENS = 5
 # config.json model types (of those this engine serves) whose tokenizer AutoTokenizer takes from
 # tokenizer_config.json's tokenizer_class; for qwen2 and phi3 it builds a class of its own
 # whatever that says (tests/engine/test_tokenizer_loading.py checks the list against transformers).
-GENERIC_TOKENIZER_MODEL_TYPES = ("llama", "qwen3", "mistral")
+GENERIC_TOKENIZER_MODEL_TYPES = ("llama", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "gemma2",
+                                 "gemma3_text")
 
 
 def _is_generic_fast_tokenizer(path: str) -> bool:

@@ -1,8 +1,9 @@
-"""Mixture-of-experts models through a real tritonserver: one repository serves tiny Mixtral,
-Qwen2-MoE and Qwen3-MoE models (each in its own engine process), with prefix caching and chunked
-prefill on. Greedy streams over gRPC (the vLLM backend's request interface) and the OpenAI
-frontend's completions give Hugging Face's greedy tokens (float32, CPU); the vllm: metrics count
-each model's tokens."""
+"""Model families through a real tritonserver: one repository serves tiny Mixtral, Qwen2-MoE and
+Qwen3-MoE models, a Mistral with a 16-token sliding window and a Gemma 2 (windows of 16,
+soft-caps) (each in its own engine process), with prefix caching and chunked prefill on. Greedy
+streams over gRPC (the vLLM backend's request interface) and the OpenAI frontend's completions
+give Hugging Face's greedy tokens (float32, CPU), past the windows; the vllm: metrics count each
+model's tokens."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,12 @@ from tiny_moe import MOE_FAMILIES
 from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
                            write_model_repository)
 
-MAX_NEW = 16
+MAX_NEW = 24
+# Sliding-window families beside the MoE ones: (build_model spec, seed).
+WINDOWED = {"mistral_window": (dict(arch="mistral", sliding_window=16), 12),
+            "gemma2": (dict(arch="gemma2", num_hidden_layers=4, attn_logit_softcapping=5.0,
+                            final_logit_softcapping=3.0), 13)}
+FAMILIES = {**MOE_FAMILIES, **WINDOWED}
 TEXTS = ["The scheduler computes the next word for every user while others run. A client streams",
          "The scheduler computes the next word for every user while others run. A kernel",
          "x", "GPU cache block token stream prefill decode kernel café 日本"]
@@ -26,13 +32,14 @@ def moe_stack(tmp_path_factory):
     from frontend_server import start_frontend
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = tmp_path_factory.mktemp("moe")
+    tmp = tmp_path_factory.mktemp("families")
     repo, models = str(tmp / "repo"), {}
-    for name, (spec, seed) in MOE_FAMILIES.items():
+    for name, (spec, seed) in FAMILIES.items():
         model_dir = build_model(str(tmp / name), seed=seed, **spec)
         tok = AutoTokenizer.from_pretrained(model_dir)
         prompts = [tok(t)["input_ids"] for t in TEXTS]
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        # Eager attention: transformers' default (SDPA) drops Gemma 2's attention soft-cap.
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
         ref = []
         for ids in prompts:
             x = torch.tensor([ids])
@@ -49,7 +56,7 @@ def moe_stack(tmp_path_factory):
     server.stop_in_background()
 
 
-@pytest.mark.parametrize("family", list(MOE_FAMILIES))
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_grpc_streams_give_hf_greedy_tokens(moe_stack, family):
     server, _, models = moe_stack
     _, tok, prompts, ref = models[family]
