@@ -56,3 +56,35 @@ def test_gemma3_reads_the_older_config_layout(tmp_path):
     c = get_model_class(config).read_config(config)
     assert c.layer_windows == (512,) * 5 + (0,) + (512,) * 5 + (0,)
     assert (c.rope_theta, c.local_rope_theta, c.rope_scaling) == (1e6, 1e4, {"rope_type": "linear", "factor": 8.0})
+
+
+def test_gemma2_with_lora_speculation_swap_and_a_guided_request(tmp_path):
+    """What serves other families serves Gemma 2: preemption by swap, n-gram speculation and a
+    guided request give its greedy tokens; an attention and MLP LoRA adapter matches the merged
+    model (eager attention for its soft-cap)."""
+    from lora_adapters import merged_hf_model, write_adapter
+
+    from backend import LLM, SamplingParams
+    d = build_model(str(tmp_path / "gemma2"), seed=11, num_attention_heads=4, num_key_value_heads=2,
+                    **FAMILIES["gemma2"])
+    prompts = _window_prompts()
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    ref = hf_greedy_generate(hf, prompts, 30)
+    params = SamplingParams(temperature=0, max_tokens=30, min_tokens=30)
+    swap = LLM(d, dtype="float32", block_size=16, num_kv_blocks=12, max_num_batched_tokens=32,
+               swap_space=0.01, preemption_mode="swap")
+    assert [o.outputs[0].token_ids for o in swap.generate(prompts, params)] == ref
+    assert swap.engine.get_stats().num_swapped_preemptions > 0
+    spec = LLM(d, dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                        "prompt_lookup_max": 3})
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == ref
+    guided = spec.generate(["Choose one:"], SamplingParams(temperature=0, max_tokens=10,
+                                                            structured_outputs={"choice": ["yes", "no"]}))
+    assert guided[0].outputs[0].text in ("yes", "no")
+    adapter = write_adapter(str(tmp_path / "lora"), d, ["q_proj", "o_proj", "gate_proj", "down_proj"], 4, 8, seed=2)
+    merged = merged_hf_model(d, adapter)
+    merged.config._attn_implementation = "eager"
+    lora_ref = hf_greedy_generate(merged, prompts[:2], 20)
+    lora = LLM(d, dtype="float32", enable_lora=True, lora_modules={"a": adapter}, max_lora_rank=4)
+    outs = lora.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=20, min_tokens=20), lora_request="a")
+    assert [o.outputs[0].token_ids for o in outs] == lora_ref
