@@ -56,8 +56,9 @@ class DecoderConfig:
     @classmethod
     def from_hf_config(cls, c: dict, **family_defaults) -> "DecoderConfig":
         """`family_defaults`: what the family's config.json leaves implicit (Qwen2's qkv bias,
-        Qwen3's head norms, Mixtral's renormalised routing); config.json keys still win where
-        they name the same field (attention_bias, norm_topk_prob)."""
+        Qwen3's head norms, Mixtral's renormalised routing, Gemma's tied embeddings);
+        config.json keys still win where they name the same field (attention_bias,
+        norm_topk_prob, tie_word_embeddings)."""
         heads = c["num_attention_heads"]
         rope = dict(c.get("rope_parameters") or {})  # transformers 5 layout
         local_theta = c.get("rope_local_base_freq")  # Gemma 3's older layout
@@ -84,7 +85,7 @@ class DecoderConfig:
             num_attention_heads=heads, num_key_value_heads=c.get("num_key_value_heads") or heads,
             head_dim=head_dim, rms_norm_eps=c.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
             rope_scaling=rope or None, max_position_embeddings=c.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", family_defaults.pop("tie_word_embeddings", False))),
             attention_bias=bool(c.get("attention_bias", c.get("qkv_bias", family_defaults.pop("attention_bias", False)))),
             mlp_bias=bool(c.get("mlp_bias", False)), rotary_dim=int(head_dim * partial), hidden_act=act,
             query_pre_attn_scalar=c.get("query_pre_attn_scalar"),

@@ -51,6 +51,7 @@ def gemma2_windowed_layers(c: dict, layer: int) -> bool:
 class Gemma2ForCausalLM(DecoderForCausalLM):
     architectures = ("Gemma2ForCausalLM",)
     model_types = ("gemma2",)
-    config_defaults = {"scale_embeddings": True, "windowed_layers": gemma2_windowed_layers}
+    config_defaults = {"scale_embeddings": True, "tie_word_embeddings": True,
+                       "windowed_layers": gemma2_windowed_layers}
     decoder_layer = GemmaDecoderLayer
     norm = GemmaRMSNorm

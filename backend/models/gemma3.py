@@ -19,4 +19,5 @@ def gemma3_windowed_layers(c: dict, layer: int) -> bool:
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     architectures = ("Gemma3ForCausalLM",)
     model_types = ("gemma3_text",)
-    config_defaults = {"scale_embeddings": True, "qk_norm": True, "windowed_layers": gemma3_windowed_layers}
+    config_defaults = {"scale_embeddings": True, "tie_word_embeddings": True, "qk_norm": True,
+                       "windowed_layers": gemma3_windowed_layers}
