@@ -28,6 +28,9 @@
 #   offload          a multi-turn chat past a device cache of $OFFLOAD_BLOCKS (2048) blocks, $LLAMA bf16
 #                    in-process, without and with swap_space=$OFFLOAD_SWAP (24) GiB (the prefix
 #                    cache's host tier): TTFT, throughput, hit rates; then the copy bandwidth
+#   window-kv        the KV memory one long request holds with and without the window-aware cache,
+#                    each NAME:TOKENS in $WINDOW_MODELS (mistral-7b-v0.1:32768 gemma-2-9b:8192),
+#                    bf16 in-process
 #   sampling         the sampler's per-step cost, then penalties' cost on workload A in-process,
 #                    for this tree, then for each tree in $TREES (carried)
 #   stream-interval  Qwen2.5-1.5B A through Triton, stream_interval 1 and 16, alternately, twice
@@ -241,6 +244,15 @@ offload)
         --tokenizer models/tiny-llama --engine-arg "num_kv_blocks=${OFFLOAD_BLOCKS:-2048}" \
         --swap-space "${OFFLOAD_SWAP:-24}" --json "$OUT/bench_multi_turn_offload.json" "$@" 2>&1 \
         | grep -v "Warning\|warnings.warn" | tail -8 >> "$S" ;;
+window-kv)
+    # name:tokens (Gemma-2-9B holds 8,192 positions)
+    for spec in ${WINDOW_MODELS:-mistral-7b-v0.1:32768 gemma-2-9b:8192}; do
+        m=${spec%%:*}; n=${spec##*:}
+        stamp "KV memory of one $n-token request, $m bf16 in-process: window-aware, then every block kept"
+        timeout 280 "$PY" benchmarks/engine/window_kv_memory.py --model "$(model_path "$m")" \
+            --tokenizer models/tiny-llama --tokens "$n" "$@" \
+            --json "$OUT/window_kv_memory_$m.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -6 >> "$S"
+    done ;;
 sampling)
     stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
     timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \

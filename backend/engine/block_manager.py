@@ -10,6 +10,12 @@ again. Sequences forked for n > 1 share blocks; writing into a shared partial bl
 (copy-on-write), and the copies are handed to the model runner. With swap_space, an evicted cached
 block goes on to the host tier (backend/engine/host_prefix_cache.py), where a lookup that ends on
 the device continues.
+
+With a `sliding_window` (every layer of the model attends to at most that many past tokens), the
+leading blocks no future query can see are given back as the sequence grows: the table keeps
+their positions (`Sequence.num_released_blocks` counts them) so that positions still map to
+table entries, but the ids there are no longer the sequence's; the attention kernels never read
+keys before a query's window. A model with one full-attention layer keeps every block.
 """
 from __future__ import annotations
 
@@ -50,6 +56,10 @@ class PrefixHit:
     num_queried: int = 0
     host_blocks: list[int] = field(default_factory=list)
 
+
+# What a released position holds in a table rebuilt after swap-in: any valid id does, as no
+# kernel uses keys there (see the module docstring).
+NULL_BLOCK_ID = 0
 
 # The canonical encoding, versioned: change the tag whenever the encoding changes.
 _ROOT_TAG = b"tritium-prefix-cache-v1\x00"
@@ -106,12 +116,16 @@ def hash_prompt_blocks(root: bytes, token_ids: list[int], block_size: int) -> li
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
+        self.sliding_window = sliding_window
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         # Blocks with ref_cnt == 0, least recently freed first: allocation pops from the front.
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
@@ -181,9 +195,12 @@ class BlockManager:
 
         A prefix-cache `hit` (only for a sequence with an empty table) is taken first, and its
         lookup counted; its host-tier blocks are copied into fresh blocks in the step. Returns
-        False, changing nothing, when there are not enough free blocks.
+        False, changing nothing but the blocks given back out of the window, when there are not
+        enough free blocks.
         """
         computed_blocks = hit.blocks if hit is not None else None
+        if self.sliding_window is not None and seq.block_table:
+            self.release_out_of_window(seq)
         if not computed_blocks and hit is None:  # the common case, a running sequence: usually nothing to do
             table = seq.block_table
             num_computed = seq.num_computed_tokens
@@ -196,7 +213,13 @@ class BlockManager:
         assert not (computed_blocks or host_blocks) or not seq.block_table
         num_computed = hit.num_tokens if hit is not None and hit.num_tokens else seq.num_computed_tokens
         total = num_computed + num_new_tokens
-        num_table = len(seq.block_table) or len(computed_blocks)
+        # A sequence swapped in after giving blocks back: those positions stay unbacked; and of
+        # a prefix hit, only the blocks the next query's window reaches are taken.
+        released = seq.num_released_blocks if not seq.block_table and not computed_blocks else 0
+        if computed_blocks and self.sliding_window is not None:
+            released = min(len(computed_blocks), max(0, (num_computed - self.sliding_window + 1) // self.block_size))
+            computed_blocks = computed_blocks[released:]
+        num_table = len(seq.block_table) or (released + len(computed_blocks)) or released
         needed = max(0, self.blocks_needed(total) - num_table)
         cow = self._needs_copy_on_write(seq, num_computed)
         # Hits that sit in the free queue stop being free once taken.
@@ -207,7 +230,10 @@ class BlockManager:
             self._prefix_cache_queries += hit.num_queried
             self._prefix_cache_hits += hit.num_tokens
             if self.host_tier is not None:  # what the device did not hold was looked up there
-                self.host_tier.num_query_tokens += hit.num_queried - len(computed_blocks) * self.block_size
+                self.host_tier.num_query_tokens += hit.num_queried - (released + len(computed_blocks)) * self.block_size
+        if released:
+            seq.block_table.extend([NULL_BLOCK_ID] * released)
+            seq.num_released_blocks = released
         for block in computed_blocks:
             self._touch(block)
             seq.block_table.append(block.block_id)
@@ -218,8 +244,38 @@ class BlockManager:
         for _ in range(needed):
             seq.block_table.append(self._pop_free().block_id)
         if host_blocks:
-            self._reload(seq, len(computed_blocks), host_blocks)
+            self._reload(seq, released + len(computed_blocks), host_blocks)
         return True
+
+    def max_sequence_tokens(self, max_step_tokens: int) -> int | None:
+        """The most tokens one sequence can grow to before it needs more blocks than the cache
+        has; None: no bound, as with a window a sequence holds only the blocks its window and one
+        step's tokens (at most `max_step_tokens`) reach."""
+        if self.sliding_window is not None and \
+                self.blocks_needed(self.sliding_window - 1 + max_step_tokens) + 1 <= self.num_blocks:
+            return None
+        return self.num_blocks * self.block_size
+
+    def release_out_of_window(self, seq: Sequence) -> int:
+        """Give back the leading blocks whose keys no future query sees: a query at position p
+        sees keys p - W < k <= p, and the next query is at num_computed_tokens. With prefix
+        caching a block goes only once it is offered to the cache, so it stays a hit for other
+        prompts until evicted. Returns the number given back now."""
+        first = seq.num_released_blocks
+        end = (seq.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        if self.enable_prefix_caching:
+            end = min(end, seq.num_cached_blocks)
+        end = min(end, len(seq.block_table))
+        if end <= first:
+            return 0
+        table = seq.block_table
+        for i in range(first, end):
+            block = self.blocks[table[i]]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block.block_id] = block
+        seq.num_released_blocks = end
+        return end - first
 
     def _reload(self, seq: Sequence, first: int, host_blocks: list[int]) -> None:
         """The fresh blocks after the device hits take the host hits' contents and hashes: they
@@ -267,7 +323,8 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.block_table = list(parent.block_table)
         child.num_cached_blocks = parent.num_cached_blocks
-        for block_id in child.block_table:
+        child.num_released_blocks = parent.num_released_blocks
+        for block_id in child.block_table[child.num_released_blocks:]:
             self.blocks[block_id].ref_cnt += 1
         self._seq_hashes[child.seq_id] = list(self._seq_hashes.get(parent.seq_id, []))
 
@@ -275,10 +332,11 @@ class BlockManager:
         """Release the sequence's blocks. Tail blocks are freed first so that they are evicted
         before the (more widely shared) head of a prefix. A copy-on-write into one of them that
         no step has made yet is dropped: its destination is free again."""
+        held = seq.block_table[seq.num_released_blocks:]
         if self._pending_copies:
-            mine = set(seq.block_table)
+            mine = set(held)
             self._pending_copies = [c for c in self._pending_copies if c[1] not in mine]
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(held):
             block = self.blocks[block_id]
             assert block.ref_cnt > 0, f"double free of block {block_id}"
             block.ref_cnt -= 1
@@ -286,6 +344,7 @@ class BlockManager:
                 self.free_queue[block_id] = block
         seq.block_table = []
         seq.num_cached_blocks = 0
+        seq.num_released_blocks = 0
 
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence state once the sequence is finished for good."""
@@ -300,7 +359,9 @@ class BlockManager:
         if num_full <= seq.num_cached_blocks:
             return
         hashes = self._block_hashes(seq)
-        start, seq.num_cached_blocks = seq.num_cached_blocks, num_full
+        # (Released positions hold no block of the sequence's: after a swap-in they restart here.)
+        start = max(seq.num_cached_blocks, seq.num_released_blocks)
+        seq.num_cached_blocks = num_full
         for i in range(start, num_full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is not None:
@@ -353,8 +414,9 @@ class BlockManager:
         if seqs is not None:
             refs = [0] * self.num_blocks
             for seq in seqs:
-                assert len(seq.block_table) == len(set(seq.block_table)), f"{seq} repeats a block"
-                for block_id in seq.block_table:
+                held = seq.block_table[seq.num_released_blocks:]
+                assert len(held) == len(set(held)), f"{seq} repeats a block"
+                for block_id in held:
                     refs[block_id] += 1
             for block in self.blocks:
                 assert block.ref_cnt == refs[block.block_id], \

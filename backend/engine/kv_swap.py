@@ -42,7 +42,8 @@ class KVSwapper:
         own (or several), while a shorter recompute rides in the step that resumes it anyway."""
         if self.mode == "recompute" or seq.num_computed_tokens == 0:
             return False
-        if self.host_pool.num_free_blocks < self.block_manager.blocks_needed(seq.num_computed_tokens):
+        held = self.block_manager.blocks_needed(seq.num_computed_tokens) - seq.num_released_blocks
+        if self.host_pool.num_free_blocks < held:
             return False
         return self.mode == "swap" or seq.num_computed_tokens > chunk_cap
 
@@ -51,12 +52,14 @@ class KVSwapper:
         device blocks (the caller then parks it as SWAPPED). A block the sequence took by a
         copy-on-write in this same step has no contents yet: its source block is copied."""
         n = self.block_manager.blocks_needed(seq.num_computed_tokens)
+        released = seq.num_released_blocks  # out of every layer's window: nothing to keep
         pending = {dst: src for src, dst in self.block_manager.pending_copies}
-        host = self.host_pool.allocate(n)
-        self.host_pool.copy_out([(pending.get(b, b), h) for b, h in zip(seq.block_table[:n], host)])
+        host = self.host_pool.allocate(n - released)
+        self.host_pool.copy_out([(pending.get(b, b), h) for b, h in zip(seq.block_table[released:n], host)])
         seq.host_block_table = host
         self.block_manager.free(seq)
-        self.num_blocks_swapped_out += n
+        seq.num_released_blocks = released  # its table is rebuilt past them on swap-in
+        self.num_blocks_swapped_out += n - released
         self.num_swapped_preemptions += 1
         self.num_swapped += 1
 
@@ -68,7 +71,8 @@ class KVSwapper:
         self.host_pool.release_after_step(host)
         self.num_blocks_swapped_in += len(host)
         self.num_swapped -= 1
-        return list(zip(host, seq.block_table[:len(host)]))
+        first = seq.num_released_blocks
+        return list(zip(host, seq.block_table[first:first + len(host)]))
 
     def drop(self, seq: Sequence) -> None:
         """A swapped sequence finished (aborted): its host blocks are free, and a swap-out into

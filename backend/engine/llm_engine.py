@@ -63,7 +63,7 @@ class LLMEngine:
         self.executor = Executor.create(self.config)  # one device, or tensor-parallel ranks
         self.vocab_size = self.executor.vocab_size
         self.block_manager = BlockManager(self.executor.num_blocks, cache.block_size,
-                                          cache.enable_prefix_caching)
+                                          cache.enable_prefix_caching, self.executor.kv_sliding_window)
         lora, spec = self.executor.lora_manager, self.config.speculative_config
         # n-gram lookup proposes here; a draft model in the worker, after each step (its last
         # proposals: `_draft_token_ids`), into lookahead slots the scheduler adds.
@@ -73,9 +73,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager, LoRASlots(
             lora.num_slots, lora.resident) if lora else None, spec.num_speculative_tokens if self.drafts_in_worker
             else 0, self.executor.num_host_blocks)
-        capacity = self.executor.num_blocks * cache.block_size
         # A sequence can never outgrow the whole cache: it would preempt itself forever.
-        self.max_seq_len = min(model.max_model_len, capacity)
+        capacity = self.block_manager.max_sequence_tokens(self.config.scheduler_config.max_num_batched_tokens)
+        self.max_seq_len = capacity = min(model.max_model_len, capacity or model.max_model_len)
         self.limits = EngineLimits(self.vocab_size, capacity,
                                    load_eos_token_ids(model.model, self.hf_config, self.tokenizer))
         self.input_processor = InputProcessor(self.config, self.tokenizer, self.limits)

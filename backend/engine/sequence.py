@@ -41,6 +41,7 @@ class Sequence:
         self.first_scheduled_time: float | None = None  # wall clock of its first admission
         self.block_table: list[int] = []
         self.num_cached_blocks = 0  # leading blocks already offered to the prefix cache
+        self.num_released_blocks = 0  # leading table positions given back (out of every layer's window)
         self.host_block_table: list[int] = []  # while SWAPPED: its computed blocks in host memory
         # A parent of n > 1 samples forks into n sequences after its prompt is computed.
         self.num_forks_pending = params.n - 1 if index == 0 else 0

@@ -53,6 +53,14 @@ class DecoderConfig:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def kv_window(self) -> int | None:
+        """The most past tokens any layer attends to, when every layer has a window (None: a
+        layer sees the whole context, so every block stays needed)."""
+        if not self.layer_windows or not all(self.layer_windows):
+            return None
+        return max(self.layer_windows)
+
     @classmethod
     def from_hf_config(cls, c: dict, **family_defaults) -> "DecoderConfig":
         """`family_defaults`: what the family's config.json leaves implicit (Qwen2's qkv bias,

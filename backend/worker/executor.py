@@ -55,6 +55,12 @@ class Executor:
         return self.worker.num_blocks
 
     @property
+    def kv_sliding_window(self) -> int | None:
+        """Past tokens every layer's attention is limited to (None: some layer sees them all),
+        for the block manager to give back blocks behind it."""
+        return self.worker.kv_sliding_window
+
+    @property
     def num_host_blocks(self) -> int:
         """Host blocks for preemption by swap (each rank holds its part of every one)."""
         return self.worker.num_host_blocks

@@ -75,6 +75,9 @@ class Worker:
         # A draft model before the memory profile: its weights and its share of each block count.
         self.drafter = self.runner.drafter = make_proposer(config, self.device, self.model) \
             if spec is not None and spec.uses_draft_model else None
+        # Blocks behind every layer's window can go back to the pool; a draft model or EAGLE
+        # head reads the same tables with attention over the whole context, so not with one.
+        self.kv_sliding_window = self.model.config.kv_window if self.drafter is None else None
         self.num_blocks = min(self._exchange("num_blocks", self._decide_num_blocks()))
         self.kv_cache = self.allocate_cache(self.num_blocks, zero=True)
         self.bind_cache(self.kv_cache)

@@ -36,13 +36,15 @@ def count_computed_tokens(llm: LLM) -> list[int]:
     return total
 
 
-def run_swap_soak(mode: str, host_tier: bool, seed: int = 99) -> tuple[Scheduler, int]:
+def run_swap_soak(mode: str, host_tier: bool, seed: int = 99,
+                  sliding_window: int | None = None) -> tuple[Scheduler, int]:
     """800 steps of random arrivals, forks (n > 1), shared prefixes, aborts and preemptions
     (`mode`: the preemption mode), checked every step; then every sequence is finished. Returns
-    the scheduler and how many sequences finished on their own."""
+    the scheduler and how many sequences finished on their own. With a sliding_window, attention
+    reads only the window's tokens, and blocks behind it go back to the pool."""
     rng = random.Random(seed)
     bs = 4
-    bm = BlockManager(24, bs, True)
+    bm = BlockManager(24, bs, True, sliding_window)
     config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=12, enable_chunked_prefill=True,
                              long_prefill_token_threshold=0, policy="fcfs", stream_interval=1,
                              max_waiting_requests=None, preemption_mode=mode)
@@ -83,7 +85,8 @@ def run_swap_soak(mode: str, host_tier: bool, seed: int = 99) -> tuple[Scheduler
         for it in out.scheduled:
             state, truth = worker[it.seq_id], sched.sequence(it.seq_id).token_ids
             assert state.block_table == sched.sequence(it.seq_id).block_table
-            for pos in range(state.num_computed_tokens):  # what attention reads
+            first = max(0, state.num_computed_tokens - sliding_window + 1) if sliding_window else 0
+            for pos in range(first, state.num_computed_tokens):  # what attention reads
                 assert device[state.block_table[pos // bs]][pos % bs] == truth[pos], (step, it.seq_id, pos)
             for pos in range(state.num_computed_tokens, state.num_computed_tokens + it.num_known_tokens):
                 device.setdefault(state.block_table[pos // bs], [None] * bs)[pos % bs] = truth[pos]

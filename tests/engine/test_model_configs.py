@@ -30,16 +30,16 @@ def test_engine_model_has_hf_parameter_count(name):
     assert _count(ours) == _count(theirs)
 
 
-def test_all_nine_shapes_are_there():
-    assert NAMES == ["gemma-2-9b", "llama-3-8b", "llama-3.1-8b", "mixtral-8x7b", "phi-3-mini-4k", "qwen2.5-1.5b", "qwen2.5-7b",
-                     "qwen3-30b-a3b", "qwen3-8b"]
+def test_all_ten_shapes_are_there():
+    assert NAMES == ["gemma-2-9b", "llama-3-8b", "llama-3.1-8b", "mistral-7b-v0.1", "mixtral-8x7b", "phi-3-mini-4k",
+                     "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-30b-a3b", "qwen3-8b"]
 
 
 @pytest.mark.parametrize("name,total", [("qwen3-30b-a3b", 30_532_122_624), ("mixtral-8x7b", 46_702_792_704),
-                                        ("gemma-2-9b", 9_241_705_984)])
+                                        ("gemma-2-9b", 9_241_705_984), ("mistral-7b-v0.1", 7_241_732_096)])
 def test_models_have_their_published_size(name, total):
     """Qwen3-30B-A3B's 30.5B and Mixtral-8x7B's 46.7B parameters (experts stacked), Gemma-2-9B's
-    9.24B (its config.json leaves the embeddings tied by default)."""
+    9.24B (its config.json leaves the embeddings tied by default), Mistral-7B-v0.1's 7.24B."""
     with open(os.path.join(CONFIGS, name, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     with torch.device("meta"):
