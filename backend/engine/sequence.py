@@ -67,7 +67,7 @@ class Sequence:
         self.num_logprobs_emitted = 0
         # The LoRA adapter it runs with, its slot on the device while it runs (-1: none; the
         # scheduler assigns it), and, for the prefix cache, the root of its blocks' hash chain
-        # (its adapter and cache_salt: block_manager.root_block_hash; None: neither) and its
+        # (its adapter and cache_salt: block_hash.root_block_hash; None: neither) and its
         # prompt's block hashes when the input processor made them.
         self.lora_name: str | None = None
         self.lora_slot = -1
