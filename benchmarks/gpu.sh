@@ -69,7 +69,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving round3 l-ttft fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving round3 l-ttft fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
