@@ -1,6 +1,7 @@
 """Model families through a real tritonserver: one repository serves tiny Mixtral, Qwen2-MoE and
-Qwen3-MoE models, a Mistral with a 16-token sliding window and a Gemma 2 (windows of 16,
-soft-caps) (each in its own engine process), with prefix caching and chunked prefill on. Greedy
+Qwen3-MoE models, a Mistral with a 16-token sliding window (its blocks behind the window given
+back as it grows), a Gemma 2 (windows of 16, soft-caps) and a Gemma 3 (each in its own engine
+process), with prefix caching and chunked prefill on. Greedy
 streams over gRPC (the vLLM backend's request interface) and the OpenAI frontend's completions
 give Hugging Face's greedy tokens (float32, CPU), past the windows; the vllm: metrics count each
 model's tokens."""
@@ -18,7 +19,13 @@ MAX_NEW = 24
 # Sliding-window families beside the MoE ones: (build_model spec, seed).
 WINDOWED = {"mistral_window": (dict(arch="mistral", sliding_window=16), 12),
             "gemma2": (dict(arch="gemma2", num_hidden_layers=4, attn_logit_softcapping=5.0,
-                            final_logit_softcapping=3.0), 13)}
+                            final_logit_softcapping=3.0), 13),
+            # Gemma 3: local layers rotate with their own base, global ones with linear scaling.
+            "gemma3": (dict(arch="gemma3", num_hidden_layers=4, layer_types=[
+                "sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                    "rope_theta": 1000000.0}}), 14)}
 FAMILIES = {**MOE_FAMILIES, **WINDOWED}
 TEXTS = ["The scheduler computes the next word for every user while others run. A client streams",
          "The scheduler computes the next word for every user while others run. A kernel",
