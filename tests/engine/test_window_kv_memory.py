@@ -136,11 +136,16 @@ def _serve(engine: LLMEngine, prompts, max_new: int) -> tuple[list[list[int]], i
     return [got[str(i)] for i in range(len(prompts))], peak
 
 
-@pytest.mark.parametrize("extra", [{}, dict(swap_space=0.01, preemption_mode="swap", num_kv_blocks=14)])
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize("extra", [{}, dict(speculative_config=NGRAM),
+                                   dict(swap_space=0.01, preemption_mode="swap", num_kv_blocks=14)])
 def test_mistral_window_serves_more_than_the_cache_holds_and_matches_hf(tmp_path, extra):
     """Four sequences of 90-100 tokens with a 16-token window on 30 blocks of 4 tokens (120
-    tokens; their histories need about 95 blocks): no preemption, HF's tokens. On 14 blocks
-    some are preempted by swap, and the window's blocks alone go to host memory and back."""
+    tokens; their histories need about 95 blocks): no preemption, HF's tokens, with n-gram
+    speculation too. On 14 blocks some are preempted by swap, and the window's blocks alone go
+    to host memory and back."""
     d = build_model(str(tmp_path / "mistral"), arch="mistral", seed=9, sliding_window=16)
     args = dict(model=d, dtype="float32", block_size=4, num_kv_blocks=30, max_num_batched_tokens=16,
                 enable_prefix_caching=True)
@@ -151,7 +156,7 @@ def test_mistral_window_serves_more_than_the_cache_holds_and_matches_hf(tmp_path
     got, peak = _serve(engine, prompts, 60)
     assert got == hf_greedy_generate(hf, prompts, 60)
     stats = engine.get_stats()
-    if not extra:
+    if "swap_space" not in extra:
         assert stats.num_preemptions == 0 and peak <= 30
     else:
         assert stats.num_swapped_preemptions > 0
