@@ -5,18 +5,28 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = ("backend", "frontend", "kernels")
 
-# Each module's layer: a package's modules are its package's; the public names (backend/__init__,
-# backend/llm.py) are "api"; backend's other top-level modules (config, sampling params, the step
-# contract, outputs, ...) are "records". A layer imports only its own and the layers after it.
+# Each module's layer: a package's modules are its package's (the first entry that names it);
+# the public names (backend/__init__, backend/llm.py) are "api"; backend's other top-level modules
+# (config, sampling params, the step contract, outputs, ...) are "records". A layer imports only
+# its own and the layers after it.
 PACKAGE_LAYERS = {
     "backend.serving": "serving",
     "backend.engine": "engine",
     "backend.worker": "worker",
+    # Speculative decoding is one package whose modules sit at the level of what they use: the
+    # proposers that run a model are the worker's (its graphs, batches, model builder), the draft
+    # vocabulary check loads the engine's tokenizer; the rest (what a proposer is, n-gram lookup,
+    # verification, the counters) sits below the layers, whose sampler verifies with it.
+    "backend.spec_decode.draft_model": "worker",
+    "backend.spec_decode.eagle": "worker",
+    "backend.spec_decode.vocabulary": "engine",
+    "backend.spec_decode": "spec_decode",
     "backend.models": "models",
     "backend.layers": "layers",
     "kernels": "kernels",
@@ -24,10 +34,13 @@ PACKAGE_LAYERS = {
 }
 API = ("backend", "backend.llm")
 # The serving side (the Triton adapter and what it needs) uses the public names like any client.
-LAYERS = ("serving", "api", "engine", "worker", "models", "layers", "records", "kernels")
+LAYERS = ("serving", "api", "engine", "worker", "models", "layers", "spec_decode", "records", "kernels")
 # The OpenAI frontend is a separate process that speaks Triton's gRPC: it may load the engine's
 # tokenizer code (backend.engine.tokenizer), nothing that runs a model.
 FRONTEND_MAY_IMPORT = ("backend.engine.tokenizer",)
+SPEC_DECODE = "backend.spec_decode"
+# Speculative decoding's own kinds of names: a proposer, and what verifies proposals.
+SPEC_DECODE_NAMES = re.compile(r"Proposer$|verify_drafts|verification_runs|rejection_sampl|num_accepted|WithProposals")
 
 
 @dataclass(frozen=True)
@@ -134,9 +147,65 @@ def test_no_import_cycle_in_backend_frontend_or_kernels():
 
 def test_packages_import_one_way():
     """layers and models import nothing of worker, engine or serving (models import layers, not
-    the other way); worker nothing of engine or serving; engine nothing of serving; the records
-    (config, sampling_params, step, ...) nothing of any package; kernels nothing of backend."""
+    the other way); worker nothing of engine or serving; engine nothing of serving; speculative
+    decoding's core (backend/spec_decode/ but its model proposers and vocabulary check) nothing
+    of any of them; the records (config, sampling_params, step, ...) nothing of any package;
+    kernels nothing of backend."""
     assert layering_violations(all_imports()) == []
+
+
+def spec_decode_outside(root: str = ROOT, trees=TREES) -> list[str]:
+    """Every class or function outside backend/spec_decode/ whose name says it proposes or
+    verifies proposals (`SPEC_DECODE_NAMES`)."""
+    out = []
+    for name, path in _modules(root, trees).items():
+        if name == SPEC_DECODE or name.startswith(SPEC_DECODE + "."):
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and SPEC_DECODE_NAMES.search(node.name):
+                out.append(f"{name} (line {node.lineno}) defines {node.name}")
+    return out
+
+
+def test_speculative_decoding_lives_in_spec_decode():
+    """Proposers (n-gram, draft model, EAGLE) and the verification of their proposals are
+    defined in backend/spec_decode/ only; the engine, the worker and the sampler call it."""
+    assert spec_decode_outside() == []
+    modules = _modules(ROOT, ("backend",))
+    for name in ("proposer", "ngram", "draft_model", "eagle", "verification", "vocabulary", "metrics"):
+        assert f"{SPEC_DECODE}.{name}" in modules, name
+
+
+def test_the_spec_decode_checks_find_a_planted_proposer_verifier_and_upward_import(tmp_path):
+    """A proposer class and a draft verifier outside backend/spec_decode/ are reported, the same
+    names inside it are not; spec_decode's core importing the worker, and the layers importing
+    a model proposer (the worker's level), are layering violations."""
+    files = {
+        "backend/__init__.py": "",
+        "backend/worker/__init__.py": "",
+        "backend/worker/input_batch.py": "",
+        "backend/worker/ngram_proposer.py": "class NgramProposer:\n    def propose(self):\n        pass\n",
+        "backend/layers/__init__.py": "",
+        "backend/layers/sampler.py": ("from ..spec_decode.draft_model import DraftOut\n\n\n"
+                                      "def _verify_drafts(probs):\n    pass\n"),
+        "backend/spec_decode/__init__.py": "",
+        "backend/spec_decode/draft_model.py": "from ..worker.input_batch import PreparedBatch\n",
+        "backend/spec_decode/ngram.py": "class NgramProposer:\n    pass\n",
+        "backend/spec_decode/verification.py": ("from ..worker.input_batch import PreparedBatch\n\n\n"
+                                                 "def verify_drafts(probs):\n    pass\n"),
+    }
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert sorted(spec_decode_outside(str(tmp_path), ("backend",))) == [
+        "backend.layers.sampler (line 4) defines _verify_drafts",
+        "backend.worker.ngram_proposer (line 1) defines NgramProposer"]
+    assert sorted(layering_violations(all_imports(str(tmp_path), ("backend",)))) == [
+        "backend.layers.sampler (line 1, layer layers) imports backend.spec_decode.draft_model (layer worker)",
+        "backend.spec_decode.verification (line 1, layer spec_decode) imports backend.worker.input_batch "
+        "(layer worker)"]
 
 
 def test_the_checker_finds_a_planted_violation_and_cycle(tmp_path):

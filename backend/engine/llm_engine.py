@@ -15,6 +15,11 @@ from ..lora_request import LoRARequest
 from ..models import model_limits
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..spec_decode.metrics import record_verification
+from ..spec_decode.ngram import NgramProposer
+from ..spec_decode.proposer import TokenProposer, gather_proposals
+from ..spec_decode.verification import num_accepted
+from ..spec_decode.vocabulary import check_draft_vocabulary
 from ..worker.executor import Executor
 from ..step import SampleResult
 from ..worker.pending_step import PendingStep
@@ -27,7 +32,6 @@ from .request import Request, make_logprobs_entry
 from .scheduler import Scheduler
 from .scheduler_output import SchedulerOutput
 from .sequence import PLACEHOLDER, Sequence, SequenceStatus
-from .spec_decode import NgramProposer, check_draft_vocabulary, proposal_room
 from .structured_output import Grammar, grammar_bitmask
 from .tokenizer import load_tokenizer
 
@@ -68,7 +72,7 @@ class LLMEngine:
         # n-gram lookup proposes here; a draft model in the worker, after each step (its last
         # proposals: `_draft_token_ids`), into lookahead slots the scheduler adds.
         self.drafts_in_worker = bool(spec and spec.uses_draft_model)
-        self.proposer = NgramProposer(spec) if spec and not self.drafts_in_worker else None
+        self.proposer: TokenProposer | None = NgramProposer(spec) if spec and not self.drafts_in_worker else None
         self._draft_token_ids: dict[int, list[int]] = {}
         self.scheduler = Scheduler(self.config.scheduler_config, self.block_manager, LoRASlots(
             lora.num_slots, lora.resident) if lora else None, spec.num_speculative_tokens if self.drafts_in_worker
@@ -242,17 +246,9 @@ class LLMEngine:
                 outputs.append(out)
 
     def _propose(self) -> dict[int, list[int]]:
-        """Speculative decoding: proposed tokens for each running decode, at most what its length
-        limits leave after one token (none before min_tokens): n-gram lookup's, or the draft
-        model's from the last step."""
-        proposals = {}
-        for seq in self.scheduler.running:
-            if (room := proposal_room(seq, self.max_seq_len)) > 0:
-                proposals[seq.seq_id] = (self.proposer.propose(seq.token_ids, room, seq.seq_id) if self.proposer
-                                         else self._draft_token_ids.get(seq.seq_id, [])[:room])
-        if self.proposer is not None:
-            self.proposer.retain({seq.seq_id for seq in self.scheduler.running})
-        return proposals
+        """Speculative decoding: proposed tokens for each running decode: n-gram lookup's, or the
+        draft model's from the last step."""
+        return gather_proposals(self.scheduler.running, self.max_seq_len, self.proposer, self._draft_token_ids)
 
     def _sample_deferred(self, inflight: InflightStep, outputs: list[RequestOutput]) -> None:
         try:
@@ -369,20 +365,18 @@ class LLMEngine:
     def _verify(self, inflight: InflightStep, results: dict[int, list[SampleResult]]) -> None:
         """Speculative decoding: a sequence keeps its tokens up to the first that differs from
         the proposal, and that one (greedy rows took the argmax; sampled rows kept the proposal
-        or drew from the rest, `_verify_drafts` in the sampler); the placeholders of the rest
-        go, and the accepted proposals' keys and values count as computed."""
+        or drew from the rest: backend/spec_decode/verification.py); the placeholders of the
+        rest go, and the accepted proposals' keys and values count as computed."""
         positions = inflight.positions
         for run in inflight.step.spec_runs:
             seq, proposed, first = inflight.seqs[run.seq_id], run.proposed, run.first_row
             if seq.request_id not in self.requests or seq.is_finished:
                 continue
-            accepted = 0
-            while accepted < len(proposed) and results[seq.seq_id][accepted].token_id == proposed[accepted]:
-                accepted += 1
+            accepted = num_accepted(results[seq.seq_id], proposed)
             del seq.token_ids[positions[first + accepted] + 1:positions[first + len(proposed)] + 1]
             seq.num_unresolved -= len(proposed) - accepted
             seq.num_computed_tokens += accepted
-            self.stats.record_verification(len(proposed), accepted)
+            record_verification(self.stats, len(proposed), accepted)
 
     # ---- stats ----------------------------------------------------------------------------------
     def _lora_stats(self) -> dict:

@@ -54,8 +54,8 @@ class EngineStats:
     # One sample per engine step that brought results: the prompt and generation tokens it added
     # to prompt_tokens + generation_tokens (vLLM's iteration_tokens_total).
     iteration_tokens: list[int] = field(default_factory=list)
-    # Speculative decoding (vLLM's spec_decode counters): verification steps of a sequence with
-    # proposed tokens, tokens proposed, and proposed tokens accepted.
+    # Speculative decoding (vLLM's spec_decode counters, counted by backend/spec_decode/metrics.py):
+    # verification steps of a sequence with proposed tokens, tokens proposed, and proposed tokens accepted.
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
@@ -73,16 +73,6 @@ class EngineStats:
                      "request_prompt_tokens", "request_generation_tokens", "request_params_n",
                      "request_params_max_tokens", "request_queue_time", "request_prefill_time",
                      "request_decode_time", "request_inference_time", "iteration_tokens")
-
-    def record_verification(self, num_proposed: int, accepted: int) -> None:
-        """A speculating sequence's verification: `accepted` of its `num_proposed` proposals kept."""
-        self.spec_decode_num_drafts += 1
-        self.spec_decode_num_draft_tokens += num_proposed
-        self.spec_decode_num_accepted_tokens += accepted
-        per_pos = self.spec_decode_num_accepted_tokens_per_pos
-        per_pos.extend([0] * (num_proposed - len(per_pos)))
-        for j in range(accepted):
-            per_pos[j] += 1
 
     def merged_after(self, older: "EngineStats") -> "EngineStats":
         """This snapshot (the newer: its gauges and counters) with `older`'s samples first."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import kernels
+
 from .forward_context import get_attention_metadata
-from . import ops
 
 
 class Attention(nn.Module):
@@ -47,19 +48,19 @@ class Attention(nn.Module):
                        v_cache=self.v_cache, slot_mapping=md.slot_mapping, k_scale=self.k_scale,
                        v_scale=self.v_scale)
         else:
-            ops.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale,
+            kernels.store_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping, self.k_scale,
                                self.v_scale)
         out = torch.empty_like(q)
         nd = md.num_decode_tokens
         if nd:
-            ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, md.decode_block_tables,
+            kernels.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, md.decode_block_tables,
                                        md.decode_context_lens, self.scale, out=out[:nd],
                                        max_context_len=md.decode_max_context_len,
                                        k_scale=self.k_scale, v_scale=self.v_scale,
                                        sliding_window=self.sliding_window, logit_softcap=self.logit_softcap)
         if md.num_prefill_tokens:
             end = nd + md.num_prefill_tokens
-            ops.paged_prefill_attention(q[nd:end], self.k_cache, self.v_cache,
+            kernels.paged_prefill_attention(q[nd:end], self.k_cache, self.v_cache,
                                         md.prefill_block_tables, md.prefill_cu_seqlens_q,
                                         md.prefill_context_lens, md.prefill_max_seqlen_q,
                                         self.scale, out=out[nd:end], k_scale=self.k_scale,

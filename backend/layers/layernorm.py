@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
+import kernels
 
 
 class RMSNorm(nn.Module):
@@ -15,7 +15,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return ops.rms_norm(x, self.weight, self.eps, residual)
+        return kernels.rms_norm(x, self.weight, self.eps, residual)
 
 
 class GemmaRMSNorm(nn.Module):

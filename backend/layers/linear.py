@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
+
 from .forward_context import get_lora_mapping
-from . import ops
 from .parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
 
 
@@ -76,7 +77,7 @@ class LinearBase(nn.Module):
         if self.lora is not None:
             mapping = get_lora_mapping()
             if mapping is not None:  # some row of this step uses an adapter
-                ops.add_lora(y, x, self.lora.a, self.lora.b, mapping.slots)
+                kernels.add_lora(y, x, self.lora.a, self.lora.b, mapping.slots)
         return y
 
 

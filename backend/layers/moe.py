@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
 from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 from kernels.validation_moe import FP8_BLOCK
 
-from . import ops
 from .int4 import Int4LinearMethod
 from .linear import LinearMethod, ReplicatedLinear
 from .mlp import GatedMLP
@@ -144,7 +144,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the experts' outputs (the caller all-reduces)."""
-        return ops.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+        return kernels.fused_moe(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
                              self.w13_scale, self.w2_scale)
 
 
@@ -172,7 +172,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
         # Softmax in float32, top k, renormalised and rounded as the family's reference does.
-        weights, ids = ops.topk_softmax(logits, self.top_k, self.renormalize,
+        weights, ids = kernels.topk_softmax(logits, self.top_k, self.renormalize,
                                         x.dtype if self.round_weights else None)
         out = tp_all_reduce(self.experts(x, weights, ids))
         if self.shared_expert is not None:

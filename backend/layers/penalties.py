@@ -16,7 +16,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
-from . import ops
+import kernels
 
 
 @dataclass
@@ -152,7 +152,7 @@ def apply_penalties(logits: torch.Tensor, p: PenaltyRows) -> torch.Tensor:
     output), then frequency and presence (subtract per output count, and once per token
     sampled), on the rows that have them, in place: one Triton pass on CUDA."""
     if p.proposed is None:
-        return ops.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
+        return kernels.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
                                    p.repetition, p.frequency, p.presence)
     # Verification rows: every row from its slot's counts, then the tokens proposed before a
     # row recomputed from their logits as they were, with the proposals counted: the kernel's
@@ -161,7 +161,7 @@ def apply_penalties(logits: torch.Tensor, p: PenaltyRows) -> torch.Tensor:
     q, ids, times = p.proposed
     rows = q if p.rows is None else p.rows[q]
     raw = logits[rows, ids]
-    ops.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
+    kernels.apply_penalties(logits, p.rows, p.slots, p.counts.output_counts, p.counts.in_prompt,
                         p.repetition, p.frequency, p.presence)
     counts = p.counts.output_counts[p.slots[q], ids].to(torch.float32) + times
     x = raw

@@ -20,7 +20,6 @@ from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 from kernels.validation_moe import FP8_BLOCK
 
 from ..config import QUANTIZATIONS
-from . import ops
 from .int4 import INT4_METHODS, Int4Config, Int4LinearMethod
 from .linear import LinearBase, LinearMethod
 
@@ -58,7 +57,7 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.weight.dtype != FP8_DTYPE:
             raise RuntimeError("Fp8LinearMethod: weights were not quantized after loading")
-        x_q, x_scale = ops.quantize_fp8_per_token(x)
+        x_q, x_scale = kernels.quantize_fp8_per_token(x)
         if x.is_cuda and x_q.shape[0] <= kernels.FP8_MATMUL_MAX_ROWS:
             # Decode batches of a few sequences: _scaled_mm's kernels are tiled for many rows
             # and read the weights more slowly than a bf16 matmul would (kernels/fp8_matmul.py).

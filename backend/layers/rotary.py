@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from . import ops
+import kernels
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -93,8 +93,8 @@ class RotaryEmbedding(nn.Module):
         slot_mapping, k_scale, v_scale; see Attention) also stores the rotated keys and the
         values in that pass."""
         if q_norm is None:
-            ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim, **kv_store)
+            kernels.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim, **kv_store)
         else:
-            ops.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim,
+            kernels.apply_rotary_emb(query, key, positions, self.cos_sin_cache, self.head_dim,
                                  q_norm.weight, k_norm.weight, q_norm.eps, **kv_store)
         return query, key

@@ -28,8 +28,10 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
+import kernels
+
+from ..spec_decode import verification
 from ..step import GrammarBitmask
-from . import ops
 from .penalties import PenaltyCounts, PenaltyRows, apply_penalties
 from .sampling_metadata import SamplerOutput, SamplingMetadata, host_to_device, TokenPairs
 from .sampling_table import SamplingTable
@@ -60,7 +62,7 @@ class Sampler:
         penalties and seeded draw read the tokens before its position. grammar: the guided
         rows' masks (made by the engine from its grammars)."""
         if proposals:
-            views = {seq_id: _WithProposals(r, proposals[seq_id]) for r in rows
+            views = {seq_id: verification.WithProposals(r, proposals[seq_id]) for r in rows
                      if (seq_id := r.seq_id) in proposals}
             rows = [views.get(r.seq_id, r) for r in rows]
         if table is None:
@@ -68,7 +70,7 @@ class Sampler:
         else:
             slots = table.slots_for(rows)
         flag = {name: column[slots] for name, column in table.flags.items()}
-        run_start, ahead = _verification_runs(rows, drafts)
+        run_start, ahead = verification.verification_runs(rows, drafts)
         logprobs = table.logprobs[slots]
         md = SamplingMetadata(all_greedy=bool(flag["greedy"].all()))
         md.want_logprobs = bool((logprobs >= 0).any())
@@ -130,7 +132,7 @@ class Sampler:
                 md.penalties or md.min_tokens or md.allowed or md.banned or md.logit_bias):
             # The argmax and its logprob in one pass over the model's logits (kernels/sampling.py),
             # guided rows masked first.
-            return SamplerOutput(*ops.greedy_sample(self._mask_by_grammar(logits, md)))
+            return SamplerOutput(*kernels.greedy_sample(self._mask_by_grammar(logits, md)))
         # Before everything else, as vLLM applies the grammar's bitmask to the model's logits:
         # logprobs are those of the distribution the grammar leaves.
         logits = self._mask_by_grammar(logits.float(), md)
@@ -206,20 +208,8 @@ class Sampler:
         race = probs / q
         sampled = race.argmax(dim=-1)
         if md.drafts is not None:
-            sampled = _verify_drafts(probs, race, sampled, md.drafts)
+            sampled = verification.verify_drafts(probs, race, sampled, md.drafts)
         return torch.where(md.greedy, greedy_ids, sampled)
-
-
-class _WithProposals:
-    """A speculating sequence as its verification rows see it: its tokens, then its proposals
-    (the sequence itself is the engine's and stays as it is)."""
-
-    def __init__(self, seq: Any, proposed: list[int]) -> None:
-        self._seq = seq
-        self.token_ids = seq.token_ids + proposed
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._seq, name)
 
 
 def _draw_seed(seed: int, index: int, position: int) -> int:
@@ -231,37 +221,6 @@ def _draw_seed(seed: int, index: int, position: int) -> int:
     return (x ^ (x >> 31)) >> 1
 
 
-def _verify_drafts(probs: torch.Tensor, race: torch.Tensor, sampled: torch.Tensor,
-                   drafts: torch.Tensor) -> torch.Tensor:
-    """Rejection sampling of a proposed token d (a point mass: n-gram proposals): a row keeps d
-    with probability p(d), else draws from p without d, renormalised (the exponential race with
-    d left out), so the token is distributed as p either way. The engine keeps a sequence's
-    tokens while they equal its proposals, and the first that does not (that draw)."""
-    has = drafts >= 0
-    d = drafts.clamp(min=0)[:, None]
-    accept = torch.rand(probs.shape[0], device=probs.device) < probs.gather(1, d).squeeze(1)
-    residual = race.scatter(1, d, 0.0).argmax(dim=-1)
-    return torch.where(has, torch.where(accept, drafts, residual), sampled)
-
-
-def _verification_runs(rows: Seq[Any], drafts: Seq[int] | None) -> tuple[list[int], list[int]]:
-    """Speculative decoding: a sequence verifying k proposals holds them after its known tokens
-    during the launch and has a run of k + 1 consecutive rows (the same object), row j
-    predicting the token after proposal j - 1. Per row: the index of its run's first row (its
-    own for any other row), and how many of its sequence's last tokens it must not see (k - j;
-    0 for any other row)."""
-    run_start, ahead = list(range(len(rows))), [0] * len(rows)
-    if drafts is None:
-        return run_start, ahead
-    for i in range(len(rows) - 2, -1, -1):
-        if drafts[i] >= 0 and rows[i + 1] is rows[i]:
-            ahead[i] = ahead[i + 1] + 1
-    for i in range(1, len(rows)):
-        if drafts[i - 1] >= 0 and rows[i - 1] is rows[i]:
-            run_start[i] = run_start[i - 1]
-    return run_start, ahead
-
-
 def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
                   counts: PenaltyCounts | None, table: SamplingTable, slots: np.ndarray,
                   slots_on_device: torch.Tensor | None, flag: dict[str, np.ndarray],
@@ -271,7 +230,7 @@ def _penalty_rows(rows: Seq[Any], vocab_size: int, device: torch.device,
     if not penalized:
         return None
     seqs = [rows[i] for i in penalized]
-    # Verification runs (`_verification_runs`): row i of a run starting at row s is penalized as
+    # Verification runs (`verification_runs`): row i of a run starting at row s is penalized as
     # if the proposals before it had been sampled, the tokens from ahead[s] to ahead[i] from the end.
     spec = any(ahead[i] for i in penalized) if ahead else False
     proposed = {rows[i].seq_id: ahead[i] for i in penalized if spec and run_start[i] == i and ahead[i]}

@@ -2,11 +2,20 @@
 
 A family is a subclass of `CausalLM` (in practice of models/decoder.py's DecoderForCausalLM)
 that sets the class attributes below and implements the methods; `models/__init__.py` lists it
-in `MODEL_CLASSES`. The engine reads nothing else of a model: the runner calls `forward`,
-`compute_logits` and `attention_layers` and reads `config` (sizes); the loader calls
-`named_parameters`, `checkpoint_name`, `checkpoint_target` and `checkpoint_shards` and reads
-`packed_modules`; the LoRA manager reads `lora_modules` and calls `lora_projections`; EAGLE heads
-call `keep_hidden_states` and read `aux_hidden_states`.
+in `MODEL_CLASSES`. What the rest of the engine uses of a model, all of it:
+- the registry reads `architectures` and `model_types`; `model_limits` calls `read_config`;
+- the model builder constructs it as `cls(hf_config, dtype, linear_method, max_model_len=...)`
+  and runs each module's `process_weights_after_loading` (layers/quantization.py);
+- the worker, runner and CUDA graphs call `forward`, `compute_logits` and `attention_layers`,
+  read `config` (head_dim, hidden_size, vocab_size, kv_window), and find the attention blocks a
+  checkpoint's KV-cache scales name as modules with an `attn` (`named_modules`);
+- the loader calls `named_parameters`, `named_buffers`, `checkpoint_name`, `checkpoint_target`
+  and `checkpoint_shards` and reads `packed_modules` and `config.tie_word_embeddings`;
+- the LoRA manager reads `lora_modules` and calls `lora_projections` and `attention_layers`;
+- a draft model reads the target's `config.vocab_size`; EAGLE heads read `config`, call
+  `keep_hidden_states`, read `aux_hidden_states` (which the CUDA graphs set to their buffer
+  after a replay) and share the parameters named `model.embed_tokens.weight` and
+  `lm_head.weight` where their checkpoint lacks them.
 """
 from __future__ import annotations
 

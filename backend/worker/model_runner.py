@@ -14,9 +14,9 @@ from ..layers.parallel_state import get_tp_size, tp_broadcast
 from ..layers.penalties import PenaltyCounts
 from ..layers.sampler import Sampler, SamplerOutput, compute_prompt_logprobs
 from ..layers.sampling_table import SamplingTable
+from ..spec_decode.proposer import ModelProposer, TargetHidden
 from ..step import PLACEHOLDER, GrammarBitmask, SchedulerOutput
 from .cuda_graph import DecodeGraphs, PrefillGraphs, kept_hidden_states
-from .draft_proposer import DraftModelProposer, TargetHidden
 from .forward_path import ForwardCall, ForwardPath, StepBatch
 from .host_kv_cache import HostKVCache
 from .input_batch import prepare_batch
@@ -69,7 +69,7 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         self.verify_graphs: PrefillGraphs | None = None  # speculative decoding's verification steps
         self.mirror: LogitsMirror | None = None
-        self.drafter: DraftModelProposer | None = None  # speculative decoding with a draft model
+        self.drafter: ModelProposer | None = None  # speculative decoding with a draft model or EAGLE head
         self._last: PendingStep | None = None  # the step launched last (placeholders read its tokens)
 
     def copy_blocks(self, block_copies: list[tuple[int, int]]) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ..layers.sampler import PromptLogprobsOutput, SamplerOutput
+from ..spec_decode.verification import num_accepted
 from ..step import (PLACEHOLDER, GrammarBitmask, ModelRunnerOutput, PromptLogprobsResult, SampleResult,
                     SchedulerOutput)
 
@@ -49,7 +50,7 @@ class PendingStep:
         self.placeholders: list[tuple[Any, int] | None] = []
         self.spec_states: list[Any] = []
         # Speculative decoding with a draft model: the proposals for the next step, made once
-        # this step's tokens are in the worker's states (`DraftModelProposer.propose`).
+        # this step's tokens are in the worker's states (`ModelProposer.propose`, backend/spec_decode).
         self.propose: Callable[[], dict[int, list[int]]] | None = None
 
     @property
@@ -131,9 +132,7 @@ class PendingStep:
                     state.token_ids[pos] = out.sampled[seq_id][0].token_id  # its one row
         for run, state in zip(self.step.spec_runs, self.spec_states):
             results = out.sampled[run.seq_id]
-            accepted = 0
-            while accepted < len(run.proposed) and results[accepted].token_id == run.proposed[accepted]:
-                accepted += 1
+            accepted = num_accepted(results, run.proposed)
             state.token_ids.extend(r.token_id for r in results[:accepted + 1])
             state.num_computed_tokens += accepted
 

@@ -8,8 +8,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+import kernels
+
 from ..engine_config import EngineConfig
-from ..layers import ops
 from ..sampling_params import SamplingParams
 from ..step import ScheduledSequence
 from .host_kv_cache import staging_bytes
@@ -146,5 +147,5 @@ def compile_step_variants(worker: StartupWorker) -> None:
     ones = torch.ones(2, dtype=torch.float32, device=worker.device)
     for rows in (None, two):
         for rep, add in ((ones, ones), (ones, None), (None, ones)):
-            ops.apply_penalties(logits, rows, two, counts.output_counts, counts.in_prompt, rep, add, add)
+            kernels.apply_penalties(logits, rows, two, counts.output_counts, counts.in_prompt, rep, add, add)
     torch.cuda.synchronize()

@@ -14,13 +14,13 @@ from ..config import CPU_KV_CACHE_BYTES, GIB
 from ..engine_config import CacheConfig, EngineConfig
 from ..layers.attention import Attention
 from ..layers.quantization import check_fp8_supported
+from ..spec_decode.eagle import make_proposer
 from ..step import SchedulerOutput
 from .compile_watch import CompileWatch
 from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
 from .device import resolve_device, resolve_dtype
 from .lora import LoRAManager
 from .model_builder import build_model
-from .eagle_proposer import make_proposer
 from .host_kv_cache import HostKVCache
 from .model_runner import ModelRunner
 from .pending_step import PendingStep

@@ -45,7 +45,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.manual_seed(0)
     q, k_cache, v_cache, tables, lens = bk.decode_inputs(1, CTX)
-    call = lambda cfg: kernels.paged_decode_attention(  # noqa: E731
+    call = lambda cfg: kernels.paged_decode_attention.triton(  # noqa: E731
         q, k_cache, v_cache, tables, lens, bk.SCALE, config=cfg, max_context_len=CTX)
     if a.ncu_config:
         for _ in range(3):

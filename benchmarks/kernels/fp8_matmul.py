@@ -90,17 +90,17 @@ def main() -> None:
         totals = [0.0] * len(CONFIGS)
         for m in rows_list:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            x_q, x_scale = kernels.quantize_fp8_per_token(x)
+            x_q, x_scale = kernels.quantize_fp8_per_token.triton(x)
             t16 = time_us(lambda: torch.nn.functional.linear(x, w16))
             ref = torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
             tsm = time_us(lambda: torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale,
                                                    out_dtype=torch.bfloat16))
             per_config, worst_diff = [], 0.0
             for i, cfg in enumerate(CONFIGS):
-                out = kernels.fp8_matmul_few_rows(x_q, x_scale, w_q, w_scale, torch.bfloat16, config=cfg)
+                out = kernels.fp8_matmul_few_rows.triton(x_q, x_scale, w_q, w_scale, torch.bfloat16, config=cfg)
                 diff = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 worst_diff = max(worst_diff, diff)
-                t = time_us(lambda: kernels.fp8_matmul_few_rows(x_q, x_scale, w_q, w_scale,
+                t = time_us(lambda: kernels.fp8_matmul_few_rows.triton(x_q, x_scale, w_q, w_scale,
                                                                 torch.bfloat16, config=cfg))
                 totals[i] += t
                 per_config.append({"config": vars(cfg), "us": t})

@@ -134,10 +134,10 @@ def row(name: str, shape: tuple[int, int, int, int], m: int, copy_tbs: float, pe
     w13, w2 = random_layer(shape, gen, dtype, device)
     x, weights, ids = routed_tokens(shape, m, gen, dtype, device)
     cfg = choose_config(m, top_k, experts, hidden, inter, w13.dtype, x.dtype, kernels.moe._device_name(x.device))
-    out = kernels.fused_moe(x, w13, w2, weights, ids)
+    out = kernels.fused_moe.triton(x, w13, w2, weights, ids)
     ref = fused_moe_ref(x, w13, w2, weights, ids)
     err = max_rel_diff(out, ref)
-    kernel_us = graph_time_us(lambda: kernels.fused_moe(x, w13, w2, weights, ids), device)
+    kernel_us = graph_time_us(lambda: kernels.fused_moe.triton(x, w13, w2, weights, ids), device)
     align_us = graph_time_us(lambda: kernels.moe_align_block_size(ids, experts, cfg.block_m), device)
     # The reference picks each expert's rows on the host: not capturable, so timed eagerly.
     ref_us = eager_time_us(lambda: fused_moe_ref(x, w13, w2, weights, ids), device)
@@ -183,7 +183,7 @@ def _warm(job: tuple) -> str | None:
             _worker_layer[name] = (torch.empty(experts, 2 * inter, hidden, device=device, dtype=dtype),
                                    torch.empty(experts, hidden, inter, device=device, dtype=dtype))
         x, weights, ids = routed_tokens(shape, m, torch.Generator(device=device).manual_seed(m), dtype, device)
-        kernels.fused_moe(x, *_worker_layer[name], weights, ids, config=cfg)
+        kernels.fused_moe.triton(x, *_worker_layer[name], weights, ids, config=cfg)
         if device == "cuda":
             torch.cuda.synchronize()
         return None
@@ -241,7 +241,7 @@ def sweep(names: list[str], rows: tuple[int, ...], dtype: torch.dtype, device: s
                 entry["error"] = "compile failed or timed out"
                 continue
             try:
-                fn = lambda cfg=cfg: kernels.fused_moe(x, w13, w2, weights, ids, config=cfg)  # noqa: E731
+                fn = lambda cfg=cfg: kernels.fused_moe.triton(x, w13, w2, weights, ids, config=cfg)  # noqa: E731
                 entry["max_rel_diff"] = max_rel_diff(fn(), ref)
                 if not entry["max_rel_diff"] <= MAX_REL_DIFF:  # NaN fails too
                     entry["error"] = "wrong result"

@@ -118,15 +118,15 @@ def small_op_calls(inp, opts=None):
 
     e = 2  # bytes per bf16 element
     return {
-        "rms_norm": (lambda: kernels.rms_norm(inp["x"], inp["weight"], 1e-5, inp["residual"], **o),
+        "rms_norm": (lambda: kernels.rms_norm.triton(inp["x"], inp["weight"], 1e-5, inp["residual"], **o),
                      rms_eager, 4 * t * HIDDEN * e),
-        "apply_rotary_emb": (lambda: kernels.apply_rotary_emb(inp["q"], inp["k"], inp["positions"],
+        "apply_rotary_emb": (lambda: kernels.apply_rotary_emb.triton(inp["q"], inp["k"], inp["positions"],
                                                               inp["cos_sin"], **o),
                              rotary_eager, 2 * t * (HQ + HKV) * D * e + t * D * 4),
-        "silu_and_mul": (lambda: kernels.silu_and_mul(inp["gate_up"], **o),
+        "silu_and_mul": (lambda: kernels.silu_and_mul.triton(inp["gate_up"], **o),
                          lambda: F.silu(inp["gate_up"][:, :INTER]) * inp["gate_up"][:, INTER:],
                          3 * t * INTER * e),
-        "store_kv_cache": (lambda: kernels.store_kv_cache(inp["key"], inp["value"], inp["k_cache"],
+        "store_kv_cache": (lambda: kernels.store_kv_cache.triton(inp["key"], inp["value"], inp["k_cache"],
                                                           inp["v_cache"], inp["slots"], **o),
                            store_eager, 4 * t * HKV * D * e + 8 * t),
     }
@@ -142,11 +142,11 @@ def _warm(job):
         if kind == "decode":
             q, kc, vc, bt, cl = decode_inputs(2, 512)
             for splits in (1, 2):
-                kernels.paged_decode_attention(q, kc, vc, bt, cl, SCALE,
+                kernels.paged_decode_attention.triton(q, kc, vc, bt, cl, SCALE,
                                                config=DecodeConfig(**{**cfg.__dict__, "num_splits": splits}))
         elif kind == "prefill":
             q, kc, vc, bt, cu, cl = prefill_inputs(256)
-            kernels.paged_prefill_attention(q, kc, vc, bt, cu, cl, 256, SCALE, config=cfg)
+            kernels.paged_prefill_attention.triton(q, kc, vc, bt, cu, cl, 256, SCALE, config=cfg)
         else:
             small_op_calls(small_op_inputs(64), cfg)[kind][0]()
         torch.cuda.synchronize()
@@ -239,7 +239,7 @@ def bench_decode(b: Bench, batch: int, ctx: int, sweep: bool, copy_gbps: float) 
     ref = reference.paged_decode_attention_ref(q.float(), kc.float(), vc.float(), bt, cl, SCALE)
     kv_bytes = 2 * batch * ctx * HKV * D * 2
     check = lambda out: rel_err(out, ref)  # noqa: E731
-    run = lambda cfg: lambda: kernels.paged_decode_attention(q, kc, vc, bt, cl, SCALE, config=cfg)  # noqa: E731
+    run = lambda cfg: lambda: kernels.paged_decode_attention.triton(q, kc, vc, bt, cl, SCALE, config=cfg)  # noqa: E731
     rows = [b.checked("triton default", run(None), check)]
     if sweep:
         rows += [b.checked(f"triton {c}", run(c), check) for c in DECODE_SWEEP]
@@ -270,7 +270,7 @@ def bench_prefill(b: Bench, sweep: bool, matmul_tflops: float) -> dict:
     ref = reference.paged_prefill_attention_ref(q.float(), kc.float(), vc.float(), bt, cu, cl, t, SCALE)
     flops = 4 * HQ * D * t * (t + 1) / 2  # causal: only the key/query pairs that are computed
     check = lambda out: rel_err(out, ref)  # noqa: E731
-    run = lambda cfg: lambda: kernels.paged_prefill_attention(q, kc, vc, bt, cu, cl, t, SCALE, config=cfg)  # noqa: E731
+    run = lambda cfg: lambda: kernels.paged_prefill_attention.triton(q, kc, vc, bt, cu, cl, t, SCALE, config=cfg)  # noqa: E731
     rows = [b.checked("triton default", run(None), check)]
     if sweep:
         rows += [b.checked(f"triton {c}", run(c), check) for c in PREFILL_SWEEP]

@@ -42,7 +42,7 @@ def decode_call(fp8: bool, config: DecodeConfig | None, sequential: bool):
     q = torch.randn(batch, bk.HQ, bk.D, device="cuda", dtype=bk.DT)
     out = torch.empty_like(q)
     max_len = int(ctx.max())
-    return lambda: kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, bk.SCALE, out,
+    return lambda: kernels.paged_decode_attention.triton(q, k_cache, v_cache, tables, lens, bk.SCALE, out,
                                                   config=config, max_context_len=max_len)
 
 
@@ -57,7 +57,7 @@ def prefill_call(fp8: bool, config: PrefillConfig | None, sequential: bool):
     lens = torch.full((prompts,), length, device="cuda", dtype=torch.int32)
     q = torch.randn(t, bk.HQ, bk.D, device="cuda", dtype=bk.DT)
     out = torch.empty_like(q)
-    return lambda: kernels.paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, length,
+    return lambda: kernels.paged_prefill_attention.triton(q, k_cache, v_cache, tables, cu, lens, length,
                                                    bk.SCALE, out, config=config)
 
 

@@ -74,7 +74,7 @@ def main() -> None:
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
         lens = torch.tensor([end], dtype=torch.int32, device=dev)
         qc, kc, vc = q[start:end], k[start:end], v[start:end]
-        return lambda: kernels.paged_prefill_attention(qc, k_cache, v_cache, tables, cu, lens, n, SCALE,
+        return lambda: kernels.paged_prefill_attention.triton(qc, k_cache, v_cache, tables, cu, lens, n, SCALE,
                                                        config=cfg, key=kc, value=vc)
 
     chunks = [(s, min(s + a.chunk, t)) for s in range(0, t, a.chunk)]

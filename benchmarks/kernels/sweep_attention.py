@@ -87,7 +87,7 @@ def decode_case(b: bk.Bench, batch: int, lo: int, hi: int, copy_gbps: float, fp8
     if fp8 and both_fp8_computes:
         configs = fp8_variants(configs)
     for cfg in [None] + configs:
-        fn = lambda cfg=cfg: kernels.paged_decode_attention(  # noqa: E731
+        fn = lambda cfg=cfg: kernels.paged_decode_attention.triton(  # noqa: E731
             q, k_cache, v_cache, tables, lens, bk.SCALE, config=cfg,
             max_context_len=max_context or int(ctx.max()))
         r = b.checked(f"{cfg or 'default'}", fn, lambda out: bk.rel_err(out, ref))
@@ -138,7 +138,7 @@ def prefill_case(b: bk.Bench, prompts: int, length: int, fp8: bool = False,
                 variants.append((f"{mode} {chunk_cfg}", chunk_cfg, {"key": key, "value": value}))
     rows = []
     for label, cfg, chunk in variants:
-        fn = lambda cfg=cfg, chunk=chunk: kernels.paged_prefill_attention(  # noqa: E731
+        fn = lambda cfg=cfg, chunk=chunk: kernels.paged_prefill_attention.triton(  # noqa: E731
             q, k_cache, v_cache, tables, cu, lens, length, bk.SCALE, config=cfg, **chunk)
         r = b.checked(label, fn, lambda out: bk.rel_err(out, ref))
         if "ms" in r:

@@ -64,7 +64,7 @@ def main() -> None:
                          else torch.arange(t, device=dev) % args.adapters)
                 for bm, bn, warps in CONFIGS:
                     key = f"{mix} {bm}x{bn} w{warps}"
-                    ms = graph_ms(lambda: kernels.add_lora(y, x, a, b, slots, block_m=bm, block_n=bn,
+                    ms = graph_ms(lambda: kernels.add_lora.triton(y, x, a, b, slots, block_m=bm, block_n=bn,
                                                            num_warps=warps))
                     lora_ms[key] = lora_ms.get(key, 0.0) + ms
         print(f"tokens {t}: GEMMs of one step (4 projections x {layers} layers) {gemm_ms * layers:.2f} ms")

@@ -121,7 +121,7 @@ def _warm(job: tuple) -> str | None:
     try:
         qweight, scales, zeros = random_layer(n, k)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg)
+        kernels.w4a16_matmul.triton(x, qweight, scales, zeros, GROUP, config=cfg)
         torch.cuda.synchronize()
         return None
     except Exception as exc:
@@ -174,13 +174,13 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
         next_q = cycling(lambda: random_layer(n, k), weight_bytes, warm_l2)
 
         def w4(x, cfg=None):
-            return kernels.w4a16_matmul(x, *next_q(), GROUP, config=cfg)
+            return kernels.w4a16_matmul.triton(x, *next_q(), GROUP, config=cfg)
 
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t16 = time_us(lambda: torch.nn.functional.linear(x, next_w16()))
             ref = torch.nn.functional.linear(x, wdq).float()
-            out = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP).float()
+            out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, GROUP).float()
             diff = ((out - ref).abs().max() / ref.abs().max()).item()
             t = time_us(lambda: w4(x))
             row = {"layer": layer, "n": n, "k": k, "rows": m, "bf16_us": t16, "w4a16_us": t,
@@ -194,7 +194,7 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
                     if (n, k, m, cfg) in skip:
                         line += f" {'failed':>10}"
                         continue
-                    got = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg).float()
+                    got = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, GROUP, config=cfg).float()
                     err = ((got - ref).abs().max() / ref.abs().max()).item()
                     tp = time_us(lambda: w4(x, cfg))
                     row["paths"][p] = {"us": tp, "speedup": t16 / tp, "max_rel_diff": err, "config": vars(cfg)}
@@ -207,7 +207,7 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
                     try:
                         # Each config is checked as the default is before it is timed: a wrong
                         # result (a race, say) is reported and never chosen.
-                        got = kernels.w4a16_matmul(x, qweight, scales, zeros, GROUP, config=cfg).float()
+                        got = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, GROUP, config=cfg).float()
                         err = ((got - ref).abs().max() / ref.abs().max()).item()
                         if not err <= max(2 * diff, 1e-2):
                             print(f"  WRONG {cfg_name(cfg)}: max rel diff {err:.3g}")

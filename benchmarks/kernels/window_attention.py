@@ -36,9 +36,9 @@ def decode_row(b: bk.Bench, batch: int, ctx: int, window: int, copy_gbps: float)
     ref = reference.paged_decode_attention_ref(q.float(), kc.float(), vc.float(), bt, cl, bk.SCALE,
                                                sliding_window=window)
     check = lambda out: bk.rel_err(out, ref)  # noqa: E731
-    windowed = b.checked("triton, window", lambda: kernels.paged_decode_attention(
+    windowed = b.checked("triton, window", lambda: kernels.paged_decode_attention.triton(
         q, kc, vc, bt, cl, bk.SCALE, sliding_window=window), check)
-    full = b.checked("triton, no window", lambda: kernels.paged_decode_attention(q, kc, vc, bt, cl, bk.SCALE),
+    full = b.checked("triton, no window", lambda: kernels.paged_decode_attention.triton(q, kc, vc, bt, cl, bk.SCALE),
                      lambda out: 0.0)
     # The window's keys gathered contiguous, not timed: SDPA reads exactly what the window sees.
     k = kc[bt.long()].view(batch, ctx, bk.HKV, bk.D)[:, ctx - window:].transpose(1, 2).contiguous()
@@ -58,7 +58,7 @@ def prefill_row(b: bk.Bench, tokens: int, window: int) -> dict:
     q, kc, vc, bt, cu, cl = bk.prefill_inputs(tokens)
     ref = reference.paged_prefill_attention_ref(q.float(), kc.float(), vc.float(), bt, cu, cl, tokens,
                                                 bk.SCALE, sliding_window=window)
-    windowed = b.checked("triton, window", lambda: kernels.paged_prefill_attention(
+    windowed = b.checked("triton, window", lambda: kernels.paged_prefill_attention.triton(
         q, kc, vc, bt, cu, cl, tokens, bk.SCALE, sliding_window=window), lambda o: bk.rel_err(o, ref))
     k = kc[bt.long()].view(1, tokens, bk.HKV, bk.D).transpose(1, 2).repeat_interleave(bk.HQ // bk.HKV, 1).contiguous()
     v = vc[bt.long()].view(1, tokens, bk.HKV, bk.D).transpose(1, 2).repeat_interleave(bk.HQ // bk.HKV, 1).contiguous()

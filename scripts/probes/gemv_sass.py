@@ -119,7 +119,7 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None, rows: int = 1) 
     import kernels
     hopper_compile.launches.clear()
     e = torch.empty
-    kernels.w4a16_matmul(e(rows, k, dtype=torch.bfloat16), e(k, n // 8, dtype=torch.int32),
+    kernels.w4a16_matmul.triton(e(rows, k, dtype=torch.bfloat16), e(k, n // 8, dtype=torch.int32),
                          e(k // GROUP, n, dtype=torch.float16), e(k // GROUP, n, dtype=torch.float16), GROUP,
                          config=cfg)
     fn, args, kwargs = hopper_compile.launches[0]  # the GEMV (a K-slice sum may follow)

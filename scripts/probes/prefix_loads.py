@@ -184,7 +184,7 @@ def main() -> None:
     lens = torch.tensor([p + t], dtype=torch.int32, device=dev)
     chunk_flops = flops + 4.0 * d * hq * t * (t + 1) / 2
     for label, kw in (("engine, chunk K/V passed", dict(key=kc, value=vc)), ("engine, all through the cache", {})):
-        fn = lambda: kernels.paged_prefill_attention(q, kcache, vcache, full_table[None], cu, lens, t,  # noqa: E731
+        fn = lambda: kernels.paged_prefill_attention.triton(q, kcache, vcache, full_table[None], cu, lens, t,  # noqa: E731
                                                      scale, **kw)
         fn()
         ms = triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median") if dev != "cpu" else 0.0

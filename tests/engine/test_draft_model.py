@@ -1,4 +1,4 @@
-"""Speculative decoding with a draft model (backend/worker/draft_proposer.py): greedy tokens equal
+"""Speculative decoding with a draft model (backend/spec_decode/draft_model.py): greedy tokens equal
 Hugging Face's whatever the draft proposes, sampled tokens keep the target's distribution, and
 the draft's cache follows the target's through chunked prefill, prefix caching and preemption."""
 from __future__ import annotations

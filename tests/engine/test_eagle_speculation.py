@@ -1,4 +1,4 @@
-"""Speculative decoding with EAGLE heads (backend/worker/eagle_proposer.py): heads in the published
+"""Speculative decoding with EAGLE heads (backend/spec_decode/eagle.py): heads in the published
 layouts (built by scripts/build_eagle_head.py, random weights) load and speculate; greedy tokens
 equal Hugging Face's; and every proposal the engine makes is the one a plain-PyTorch reading of
 the layout (eagle_reference.py) drafts from Hugging Face's hidden states of the tokens so far, so

@@ -170,16 +170,16 @@ def test_n_greedy_samples_are_identical_and_match_single(llama_dir):
 
 
 def test_greedy_fast_path_matches_the_general_path(monkeypatch):
-    """All-greedy batches take ops.greedy_sample (one pass); the same rows in a batch that also
+    """All-greedy batches take kernels.greedy_sample (one pass); the same rows in a batch that also
     asks for logprobs take the log-softmax path. Both give the same tokens and logprobs."""
-    from backend.layers import ops
+    import kernels
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 300, generator=g) * 3
     logits[2, [7, 250]] = 40.0  # a tie: the first index wins on both paths
     greedy = SamplingParams(temperature=0)
     calls = []
-    real = ops.greedy_sample
-    monkeypatch.setattr(ops, "greedy_sample", lambda x: calls.append(x.shape) or real(x))
+    real = kernels.greedy_sample
+    monkeypatch.setattr(kernels, "greedy_sample", lambda x: calls.append(x.shape) or real(x))
     fast = Sampler()(logits.clone(), [row(greedy) for _ in range(6)])
     assert calls == [(6, 300)]
     general = Sampler()(torch.cat([logits, logits[:1]]),
@@ -207,9 +207,9 @@ def test_allowed_ids_and_logit_bias_change_logits_as_vllm_defines():
 
 
 def test_greedy_rows_with_bias_or_allowed_ids_leave_the_fast_path(monkeypatch):
-    from backend.layers import ops
+    import kernels
     calls = []
-    monkeypatch.setattr(ops, "greedy_sample", lambda x: calls.append(x.shape) or (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(kernels, "greedy_sample", lambda x: calls.append(x.shape) or (_ for _ in ()).throw(AssertionError))
     logits = torch.tensor([[5.0, 1.0, 0.0], [5.0, 1.0, 0.0]])
     rows = [row(SamplingParams(temperature=0, logit_bias={1: 4.5})),
             row(SamplingParams(temperature=0, allowed_token_ids=[2]))]

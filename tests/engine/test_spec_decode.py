@@ -1,4 +1,4 @@
-"""Speculative decoding by n-gram lookup (backend/engine/spec_decode.py): the proposer, the config, and
+"""Speculative decoding by n-gram lookup (backend/spec_decode/ngram.py): the proposer, the config, and
 the engine's verification: whatever is proposed, the tokens are exactly plain greedy decoding's
 (checked against Hugging Face), and proposals are accepted up to the first wrong one."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from backend import LLM, EngineArgs, LLMEngine, SamplingParams
-from backend.engine.spec_decode import NgramProposer, SpeculativeConfig
+from backend.engine_config import SpeculativeConfig
+from backend.spec_decode.ngram import NgramProposer
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
@@ -46,7 +47,7 @@ def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, ma
     few tokens at a time under one key each (occurrences extended one by one, the vectorised pass
     after the first two that do not match the longest suffix, or the vectorised pass at once), and
     looked up from scratch (no key): every proposal is the brute-force search's."""
-    from backend.engine.spec_decode import _History
+    from backend.spec_decode.ngram import _History
     monkeypatch.setattr(_History, "MAX_CANDIDATES", max_candidates)
     p = proposer(k=4, hi=hi, lo=lo)
     rng = torch.Generator().manual_seed(lo * 10 + hi)
@@ -67,6 +68,40 @@ def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, ma
     assert p.propose(fresh, 9, key=0) == _brute_force(fresh, 4, lo, hi) != []
     p.retain({0})
     assert set(p._histories) == {0}
+
+
+def test_each_proposer_provides_what_its_protocol_names():
+    """backend/spec_decode/proposer.py: n-gram lookup is a TokenProposer; the draft model and
+    EAGLE heads are ModelProposers, their `propose` taking the protocol's arguments."""
+    import inspect
+
+    from backend.spec_decode.draft_model import DraftModelProposer
+    from backend.spec_decode.eagle import EagleProposer
+    from backend.spec_decode.proposer import ModelProposer, TokenProposer
+    for cls, protocol in ((NgramProposer, TokenProposer), (DraftModelProposer, ModelProposer),
+                          (EagleProposer, ModelProposer)):
+        members = {n for n in vars(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
+        assert members >= {"propose"}, protocol
+        assert [n for n in sorted(members) if not hasattr(cls, n)] == [], cls
+        assert list(inspect.signature(cls.propose).parameters) == list(
+            inspect.signature(protocol.propose).parameters), cls
+
+
+def test_a_run_keeps_its_proposals_up_to_the_first_wrong_one_and_counts_them():
+    """verification.num_accepted (the engine's and the worker's rule) and metrics.record_verification."""
+    from types import SimpleNamespace
+
+    from backend.engine.metrics import EngineStats
+    from backend.spec_decode.metrics import record_verification
+    from backend.spec_decode.verification import num_accepted
+    rows = [SimpleNamespace(token_id=t) for t in (5, 6, 9, 8)]  # row j: the token after proposal j - 1
+    assert [num_accepted(rows, proposed) for proposed in ([5, 6, 7], [5, 6, 9], [4, 6, 9], [], [5])] == [2, 3, 0, 0, 1]
+    stats = EngineStats()
+    record_verification(stats, 3, 2)
+    record_verification(stats, 4, 0)
+    record_verification(stats, 2, 1)
+    assert (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens,
+            stats.spec_decode_num_accepted_tokens, stats.spec_decode_num_accepted_tokens_per_pos) == (3, 9, 3, [2, 1, 0, 0])
 
 
 @pytest.mark.parametrize("config, message", [
@@ -296,7 +331,7 @@ def test_sampled_requests_speculate_by_rejection_sampling(llama_dir, monkeypatch
     """At a temperature low enough that sampling is all but greedy (but not the greedy path),
     proposals of the greedy continuation are verified by rejection sampling and the tokens are
     the greedy ones."""
-    from backend.layers import sampler as sampler_module
+    from backend.spec_decode import verification
     gen = torch.Generator().manual_seed(16)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (12, 9)]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -305,8 +340,8 @@ def test_sampled_requests_speculate_by_rejection_sampling(llama_dir, monkeypatch
     llm = LLM(llama_dir, device="cpu", dtype="float32", num_kv_blocks=512, speculative_config=NGRAM)
     _with_oracle(llm.engine, {tuple(p): w for p, w in zip(prompts, want)}, wrong_every=3)
     verified = []
-    real = sampler_module._verify_drafts
-    monkeypatch.setattr(sampler_module, "_verify_drafts",
+    real = verification.verify_drafts
+    monkeypatch.setattr(verification, "verify_drafts",
                         lambda probs, *a: verified.append(probs.shape[0]) or real(probs, *a))
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, cold)]
     assert got == want

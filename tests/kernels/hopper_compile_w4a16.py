@@ -22,21 +22,21 @@ def cases():
     s, z = e(k // group, n, dtype=torch.float16), e(k // group, n, dtype=torch.float16)
     perm = e(k, dtype=torch.int32)
     for m in (1, 16, 64, 256, 4096):
-        yield f"w4a16 m={m}", lambda m=m: kernels.w4a16_matmul(e(m, k, dtype=torch.bfloat16), w, s, z, group)
-    yield "w4a16 m=1 act-order", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group, perm)
+        yield f"w4a16 m={m}", lambda m=m: kernels.w4a16_matmul.triton(e(m, k, dtype=torch.bfloat16), w, s, z, group)
+    yield "w4a16 m=1 act-order", lambda: kernels.w4a16_matmul.triton(e(1, k, dtype=torch.bfloat16), w, s, z, group, perm)
     from kernels.w4a16 import DEFAULT_CONFIGS
     fused = DEFAULT_CONFIGS[1].__class__(**{**DEFAULT_CONFIGS[1].__dict__, "fused_reduce": True, "num_stages": 3})
-    yield "w4a16 m=1 fused reduce", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group,
+    yield "w4a16 m=1 fused reduce", lambda: kernels.w4a16_matmul.triton(e(1, k, dtype=torch.bfloat16), w, s, z, group,
                                                                  config=fused)
     wide = DEFAULT_CONFIGS[1].__class__(1, 1024, 16, 0, 1, 1, 1, method="gemv")  # four words a thread
-    yield "w4a16 m=1 wide tiles", lambda: kernels.w4a16_matmul(e(1, k, dtype=torch.bfloat16), w, s, z, group,
+    yield "w4a16 m=1 wide tiles", lambda: kernels.w4a16_matmul.triton(e(1, k, dtype=torch.bfloat16), w, s, z, group,
                                                                config=wide)
     rows = DEFAULT_CONFIGS[1].__class__(4, 512, 16, 0, 1, 1, 1, method="gemv")
-    yield "w4a16 m=4 rows gemv", lambda: kernels.w4a16_matmul(e(4, k, dtype=torch.bfloat16), w, s, z, group,
+    yield "w4a16 m=4 rows gemv", lambda: kernels.w4a16_matmul.triton(e(4, k, dtype=torch.bfloat16), w, s, z, group,
                                                               config=rows)
-    yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul(e(4096, k, dtype=torch.float16), w, s, z, group)
+    yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul.triton(e(4096, k, dtype=torch.float16), w, s, z, group)
     w8 = e(k, n // 4, dtype=torch.int32)
-    yield "w8a16 m=16", lambda: kernels.w4a16_matmul(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)
+    yield "w8a16 m=16", lambda: kernels.w4a16_matmul.triton(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)
 
 
 def tuned_cases():
@@ -49,7 +49,7 @@ def tuned_cases():
             shape, wg, _ = key.split("/")
             tn, tk = (int(v) for v in shape.split("x"))
             bits, tg = (int(v) for v in wg[1:].split("g"))
-            yield (f"w4a16 tuned {gpu} {key}", lambda tn=tn, tk=tk, bits=bits, tg=tg, cfg=cfg: kernels.w4a16_matmul(
+            yield (f"w4a16 tuned {gpu} {key}", lambda tn=tn, tk=tk, bits=bits, tg=tg, cfg=cfg: kernels.w4a16_matmul.triton(
                 e(cfg.block_m, tk, dtype=torch.bfloat16), e(tk, tn * bits // 32, dtype=torch.int32),
                 e(tk // tg, tn, dtype=torch.float16), e(tk // tg, tn, dtype=torch.float16), tg, bits=bits, config=cfg))
 

@@ -65,7 +65,7 @@ def _decode_case(window, dtype, seed, ctx=(1, 17, 69, 300, 0)):
 def _decode(kv, query, ctx, scale, cfg=None, **options):
     from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
     out = poisoned(query.shape, query.dtype)
-    kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+    kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                    torch.tensor(ctx, dtype=torch.int32, device=DEVICE), scale, out=out,
                                    config=DecodeConfig(**cfg) if cfg else None, **options)
     return out
@@ -118,7 +118,7 @@ def test_decode_window_splits_cover_only_the_window(monkeypatch):
     kv, query, ctx = _decode_case(100, torch.float32, seed=5, ctx=(700, 90, 129))
     out = poisoned(query.shape, torch.float32)
     lens = torch.tensor(ctx, dtype=torch.int32, device=query.device)
-    kernels.paged_decode_attention(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125, out=out,
+    kernels.paged_decode_attention.triton(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125, out=out,
                                    max_context_len=32768, sliding_window=100,
                                    config=DecodeConfig(num_stages=2, min_tokens_per_split=64))
     assert grids == [(1, 3, 2)]
@@ -173,7 +173,7 @@ def _prefill(kv, query, cu, scale, fields=None, chunk=False, q_lens=Q_LENS, ctx=
     out = poisoned(query.shape, query.dtype)
     if chunk:
         options["key"], options["value"] = _chunk_kv(kv, q_lens, ctx)
-    kernels.paged_prefill_attention(
+    kernels.paged_prefill_attention.triton(
         query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
         torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), scale, out=out,
         config=PrefillConfig(**fields) if fields else None, **options)
@@ -292,8 +292,8 @@ BAD_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("fn", [kernels.paged_decode_attention, reference.paged_decode_attention_ref,
-                                kernels.paged_prefill_attention, reference.paged_prefill_attention_ref])
+@pytest.mark.parametrize("fn", [kernels.paged_decode_attention.triton, reference.paged_decode_attention_ref,
+                                kernels.paged_prefill_attention.triton, reference.paged_prefill_attention_ref])
 @pytest.mark.parametrize("options, message", BAD_OPTIONS)
 def test_window_and_softcap_are_checked(fn, options, message):
     kv, query, ctx = _decode_case(16, torch.float32, seed=0, ctx=(5, 9))

@@ -49,7 +49,7 @@ def test_decode_matches_float64(case, dtype):
     context_lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
     out = poisoned(query.shape, dtype)
     config = kernels_config(**cfg) if cfg else None
-    kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+    kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                    context_lens, scale, out=out, config=config)
     ref64 = _oracle(kv, query, ctx, scale, torch.float64)
     assert_accurate(out, ref64, _oracle(kv, query, ctx, scale, dtype))
@@ -63,7 +63,7 @@ def test_decode_split_and_unsplit_agree_on_peaky_scores():
     context_lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
     ref64 = _oracle(kv, query, ctx, 0.125, torch.float64)
     for splits in (1, 5):
-        out = kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+        out = kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                              context_lens, 0.125, config=kernels_config(num_splits=splits))
         assert rel_err(out, ref64) < 1e-4, splits
 
@@ -72,7 +72,7 @@ def test_decode_head_dim_not_power_of_two():
     ctx = [40, 9]
     kv, query = _decode_inputs(ctx, 1, 2, 80, 16, torch.float32, seed=3)
     context_lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
-    out = kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+    out = kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                          context_lens, 0.1, config=kernels_config(num_splits=2))
     assert rel_err(out, _oracle(kv, query, ctx, 0.1, torch.float64)) < 1e-4
 
@@ -82,7 +82,7 @@ def test_decode_writes_only_its_out_view():
     ctx = [20, 45]
     kv, query = _decode_inputs(ctx, 1, 4, 64, 16, torch.float32, seed=4)
     buffer = poisoned((4, 4, 64), torch.float32)
-    out = kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+    out = kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                          torch.tensor(ctx, dtype=torch.int32, device=DEVICE), 0.125,
                                          out=buffer[:2])
     assert out.data_ptr() == buffer.data_ptr()
@@ -141,7 +141,7 @@ def _valid_args(dtype=torch.float32):
                 scale=0.125)
 
 
-@pytest.mark.parametrize("fn", [kernels.paged_decode_attention, reference.paged_decode_attention_ref])
+@pytest.mark.parametrize("fn", [kernels.paged_decode_attention.triton, reference.paged_decode_attention_ref])
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update(query=a["query"].double()),
      "paged_decode_attention: query must have dtype torch.float16, torch.bfloat16 or torch.float32, "
@@ -177,4 +177,4 @@ def test_decode_rejects_non_contiguous_cache():
     args = _valid_args()
     args["k_cache"] = args["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)
     with pytest.raises(ValueError, match=r"^paged_decode_attention: k_cache must be contiguous"):
-        kernels.paged_decode_attention(**args)
+        kernels.paged_decode_attention.triton(**args)

@@ -54,7 +54,7 @@ def _value_rows(v_cache: torch.Tensor) -> torch.Tensor:
 def test_store_writes_torchs_fp8_bits(dtype, scales):
     key, value, (k_cache, v_cache), slots = _store_case(dtype, seed=1)
     k_scale, v_scale = scales
-    kernels.store_kv_cache(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE),
+    kernels.store_kv_cache.triton(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE),
                            k_scale, v_scale)
     keep = slots >= 0
     flat_k = k_cache.view(torch.uint8).view(-1, *k_cache.shape[2:]).cpu()
@@ -69,7 +69,7 @@ def test_store_writes_torchs_fp8_bits(dtype, scales):
 def test_store_reference_writes_the_same_bits():
     key, value, (k_cache, v_cache), slots = _store_case(torch.float32, seed=2)
     k_ref, v_ref = k_cache.cpu().clone(), v_cache.cpu().clone()
-    kernels.store_kv_cache(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE), 0.5, 2.0)
+    kernels.store_kv_cache.triton(key.to(DEVICE), value.to(DEVICE), k_cache, v_cache, slots.to(DEVICE), 0.5, 2.0)
     reference.store_kv_cache_ref(key, value, k_ref, v_ref, slots, 0.5, 2.0)
     assert torch.equal(k_cache.view(torch.uint8).cpu(), k_ref.view(torch.uint8))
     assert torch.equal(v_cache.view(torch.uint8).cpu(), v_ref.view(torch.uint8))
@@ -121,7 +121,7 @@ def test_decode_reads_fp8_cache(case, dtype):
         from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
         config = DecodeConfig(num_splits=splits)
     out = poisoned(query.shape, dtype)
-    kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+    kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                    torch.tensor(ctx, dtype=torch.int32, device=DEVICE), scale, out=out,
                                    config=config, k_scale=0.05, v_scale=0.02)
     ref64 = _decode_oracle(kv, query, ctx, scale, torch.float64)
@@ -155,7 +155,7 @@ def test_prefill_reads_fp8_cache(dtype, q_lens, ctx):
     # The chunk's own keys and values, when passed, are not read from an FP8 cache's caller
     # (decode will read the quantized ones): NaN here must not reach the output.
     chunk = poisoned((sum(q_lens), 2, 64), dtype)
-    kernels.paged_prefill_attention(query.to(DEVICE), *args, out=out, k_scale=0.05, v_scale=0.02,
+    kernels.paged_prefill_attention.triton(query.to(DEVICE), *args, out=out, k_scale=0.05, v_scale=0.02,
                                     key=chunk, value=chunk)
     ref64 = oracle(torch.float64)
     assert_accurate(out, ref64, oracle(dtype))
@@ -171,13 +171,13 @@ def test_scales_do_not_apply_to_a_16_bit_cache():
     kv = make_paged_kv(ctx, 1, 64, 16, torch.float32, gen)
     query = torch.randn(2, 4, 64, generator=gen).to(DEVICE)
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
-    plain = kernels.paged_decode_attention(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125)
-    scaled = kernels.paged_decode_attention(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125,
+    plain = kernels.paged_decode_attention.triton(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125)
+    scaled = kernels.paged_decode_attention.triton(query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125,
                                             k_scale=4.0, v_scale=0.5)
     assert torch.equal(plain, scaled)
 
 
-@pytest.mark.parametrize("fn", [kernels.store_kv_cache, reference.store_kv_cache_ref])
+@pytest.mark.parametrize("fn", [kernels.store_kv_cache.triton, reference.store_kv_cache_ref])
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update(k_scale=0.0), "store_kv_cache: k_scale must be a positive finite number, got 0.0"),
     (lambda a: a.update(v_scale=float("inf")),
@@ -213,12 +213,12 @@ def test_fp8_compute_choice_is_checked(op):
     lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
     if op == "decode":
         from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
-        call = lambda: kernels.paged_decode_attention(  # noqa: E731
+        call = lambda: kernels.paged_decode_attention.triton(  # noqa: E731
             query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125, config=DecodeConfig(fp8_compute="bf16"))
     else:
         from kernels.prefill_attention import PrefillConfig
         cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
-        call = lambda: kernels.paged_prefill_attention(  # noqa: E731
+        call = lambda: kernels.paged_prefill_attention.triton(  # noqa: E731
             query, kv.k_cache, kv.v_cache, kv.block_tables, cu, lens, 1, 0.125,
             config=PrefillConfig(fp8_compute="bf16"))
     with pytest.raises(ValueError, match=rf"^paged_{op}_attention: fp8_compute must be 'float16' or "

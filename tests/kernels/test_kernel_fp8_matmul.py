@@ -40,7 +40,7 @@ def test_matches_float64(case, out_dtype):
     from kernels.fp8_matmul import Fp8MatmulConfig
     m, n, k, split, block_n, block_k = case
     args = _inputs(m, n, k, seed=n)
-    out = kernels.fp8_matmul_few_rows(*args, out_dtype, config=Fp8MatmulConfig(
+    out = kernels.fp8_matmul_few_rows.triton(*args, out_dtype, config=Fp8MatmulConfig(
         block_n=block_n, block_k=block_k, split_k=split, num_stages=2))
     assert out.shape == (m, n) and out.dtype == out_dtype
     err = rel_err(out, _oracle(*args))
@@ -51,7 +51,7 @@ def test_reference_matches_float64_and_the_kernel_the_reference():
     args = _inputs(7, 50, 96, seed=1)
     ref = reference.fp8_matmul_few_rows_ref(*[a.cpu() for a in args], torch.float32)
     assert rel_err(ref, _oracle(*args)) < 1e-6
-    out = kernels.fp8_matmul_few_rows(*args, torch.float32)
+    out = kernels.fp8_matmul_few_rows.triton(*args, torch.float32)
     assert rel_err(out, ref) < 1e-6
 
 
@@ -80,7 +80,7 @@ def test_rejects_bad_arguments(change, message):
     x_q, x_scale, weight, weight_scale = _inputs(2, 32, 64, seed=0)
     args = dict(x_q=x_q, x_scale=x_scale, weight=weight, weight_scale=weight_scale, out_dtype=torch.bfloat16)
     change(args)
-    for fn in (kernels.fp8_matmul_few_rows, reference.fp8_matmul_few_rows_ref):
+    for fn in (kernels.fp8_matmul_few_rows.triton, reference.fp8_matmul_few_rows_ref):
         with pytest.raises(ValueError, match=re.escape(message) + "$"):
             fn(**args)
 
@@ -106,7 +106,7 @@ def test_tuned_table_picks_the_config_per_gpu_and_shape(tmp_path, monkeypatch):
     real_split = fp8_matmul.choose_split_k
     monkeypatch.setattr(fp8_matmul, "choose_split_k", lambda *a: seen.append(a[2]) or real_split(*a))
     args = _inputs(3, 96, 256, seed=5)
-    out = kernels.fp8_matmul_few_rows(*args, torch.float32)
+    out = kernels.fp8_matmul_few_rows.triton(*args, torch.float32)
     assert seen == [Fp8MatmulConfig(32, 64, 3, 4, 2)]
     assert rel_err(out, _oracle(*args)) < 1e-5
 

@@ -83,7 +83,7 @@ def test_matches_float64(case, dtype):
     (x, w13, w2, weights, ids), oracle, unused = _case(m, e, top_k, hidden, inter, dtype, m + e + top_k, used)
     assert used is None or unused  # the cases with idle experts have some
     config = FusedMoEConfig(*tiles, num_warps=4, num_stages=2) if tiles else None
-    out = kernels.fused_moe(x, w13, w2, weights, ids, config=config)
+    out = kernels.fused_moe.triton(x, w13, w2, weights, ids, config=config)
     assert out.shape == (m, hidden) and out.dtype == dtype
     assert rel_err(out, oracle) < _bound(dtype)
 
@@ -118,7 +118,7 @@ def _fp8_case(block: bool, seed: int):
 def test_fp8_weights_match_float64(block):
     from kernels.moe import FusedMoEConfig
     (x, w13, w2, weights, ids, s13, s2), oracle = _fp8_case(block, 3 + block)
-    out = kernels.fused_moe(x, w13, w2, weights, ids, s13, s2, config=FusedMoEConfig(16, 64, 64, 1, 4, 2))
+    out = kernels.fused_moe.triton(x, w13, w2, weights, ids, s13, s2, config=FusedMoEConfig(16, 64, 64, 1, 4, 2))
     assert rel_err(out, oracle) < 1.5e-3
     ref = reference.fused_moe_ref(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu(), s13.cpu(), s2.cpu())
     assert rel_err(ref, oracle) < 1.5e-3
@@ -131,9 +131,9 @@ def test_block_scales_take_128_deep_k_steps_whatever_the_tuned_table_says(monkey
     from kernels.moe import FusedMoEConfig
     (x, w13, w2, weights, ids, s13, s2), oracle = _fp8_case(True, 5)
     monkeypatch.setattr(moe, "choose_config", lambda *a, **k: FusedMoEConfig(16, 64, 256, 1, 4, 2))
-    assert rel_err(kernels.fused_moe(x, w13, w2, weights, ids, s13, s2), oracle) < 1.5e-3
+    assert rel_err(kernels.fused_moe.triton(x, w13, w2, weights, ids, s13, s2), oracle) < 1.5e-3
     with pytest.raises(ValueError, match=r"^fused_moe: block-wise FP8 scales need a block_k that divides 128, got 256$"):
-        kernels.fused_moe(x, w13, w2, weights, ids, s13, s2, config=FusedMoEConfig(16, 64, 256, 1, 4, 2))
+        kernels.fused_moe.triton(x, w13, w2, weights, ids, s13, s2, config=FusedMoEConfig(16, 64, 256, 1, 4, 2))
 
 
 def test_alignment_on_a_hand_made_case():
@@ -227,7 +227,7 @@ def test_tuned_table_picks_the_config_per_gpu_shape_and_bucket(tmp_path, monkeyp
     monkeypatch.setattr(moe, "moe_align_block_size",
                         lambda ids, e, block_m: seen.append(block_m) or real_align(ids, e, block_m))
     (x, w13, w2, weights, ids), oracle, _ = _case(3, 4, 2, 32, 16, torch.float32, 5)
-    out = kernels.fused_moe(x, w13, w2, weights, ids)
+    out = kernels.fused_moe.triton(x, w13, w2, weights, ids)
     assert seen == [32]
     assert rel_err(out, oracle) < _bound(torch.float32)
 
@@ -282,7 +282,7 @@ ERRORS = [
 @pytest.mark.parametrize("change, message", ERRORS, ids=lambda v: str(v)[:40] if isinstance(v, str) else None)
 def test_argument_errors(change, message):
     with pytest.raises(ValueError, match="^" + re.escape("fused_moe: " + message) + "$"):
-        kernels.fused_moe(**_args(**change))
+        kernels.fused_moe.triton(**_args(**change))
     if "float64" not in message and not message.startswith("x must have dtype"):  # the reference takes float64
         with pytest.raises(ValueError, match="^" + re.escape("fused_moe: " + message) + "$"):
             reference.fused_moe_ref(**_args(**change))

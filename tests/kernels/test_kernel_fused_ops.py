@@ -27,10 +27,10 @@ def test_rms_norm_matches_float64(dtype, hidden):
     gen = torch.Generator().manual_seed(hidden)
     x, res = _randn(6, hidden, dtype=dtype, gen=gen), _randn(6, hidden, dtype=dtype, gen=gen)
     weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype).to(DEVICE)
-    out = kernels.rms_norm(x, weight, 1e-5)
+    out = kernels.rms_norm.triton(x, weight, 1e-5)
     assert_accurate(out, reference.rms_norm_ref(x.double(), weight.double(), 1e-5),
                     _rms_at_dtype(x.cpu(), weight.cpu(), 1e-5))
-    out, new_res = kernels.rms_norm(x, weight, 1e-5, res)
+    out, new_res = kernels.rms_norm.triton(x, weight, 1e-5, res)
     summed = x.double() + res.double()
     assert_accurate(out, reference.rms_norm_ref(summed, weight.double(), 1e-5),
                     _rms_at_dtype((x + res).cpu(), weight.cpu(), 1e-5))
@@ -77,9 +77,9 @@ def test_rotary_matches_float64(dtype, head_size, rotary_dim, three_d):
     q_dt = _rotary_at_dtype(query.cpu(), positions.cpu(), cache.cpu(), head_size, rotary_dim)
     k_dt = _rotary_at_dtype(key.cpu(), positions.cpu(), cache.cpu(), head_size, rotary_dim)
     if three_d:
-        kernels.apply_rotary_emb(query.view(5, -1, head_size), key.view(5, -1, head_size), positions, cache)
+        kernels.apply_rotary_emb.triton(query.view(5, -1, head_size), key.view(5, -1, head_size), positions, cache)
     else:
-        kernels.apply_rotary_emb(query, key, positions, cache, head_size=head_size)
+        kernels.apply_rotary_emb.triton(query, key, positions, cache, head_size=head_size)
     assert_accurate(query, q64, q_dt)
     assert_accurate(key, k64, k_dt)
 
@@ -91,7 +91,7 @@ def test_rotary_on_strided_views_of_fused_qkv():
     qkv = _randn(5, (4 + 2 + 2) * 64, dtype=torch.float32, gen=gen)
     before = qkv.clone()
     q, k = qkv[:, :256], qkv[:, 256:384]
-    kernels.apply_rotary_emb(q, k, positions, cache)
+    kernels.apply_rotary_emb.triton(q, k, positions, cache)
     q_ref, k_ref = before[:, :256].clone().cpu(), before[:, 256:384].clone().cpu()
     reference.apply_rotary_emb_ref(q_ref, k_ref, positions.cpu(), cache.cpu())
     assert rel_err(q, q_ref) < 1e-6 and rel_err(k, k_ref) < 1e-6
@@ -111,12 +111,12 @@ def test_rotary_with_head_norms_equals_norm_then_rotary(dtype):
     k_w = (1 + 0.2 * torch.randn(64, generator=gen)).to(dtype).to(DEVICE)
     before = qkv.clone()
     fused = qkv.clone()
-    kernels.apply_rotary_emb(fused[:, :448], fused[:, 448:576], positions, cache, 64, q_w, k_w, 1e-6)
+    kernels.apply_rotary_emb.triton(fused[:, :448], fused[:, 448:576], positions, cache, 64, q_w, k_w, 1e-6)
     unfused = qkv.clone()
     q, k = unfused[:, :448], unfused[:, 448:576]
-    q.copy_(kernels.rms_norm(q.reshape(-1, 64), q_w, 1e-6).view(q.shape))
-    k.copy_(kernels.rms_norm(k.reshape(-1, 64), k_w, 1e-6).view(k.shape))
-    kernels.apply_rotary_emb(q, k, positions, cache, 64)
+    q.copy_(kernels.rms_norm.triton(q.reshape(-1, 64), q_w, 1e-6).view(q.shape))
+    k.copy_(kernels.rms_norm.triton(k.reshape(-1, 64), k_w, 1e-6).view(k.shape))
+    kernels.apply_rotary_emb.triton(q, k, positions, cache, 64)
     ulp = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
     torch.testing.assert_close(fused, unfused, rtol=ulp, atol=ulp)
     assert torch.equal(fused[:, 576:], before[:, 576:])  # v untouched
@@ -144,7 +144,7 @@ def test_silu_and_mul_matches_float64(dtype):
     gen = torch.Generator().manual_seed(2)
     x = _randn(7, 2 * 300, dtype=dtype, gen=gen) * 3
     out = poisoned((7, 300), dtype)
-    kernels.silu_and_mul(x, out=out, block=128)  # 3 column blocks, the last partial
+    kernels.silu_and_mul.triton(x, out=out, block=128)  # 3 column blocks, the last partial
     x_cpu = x.cpu()
     assert_accurate(out, reference.silu_and_mul_ref(x_cpu.double()),
                     F.silu(x_cpu[:, :300]) * x_cpu[:, 300:])
@@ -156,31 +156,31 @@ def test_silu_and_mul_reference_is_x_sigmoid_x_times_up():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: kernels.rms_norm(torch.randn(2, 8, device=DEVICE), torch.randn(4, device=DEVICE), 1e-6),
+    (lambda: kernels.rms_norm.triton(torch.randn(2, 8, device=DEVICE), torch.randn(4, device=DEVICE), 1e-6),
      "rms_norm: weight must have shape [H] = (8,), got (4,)"),
-    (lambda: kernels.rms_norm(torch.randn(2, 8, device=DEVICE), torch.randn(8, device=DEVICE), 1e-6,
+    (lambda: kernels.rms_norm.triton(torch.randn(2, 8, device=DEVICE), torch.randn(8, device=DEVICE), 1e-6,
                               torch.randn(2, 8, device=DEVICE).half()),
      "rms_norm: residual must have the dtype of x (torch.float32), got torch.float16"),
-    (lambda: kernels.silu_and_mul(torch.randn(2, 7, device=DEVICE)),
+    (lambda: kernels.silu_and_mul.triton(torch.randn(2, 7, device=DEVICE)),
      "silu_and_mul: x last dimension must be even (cat(gate, up)), got 7"),
-    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+    (lambda: kernels.apply_rotary_emb.triton(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
                                       torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                       torch.randn(10, 64, dtype=torch.float64, device=DEVICE)),
      "apply_rotary_emb: cos_sin_cache must have dtype torch.float32, got torch.float64"),
-    (lambda: kernels.apply_rotary_emb(torch.randn(2, 100, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+    (lambda: kernels.apply_rotary_emb.triton(torch.randn(2, 100, device=DEVICE), torch.randn(2, 64, device=DEVICE),
                                       torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                       torch.randn(10, 64, device=DEVICE)),
      "apply_rotary_emb: query width 100 and key width 64 must be multiples of head_size 64"),
-    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+    (lambda: kernels.apply_rotary_emb.triton(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
                                       torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                       torch.randn(10, 64, device=DEVICE), 64, torch.ones(64, device=DEVICE)),
      "apply_rotary_emb: q_norm_weight and k_norm_weight must be given together"),
-    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+    (lambda: kernels.apply_rotary_emb.triton(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
                                       torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                       torch.randn(10, 64, device=DEVICE), 64, torch.ones(32, device=DEVICE),
                                       torch.ones(64, device=DEVICE)),
      "apply_rotary_emb: q_norm_weight must have shape [head_size] = (64,), got (32,)"),
-    (lambda: kernels.apply_rotary_emb(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
+    (lambda: kernels.apply_rotary_emb.triton(torch.randn(2, 128, device=DEVICE), torch.randn(2, 64, device=DEVICE),
                                       torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                       torch.randn(10, 32, device=DEVICE), 64, torch.ones(64, device=DEVICE),
                                       torch.ones(64, device=DEVICE)),

@@ -57,7 +57,7 @@ def _on(kv, device):
 
 def _decode(kv, query, ctx, scale, splits, bound, dtype):
     out = poisoned(query.shape, dtype)
-    kernels.paged_decode_attention(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
+    kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                    torch.tensor(ctx, dtype=torch.int32, device=DEVICE), scale, out=out,
                                    max_context_len=bound, config=kernels_config(num_splits=splits) if splits else None)
     return out
@@ -127,7 +127,7 @@ def _prefill_oracle_rows(kv, query, q_lens, ctx, picks, scale, dtype, device="cp
 
 
 def _prefill(kv, query, cu, q_lens, ctx, scale, key=None, value=None):
-    return kernels.paged_prefill_attention(
+    return kernels.paged_prefill_attention.triton(
         query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
         torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), scale, key=key, value=value)
 

@@ -43,7 +43,7 @@ def test_add_lora_matches_float64(dtype, tokens, k, n, rank, adapters):
             at_dtype[t] += (x[t].cpu() @ a[s].cpu().t()) @ b[s].cpu().t()
     untouched = (slots < 0).cpu()
     before = y.clone()
-    out = kernels.add_lora(y, x, a, b, slots)
+    out = kernels.add_lora.triton(y, x, a, b, slots)
     assert out is y
     assert_accurate(y, want, at_dtype)
     assert torch.equal(y.cpu()[untouched], before.cpu()[untouched])  # rows without an adapter
@@ -54,7 +54,7 @@ def test_kernel_and_reference_round_alike(dtype):
     gen = torch.Generator().manual_seed(3)
     y, x, a, b, slots = _case(dtype, 40, 64, 80, 16, 3, gen)
     ref = reference.add_lora_ref(y.clone().cpu(), x.cpu(), a.cpu(), b.cpu(), slots.cpu())
-    out = kernels.add_lora(y, x, a, b, slots).cpu()
+    out = kernels.add_lora.triton(y, x, a, b, slots).cpu()
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     assert (out.float() - ref.float()).abs().max().item() <= tol * ref.float().abs().max().item()
 
@@ -72,7 +72,7 @@ def test_each_row_gets_its_own_adapter():
         b[s, s, 0] = s + 1.0
     slots = torch.tensor([(t % 5) - 1 for t in range(tokens)], dtype=torch.int32, device=DEVICE)
     y = torch.zeros(tokens, n, device=DEVICE)
-    kernels.add_lora(y, x, a, b, slots)
+    kernels.add_lora.triton(y, x, a, b, slots)
     want = torch.zeros(tokens, n)
     for t, s in enumerate(slots.tolist()):
         if s >= 0:
@@ -86,8 +86,8 @@ def test_bad_arguments_are_named():
     a, b = torch.zeros(2, 16, 8, device=DEVICE), torch.zeros(2, 6, 16, device=DEVICE)
     slots = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"^add_lora: lora_b must have shape \[S, N, R\] = \(2, 6, 16\), got \(2, 6, 8\)$"):
-        kernels.add_lora(y, x, a, b[:, :, :8].contiguous(), slots)
+        kernels.add_lora.triton(y, x, a, b[:, :, :8].contiguous(), slots)
     with pytest.raises(ValueError, match=r"^add_lora: slots must have shape \[T\] = \(4,\), got \(3,\)$"):
         reference.add_lora_ref(y, x, a, b, slots[:3])
     with pytest.raises(ValueError, match=r"^add_lora: slots must have dtype torch.int32 or torch.int64, got torch.float32$"):
-        kernels.add_lora(y, x, a, b, slots.float())
+        kernels.add_lora.triton(y, x, a, b, slots.float())

@@ -18,7 +18,7 @@ from kernels import reference
 def test_matches_the_reference(m, experts, top_k, renormalize, round_to):
     gen = torch.Generator().manual_seed(m * experts + top_k)
     logits = (torch.randn(m, experts, generator=gen) * 3).to(DEVICE)  # float32: no ties
-    weights, ids = kernels.topk_softmax(logits, top_k, renormalize, round_to)
+    weights, ids = kernels.topk_softmax.triton(logits, top_k, renormalize, round_to)
     ref_w, ref_i = reference.topk_softmax_ref(logits.cpu(), top_k, renormalize, round_to)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int32
     assert torch.equal(ids.cpu(), ref_i)
@@ -33,7 +33,7 @@ def test_bf16_logits_with_ties_pick_the_lower_expert_id():
     its weights are the reference's, and each id's probability is its weight."""
     gen = torch.Generator().manual_seed(3)
     logits = (torch.randn(64, 128, generator=gen) * 3).to(torch.bfloat16).to(DEVICE)
-    weights, ids = kernels.topk_softmax(logits, 8, False)
+    weights, ids = kernels.topk_softmax.triton(logits, 8, False)
     ref_w, _ = reference.topk_softmax_ref(logits.cpu(), 8, False)
     probs = torch.softmax(logits.cpu().float(), dim=-1)
     assert torch.allclose(weights.cpu(), ref_w, rtol=1e-6)
@@ -50,17 +50,17 @@ def test_nan_and_infinite_logits_still_give_valid_expert_ids():
     logits[1] = float("nan")
     logits[2, 7] = float("inf")
     logits[3] = float("-inf")
-    _, ids = kernels.topk_softmax(logits, 8, True)
+    _, ids = kernels.topk_softmax.triton(logits, 8, True)
     assert bool(((ids >= 0) & (ids < 60)).all())
     assert all(len(set(row)) == 8 for row in ids.tolist())
 
 
 def test_strided_rows_and_no_tokens():
     logits = torch.randn(6, 256, device=DEVICE)[:, :128]  # a row stride of 256
-    weights, ids = kernels.topk_softmax(logits, 8, True)
+    weights, ids = kernels.topk_softmax.triton(logits, 8, True)
     ref_w, ref_i = reference.topk_softmax_ref(logits.cpu(), 8, True)
     assert torch.equal(ids.cpu(), ref_i) and torch.allclose(weights.cpu(), ref_w, atol=1e-6)
-    empty = kernels.topk_softmax(torch.zeros(0, 8, device=DEVICE), 2, True)
+    empty = kernels.topk_softmax.triton(torch.zeros(0, 8, device=DEVICE), 2, True)
     assert [tuple(t.shape) for t in empty] == [(0, 2), (0, 2)]
 
 
@@ -71,6 +71,6 @@ def test_strided_rows_and_no_tokens():
     ((torch.zeros(2, 8, dtype=torch.int32), 2, True), "topk_softmax: logits must have dtype"),
 ])
 def test_argument_errors(args, message):
-    for fn in (kernels.topk_softmax, reference.topk_softmax_ref):
+    for fn in (kernels.topk_softmax.triton, reference.topk_softmax_ref):
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             fn(args[0].to(DEVICE) if fn is kernels.topk_softmax else args[0], *args[1:])

@@ -52,7 +52,7 @@ def _oracle(kv, query, q_lens, ctx, scale, dtype):
 
 
 def _run(kv, query, cu, q_lens, ctx, scale, out=None, config=None):
-    return kernels.paged_prefill_attention(
+    return kernels.paged_prefill_attention.triton(
         query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
         torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), scale, out=out, config=config)
 
@@ -149,7 +149,7 @@ def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
     from kernels.prefill_attention import PrefillConfig
     fields = fields or (64, 32 if dtype == torch.float32 else 64, 4, 2)
     config = PrefillConfig(**{**PrefillConfig(*fields).__dict__, "kv_tma": tma})
-    out = kernels.paged_prefill_attention(
+    out = kernels.paged_prefill_attention.triton(
         query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables, cu.to(DEVICE),
         torch.tensor(ctx, dtype=torch.int32, device=DEVICE), max(q_lens), 0.125, config=config,
         key=key, value=value)
@@ -223,7 +223,7 @@ def test_prefill_reference_rejects_chunk_longer_than_max_seqlen_q():
                                               torch.tensor(ctx, dtype=torch.int32), 8, 0.25)
 
 
-@pytest.mark.parametrize("fn", [kernels.paged_prefill_attention, reference.paged_prefill_attention_ref])
+@pytest.mark.parametrize("fn", [kernels.paged_prefill_attention.triton, reference.paged_prefill_attention_ref])
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][:2]),
      "paged_prefill_attention: cu_seqlens_q must have shape [B+1] = (3,), got (2,)"),

@@ -19,7 +19,7 @@ def test_matches_reference(dtype, cols):
     x = torch.randn(67, cols, generator=g) * torch.logspace(-3, 3, 67)[:, None]
     x[5] = 0.0
     x = x.to(device=DEVICE, dtype=dtype)
-    q, s = kernels.quantize_fp8_per_token(x)
+    q, s = kernels.quantize_fp8_per_token.triton(x)
     q_ref, s_ref = reference.quantize_fp8_per_token_ref(x)
     assert q.dtype == torch.float8_e4m3fn and s.shape == (67, 1) and s.dtype == torch.float32
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
@@ -33,8 +33,8 @@ def test_matches_reference(dtype, cols):
 
 def test_strided_rows_and_empty():
     x = torch.randn(8, 512, device=DEVICE, dtype=torch.bfloat16)
-    q, s = kernels.quantize_fp8_per_token(x[:, :256])
+    q, s = kernels.quantize_fp8_per_token.triton(x[:, :256])
     q_ref, s_ref = reference.quantize_fp8_per_token_ref(x[:, :256])
     assert torch.equal(s, s_ref)
-    q, s = kernels.quantize_fp8_per_token(x[:0])
+    q, s = kernels.quantize_fp8_per_token.triton(x[:0])
     assert q.shape == (0, 512) and s.shape == (0, 1)

@@ -80,8 +80,8 @@ def test_kernel_rotate_and_store_equals_rotate_then_store(dtype, head_size, rota
     cache_dtype = FP8 if cache == "fp8" else dtype
     case = _case(dtype, cache_dtype, head_size, rotary_dim, seed=head_size + rotary_dim + use_norm)
     scales = (0.37, 3.0) if cache == "fp8" else (1.0, 1.0)
-    fused = _run(kernels.apply_rotary_emb, kernels.store_kv_cache, *case, head_size, True, use_norm, scales)
-    apart = _run(kernels.apply_rotary_emb, kernels.store_kv_cache, *case, head_size, False, use_norm, scales)
+    fused = _run(kernels.apply_rotary_emb.triton, kernels.store_kv_cache.triton, *case, head_size, True, use_norm, scales)
+    apart = _run(kernels.apply_rotary_emb.triton, kernels.store_kv_cache.triton, *case, head_size, False, use_norm, scales)
     _assert_same(fused, apart)
     # and something was stored: the kept slots hold the rotated keys, the skipped ones are untouched
     qkv, k_bytes, _ = fused
@@ -115,7 +115,7 @@ def _bad_args():
                 slot_mapping=torch.arange(3))
 
 
-@pytest.mark.parametrize("fn", [kernels.apply_rotary_emb, reference.apply_rotary_emb_ref])
+@pytest.mark.parametrize("fn", [kernels.apply_rotary_emb.triton, reference.apply_rotary_emb_ref])
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.pop("v_cache"),
      "apply_rotary_emb: value, k_cache, v_cache and slot_mapping must be given together (missing: v_cache)"),

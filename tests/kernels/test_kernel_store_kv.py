@@ -28,7 +28,7 @@ def _store_case(dtype, slot_dtype, seed=0):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_store_kv_cache_scatters_exactly(dtype, slot_dtype):
     key, value, (k_cache, v_cache), slots = _store_case(dtype, slot_dtype)
-    kernels.store_kv_cache(key, value, k_cache, v_cache, slots)
+    kernels.store_kv_cache.triton(key, value, k_cache, v_cache, slots)
     flat_k = k_cache.view(-1, *k_cache.shape[2:])
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
     keep = slots >= 0
@@ -42,13 +42,13 @@ def test_store_kv_cache_scatters_exactly(dtype, slot_dtype):
 def test_store_kv_cache_matches_reference():
     key, value, (k_cache, v_cache), slots = _store_case(torch.float32, torch.int64, seed=3)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    kernels.store_kv_cache(key, value, k_cache, v_cache, slots)
+    kernels.store_kv_cache.triton(key, value, k_cache, v_cache, slots)
     reference.store_kv_cache_ref(key, value, k_ref, v_ref, slots)
     assert torch.equal(k_cache.nan_to_num(123.0), k_ref.nan_to_num(123.0))
     assert torch.equal(v_cache.nan_to_num(123.0), v_ref.nan_to_num(123.0))
 
 
-@pytest.mark.parametrize("fn", [kernels.store_kv_cache, reference.store_kv_cache_ref])
+@pytest.mark.parametrize("fn", [kernels.store_kv_cache.triton, reference.store_kv_cache_ref])
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update(slot_mapping=a["slot_mapping"].float()),
      "store_kv_cache: slot_mapping must have dtype torch.int32 or torch.int64, got torch.float32"),

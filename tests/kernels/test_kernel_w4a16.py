@@ -60,7 +60,7 @@ def test_matches_float64(case, dtype):
     from kernels.w4a16 import W4A16Config
     m, n, k, group, bits, shuffled, bm, bn, bk, split = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
-    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
+    out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
         block_m=bm, block_n=bn, block_k=bk, split_k=split, group_m=2, num_stages=2))
     assert out.shape == (m, n) and out.dtype == dtype
     # Rounding the output to bf16 (8 significant bits) alone costs about 2e-3 of the norm.
@@ -102,7 +102,7 @@ def test_gemv_matches_float64(case, dtype, fused):
                       method="gemv", fused_reduce=fused, prefetch=prefetch[0] if prefetch else 1)
     poison = torch.full((m, n), float("nan"), dtype=dtype, device=x.device)
     for _ in range(2 if fused else 1):  # a second call finds the arrival counters back at zero
-        out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
+        out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
         assert out.shape == (m, n) and out.dtype == dtype
         assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
         assert not torch.equal(out, poison)
@@ -126,7 +126,7 @@ def test_gemv_variants_match_float64(case, tiles, dtype):
     m, n, k, group, bits, shuffled = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 1, dtype)
     cfg = W4A16Config(**tiles, num_stages=1, method="gemv")
-    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
+    out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits, config=cfg)
     assert out.shape == (m, n) and out.dtype == dtype
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
@@ -152,7 +152,7 @@ def test_gemv_keeps_large_and_tiny_activations(scale):
     assert x.abs().max() > 2000 if scale > 1 else ((x != 0) & (x.abs() < 2**-14)).sum() > 20
     want = reference.w4a16_matmul_ref(x.double().cpu(), qweight.cpu(), scales.cpu(), zeros.cpu(), 64,
                                       None if perm is None else perm.cpu())
-    out = kernels.w4a16_matmul(x, qweight, scales, zeros, 64, perm, config=W4A16Config(
+    out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 64, perm, config=W4A16Config(
         block_m=1, block_n=32, block_k=32, split_k=2, method="gemv"))
     assert rel_err(out, want) < 2e-3
 
@@ -165,7 +165,7 @@ def test_dequantize_then_gemm_matches_float64(case, dtype):
     from kernels.w4a16_paths import w4a16_dequantize
     m, n, k, group, bits, shuffled = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
-    out = kernels.w4a16_matmul(x, qweight, scales, zeros, group, perm, bits=bits,
+    out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits,
                                config=W4A16Config(block_k=32, method="dequant"))
     assert out.shape == (m, n) and out.dtype == dtype
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
@@ -184,13 +184,13 @@ def test_config_method_is_checked():
         W4A16Config(method="gemv", prefetch=3)
     (x, qweight, scales, zeros), _, _ = _case(1, 64, 128, 32, 4, False, 0, torch.float16)
     with pytest.raises(ValueError, match=r"^w4a16_matmul: a gemv config's block_n \(12\) must be a multiple of 8$"):
-        kernels.w4a16_matmul(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
+        kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
 
 
 def test_default_configs_at_decode_and_prefill_rows():
     for m in (1, 2, 20, 100, 300):
         (x, qweight, scales, zeros), perm, oracle = _case(m, 64, 256, 128, 4, True, m, torch.float16)
-        out = kernels.w4a16_matmul(x, qweight, scales, zeros, 128, perm)
+        out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 128, perm)
         assert rel_err(out, oracle) < 2e-3, m
 
 
@@ -242,4 +242,4 @@ def test_argument_errors(change, message):
     args = dict(x=x, qweight=qweight, scales=scales, zeros=zeros, group_size=32, perm=None, bits=4)
     change(args)
     with pytest.raises(ValueError, match="^" + re.escape("w4a16_matmul: " + message) + "$"):
-        kernels.w4a16_matmul(**args)
+        kernels.w4a16_matmul.triton(**args)

@@ -50,7 +50,7 @@ CHILD = textwrap.dedent("""
     for m, n, k, group, config in {configs!r}:
         print("running", config, flush=True)
         (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, 4, True, 7, torch.float16)
-        out = kernels.w4a16_matmul(guarded(x), guarded(qweight), guarded(scales), guarded(zeros), group,
+        out = kernels.w4a16_matmul.triton(guarded(x), guarded(qweight), guarded(scales), guarded(zeros), group,
                                    guarded(perm), config=eval(config))
         assert rel_err(out, oracle) < 2e-3, (config, rel_err(out, oracle))
     print("all in bounds")

@@ -1,6 +1,6 @@
 """Proposals from EAGLE-1 / EAGLE-3 heads (speculative_config method "eagle" / "eagle3").
 
-As a draft model (backend/worker/draft_proposer.py), a head runs after every step with a paged
+As a draft model (draft_model.py), a head runs after every step with a paged
 KV cache of its own on the target's block ids, but it reads the target's hidden states: row t
 of its first pass pairs the target's hidden state at position t (EAGLE-3: three layers' inputs
 through `fc`; EAGLE-1: the final normed state) with the token at t + 1, for every position the
@@ -15,13 +15,14 @@ import torch
 from ..engine_config import EngineConfig
 from ..models.eagle import EagleDraftHead
 from ..models.loader import load_dummy
-from .cuda_graph import SPEC_GRAPH_MAX_SEQS, HeadDecodeGraphs, HeadPrefillGraphs
-from .draft_proposer import DraftModelProposer, DraftOut, DraftSpan, TargetHidden
-from .input_batch import PreparedBatch
-from .request_states import RequestState
+from ..worker.cuda_graph import SPEC_GRAPH_MAX_SEQS, HeadDecodeGraphs, HeadPrefillGraphs
+from ..worker.input_batch import PreparedBatch
+from ..worker.request_states import RequestState
+from .draft_model import DraftModelProposer, DraftOut, DraftSpan
+from .proposer import ModelProposer, TargetHidden
 
 
-def make_proposer(config: EngineConfig, device: torch.device, target) -> DraftModelProposer:
+def make_proposer(config: EngineConfig, device: torch.device, target) -> ModelProposer:
     """The proposer the speculative config names (a draft model or EAGLE heads)."""
     if config.speculative_config.is_eagle:
         return EagleProposer(config, device, target)

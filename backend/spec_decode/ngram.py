@@ -1,6 +1,6 @@
-"""Speculative decoding on the engine's side: n-gram lookup (vLLM's `speculative_config=
-{"method": "ngram", ...}`), and the check that a draft model shares the target's vocabulary (a
-draft model proposes in the worker: backend/worker/draft_proposer.py).
+"""Proposals by n-gram lookup (vLLM's `speculative_config={"method": "ngram", ...}`), made on
+the engine's side from each sequence's token ids (a draft model or EAGLE head proposes in the
+worker: draft_model.py, eagle.py).
 
 For a greedy request in its decode phase, `NgramProposer` looks for the last n tokens (n from
 `prompt_lookup_max` down to `prompt_lookup_min`) earlier in the prompt and output, and proposes
@@ -13,54 +13,9 @@ It pays where the output repeats its input (quoting, editing, extraction, code).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..engine_config import SpeculativeConfig
-from .tokenizer import load_tokenizer
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-
-def check_draft_vocabulary(spec: SpeculativeConfig | None, tokenizer, target_hf_config: dict) -> None:
-    """A draft model's token ids must mean the target's: its tokenizer (when its directory has
-    one) must have the target's vocabulary, else its config the target's vocab_size. (A padded
-    embedding may be larger than the tokenizer, as Qwen2.5's sizes differ: only the target's ids
-    are proposed.)"""
-    if spec is None or not spec.uses_draft_model or spec.is_eagle:
-        return
-    path = spec.draft_model_config.model
-    if any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
-        draft, target = load_tokenizer(path).get_vocab(), tokenizer.get_vocab()
-        # Tokenizer classes add special tokens of their own (Qwen2's <|endoftext|>): extra tokens
-        # on either side are fine, a token the two number differently is not.
-        differ = sorted(t for t, i in target.items() if t in draft and draft[t] != i)
-        missing = sorted(t for t in target if t not in draft)
-        if differ or len(missing) > len(target) // 100:
-            raise ValueError(f"speculative_config: the draft model's tokenizer ({path}) numbers its tokens "
-                             f"otherwise than the target's ({len(differ)} tokens with other ids, "
-                             f"{len(missing)} missing); a draft model must use the target's vocabulary.")
-        return
-    draft_vocab = spec.draft_model_config.hf_config.get("vocab_size")
-    if draft_vocab != target_hf_config.get("vocab_size"):
-        raise ValueError(f"speculative_config: the draft model's vocab_size ({draft_vocab}) is not the "
-                         f"target's ({target_hf_config.get('vocab_size')}) and its directory has no tokenizer "
-                         f"to compare; a draft model must use the target's vocabulary.")
-
-
-def proposal_room(seq, max_seq_len: int) -> int:
-    """How many tokens a running sequence may propose now: what its length limits leave after
-    the token it surely gets; 0 while a prompt chunk or a token in flight is ahead of it, or
-    before min_tokens."""
-    p = seq.params
-    if (seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_unresolved or seq.finish_reason
-            or seq.num_output_tokens < p.min_tokens):
-        return 0
-    room = max_seq_len - seq.num_tokens
-    if p.max_tokens is not None:
-        room = min(room, p.max_tokens - seq.num_output_tokens)
-    return room - 1
 
 
 class NgramProposer:

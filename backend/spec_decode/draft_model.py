@@ -10,7 +10,7 @@ every position the target computed in the step (prompt chunks, decodes, accepted
 and the newly sampled token, so the draft's cache always covers what the target's does; each
 sequence that sampled a token then proposes the draft's argmax there, and `k - 1` one-token
 passes extend the proposals. Proposals are greedy, as vLLM v1 drafts: the verifier's rejection
-sampling treats each as a point mass (`_verify_drafts` in the sampler), which keeps sampled
+sampling treats each as a point mass (`verify_drafts`, verification.py), which keeps sampled
 requests' tokens distributed exactly as the target's. A proposal goes only as far as the
 sequence's allocated blocks (the scheduler adds `num_speculative_tokens` slots of lookahead
 to each step) and max_model_len.
@@ -26,11 +26,12 @@ from ..engine_config import EngineConfig
 from ..layers.forward_context import set_attention_metadata
 from ..layers.sampling_metadata import host_to_device
 from ..step import SchedulerOutput
-from .cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
-from .input_batch import PreparedBatch, block_table_matrix
-from .model_builder import build_model
-from .request_states import RequestState, RequestStates
-from .device import resolve_dtype
+from ..worker.cuda_graph import SPEC_GRAPH_MAX_SEQS, DecodeGraphs, PrefillGraphs
+from ..worker.input_batch import PreparedBatch, block_table_matrix
+from ..worker.model_builder import build_model
+from ..worker.request_states import RequestState, RequestStates
+from ..worker.device import resolve_dtype
+from .proposer import TargetHidden
 
 
 @dataclass
@@ -41,14 +42,6 @@ class DraftSpan:
     start: int
     end: int
     proposes: bool
-
-
-@dataclass
-class TargetHidden:
-    """The target's kept hidden states of a step's packed rows (EAGLE reads them) and each
-    scheduled sequence's first row among them."""
-    hidden: torch.Tensor
-    first_row: dict[int, int]
 
 
 @dataclass
@@ -63,7 +56,8 @@ class DraftOut:
 
 
 class DraftModelProposer:
-    """The draft model, its KV cache and graphs, and the passes that propose."""
+    """The draft model, its KV cache and graphs, and the passes that propose (a `ModelProposer`,
+    proposer.py)."""
 
     reads_target_hidden = False  # (EAGLE heads do)
 
