@@ -1,0 +1,138 @@
+"""An engine's paged KV cache registered with NIXL, so that another engine reads whole blocks of
+it (disaggregated prefill: the decode instance pulls a prompt's blocks from the prefill instance).
+
+The cache is the worker's [2, layers, num_blocks, ...] tensor: each (K or V, layer, block) is one
+contiguous region, so a block is 2 x layers regions at fixed offsets. Each side prepares its own
+regions once (`prep_xfer_dlist`); a read names blocks by index into those lists, and NIXL merges
+what is contiguous. The peer learns the cache's place and shape from `metadata()` (its NIXL agent
+metadata and the cache's geometry) through whatever channel the two engines share. NIXL moves
+DRAM and VRAM alike (UCX, within a host or across it); on the CPU machine the caches are DRAM.
+"""
+from __future__ import annotations
+
+import pickle
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def _nixl():
+    """NIXL's Python API: the `nixl` package, else a build of it installed alone (nixl-cu12)."""
+    try:
+        from nixl import _api
+    except ImportError:
+        from nixl_cu12 import _api
+    return _api
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """Where a cache is and how it is cut: what a peer needs to address its blocks."""
+    base: int  # address of region 0
+    num_layers: int
+    num_blocks: int
+    region_bytes: int  # one (K or V, layer, block)
+    mem_type: str  # "DRAM" or "VRAM"
+    device_id: int
+
+    def region_addresses(self) -> np.ndarray:
+        """[2 * layers * blocks, 3] (address, length, device id), region (kv, layer, block) at
+        index (kv * layers + layer) * blocks + block."""
+        n = 2 * self.num_layers * self.num_blocks
+        out = np.empty((n, 3), dtype=np.uint64)
+        out[:, 0] = self.base + np.arange(n, dtype=np.uint64) * np.uint64(self.region_bytes)
+        out[:, 1] = self.region_bytes
+        out[:, 2] = self.device_id
+        return out
+
+    def region_indices(self, block_ids: list[int]) -> np.ndarray:
+        """The regions of these blocks, block by block (every K and V layer of the first, then
+        the next): the same order on both sides pairs them up."""
+        planes = np.arange(2 * self.num_layers, dtype=np.int64)[None, :] * self.num_blocks
+        return (np.asarray(block_ids, dtype=np.int64)[:, None] + planes).reshape(-1).astype(np.int32)
+
+
+def cache_geometry(kv_cache: torch.Tensor) -> CacheGeometry:
+    if kv_cache.dim() < 3 or kv_cache.shape[0] != 2 or not kv_cache.is_contiguous():
+        raise ValueError(f"kv_cache must be a contiguous [2, layers, num_blocks, ...] tensor, "
+                         f"got shape {tuple(kv_cache.shape)}")
+    region = kv_cache[0, 0, 0]
+    return CacheGeometry(kv_cache.data_ptr(), kv_cache.shape[1], kv_cache.shape[2],
+                         region.numel() * region.element_size(),
+                         "VRAM" if kv_cache.is_cuda else "DRAM",
+                         (kv_cache.device.index or 0) if kv_cache.is_cuda else 0)
+
+
+class NixlBlockTransfer:
+    """One engine's side: its cache registered, its regions prepared, the peers it reads from."""
+
+    def __init__(self, kv_cache: torch.Tensor, name: str | None = None) -> None:
+        api = _nixl()
+        self.geometry = cache_geometry(kv_cache)
+        self.name = name or f"tritium-{uuid.uuid4().hex[:12]}"
+        self.agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
+        self._cache = kv_cache  # registered memory must outlive the agent's use of it
+        self._registered = self.agent.register_memory(kv_cache)
+        self._local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.geometry.region_addresses(),
+                                                 self.geometry.mem_type)
+        self._peers: dict[str, tuple[CacheGeometry, object]] = {}
+
+    def metadata(self) -> bytes:
+        """What a peer passes to `add_peer` to read this cache."""
+        return pickle.dumps((self.agent.get_agent_metadata(), self.geometry))
+
+    def add_peer(self, metadata: bytes) -> str:
+        """Accept a peer's `metadata()`; returns its name for `read`. Its cache must be cut as
+        this one is (the same model, dtype and block size on both sides)."""
+        agent_metadata, geometry = pickle.loads(metadata)
+        if (geometry.num_layers, geometry.region_bytes) != (self.geometry.num_layers, self.geometry.region_bytes):
+            raise ValueError(
+                f"the peer's KV cache has {geometry.num_layers} layers of {geometry.region_bytes}-byte blocks, "
+                f"this one {self.geometry.num_layers} of {self.geometry.region_bytes}: not the same model, "
+                f"dtype or block size")
+        peer = self.agent.add_remote_agent(agent_metadata)
+        peer = peer.decode() if isinstance(peer, bytes) else peer
+        remote = self.agent.prep_xfer_dlist(peer, geometry.region_addresses(), geometry.mem_type)
+        self._peers[peer] = (geometry, remote)
+        return peer
+
+    def read(self, peer: str, remote_blocks: list[int], local_blocks: list[int], notification: bytes = b""):
+        """Start copying the peer's blocks into this cache's (pairwise); returns a handle for
+        `poll`. The peer receives `notification` once the copy is done."""
+        if len(remote_blocks) != len(local_blocks):
+            raise ValueError(f"{len(remote_blocks)} remote blocks for {len(local_blocks)} local ones")
+        geometry, remote = self._peers[peer]
+        for name, ids, limit in (("remote", remote_blocks, geometry.num_blocks),
+                                 ("local", local_blocks, self.geometry.num_blocks)):
+            bad = [b for b in ids if not 0 <= b < limit]
+            if bad:
+                raise ValueError(f"{name} block ids {bad} are outside 0..{limit - 1}")
+        handle = self.agent.make_prepped_xfer("READ", self._local, self.geometry.region_indices(local_blocks),
+                                              remote, geometry.region_indices(remote_blocks), notification)
+        if self.agent.transfer(handle) == "ERR":
+            handle.release()
+            raise RuntimeError(f"NIXL could not start reading {len(remote_blocks)} blocks from {peer}")
+        return handle
+
+    def poll(self, handle) -> bool:
+        """True once the read is done (its handle is released then); raises if it failed."""
+        state = self.agent.check_xfer_state(handle)
+        if state == "PROC":
+            return False
+        handle.release()
+        if state != "DONE":
+            raise RuntimeError("a NIXL read of KV blocks failed")
+        return True
+
+    def notifications(self) -> list[bytes]:
+        """Notifications peers sent since the last call (a reader's `notification` when its read
+        of this cache's blocks is done: the blocks can be freed)."""
+        return [m for messages in self.agent.get_new_notifs().values() for m in messages]
+
+    def close(self) -> None:
+        for peer in list(self._peers):
+            self.agent.remove_remote_agent(peer)
+        self._peers.clear()
+        self.agent.deregister_memory(self._registered)

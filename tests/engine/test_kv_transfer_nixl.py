@@ -1,0 +1,97 @@
+"""NIXL block transfers between two engines' paged KV caches (the transfer under disaggregated
+prefill): a reader pulls chosen blocks of a peer's [2, layers, blocks, ...] cache into its own
+blocks exactly, in one process and across two, and the peer is told when the read is done;
+mismatched caches and block ids out of range are clear errors."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import pytest
+import torch
+
+from backend.kv_transfer.nixl_blocks import NixlBlockTransfer
+
+LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8
+
+
+def _cache(num_blocks: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, LAYERS, num_blocks, BLOCK, HEADS, DIM, generator=g).to(torch.bfloat16)
+
+
+def _wait(transfer: NixlBlockTransfer, handle) -> None:
+    deadline = time.monotonic() + 30
+    while not transfer.poll(handle):
+        assert time.monotonic() < deadline, "the read did not finish"
+
+
+def _notifications(transfer: NixlBlockTransfer) -> list[bytes]:
+    deadline, got = time.monotonic() + 30, []
+    while not got and time.monotonic() < deadline:
+        got = transfer.notifications()
+    return got
+
+
+def test_a_reader_pulls_the_peers_blocks_exactly_and_the_peer_hears_of_it():
+    prefill, decode = _cache(12, 1), _cache(6, 2)
+    before = decode.clone()
+    producer, consumer = NixlBlockTransfer(prefill), NixlBlockTransfer(decode)
+    peer = consumer.add_peer(producer.metadata())
+    _wait(consumer, consumer.read(peer, [5, 2, 9], [0, 3, 1], b"request-7"))
+    for src, dst in ((5, 0), (2, 3), (9, 1)):
+        assert torch.equal(decode[:, :, dst], prefill[:, :, src])
+    for untouched in (2, 4, 5):
+        assert torch.equal(decode[:, :, untouched], before[:, :, untouched])
+    assert _notifications(producer) == [b"request-7"]
+    consumer.close()
+    producer.close()
+
+
+def test_mismatched_caches_and_bad_block_ids_are_refused():
+    producer = NixlBlockTransfer(_cache(4, 1))
+    other = NixlBlockTransfer(torch.zeros(2, LAYERS + 1, 4, BLOCK, HEADS, DIM, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"^the peer's KV cache has 3 layers of 128-byte blocks, this one 4 of "
+                                         r"128: not the same model, dtype or block size$"):
+        other.add_peer(producer.metadata())
+    consumer = NixlBlockTransfer(_cache(2, 2))
+    peer = consumer.add_peer(producer.metadata())
+    with pytest.raises(ValueError, match=r"^remote block ids \[4\] are outside 0\.\.3$"):
+        consumer.read(peer, [4], [0])
+    with pytest.raises(ValueError, match=r"^local block ids \[2\] are outside 0\.\.1$"):
+        consumer.read(peer, [1], [2])
+    with pytest.raises(ValueError, match=r"^2 remote blocks for 1 local ones$"):
+        consumer.read(peer, [1, 2], [0])
+    with pytest.raises(ValueError, match=r"^kv_cache must be a contiguous \[2, layers, num_blocks, \.\.\.\] tensor"):
+        NixlBlockTransfer(torch.zeros(3, 2, 2))
+
+
+def _producer(conn) -> None:
+    cache = _cache(8, 3)
+    transfer = NixlBlockTransfer(cache)
+    conn.send(transfer.metadata())
+    conn.send(_notifications(transfer))
+    conn.recv()  # the reader has compared: the cache may go
+    transfer.close()
+
+
+def test_a_reader_in_another_process_pulls_blocks():
+    """The prefill and decode engines are separate processes: only metadata() crosses."""
+    ctx = mp.get_context("fork")  # (CPU tensors only: no CUDA state to lose in the child)
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_producer, args=(there,))
+    proc.start()
+    try:
+        decode = torch.zeros(2, LAYERS, 4, BLOCK, HEADS, DIM, dtype=torch.bfloat16)
+        consumer = NixlBlockTransfer(decode)
+        peer = consumer.add_peer(here.recv())
+        _wait(consumer, consumer.read(peer, [7, 0], [1, 2], b"done"))
+        expected = _cache(8, 3)
+        assert torch.equal(decode[:, :, 1], expected[:, :, 7]) and torch.equal(decode[:, :, 2], expected[:, :, 0])
+        assert not decode[:, :, 0].any() and not decode[:, :, 3].any()
+        assert here.recv() == [b"done"]
+        here.send("bye")
+        consumer.close()
+    finally:
+        proc.join(30)
+        assert proc.exitcode == 0
