@@ -7,14 +7,14 @@ from importlib import import_module
 from typing import Any
 
 from .config import EngineArgs
-from .engine.engine_process import EngineProcess
+from .drivers.engine_process import EngineProcess
 from .errors import EngineOverloadedError, EngineShutdownError, ErrorKind, ParameterError, RequestError
 from .lora_request import LoRARequest
 from .engine.metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
 
-_LAZY = {"LLM": "llm", "LLMEngine": "engine.llm_engine", "StreamingEngine": "engine.streaming_engine"}
+_LAZY = {"LLM": "llm", "LLMEngine": "engine.llm_engine", "StreamingEngine": "drivers.streaming_engine"}
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineProcess", "EngineArgs", "EngineStats", "SamplingParams",
            "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError", "EngineOverloadedError",

@@ -83,7 +83,7 @@ class EngineArgs:
     enable_lora: bool = False
     lora_modules: dict[str, str] | None = None  # adapter name -> directory
     # Adapter slots on the device, i.e. most adapters in one step (vLLM's meaning); default: one
-    # per listed adapter (none listed: 1). With fewer, adapters take turns (backend/engine/lora_slots.py).
+    # per listed adapter (none listed: 1). With fewer, adapters take turns (backend/core/lora_slots.py).
     max_loras: int | None = None
     max_lora_rank: int = 16
     # Adapters kept in host memory (vLLM's name), the least recently used dropped first and read

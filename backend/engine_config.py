@@ -51,7 +51,7 @@ class SchedulerConfig:
     stream_interval: int
     max_waiting_requests: int | None
     # How a preempted sequence gives up its blocks: "recompute", "swap", or "auto" (swap when
-    # recomputing would cost more than one prompt chunk: backend/engine/kv_swap.py).
+    # recomputing would cost more than one prompt chunk: backend/core/kv_swap.py).
     preemption_mode: str
 
 

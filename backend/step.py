@@ -1,6 +1,6 @@
 """The step contract: what the scheduler decided for one step, the runner's whole input.
 
-The scheduler (backend/engine) fills a `SchedulerOutput`; `ModelRunner.execute_model`
+The scheduler (backend/core) fills a `SchedulerOutput`; `ModelRunner.execute_model`
 (backend/worker) takes it and returns a `PendingStep` whose `wait()` gives a
 `ModelRunnerOutput`. Nothing else travels from the engine to the runner, and only the runner
 writes its pending step. Both sides import this module and neither imports the other's.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The OpenAI frontend's cost, in one go: start tritonserver on a model repository and the frontend
-# beside it, then run client/bench.py for each workload over gRPC directly and through the
-# frontend (streaming completions of the same shape of token-id prompts), and compare output tok/s.
+# beside it, then run benchmarks/loadgen/bench.py for each workload over gRPC directly and through
+# the frontend (streaming completions of the same shape of token-id prompts), and compare output
+# tok/s.
 #
 #   benchmarks/frontend.sh --repo DIR --out-dir DIR [--workloads A] [--log FILE]
 #                             [--port-base 8000] [--frontend-workers 4] [--ready-timeout 600]
@@ -58,9 +59,9 @@ wait_until_ok frontend "http://127.0.0.1:$FRONTEND_PORT/health" "$FRONTEND_PID" 
 
 rc=0
 for w in ${WORKLOADS//,/ }; do
-    "$PY" client/bench.py --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" --seed 0 \
+    "$PY" benchmarks/loadgen/bench.py --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" --seed 0 \
         "${BENCH_ARGS[@]}" --json "$OUT_DIR/frontend_grpc_$w.json" || rc=$?
-    "$PY" client/bench.py --openai "http://127.0.0.1:$FRONTEND_PORT/v1" --wait-ready 120 --model llm \
+    "$PY" benchmarks/loadgen/bench.py --openai "http://127.0.0.1:$FRONTEND_PORT/v1" --wait-ready 120 --model llm \
         --workload "$w" --seed 1 "${BENCH_ARGS[@]}" --json "$OUT_DIR/frontend_openai_$w.json" || rc=$?
 done
 "$PY" - "$OUT_DIR" "$WORKLOADS" <<'PYEOF'

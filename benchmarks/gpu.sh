@@ -262,8 +262,10 @@ sampling)
     for tree in . ${TREES:-}; do
         name=this; [ "$tree" = . ] || name=$(basename "$tree")
         # An older tree runs this tree's benchmark (it uses only the engine's public API).
-        [ "$tree" = . ] || { mkdir -p "$tree/benchmarks/engine"; cp benchmarks/offline.py "$tree/benchmarks/"
-                             cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"; }
+        [ "$tree" = . ] || { mkdir -p "$tree/benchmarks/engine" "$tree/benchmarks/loadgen"
+                             cp benchmarks/offline.py "$tree/benchmarks/"
+                             cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"
+                             cp benchmarks/loadgen/*.py "$tree/benchmarks/loadgen/"; }
         stamp "sampling cost, $LLAMA bf16 A in-process, tree $name"
         (cd "$tree" && timeout "${COST_TIMEOUT:-200}" "$PY" benchmarks/engine/sampling_cost.py \
             --model "$HERE/$(model_path "$LLAMA")" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \

@@ -21,10 +21,10 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client.bench import clean_json  # noqa: E402
-from client.bench_stats import percentile  # noqa: E402
-from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, Workload,  # noqa: E402
-                              make_prompts, parse_vocab_range, parse_workload_names, with_overrides)
+from benchmarks.loadgen.bench import clean_json  # noqa: E402
+from benchmarks.loadgen.bench_stats import percentile  # noqa: E402
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, Workload,  # noqa: E402
+                                          make_prompts, parse_vocab_range, parse_workload_names, with_overrides)
 
 
 def load_model(config_dir: str, dtype_name: str, device: str, attn: str, seed: int) -> Any:
@@ -108,7 +108,7 @@ def capped(w: Workload, max_requests: int | None) -> Workload:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="directory with config.json")
-    ap.add_argument("--workloads", default="A,B", help="names from client/workloads.py (A, B, C, L)")
+    ap.add_argument("--workloads", default="A,B", help="names from benchmarks/loadgen/workloads.py (A, B, C, L)")
     ap.add_argument("--batch-size", type=int, default=64, help="static batch size for throughput runs")
     ap.add_argument("--num-requests", type=int, help="override the throughput workloads' request count")
     ap.add_argument("--max-requests", type=int,

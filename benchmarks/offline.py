@@ -21,11 +21,11 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client.bench import clean_json  # noqa: E402
-from client.bench_model_repo import get_parameters, parse_assignments  # noqa: E402
-from client.bench_stats import percentile  # noqa: E402
-from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, Workload, make_prompts,  # noqa: E402
-                              parse_vocab_range, parse_workload_names, with_overrides)
+from benchmarks.loadgen.bench import clean_json  # noqa: E402
+from benchmarks.loadgen.bench_model_repo import get_parameters, parse_assignments  # noqa: E402
+from benchmarks.loadgen.bench_stats import percentile  # noqa: E402
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, Workload, make_prompts,  # noqa: E402
+                                          parse_vocab_range, parse_workload_names, with_overrides)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="model directory (without --model-config)")
     ap.add_argument("--tokenizer")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--workloads", default="A,B", help="names from client/workloads.py (A, B, C, L)")
+    ap.add_argument("--workloads", default="A,B", help="names from benchmarks/loadgen/workloads.py (A, B, C, L)")
     ap.add_argument("--num-requests", type=int, help="override the throughput workloads' request count")
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)

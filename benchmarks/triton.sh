@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One model through the real tritonserver: start it on a model repository, wait until the model
-# is ready, run client/bench.py for each workload, stop it (also when killed: a deadline's TERM
-# reaches the whole process group).
+# is ready, run benchmarks/loadgen/bench.py for each workload, stop it (also when killed: a
+# deadline's TERM reaches the whole process group).
 #
 #   benchmarks/triton.sh --repo DIR --out-dir DIR [--workloads A,B] [--log FILE]
 #                           [--port-base 8000] [--ready-timeout 600] [-- BENCH_ARGS...]
@@ -39,7 +39,7 @@ wait_until_ok tritonserver "http://127.0.0.1:$PORT/v2/models/llm/ready" "$SERVER
 
 rc=0
 for w in ${WORKLOADS//,/ }; do
-    "$PY" client/bench.py --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" \
+    "$PY" benchmarks/loadgen/bench.py --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" \
         "${BENCH_ARGS[@]}" --json "$OUT_DIR/triton_$w.json" || rc=$?
 done
 exit "$rc"

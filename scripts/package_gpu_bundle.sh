@@ -17,9 +17,10 @@
 #   gpu_bundle/perf_analyzer-2.51.0.tar.xz         perf_analyzer + Debian's libb64
 #   gpu_bundle/frontend-wheels/*.whl               the OpenAI frontend's packages (fastapi,
 #                                                  uvicorn, httptools, pydantic, ...) and aiohttp
-#                                                  for client/bench.py --openai, with their
-#                                                  dependencies; not uvloop (4.5 MB would pass the
-#                                                  limit): uvicorn then runs asyncio's own loop
+#                                                  for benchmarks/loadgen/bench.py --openai, with
+#                                                  their dependencies; not uvloop (4.5 MB would
+#                                                  pass the limit): uvicorn then runs asyncio's
+#                                                  own loop
 #   gpu_bundle/MANIFEST.txt                        sizes and sha256
 #
 # Downloads are cached in $TRITIUM_WHEEL_CACHE (default ~/.cache/tritium-gpu-wheels); each

@@ -1,5 +1,6 @@
 """The benchmark harness's pure parts: workloads, statistics, response parsing, model-repository
-rewriting and the report's ratios; and one small run of client/bench.py against the real server."""
+rewriting and the report's ratios; and one small run of benchmarks/loadgen/bench.py against the real
+server."""
 import json
 import math
 import os
@@ -13,12 +14,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client.bench import _split, lora_names_for, sampling_parameters  # noqa: E402
-from client.bench_model_repo import get_parameters, parse_assignments, set_parameters  # noqa: E402
-from client.bench_report import check_targets, derive, render_table  # noqa: E402
-from client.bench_stats import RequestTrace, percentile, summarize, tokens_in_response  # noqa: E402
-from client.workloads import (WORKLOADS, Workload, make_prompts, parse_vocab_range,  # noqa: E402
-                              resolve_workload, with_overrides)
+from benchmarks.loadgen.bench import _split, lora_names_for, sampling_parameters  # noqa: E402
+from benchmarks.loadgen.bench_model_repo import get_parameters, parse_assignments, set_parameters  # noqa: E402
+from benchmarks.loadgen.bench_report import check_targets, derive, render_table  # noqa: E402
+from benchmarks.loadgen.bench_stats import RequestTrace, percentile, summarize, tokens_in_response  # noqa: E402
+from benchmarks.loadgen.workloads import (WORKLOADS, Workload, make_prompts, parse_vocab_range,  # noqa: E402
+                                          resolve_workload, with_overrides)
 
 
 # --- workloads -------------------------------------------------------------------------------
@@ -40,8 +41,8 @@ def test_prompts_have_exact_lengths_and_range():
 def test_prompts_are_reproducible_across_machines():
     # String-seeded random: the same ids in every process, whatever PYTHONHASHSEED is.
     assert make_prompts(1, 8, seed=0, tag="A")[0] == make_prompts(1, 8, seed=0, tag="A")[0]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from client.workloads import make_prompts; "
-            "print(make_prompts(2, 6, seed=3, tag='B'))")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from benchmarks.loadgen.workloads import make_prompts; print(make_prompts(2, 6, seed=3, tag='B'))")
     outs = {subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)}
     assert outs == {f"{make_prompts(2, 6, seed=3, tag='B')}\n"}
@@ -222,7 +223,7 @@ def test_ratios_and_targets():
 def test_targets_are_checked_only_for_the_bf16_configuration(tmp_path):
     """A run with an FP8 KV cache, FP8 weights, another dtype or other sizes is not the targets'
     configuration: no pass/fail, and the table says why."""
-    from client.bench_report import collect, off_target_reason
+    from benchmarks.loadgen.bench_report import collect, off_target_reason
     assert off_target_reason({"dtype": "bfloat16", "device": "cuda", "engine_args": "", "sizes": ""}) is None
     assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set max_model_len=2047 --set kv_cache_dtype=auto"}) is None
     assert off_target_reason({"dtype": "bfloat16", "engine_args": "--set kv_cache_dtype=fp8"}) == "kv_cache_dtype=fp8"
@@ -255,8 +256,8 @@ def test_table_marks_missing_figures():
 
 def test_gpu_telemetry_per_phase(tmp_path):
     """gpu_run.sh's nvidia-smi log, summarized over each phase's busy samples (>= 200 W)."""
-    from client.bench_report import collect
-    from client.gpu_telemetry import describe
+    from benchmarks.loadgen.bench_report import collect
+    from benchmarks.loadgen.gpu_telemetry import describe
     start = time.mktime(time.strptime("2026/12/01 07:12:00", "%Y/%m/%d %H:%M:%S"))
     rows = ["timestamp, clocks.current.sm [MHz], power.draw [W], clocks_event_reasons.active",
             "2026/12/01 07:12:00.100, 345 MHz, 80.00 W, 0x0000000000000001",    # idle: left out
@@ -289,7 +290,8 @@ def test_gpu_telemetry_per_phase(tmp_path):
 def test_bench_client_against_the_server(llm_server, tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "client", "bench.py"), "--url", f"127.0.0.1:{llm_server.grpc_port}",
+        [sys.executable, os.path.join(ROOT, "benchmarks", "loadgen", "bench.py"),
+         "--url", f"127.0.0.1:{llm_server.grpc_port}",
          "--num-requests", "6", "--input-len", "24", "--output-len", "5", "--procs", "2", "--warmup", "1",
          "--no-progress", "--json", str(out)],
         capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """The long-context benchmark workloads (C, L): their sizes, quick runs of them, which models can
-serve them and the max_model_len they need (client/workload_plan.py), every runner and
-benchmarks/gpu.sh e2e accepting them, and the report's table of their figures."""
+serve them and the max_model_len they need (benchmarks/loadgen/workload_plan.py), every runner
+and benchmarks/gpu.sh e2e accepting them, and the report's table of their figures."""
 import json
 import math
 import os
@@ -12,9 +12,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from client.bench_report import collect, derive, render_table  # noqa: E402
-from client.workload_plan import model_context_limit, plan, repository_max_model_len  # noqa: E402
-from client.workloads import WORKLOADS, Workload, parse_workload_names, with_overrides  # noqa: E402
+from benchmarks.loadgen.bench_report import collect, derive, render_table  # noqa: E402
+from benchmarks.loadgen.workload_plan import model_context_limit, plan, repository_max_model_len  # noqa: E402
+from benchmarks.loadgen.workloads import WORKLOADS, Workload, parse_workload_names, with_overrides  # noqa: E402
 
 CONFIGS = os.path.join(ROOT, "models", "configs")
 
@@ -99,8 +99,8 @@ def test_runners_accept_the_long_workloads(tmp_path):
     """The in-process bench and the HF anchor run C and L at quick sizes on the tiny model; the
     HF anchor's request cap (gpu.sh e2e's --hf-requests) does not inflate C; the Triton client
     offers them."""
-    help_text = subprocess.run([sys.executable, "client/bench.py", "--help"], cwd=ROOT, check=True,
-                               capture_output=True, text=True, timeout=60).stdout
+    help_text = subprocess.run([sys.executable, "benchmarks/loadgen/bench.py", "--help"], cwd=ROOT,
+                               check=True, capture_output=True, text=True, timeout=60).stdout
     assert "--workload {A,B,C,L}" in help_text
     sizes = ["--workloads", "C,L", "--input-len", "16", "--output-len", "3"]
     subprocess.run([sys.executable, "benchmarks/offline.py", "--model", "models/tiny-llama",

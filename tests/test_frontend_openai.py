@@ -189,12 +189,13 @@ def test_named_tool_call_arguments_validate(client):
 
 
 def test_bench_client_through_the_frontend(stack, tmp_path):
-    """client/bench.py --openai: every request streams exactly its tokens, counted per event."""
+    """benchmarks/loadgen/bench.py --openai: every request streams exactly its tokens, counted per
+    event."""
     import subprocess
     import sys
     from triton_server import ROOT
     out = tmp_path / "openai.json"
-    subprocess.run([sys.executable, "client/bench.py", "--openai", stack[1].url + "/v1",
+    subprocess.run([sys.executable, "benchmarks/loadgen/bench.py", "--openai", stack[1].url + "/v1",
                     "--num-requests", "8", "--input-len", "32", "--output-len", "16", "--procs", "2",
                     "--warmup", "1", "--no-progress", "--json", str(out)], cwd=ROOT, check=True, timeout=120)
     result = json.loads(out.read_text())

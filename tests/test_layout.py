@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,8 +18,12 @@ TREES = ("backend", "frontend", "kernels")
 # its own and the layers after it.
 PACKAGE_LAYERS = {
     "backend.serving": "serving",
+    "backend.drivers": "drivers",
     "backend.engine": "engine",
+    "backend.core": "core",
     "backend.worker": "worker",
+    # Moving KV blocks between engine instances works on the worker's cache tensors.
+    "backend.kv_transfer": "worker",
     # Speculative decoding is one package whose modules sit at the level of what they use: the
     # proposers that run a model are the worker's (its graphs, batches, model builder), the draft
     # vocabulary check loads the engine's tokenizer; the rest (what a proposer is, n-gram lookup,
@@ -34,11 +39,15 @@ PACKAGE_LAYERS = {
 }
 API = ("backend", "backend.llm")
 # The serving side (the Triton adapter and what it needs) uses the public names like any client.
-LAYERS = ("serving", "api", "engine", "worker", "models", "layers", "spec_decode", "records", "kernels")
+LAYERS = ("serving", "api", "drivers", "engine", "core", "worker", "models", "layers", "spec_decode", "records",
+          "kernels")
 # The OpenAI frontend is a separate process that speaks Triton's gRPC: it may load the engine's
 # tokenizer code (backend.engine.tokenizer), nothing that runs a model.
 FRONTEND_MAY_IMPORT = ("backend.engine.tokenizer",)
 SPEC_DECODE = "backend.spec_decode"
+# The scheduling core (scheduler, KV-cache manager and block pools, sequences) is plain Python: it
+# imports the standard library, backend's records and itself, so that it runs without torch.
+CORE = "backend.core"
 # Speculative decoding's own kinds of names: a proposer, and what verifies proposals.
 SPEC_DECODE_NAMES = re.compile(r"Proposer$|verify_drafts|verification_runs|rejection_sampl|num_accepted|WithProposals")
 
@@ -146,12 +155,78 @@ def test_no_import_cycle_in_backend_frontend_or_kernels():
 
 
 def test_packages_import_one_way():
-    """layers and models import nothing of worker, engine or serving (models import layers, not
-    the other way); worker nothing of engine or serving; engine nothing of serving; speculative
-    decoding's core (backend/spec_decode/ but its model proposers and vocabulary check) nothing
-    of any of them; the records (config, sampling_params, step, ...) nothing of any package;
+    """layers and models import nothing of worker, core, engine, drivers or serving (models
+    import layers, not the other way); worker nothing of core, engine, drivers or serving; core
+    nothing of engine, drivers or serving; engine nothing of drivers or serving; drivers nothing
+    of serving; speculative decoding's core (backend/spec_decode/ but its model proposers and
+    vocabulary check) nothing of any of them; the records (config, sampling_params, step, ...) nothing of any package;
     kernels nothing of backend."""
     assert layering_violations(all_imports()) == []
+
+
+def _imported_names(path: str, name: str) -> list[tuple[str, int]]:
+    """Every module name a module imports (relative imports resolved), with its line."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[:len(parts) - node.level + 1] if node.level else []
+            found.append((".".join(base + ([node.module] if node.module else [])), node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+    return found
+
+
+def core_impurities(root: str = ROOT) -> list[str]:
+    """Every import of a module of backend/core/ that is not of the standard library, of
+    backend's records or of the core itself."""
+    out = []
+    for name, path in _modules(root, ("backend",)).items():
+        if name != CORE and not name.startswith(CORE + "."):
+            continue
+        for target, line in _imported_names(path, name):
+            top = target.partition(".")[0]
+            ok = (top in sys.stdlib_module_names or top == "__future__" or target == CORE
+                  or target.startswith(CORE + ".")
+                  or (target.startswith("backend.") and _layer(target) == "records"))
+            if not ok:
+                out.append(f"{name} (line {line}) imports {target}")
+    return out
+
+
+def test_the_scheduling_core_is_plain_python():
+    """backend/core/ (scheduler, block manager and pools, sequences) imports no torch, no
+    tokenizer, nothing of the engine or the worker: its tests run it with ten blocks, no model."""
+    assert core_impurities() == []
+    modules = _modules(ROOT, ("backend",))
+    for name in ("scheduler", "scheduler_output", "worker_view", "block_manager", "block_hash",
+                 "host_block_pool", "host_prefix_cache", "kv_swap", "lora_slots", "sequence"):
+        assert f"{CORE}.{name}" in modules, name
+
+
+def test_the_core_check_finds_planted_imports(tmp_path):
+    """A core module importing torch, the engine's tokenizer (even under TYPE_CHECKING) or
+    numpy is reported; the standard library, a record and the core itself are not."""
+    files = {
+        "backend/__init__.py": "",
+        "backend/step.py": "",
+        "backend/engine/__init__.py": "",
+        "backend/engine/tokenizer.py": "",
+        "backend/core/__init__.py": "",
+        "backend/core/sequence.py": "import itertools\nfrom ..step import PLACEHOLDER\n",
+        "backend/core/scheduler.py": ("from typing import TYPE_CHECKING\nimport torch\nfrom .sequence import S\n"
+                                      "if TYPE_CHECKING:\n    from ..engine.tokenizer import D\n"
+                                      "def f():\n    import numpy\n"),
+    }
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert sorted(core_impurities(str(tmp_path))) == [
+        "backend.core.scheduler (line 2) imports torch",
+        "backend.core.scheduler (line 5) imports backend.engine.tokenizer",
+        "backend.core.scheduler (line 7) imports numpy"]
 
 
 def spec_decode_outside(root: str = ROOT, trees=TREES) -> list[str]:
@@ -209,16 +284,16 @@ def test_the_spec_decode_checks_find_a_planted_proposer_verifier_and_upward_impo
 
 
 def test_the_checker_finds_a_planted_violation_and_cycle(tmp_path):
-    """The checks above fail on a tree that breaks them: a layer that imports the engine under
+    """The checks above fail on a tree that breaks them: a layer that imports the core under
     TYPE_CHECKING, and a cycle closed by a function-local import."""
     files = {
         "backend/__init__.py": "",
         "backend/config.py": "",
-        "backend/engine/__init__.py": "",
-        "backend/engine/sequence.py": "from ..config import X\n",
+        "backend/core/__init__.py": "",
+        "backend/core/sequence.py": "from ..config import X\n",
         "backend/layers/__init__.py": "",
         "backend/layers/penalties.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                        "    from ..engine.sequence import Sequence\n"),
+                                        "    from ..core.sequence import Sequence\n"),
         "kernels/__init__.py": "",
         "kernels/a.py": "from .b import f\n",
         "kernels/b.py": "def f():\n    from . import a\n",
@@ -228,7 +303,7 @@ def test_the_checker_finds_a_planted_violation_and_cycle(tmp_path):
         (tmp_path / rel).write_text(text)
     imports = all_imports(str(tmp_path))
     assert layering_violations(imports) == [
-        "backend.layers.penalties (line 3, layer layers) imports backend.engine.sequence (layer engine)"]
+        "backend.layers.penalties (line 3, layer layers) imports backend.core.sequence (layer core)"]
     assert import_cycle(imports) == ["kernels.a", "kernels.b", "kernels.a"]
     (tmp_path / "kernels/b.py").write_text("def f():\n    pass\n")
     (tmp_path / "backend/layers/penalties.py").write_text("from ..config import X\n")

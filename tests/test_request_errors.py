@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backend.engine.messages import PackedOutput, pack_output, unpack_output
+from backend.drivers.messages import PackedOutput, pack_output, unpack_output
 from backend.errors import (ERROR_DETAILS, EngineOverloadedError, EngineShutdownError, ErrorKind, ParameterError,
                             RequestError, request_error)
 from backend.outputs import CompletionOutput, RequestOutput

@@ -86,7 +86,7 @@ def test_the_load_generator_spreads_requests_over_adapters(lora_setup, tmp_path)
     server, _ = lora_setup
 
     def bench(requests: int, names: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "client.bench", "--url", server.grpc_url,
+        return subprocess.run([sys.executable, "-m", "benchmarks.loadgen.bench", "--url", server.grpc_url,
                                "--num-requests", str(requests), "--input-len", "8", "--output-len", "4",
                                "--procs", "1", "--warmup", "0", "--no-progress", "--lora-names", names,
                                *extra], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},

@@ -10,7 +10,7 @@ from typing import Callable
 from ..engine_config import EngineConfig, EngineLimits
 from ..errors import ParameterError
 from ..lora_request import LoRARequest, lora_name_of
-from .block_manager import hash_prompt_blocks, root_block_hash
+from ..core.block_manager import hash_prompt_blocks, root_block_hash
 from .request import Request
 from ..sampling_params import SamplingParams
 from .structured_output import StructuredOutputManager

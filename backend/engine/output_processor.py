@@ -7,8 +7,8 @@ from ..engine_config import SchedulerConfig
 from ..outputs import RequestOutput
 from .metrics import EngineStats
 from .request import Request, make_logprobs_entry
-from .scheduler import Scheduler
-from .sequence import Sequence
+from ..core.scheduler import Scheduler
+from ..core.sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, fill_decoded_tokens, find_stop_string
 
 

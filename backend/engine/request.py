@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import RequestError
 from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
-from .sequence import Sequence
+from ..core.sequence import Sequence
 from .tokenizer import partial_stop_suffix_len
 
 

@@ -21,7 +21,8 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # before each attempt of one rest
 
 
 class EngineSupervisor:
-    """StreamingEngine's interface over a replaceable engine made by `start(on_exit)`.
+    """EngineClient's interface (backend/drivers/client.py) over a replaceable engine made by
+    `start(on_exit)`.
 
     `start` returns an EngineProcess-like engine that calls `on_exit()` (from any thread) when its
     process dies. `log(level, message)` reports restarts. `restarts` counts engines started after
@@ -41,7 +42,7 @@ class EngineSupervisor:
         self._thread = threading.Thread(target=self._watch, name="tritium-supervisor", daemon=True)
         self._thread.start()
 
-    # ---- StreamingEngine's interface --------------------------------------------------------------
+    # ---- EngineClient's interface ------------------------------------------------------------------
     def add_request(self, *args: Any, **kwargs: Any) -> None:
         self._serving().add_request(*args, **kwargs)
 

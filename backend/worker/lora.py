@@ -10,7 +10,7 @@ nothing). The fused projections hold their parts side by side: q, k and v (or ga
 each own R of the stacked ranks and their own rows of B, so an adapter that targets only
 q_proj leaves k and v alone. By default there is one slot per listed adapter; with fewer,
 adapters take turns: the scheduler gives a slot to an adapter when a request needs it and no
-running sequence uses the slot's adapter (`backend/engine/lora_slots.py`), and the manager copies it
+running sequence uses the slot's adapter (`backend/core/lora_slots.py`), and the manager copies it
 in from host memory, which keeps `max_cpu_loras` adapters (by default all) and reads a dropped
 one from its directory again. In-process, a request may bring an adapter the engine does not
 serve yet (vLLM's `LoRARequest(name, id, path)`).

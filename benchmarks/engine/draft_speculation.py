@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from client.workloads import make_prompts  # noqa: E402
+from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
 
 
 def draft_dir(kind: str, target: str, out: str) -> dict[str, Any]:

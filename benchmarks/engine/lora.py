@@ -33,7 +33,7 @@ def run_variant(args: argparse.Namespace, variant: int) -> dict:
     import torch
 
     from backend import LLM, SamplingParams
-    from client.workloads import make_prompts
+    from benchmarks.loadgen.workloads import make_prompts
 
     adapters = {f"a{i}": os.path.join(args.work, f"a{i}") for i in range(args.adapters)}
     kwargs = dict(load_format="dummy", dtype=args.dtype, tokenizer=args.tokenizer,

@@ -23,7 +23,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from offline import engine_kwargs, parse_sampling, run_throughput  # noqa: E402
-from client.workloads import DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, parse_vocab_range, with_overrides  # noqa: E402
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, parse_vocab_range,  # noqa: E402
+                                          with_overrides)
 
 
 def parse_variant(text: str) -> tuple[str, int, dict[str, Any]]:

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from client.workloads import make_prompts  # noqa: E402
+from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from backend import LLM, SamplingParams
     from backend.worker import worker
-    from client.bench_model_repo import parse_assignments
+    from benchmarks.loadgen.bench_model_repo import parse_assignments
     if args.spec_graph_seqs:
         worker.SPEC_GRAPH_MAX_SEQS = args.spec_graph_seqs
 

@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from client.workloads import make_prompts  # noqa: E402
+from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
 from engine_cli import add_engine_arguments, engine_values  # noqa: E402
 
 GIB = 2 ** 30

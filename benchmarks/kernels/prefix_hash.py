@@ -1,5 +1,5 @@
 """Cost of the prefix cache's block hashes on the CPU, per prompt token: SHA-256 over the
-canonical encoding (backend/engine/block_manager.py) against the Python `hash()` of a tuple it
+canonical encoding (backend/core/block_manager.py) against the Python `hash()` of a tuple it
 replaced. Prints a table and writes JSON.
 
     python benchmarks/kernels/prefix_hash.py [--out docs/results/cpu_bench_prefix_hash.json]
@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from backend.engine.block_manager import hash_prompt_blocks, root_block_hash  # noqa: E402
+from backend.core.block_manager import hash_prompt_blocks, root_block_hash  # noqa: E402
 
 
 def _python_hash_blocks(token_ids: list[int], block_size: int) -> list[int]:

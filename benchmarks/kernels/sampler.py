@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from backend.layers.penalties import PenaltyCounts  # noqa: E402
 from backend.layers.sampler import Sampler  # noqa: E402
 from backend.sampling_params import SamplingParams  # noqa: E402
-from backend.engine.sequence import Sequence, SequenceStatus  # noqa: E402
+from backend.core.sequence import Sequence, SequenceStatus  # noqa: E402
 
 CASES = {
     "repetition + frequency + presence": dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2),

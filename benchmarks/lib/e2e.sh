@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end benchmark (users run it as `benchmarks/gpu.sh e2e`), in one call: for each model shape, the real tritonserver with
-# the Tritium model (dummy weights) driven by client/bench.py over gRPC streaming, the same
-# workloads through the engine in-process (benchmarks/offline.py), and the Hugging Face anchor
+# the Tritium model (dummy weights) driven by benchmarks/loadgen/bench.py over gRPC streaming, the
+# same workloads through the engine in-process (benchmarks/offline.py), and the Hugging Face anchor
 # (benchmarks/hf.py). Run from the repository root with gpu_bundle/ carried along
 # (scripts/package_gpu_bundle.sh builds it) and $OUT set:
 #
@@ -11,10 +11,11 @@
 #                      [--num-requests N --input-len N --output-len N]   (smaller runs, all runners)
 #                      [--lora-names a,b]   (Triton runner only: requests spread over these adapters)
 #                      [--dry-run]   (print each model's workload plan and stop)
-#   Workloads (client/workloads.py): A throughput, B latency, C long-context throughput, L
-#   batch-1 decode at 32k context. Per model, client/workload_plan.py skips those longer than
-#   the model serves and raises max_model_len when one needs more than the repository's 2,048
-#   (to 32,768 for C or L on a model that holds L); A and B alone keep the defaults.
+#   Workloads (benchmarks/loadgen/workloads.py): A throughput, B latency, C long-context
+#   throughput, L batch-1 decode at 32k context. Per model, benchmarks/loadgen/workload_plan.py
+#   skips those longer than the model serves and raises max_model_len when one needs more than the
+#   repository's 2,048 (to 32,768 for C or L on a model that holds L); A and B alone keep the
+#   defaults.
 #   Phase `frontend` (not in the default list): benchmarks/frontend.sh, gRPC direct then the
 #   OpenAI frontend in one server (FRONTEND_WORKERS, default 6; BENCH_PROCS client processes, 4).
 #
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 # A misspelt workload stops the call here, not after the setup and once per model.
-if ! err=$("$IMAGE_PY" -c 'import sys; from client.workloads import parse_workload_names as p
+if ! err=$("$IMAGE_PY" -c 'import sys; from benchmarks.loadgen.workloads import parse_workload_names as p
 p(sys.argv[1])' "$WORKLOADS" 2>&1); then
     echo "gpu.sh e2e: ${err##*$'\n'}" >&2; exit 2
 fi
@@ -76,7 +77,7 @@ model_dir() {  # a name under models/configs, or a path
 # LONG_SETS (a raised max_model_len for the repository, or nothing); the reasons go to stderr.
 plan_workloads() {
     local line mml
-    line=$("$IMAGE_PY" client/workload_plan.py --model-dir "$1" --workloads "$WORKLOADS" "${SIZES[@]}" \
+    line=$("$IMAGE_PY" benchmarks/loadgen/workload_plan.py --model-dir "$1" --workloads "$WORKLOADS" "${SIZES[@]}" \
         "${ENGINE_SETS[@]}" ${2:+--json "$2"}) || return 1
     IFS=$'\t' read -r RUN_W SKIP_W mml <<<"$line"
     LONG_SETS=()
@@ -97,7 +98,7 @@ WORK="$BASE/work" LOGS="$BASE/work/logs" V="$BASE/venv"
 rm -rf "$WORK" && mkdir -p "$WORK" "$LOGS" "$OUT"
 
 publish() {  # results.json + logs.tar.gz into $OUT, after every phase
-    "$V/bin/python" client/bench_report.py --work "$WORK" --out "$OUT/results.json" --quiet \
+    "$V/bin/python" benchmarks/loadgen/bench_report.py --work "$WORK" --out "$OUT/results.json" --quiet \
         >>"$LOGS/report.log" 2>&1
     tar -C "$WORK" -czf "$OUT/logs.tar.gz.part" . 2>/dev/null && mv "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
 }
@@ -201,7 +202,8 @@ fi
 write_meta
 export TRITIUM_VENV="$V"  # scripts/tritonserver runs the server in it
 say "setup done"
-# Clocks and power every 200 ms, summarized per phase in results.json (client/gpu_telemetry.py).
+# Clocks and power every 200 ms, summarized per phase in results.json
+# (benchmarks/loadgen/gpu_telemetry.py).
 if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
         --format=csv,noheader -lms 200 >"$WORK/gpu_telemetry.csv" 2>/dev/null &
@@ -224,7 +226,7 @@ for spec in ${MODELS//,/ }; do
     REPO="$BASE/repo-$m"
     # One configuration for both: the offline bench reads this config.pbtxt back. A given
     # --engine-arg comes last and wins.
-    "$V/bin/python" client/bench_model_repo.py --dest "$REPO" --set model="$MDIR" --set tokenizer="$TOK" \
+    "$V/bin/python" benchmarks/loadgen/bench_model_repo.py --dest "$REPO" --set model="$MDIR" --set tokenizer="$TOK" \
         --set load_format=dummy --set dtype="$DTYPE" --set device="$DEVICE" --set max_num_seqs=256 \
         "${LONG_SETS[@]}" "${ENGINE_SETS[@]}" | tee "$WORK/$m/engine_args.txt"
     for p in ${PHASES//,/ }; do
@@ -248,5 +250,5 @@ for spec in ${MODELS//,/ }; do
 done
 
 publish
-"$V/bin/python" client/bench_report.py --work "$WORK" --out "$OUT/results.json"
+"$V/bin/python" benchmarks/loadgen/bench_report.py --work "$WORK" --out "$OUT/results.json"
 say "done: $OUT/results.json, $OUT/logs.tar.gz"

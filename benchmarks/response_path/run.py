@@ -101,7 +101,7 @@ def server_pids(server: TritonServer) -> dict[str, int]:
     if stub is not None:
         pids["stub"] = stub
         for p in processes():
-            if p.ppid == stub and "backend.engine.process_main" in p.cmdline:
+            if p.ppid == stub and "backend.drivers.process_main" in p.cmdline:
                 pids["engine"] = p.pid
     return pids
 
@@ -136,11 +136,12 @@ def run_triton(args: argparse.Namespace, env: dict[str, str], workdir: str, i: i
                                     *(["--gil"] if args.py_spy_gil else []), "--format", "raw", "--output", args.py_spy],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
-        client = subprocess.run([sys.executable, os.path.join(ROOT, "client", "bench.py"), "--url", server.grpc_url,
-                                 *workload_args(args), "--procs", str(args.procs), "--no-progress", "--json", out],
+        client = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "loadgen", "bench.py"),
+                                 "--url", server.grpc_url, *workload_args(args), "--procs", str(args.procs),
+                                 "--no-progress", "--json", out],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if client.returncode != 0:
-            raise RuntimeError(f"client/bench.py failed ({client.returncode}): {client.stderr[-3000:]}")
+            raise RuntimeError(f"benchmarks/loadgen/bench.py failed ({client.returncode}): {client.stderr[-3000:]}")
         cpu = {f"{name}_cpu_s": cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     finally:
         if spy is not None:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, help="a step's fixed device time (synthetic_executor.py's default)")
     ap.add_argument("--token-us", type=float, help="device time per batched token")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--procs", type=int, default=1, help="client processes (client/bench.py --procs)")
+    ap.add_argument("--procs", type=int, default=1, help="client processes (benchmarks/loadgen/bench.py --procs)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--py-spy", metavar="PATH", help="record the stub's threads during the first Triton run "
                     "(py-spy's raw format; with --py-spy-gil only the thread holding the GIL)")

@@ -86,6 +86,11 @@ class SyntheticExecutor(Executor):
         return self._num_blocks
 
     @property
+    def kv_sliding_window(self) -> None:
+        # No model, so no layer's attention is windowed: the block manager keeps every block.
+        return None
+
+    @property
     def num_host_blocks(self) -> int:
         return 0
 

@@ -10,9 +10,9 @@ import random
 
 import torch
 
-from backend.engine.block_manager import BlockManager
-from backend.engine.scheduler import Scheduler
-from backend.engine.sequence import Sequence, SequenceStatus
+from backend.core.block_manager import BlockManager
+from backend.core.scheduler import Scheduler
+from backend.core.sequence import Sequence, SequenceStatus
 from backend.engine_config import SchedulerConfig
 from backend.llm import LLM
 from backend.sampling_params import SamplingParams

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.engine.block_manager import BlockManager, hash_block_tokens
+from backend.core.block_manager import BlockManager, hash_block_tokens
 from backend.sampling_params import SamplingParams
-from backend.engine.sequence import Sequence
+from backend.core.sequence import Sequence
 
 P = SamplingParams()
 

@@ -14,11 +14,11 @@ import pytest
 
 from backend import EngineArgs, SamplingParams
 from backend import engine_config
-from backend.engine import engine_process
-from backend.engine.block_manager import BlockManager
-from backend.engine.messages import Ready
-from backend.engine.scheduler import Scheduler
-from backend.engine.sequence import Sequence
+from backend.drivers import engine_process
+from backend.core.block_manager import BlockManager
+from backend.drivers.messages import Ready
+from backend.core.scheduler import Scheduler
+from backend.core.sequence import Sequence
 from backend.engine_config import EngineConfig, ModelLimits, SchedulerConfig
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -131,7 +131,7 @@ def test_only_the_drivers_read_engine_args():
             if any(isinstance(node, ast.ImportFrom) and any(a.name == "EngineArgs" for a in node.names)
                    for node in ast.walk(tree)):
                 importers.append(os.path.relpath(path, _ROOT))
-    assert sorted(importers) == ["backend/__init__.py", "backend/engine/engine_process.py",
-                                 "backend/engine/llm_engine.py", "backend/engine/process_main.py",
-                                 "backend/engine/streaming_engine.py", "backend/llm.py",
+    assert sorted(importers) == ["backend/__init__.py", "backend/drivers/engine_process.py",
+                                 "backend/drivers/process_main.py", "backend/drivers/streaming_engine.py",
+                                 "backend/engine/llm_engine.py", "backend/llm.py",
                                  "backend/serving/triton_config.py"]

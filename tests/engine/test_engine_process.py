@@ -139,7 +139,7 @@ def test_the_stub_side_of_the_engine_does_not_import_torch():
     hundreds of MB per model load) belongs to that process only."""
     import subprocess
     import sys
-    code = ("import sys; import backend, backend.engine.engine_process, backend.serving.triton_request, "
+    code = ("import sys; import backend, backend.drivers.engine_process, backend.serving.triton_request, "
             "backend.serving.triton_metrics, backend.serving.triton_config, backend.engine.request; "
             "from backend import EngineProcess, EngineShutdownError, SamplingParams; "
             "print(sorted(m for m in ('torch', 'triton', 'kernels') if m in sys.modules))")
@@ -223,8 +223,8 @@ def _outbox_sends(items: list) -> tuple[list, dict]:
     import socket
     from multiprocessing.connection import Connection
 
-    from backend.engine.messages import Bye
-    from backend.engine.process_main import Outbox
+    from backend.drivers.messages import Bye
+    from backend.drivers.process_main import Outbox
 
     a, b = socket.socketpair()
     tx, rx = Connection(a.detach()), Connection(b.detach())
@@ -243,7 +243,7 @@ def _outbox_sends(items: list) -> tuple[list, dict]:
 def test_outbox_sends_in_order_and_merges_queued_outputs():
     """The engine process's sender thread: every output arrives, in order, with other messages
     in their place; outputs queued while it was busy share a message."""
-    from backend.engine.messages import Bye, Outputs, StatsReply
+    from backend.drivers.messages import Bye, Outputs, StatsReply
     from backend.outputs import CompletionOutput, RequestOutput
 
     def out(i):
@@ -261,7 +261,7 @@ def test_outbox_folds_each_requests_tokens_when_steps_queued():
     request's successive one-token outputs are one TokenRun; a final output, or any output
     other than a token, closes the run (its request's order is kept); one step alone is not
     folded."""
-    from backend.engine.messages import Bye, Outputs, PackedOutput, TokenDelta, TokenRun, unpack_output
+    from backend.drivers.messages import Bye, Outputs, PackedOutput, TokenDelta, TokenRun, unpack_output
     from backend.outputs import CompletionOutput, RequestOutput
 
     def out(rid, token, finish=None):
@@ -279,7 +279,7 @@ def test_outbox_folds_each_requests_tokens_when_steps_queued():
 
 
 def test_fold_token_deltas_keeps_each_requests_order():
-    from backend.engine.messages import PackedOutput, TokenDelta, TokenRun, fold_token_deltas
+    from backend.drivers.messages import PackedOutput, TokenDelta, TokenRun, fold_token_deltas
 
     final = PackedOutput("a", True, None, 0, [], None)
     packed = [TokenDelta("a", 1, None, 0), TokenDelta("b", 2, None, 0), TokenDelta("a", 3, None, 0), final,
@@ -292,7 +292,7 @@ def test_fold_token_deltas_keeps_each_requests_order():
 def test_packed_outputs_round_trip():
     """What crosses the socket: the common one-token output as a TokenDelta, anything else as a
     PackedOutput; unpacking gives back the same fields either way."""
-    from backend.engine.messages import PackedOutput, TokenDelta, pack_output, unpack_output
+    from backend.drivers.messages import PackedOutput, TokenDelta, pack_output, unpack_output
     from backend.outputs import CompletionOutput, Logprob, RequestOutput
 
     def out(completions, finished=False, error=None, prompt_logprobs=None):
@@ -328,8 +328,8 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     before it."""
     from transformers import AutoTokenizer
 
-    from backend.engine.admission import Admission
-    from backend.engine.messages import pack_output
+    from backend.drivers.admission import Admission
+    from backend.drivers.messages import pack_output
     from backend.engine.output_detokenizer import OutputDetokenizer
     from backend.outputs import CompletionOutput, RequestOutput
     from backend.engine.tokenizer import IncrementalDetokenizer
@@ -370,8 +370,8 @@ def test_receiver_makes_the_text_of_a_token_run_in_its_batch(llama_dir):
     (runs that end inside a character: test_detokenize_many_with_several_tokens_...)."""
     from transformers import AutoTokenizer
 
-    from backend.engine.admission import Admission
-    from backend.engine.messages import TokenDelta, TokenRun
+    from backend.drivers.admission import Admission
+    from backend.drivers.messages import TokenDelta, TokenRun
     from backend.engine.output_detokenizer import OutputDetokenizer
     from backend.engine.tokenizer import IncrementalDetokenizer
     tok = AutoTokenizer.from_pretrained(llama_dir)

@@ -11,15 +11,15 @@ import torch
 
 from backend import EngineArgs, LLMEngine
 from backend.worker.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
-from backend.engine.block_manager import BlockManager
+from backend.core.block_manager import BlockManager
 from backend.worker.input_batch import prepare_batch
 from backend.worker.request_states import RequestStates
 from backend.worker.warmup import compile_step_variants
-from backend.engine.worker_view import WorkerView
+from backend.core.worker_view import WorkerView
 from backend.step import (CachedSequenceData, Fork, NewSequenceData, ScheduledSequence,
                           SchedulerOutput)
 from backend.sampling_params import SamplingParams
-from backend.engine.sequence import Sequence
+from backend.core.sequence import Sequence
 from step_helpers import make_state, pack
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from backend import SamplingParams
-from backend.engine.block_manager import NONE_HASH, BlockManager, hash_prompt_blocks
-from backend.engine.host_block_pool import HostBlockPool
-from backend.engine.host_prefix_cache import HostPrefixCache
-from backend.engine.kv_swap import KVSwapper
-from backend.engine.sequence import Sequence
+from backend.core.block_manager import NONE_HASH, BlockManager, hash_prompt_blocks
+from backend.core.host_block_pool import HostBlockPool
+from backend.core.host_prefix_cache import HostPrefixCache
+from backend.core.kv_swap import KVSwapper
+from backend.core.sequence import Sequence
 from backend.llm import LLM
 from backend.serving.triton_metrics import MetricsTracker
 from swap_soak import count_computed_tokens, random_prompts, run_swap_soak

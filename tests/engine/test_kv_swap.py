@@ -10,10 +10,10 @@ import torch
 
 import backend.config
 from backend import EngineArgs, SamplingParams
-from backend.engine.block_manager import BlockManager
-from backend.engine.host_block_pool import HostBlockPool
-from backend.engine.kv_swap import KVSwapper
-from backend.engine.sequence import Sequence, SequenceStatus
+from backend.core.block_manager import BlockManager
+from backend.core.host_block_pool import HostBlockPool
+from backend.core.kv_swap import KVSwapper
+from backend.core.sequence import Sequence, SequenceStatus
 from backend.llm import LLM
 from backend.serving.triton_metrics import MetricsTracker
 from backend.worker.host_kv_cache import HostKVCache

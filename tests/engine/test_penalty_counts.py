@@ -10,7 +10,7 @@ import torch
 from backend import LLM, SamplingParams
 from backend.layers.penalties import PenaltyCounts
 from backend.layers.sampler import Sampler
-from backend.engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
+from backend.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 PENALTIES = dict(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3)
 

@@ -7,9 +7,9 @@ import struct
 import pytest
 
 from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.engine.block_manager import (NONE_HASH, BlockManager, hash_block_tokens, hash_prompt_blocks,
+from backend.core.block_manager import (NONE_HASH, BlockManager, hash_block_tokens, hash_prompt_blocks,
                                           root_block_hash)
-from backend.engine.sequence import Sequence
+from backend.core.sequence import Sequence
 
 TAG = b"tritium-prefix-cache-v1\x00"
 

@@ -9,7 +9,7 @@ import torch
 
 from backend import LLM, LLMEngine, EngineArgs, SamplingParams
 from backend.layers.sampler import Sampler
-from backend.engine.sequence import PLACEHOLDER
+from backend.core.sequence import PLACEHOLDER
 from backend.engine.request import accumulate
 
 

@@ -13,10 +13,10 @@ from swap_soak import random_prompts, run_swap_soak
 from transformers import AutoModelForCausalLM
 
 from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.engine.block_manager import NULL_BLOCK_ID, BlockManager
-from backend.engine.host_block_pool import HostBlockPool
-from backend.engine.kv_swap import KVSwapper
-from backend.engine.sequence import Sequence
+from backend.core.block_manager import NULL_BLOCK_ID, BlockManager
+from backend.core.host_block_pool import HostBlockPool
+from backend.core.kv_swap import KVSwapper
+from backend.core.sequence import Sequence
 from build_default_model import build_model
 
 

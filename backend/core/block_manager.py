@@ -8,7 +8,7 @@ keys and values (vLLM's GHSA-rm76-4mrf-v9r8: Python's `hash()` of a tuple is eas
 queue, which is also the LRU order for eviction: it is only forgotten when the queue hands it out
 again. Sequences forked for n > 1 share blocks; writing into a shared partial block copies it first
 (copy-on-write), and the copies are handed to the model runner. With swap_space, an evicted cached
-block goes on to the host tier (backend/engine/host_prefix_cache.py), where a lookup that ends on
+block goes on to the host tier (backend/core/host_prefix_cache.py), where a lookup that ends on
 the device continues.
 
 With a `sliding_window` (every layer of the model attends to at most that many past tokens), the

@@ -1,4 +1,4 @@
-"""What travels between an engine driver and the engine core: typed commands in, typed
+"""What travels between an engine driver and its loop (`EngineCore`): typed commands in, typed
 replies out. The process driver pickles them over its socket; the thread driver hands the
 commands over in memory and receives the replies as calls (`CoreSink`)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, NamedTuple, Protocol, Union
 from ..engine_config import EngineLimits, ModelConfig
 from ..errors import RequestError
 from ..outputs import CompletionOutput, RequestOutput
-from .metrics import EngineStats
-from .request import Request
+from ..engine.metrics import EngineStats
+from ..engine.request import Request
 
 
 # ---- commands: driver -> core ------------------------------------------------------------------
@@ -140,6 +140,14 @@ class EngineOutput:
     num_cached_tokens: int
     completions: list[CompletionOutput]
     prompt_logprobs: Any = None
+
+
+def error_output(req: Request, error: RequestError) -> RequestOutput:
+    """The final output of a request the engine loop did not run to its end (refused, shut
+    down, the engine gone): one aborted sample without tokens, and the error."""
+    return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
+                         [CompletionOutput(0, "", [], None, None, "abort")], True, error=error,
+                         metrics=req.metrics)
 
 
 def pack_output(out: RequestOutput) -> TokenDelta | PackedOutput:

@@ -9,7 +9,7 @@ forward pass; its host blocks are free once the step is taken. The worker applie
 swap-outs before anything of the step writes a block, and its swap-ins after them, on one copy
 stream, so a host block freed by a swap-in can take the next step's swap-out at once.
 
-The host pool (backend/engine/host_block_pool.py) also holds the prefix cache's host tier; a
+The host pool (backend/core/host_block_pool.py) also holds the prefix cache's host tier; a
 swapped-out sequence's blocks are held there, so the tier never evicts them.
 
 A block the sequence shares (a forked sibling, a prefix-cache hit) is copied like the others;

@@ -1,9 +1,9 @@
 """Collect one benchmark run (benchmarks/gpu.sh e2e's work directory) into results.json and print
 the summary table: every engine figure next to the Hugging Face anchor of the same run, and
 against the targets; a second table for the long-context workloads (C, L) when the run had them;
-then each phase's GPU clock and power (client/gpu_telemetry.py).
+then each phase's GPU clock and power (benchmarks/loadgen/gpu_telemetry.py).
 
-    python client/bench_report.py --work /tmp/tritium-bench/work --out $OUT/results.json
+    python benchmarks/loadgen/bench_report.py --work /tmp/tritium-bench/work --out $OUT/results.json
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from client.bench import clean_json  # noqa: E402
-from client import gpu_telemetry  # noqa: E402
+from benchmarks.loadgen.bench import clean_json  # noqa: E402
+from benchmarks.loadgen import gpu_telemetry  # noqa: E402
 
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-1.5b")
 # The issue's targets (bf16, one H200); stated for Llama-3-8B shapes.

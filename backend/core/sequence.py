@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..outputs import Logprob
 from ..step import PLACEHOLDER, SequenceStatus  # noqa: F401 (both: public here)
 
 if TYPE_CHECKING:
     from ..sampling_params import SamplingParams
-    from .structured_output import Grammar
-    from .tokenizer import IncrementalDetokenizer
 
 
 _seq_counter = itertools.count()
@@ -56,8 +54,11 @@ class Sequence:
         self.next_prompt_logprob = 1
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.detokenizer: "IncrementalDetokenizer | None" = None
-        self.grammar: "Grammar | None" = None  # with structured_outputs: where its output is in it
+        # The engine's per-sample output state, typed Any because the scheduling core imports
+        # nothing of the engine: its IncrementalDetokenizer (engine/tokenizer.py) and, with
+        # structured_outputs, its Grammar (engine/structured_output.py: where its output is in it).
+        self.detokenizer: Any = None
+        self.grammar: Any = None
         self.output_text = ""  # text after stop-string truncation
         self.num_detokenized = 0  # output tokens fed to the detokenizer
         self.num_text_tokens: int | None = None  # output tokens that have text (None: all)

@@ -1,9 +1,10 @@
-"""EngineProcess: the engine in a process of its own, behind StreamingEngine's interface.
+"""EngineProcess: the engine in a process of its own, behind the drivers' one interface
+(`EngineClient`, as StreamingEngine).
 
 A server's threads (receiving requests, sending responses, metrics) and the engine's step loop
 share one GIL when they share a process; under load the engine then waits for the GIL while the
 GPU waits for the engine. Here the parent only validates and tokenizes requests and hands
-outputs to callbacks; the child (`python -m backend.engine.process_main FD`) runs the step loop (an EngineCore).
+outputs to callbacks; the child (`python -m backend.drivers.process_main FD`) runs the step loop (an EngineCore).
 They talk over a socket pair: commands one way, one message of outputs per step the other.
 The child exits when told to, and on its own when the parent goes away (the socket closes).
 """
@@ -20,34 +21,38 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from ..config import EngineArgs
+from ..engine.input_processor import InputProcessor
+from ..engine.output_detokenizer import OutputDetokenizer
+from ..engine.request import Request
+from ..engine.tokenizer import (IncrementalDetokenizer, detokenize_many, fill_decoded_tokens,
+                                import_tokenizer_classes, load_tokenizer)
 from ..engine_config import EngineConfig
 from ..errors import ENGINE_SHUTTING_DOWN, EngineShutdownError, ErrorKind, ParameterError, RequestError
 from ..lora_request import LoRARequest
 from ..outputs import CompletionOutput, OutputCallback, RequestOutput
 from ..python_env import python_executable
 from ..sampling_params import SamplingParams
-from .admission import Admission
-from .input_processor import InputProcessor
-from .messages import (AbortRequest, AddRequest, Bye, CheckGrammar, Command, GetStats, GrammarChecked,
-                       Outputs, PackedOutput, Ready, Reply, Shutdown, StartupFailed, StatsReply, TokenDelta,
-                       TokenRun, token_completions, unpack_output)
-from .metrics import EngineStats, StatsMailbox
-from .output_detokenizer import OutputDetokenizer
-from .request import Request
-from .tokenizer import (IncrementalDetokenizer, detokenize_many, fill_decoded_tokens, import_tokenizer_classes,
-                        load_tokenizer)
+from .client import EngineClient, deliver_output
+from .messages import (Bye, CheckGrammar, Command, GrammarChecked, Outputs, PackedOutput, Ready, Reply, Shutdown,
+                       StartupFailed, StatsReply, TokenDelta, TokenRun, error_output, token_completions,
+                       unpack_output)
 
 logger = logging.getLogger(__name__)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_STATS_TIMEOUT_S = 30.0
 ENGINE_EXITED = RequestError("The engine process exited unexpectedly; the request did not finish.",
                              ErrorKind.UNAVAILABLE)
 # A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
 _GRAMMAR_CHECK_TIMEOUT_S = 60.0
 
 
-class EngineProcess:
-    """StreamingEngine's interface (add_request, abort, get_stats, shutdown), engine elsewhere."""
+# id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
+_Entry = tuple[Request, OutputCallback, OutputDetokenizer | None]
+
+
+class EngineProcess(EngineClient[_Entry]):
+    """An EngineClient whose engine loop runs in a process of its own."""
+
+    stats_timeout_s = 30.0
 
     def __init__(self, args: EngineArgs, on_exit: Callable[[], None] | None = None) -> None:
         """on_exit: called (on the receiver thread) when the engine's process dies unasked, after
@@ -56,7 +61,7 @@ class EngineProcess:
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([python_executable(), "-m", "backend.engine.process_main", str(child.fileno())],
+        self._proc = subprocess.Popen([python_executable(), "-m", "backend.drivers.process_main", str(child.fileno())],
                                       pass_fds=[child.fileno()], env=env, cwd=_ROOT)
         child.close()
         self._conn = Connection(parent.detach())
@@ -85,38 +90,25 @@ class EngineProcess:
         self._output_tokenizer = load_tokenizer(self.config.model_config.tokenizer)
         self._processor = InputProcessor(self.config, self.tokenizer, reply.limits,
                                          check_structured_outputs=self._check_structured_outputs)
-        self._lock = threading.Lock()
+        super().__init__(self.config.scheduler_config.max_waiting_requests)
         # Structured-output specs checked by the engine's process: id -> error (None: it compiles)
         self._grammar_checks: dict[int, str | None] = {}
         self._grammar_check_ids = itertools.count()
         self._grammar_checked = threading.Condition(self._lock)
-        # id -> (request, callback, its OutputDetokenizer or None when the engine makes the text)
-        self._requests: dict[str, tuple[Request, OutputCallback, OutputDetokenizer | None]] = {}
-        self._stopped = False
-        self._stats = StatsMailbox()
-        self._admission = Admission(self.config.scheduler_config.max_waiting_requests)
         # Where the receiver thread's time goes (logged by servers at unload): if it cannot keep
         # up, the engine process blocks sending and the engine slows down.
         self.receiver_stats = {"messages": 0, "outputs": 0, "busy_s": 0.0}
         self._receiver = threading.Thread(target=self._receive_loop, name="tritium-engine-rx", daemon=True)
         self._receiver.start()
 
-    # ---- called from any thread -------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: OutputCallback, priority: int = 0,
-                    lora_request: LoRARequest | str | None = None, deadline: float | None = None) -> None:
-        """As StreamingEngine.add_request (deadline: wall-clock time.time(); raises
-        EngineOverloadedError beyond max_waiting_requests)."""
-        req = self._processor.process(request_id, prompt, params, priority=priority,
-                                      lora_request=lora_request, deadline=deadline)
-        with self._lock:
-            self._admission.admit(request_id, self._stopped, self._requests)
-            detok = None if req.params.stop else OutputDetokenizer(self._output_tokenizer, req)
-            self._requests[request_id] = (req, on_output, detok)
-        self._send(AddRequest(req))
+    # ---- EngineClient: this driver's requests, commands and life ------------------------------------
+    def _make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, priority: int,
+                      lora_request: LoRARequest | str | None, deadline: float | None) -> Request:
+        return self._processor.process(request_id, prompt, params, priority=priority,
+                                       lora_request=lora_request, deadline=deadline)
 
-    def abort(self, request_id: str) -> None:
-        self._send(AbortRequest(request_id))
+    def _entry(self, req: Request, on_output: OutputCallback) -> _Entry:
+        return req, on_output, None if req.params.stop else OutputDetokenizer(self._output_tokenizer, req)
 
     def _check_structured_outputs(self, spec: dict) -> None:
         """Has the engine's process compile the spec (xgrammar needs torch, which this side
@@ -136,22 +128,6 @@ class EngineProcess:
             error = self._grammar_checks.pop(token)
         if error is not None:
             raise ParameterError(error, "structured_outputs")
-
-    def get_stats(self) -> EngineStats:
-        """Asked of the engine process, answered between two steps."""
-        stats = self._stats.ask(lambda: self._send(GetStats()), lambda: self._stopped, _STATS_TIMEOUT_S)
-        return self._with_rejected(stats or EngineStats())
-
-    def pushed_stats(self) -> EngineStats | None:
-        """The statistics the engine sent since the last call, without asking it: it sends them
-        ahead of the outputs that finish requests (None when nothing new arrived)."""
-        stats = self._stats.take()
-        return None if stats is None else self._with_rejected(stats)
-
-    def _with_rejected(self, stats: EngineStats) -> EngineStats:
-        with self._lock:
-            stats.num_requests_rejected += self._admission.num_rejected
-        return stats
 
     def is_healthy(self) -> bool:
         """Whether the engine still serves: its process lives and it was not shut down."""
@@ -236,7 +212,7 @@ class EngineProcess:
         def flush() -> None:
             for (c, callback, out), text in zip(waiting, detokenize_many(batch)):
                 c.text = text
-                _call(callback, out)
+                deliver_output(callback, out)
             batch.clear()
             waiting.clear()
             in_batch.clear()
@@ -268,24 +244,15 @@ class EngineProcess:
                     in_batch.add(id(detok))
                     continue
                 detok.fill(completions)
-            _call(callback, out)
+            deliver_output(callback, out)
         flush()
 
     def _fail_all(self, error: RequestError) -> None:
         with self._lock:
             self._stopped = True
-            entries, self._requests = list(self._requests.items()), {}
+            entries, self._requests = list(self._requests.values()), {}
             self._admission.not_started.clear()
             self._grammar_checked.notify_all()
         self._stats.wake()
-        for request_id, (req, callback, _) in entries:
-            _call(callback, RequestOutput(request_id, req.prompt, req.prompt_token_ids,
-                                          [CompletionOutput(0, "", [], None, None, "abort")], True,
-                                          error=error, metrics=req.metrics))
-
-
-def _call(callback: Callable[[RequestOutput], None], out: RequestOutput) -> None:
-    try:
-        callback(out)
-    except Exception:  # a broken callback must not stop the others' outputs
-        logger.exception("output callback for request %s failed", out.request_id)
+        for req, callback, _ in entries:
+            deliver_output(callback, error_output(req, error))

@@ -6,7 +6,7 @@ Iteration-level (continuous batching): each step mixes the running sequences' ne
 KV cache runs out, the most recently admitted sequence is preempted: its blocks are freed and it
 goes back to the front of the waiting queue, to be recomputed later (its generated tokens are kept),
 or, with preemption by swap, its computed blocks are copied to host memory and back when it
-resumes (backend/engine/kv_swap.py; its computed tokens are kept too).
+resumes (backend/core/kv_swap.py; its computed tokens are kept too).
 
 With policy "priority" (vLLM's), the waiting queue is ordered by (priority, arrival time), lower
 first, a preempted sequence included; and the running sequence preempted is the one with the

@@ -1,6 +1,6 @@
 """One worker's requests through an OpenAI-compatible server (the frontend): streaming
 completions whose prompts are the workload's token ids, read with aiohttp (not the openai
-package, so that the client stays cheap per event). Used by client/bench.py --openai URL.
+package, so that the client stays cheap per event). Used by benchmarks/loadgen/bench.py --openai URL.
 
 Tokens per event come from vLLM's `stream_options.continuous_usage_stats` (cumulative usage in
 every chunk): an event may carry several tokens when the server folded responses."""
@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from client.bench_stats import RequestTrace
+from benchmarks.loadgen.bench_stats import RequestTrace
 
 
 def request_body(model: str, prompt: list[int], output_len: int) -> dict[str, Any]:

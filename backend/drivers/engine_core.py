@@ -12,9 +12,10 @@ import queue
 import time
 
 from ..errors import ENGINE_SHUTTING_DOWN, ErrorKind, RequestError
-from ..outputs import CompletionOutput, RequestOutput
-from .llm_engine import LLMEngine
-from .messages import AbortRequest, AddRequest, CheckGrammar, CoreSink, GetStats, GrammarChecked, Shutdown
+from ..outputs import RequestOutput
+from ..engine.llm_engine import LLMEngine
+from .messages import (AbortRequest, AddRequest, CheckGrammar, CoreSink, GetStats, GrammarChecked, Shutdown,
+                       error_output)
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class EngineCore:
                 engine.enqueue(req)
             except Exception as exc:  # validated by the driver: should not happen
                 logger.exception("could not add request %s", req.request_id)
-                self._emit([_failed(req, RequestError(f"internal error: {exc}", ErrorKind.INTERNAL))])
+                self._emit([error_output(req, RequestError(f"internal error: {exc}", ErrorKind.INTERNAL))])
         elif isinstance(command, AbortRequest):
             out = engine.abort_request(command.request_id)
             if out is not None:
@@ -117,10 +118,4 @@ class EngineCore:
             except queue.Empty:
                 return
             if isinstance(command, AddRequest):
-                self._sink.outputs([_failed(command.request, ENGINE_SHUTTING_DOWN)])
-
-
-def _failed(req, error: RequestError) -> RequestOutput:
-    return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids,
-                         [CompletionOutput(0, "", [], None, None, "abort")], True, error=error,
-                         metrics=req.metrics)
+                self._sink.outputs([error_output(command.request, ENGINE_SHUTTING_DOWN)])

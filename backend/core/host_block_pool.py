@@ -1,9 +1,9 @@
 """HostBlockPool: the bookkeeping of swap_space's host KV blocks (plain Python, no tensors).
 
 One pool serves two uses. Held blocks (ref_cnt > 0) hold a swapped-out sequence's blocks
-(preemption by swap, backend/engine/kv_swap.py) or are read by a copy back to the device in the
+(preemption by swap, backend/core/kv_swap.py) or are read by a copy back to the device in the
 step being planned; they are never evicted. Cached blocks (ref_cnt == 0, with a block hash) are
-the prefix cache's host tier (backend/engine/host_prefix_cache.py): full blocks the device
+the prefix cache's host tier (backend/core/host_prefix_cache.py): full blocks the device
 evicted, kept under their hash and evicted least recently used first when a block is needed.
 
 The copies the next launched step carries are queued here, in one list, in the order they were

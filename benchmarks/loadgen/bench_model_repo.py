@@ -1,7 +1,7 @@
 """Make a throw-away Triton model repository for a benchmark run: a copy of
 model_repository/llm whose engine-argument parameters are replaced or added.
 
-    python client/bench_model_repo.py --dest /tmp/repo --set model=/abs/models/configs/llama-3-8b \
+    python benchmarks/loadgen/bench_model_repo.py --dest /tmp/repo --set model=/abs/models/configs/llama-3-8b \
         --set load_format=dummy --set dtype=bfloat16
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 import shutil
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PARAM = re.compile(
     r'parameters\s*:?\s*\{\s*key\s*:\s*"(?P<key>[^"]+)"\s*value\s*:?\s*\{\s*string_value\s*:\s*'
     r'"(?P<value>(?:[^"\\]|\\.)*)"\s*\}\s*\}')

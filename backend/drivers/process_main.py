@@ -2,7 +2,7 @@
 
 Commands arrive on a reader thread; a step's outputs go to the parent from a sender thread (the
 Outbox) while the next step runs; when the parent reads slowly, several steps' outputs travel
-in one message instead of the loop waiting. Run as `python -m backend.engine.process_main FD`.
+in one message instead of the loop waiting. Run as `python -m backend.drivers.process_main FD`.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from multiprocessing.reduction import ForkingPickler
 
 from ..config import EngineArgs
 from ..outputs import RequestOutput
-from .core import EngineCore
-from .llm_engine import LLMEngine
+from ..engine.llm_engine import LLMEngine
+from ..engine.metrics import EngineStats
+from .engine_core import EngineCore
 from .messages import (Bye, CheckGrammar, Outputs, Ready, Reply, Shutdown,
                        StartupFailed, StatsReply, fold_token_deltas, pack_output)
-from .metrics import EngineStats
 
 logger = logging.getLogger(__name__)
 

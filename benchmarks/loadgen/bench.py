@@ -5,7 +5,7 @@ processes (`--procs`), each with one channel and one asyncio loop, because a sin
 process's CPU time per streamed response would make the client itself the bottleneck. Prompts are token ids (`input_ids`): the tokenizer is not on the
 measured path.
 
-    python client/bench.py --workload A --url localhost:8001 --model llm --json a.json
+    python benchmarks/loadgen/bench.py --workload A --url localhost:8001 --model llm --json a.json
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ import sys
 import time
 from typing import Any, AsyncIterator
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from client.bench_stats import (Progress, RequestTrace, format_summary, summarize,  # noqa: E402
-                                tokens_in_response)
-from client.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, make_prompts,  # noqa: E402
-                              parse_vocab_range, resolve_workload)
+from benchmarks.loadgen.bench_stats import (Progress, RequestTrace, format_summary, summarize,  # noqa: E402
+                                            tokens_in_response)
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS,  # noqa: E402
+                                          make_prompts, parse_vocab_range, resolve_workload)
 
 
 def sampling_parameters(output_len: int, lora_name: str | None = None) -> str:
@@ -119,7 +119,7 @@ async def _run_shard(url: str, model: str, output_len: int, prompts: list[list[i
                      counters: _Counters | None, barrier: Any) -> tuple[list[RequestTrace], float]:
     """One worker's requests; returns their traces and the CPU seconds spent while sending."""
     if url.startswith(("http://", "https://")):  # --openai: through the OpenAI frontend
-        from client.bench_openai import run_openai_shard
+        from benchmarks.loadgen.bench_openai import run_openai_shard
         return await run_openai_shard(url, model, output_len, prompts, first_index, concurrency,
                                       tag, counters, barrier)
     import tritonclient.grpc.aio as aioclient
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                          "driven with streaming completions of the same token-id prompts")
     ap.add_argument("--model", default="llm")
     ap.add_argument("--workload", choices=list(WORKLOADS),
-                    help="named workload, client/workloads.py (sizes below override it)")
+                    help="named workload, benchmarks/loadgen/workloads.py (sizes below override it)")
     ap.add_argument("--num-requests", type=int)
     ap.add_argument("--input-len", type=int)
     ap.add_argument("--output-len", type=int)
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         args.url = args.openai.rstrip("/")
     if args.wait_ready > 0:
         if args.openai:
-            from client.bench_openai import wait_ready_openai
+            from benchmarks.loadgen.bench_openai import wait_ready_openai
             asyncio.run(wait_ready_openai(args.url, args.wait_ready))
         else:
             asyncio.run(wait_ready(args.url, args.model, args.wait_ready))
