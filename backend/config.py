@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
-from .engine_config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, LoRAConfig, ModelConfig,
+from .engine_config import (CacheConfig, CompilationConfig, DeviceConfig, EngineConfig, KVTransferConfig, LoRAConfig, ModelConfig,
                             ModelLimits, ParallelConfig, SchedulerConfig, SpeculativeConfig)
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,11 @@ class EngineArgs:
     # "num_speculative_tokens": k} or EAGLE heads {"method": "eagle3", "model": DIR, ...}
     # (docs/speculative_decoding.md). Steps then do not overlap.
     speculative_config: dict[str, Any] | None = None
+    # Disaggregated prefill, vLLM's form: {"kv_connector": "NixlConnector", "kv_role":
+    # "kv_producer" | "kv_consumer" | "kv_both", "kv_connector_extra_config": {...}}: a
+    # request's kv_transfer_params (SamplingParams.extra_args) then asks a producer to keep its
+    # prompt's blocks for a consumer, or a consumer to read them instead of prefilling.
+    kv_transfer_config: dict[str, Any] | None = None
     # Overload control: at most this many requests wait to be scheduled; one more is refused at
     # once with EngineOverloadedError (servers answer "unavailable" / 503) instead of queueing
     # without bound. None (the default, as vLLM): no bound. The drivers (StreamingEngine,
@@ -170,6 +175,11 @@ class EngineArgs:
         self._check_lora()
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)  # checks it
+        if self.kv_transfer_config is not None:
+            KVTransferConfig.from_dict(self.kv_transfer_config)  # checks it
+            if self.tensor_parallel_size > 1:
+                raise ValueError("kv_transfer_config: disaggregated prefill runs on one device per "
+                                 "instance; tensor_parallel_size must be 1.")
         self._check_swap()
 
     def _check_executor_backend(self) -> None:
@@ -319,7 +329,8 @@ class EngineArgs:
             CompilationConfig(self.enforce_eager, self.max_prefill_graph_tokens),
             LoRAConfig(dict(self.lora_modules or {}), self.max_loras, self.max_lora_rank, self.max_cpu_loras)
             if self.enable_lora else None,
-            None if spec is None else self._resolve_speculative(SpeculativeConfig.from_dict(spec), model_config))
+            None if spec is None else self._resolve_speculative(SpeculativeConfig.from_dict(spec), model_config),
+            None if self.kv_transfer_config is None else KVTransferConfig.from_dict(self.kv_transfer_config))
 
     def _resolve_speculative(self, spec: SpeculativeConfig, target: ModelConfig) -> SpeculativeConfig:
         """A draft model's or EAGLE heads' own ModelConfig: their config.json, the target's

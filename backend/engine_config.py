@@ -163,6 +163,56 @@ class SpeculativeConfig:
         return cls(k, hi, lo, method, None, None, None, None)
 
 
+KV_CONNECTORS = ("NixlConnector",)
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """vLLM's `kv_transfer_config` for disaggregated prefill: the connector that moves KV blocks
+    between engine instances, this instance's role (a producer prefills and keeps a finished
+    prompt's blocks for a consumer to read; a consumer reads them instead of prefilling), and
+    the connector's own settings (`abort_timeout_s`: how long a producer keeps blocks nobody
+    reads)."""
+    kv_connector: str
+    kv_role: str
+    kv_connector_extra_config: dict[str, Any]
+    engine_id: str | None
+
+    @property
+    def is_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @property
+    def abort_timeout_s(self) -> float:
+        return float(self.kv_connector_extra_config.get("abort_timeout_s", 480.0))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "KVTransferConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"kv_transfer_config must be an object, got {type(d).__name__}.")
+        unknown = sorted(set(d) - {"kv_connector", "kv_role", "kv_connector_extra_config", "engine_id"})
+        if unknown:
+            raise ValueError(f"kv_transfer_config: unknown key(s) {', '.join(unknown)}.")
+        connector, role = d.get("kv_connector"), d.get("kv_role", "kv_both")
+        if connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_transfer_config: kv_connector must be one of {', '.join(KV_CONNECTORS)}, "
+                             f"got {connector!r}.")
+        if role not in KV_ROLES:
+            raise ValueError(f"kv_transfer_config: kv_role must be one of {', '.join(KV_ROLES)}, got {role!r}.")
+        extra = d.get("kv_connector_extra_config") or {}
+        if not isinstance(extra, dict):
+            raise ValueError("kv_transfer_config: kv_connector_extra_config must be an object.")
+        timeout = extra.get("abort_timeout_s", 480.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"kv_transfer_config: abort_timeout_s must be a positive number, got {timeout!r}.")
+        return cls(connector, role, dict(extra), d.get("engine_id"))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine is built from, resolved (EngineArgs.create_engine_config)."""
@@ -174,6 +224,7 @@ class EngineConfig:
     compilation_config: CompilationConfig
     lora_config: LoRAConfig | None  # None: LoRA is off
     speculative_config: SpeculativeConfig | None  # None: no speculative decoding
+    kv_transfer_config: KVTransferConfig | None  # None: no disaggregated prefill
 
 
 @dataclass(frozen=True)

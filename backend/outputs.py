@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import RequestError
 
@@ -63,6 +63,8 @@ class RequestOutput:
     # One entry per prompt token (None for the first) when prompt_logprobs was asked for; a
     # streamed request gets them once, in the output with its first token.
     prompt_logprobs: PromptLogprobs | None = None
+    # Disaggregated prefill: what a producer returns for the consumer (vLLM's field).
+    kv_transfer_params: dict[str, Any] | None = None
 
     def logprob_entries(self) -> list[dict[int, Logprob] | None]:
         """Every logprob entry of this output: the prompt's, then each sample's."""

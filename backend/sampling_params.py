@@ -74,6 +74,10 @@ class SamplingParams:
     # Prefix-cache isolation (vLLM's cache_salt): requests share cached KV blocks only when their
     # salts are equal (or both absent); a tenant's own salt keeps others from probing its prompts.
     cache_salt: str | None = None
+    # vLLM's free-form extras; its "kv_transfer_params" steers disaggregated prefill
+    # (backend/kv_transfer/connector.py): {"do_remote_decode": true} on a producer, the
+    # producer's returned parameters on a consumer.
+    extra_args: dict[str, Any] | None = None
     # Filled by the engine from the tokenizer / generation config, not by users.
     _eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
@@ -189,6 +193,8 @@ class SamplingParams:
                 raise ParameterError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
                                      f"(the sampler adds them to float32 logits), got {bias!r} for token {t}.",
                                      "logit_bias")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ParameterError(f"extra_args must be an object, got {type(self.extra_args).__name__}.", "extra_args")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise ParameterError(f"cache_salt must be a non-empty string if provided, got {self.cache_salt!r}.",
                                  "cache_salt")

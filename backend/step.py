@@ -25,6 +25,7 @@ class SequenceStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
     SWAPPED = enum.auto()  # preempted with its blocks in host memory; waits to be swapped in
+    WAITING_FOR_REMOTE_KVS = enum.auto()  # its prompt's blocks are being read from another engine
     FINISHED = enum.auto()
 
 

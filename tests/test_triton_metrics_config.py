@@ -57,7 +57,8 @@ def test_metric_names_are_vllms():
         "tritium:engine_restarts_total", "tritium:num_swapped_preemptions_total",
         "tritium:kv_blocks_swapped_out_total", "tritium:kv_blocks_swapped_in_total",
         "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total", "tritium:kv_blocks_offloaded_total",
-        "tritium:kv_blocks_reloaded_total"}
+        "tritium:kv_blocks_reloaded_total", "tritium:kv_transfers_total", "tritium:kv_transfer_blocks_total",
+        "tritium:kv_transfer_bytes_total", "tritium:kv_transfer_seconds_total"}
     for m in METRICS:
         assert (m.kind == "histogram") == bool(m.buckets)
         assert list(m.buckets) == sorted(m.buckets)

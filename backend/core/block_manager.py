@@ -77,6 +77,7 @@ class BlockManager:
         self._prefix_cache_queries = 0  # tokens
         self._prefix_cache_hits = 0  # tokens, the host tier's included
         self.host_tier: HostPrefixCache | None = None  # with swap_space and prefix caching
+        self.held: dict[str, list[int]] = {}  # blocks kept for another engine to read, by key
 
     # ---- queries ----------------------------------------------------------------------------
     @property
@@ -288,6 +289,20 @@ class BlockManager:
         seq.num_cached_blocks = 0
         seq.num_released_blocks = 0
 
+    def hold(self, key: str, block_ids: list[int]) -> None:
+        """One more reference on each block, under `key` (disaggregated prefill: a finished
+        prompt's blocks wait for the consumer's read, or a read into them for its end)."""
+        for block_id in block_ids:
+            self._touch(self.blocks[block_id])
+        self.held[key] = list(block_ids)
+
+    def release(self, key: str) -> None:
+        for block_id in reversed(self.held.pop(key, [])):
+            block = self.blocks[block_id]
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block_id] = block
+
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence state once the sequence is finished for good."""
         self._seq_hashes.pop(seq.seq_id, None)
@@ -359,6 +374,9 @@ class BlockManager:
                 held = seq.block_table[seq.num_released_blocks:]
                 assert len(held) == len(set(held)), f"{seq} repeats a block"
                 for block_id in held:
+                    refs[block_id] += 1
+            for block_ids in self.held.values():
+                for block_id in block_ids:
                     refs[block_id] += 1
             for block in self.blocks:
                 assert block.ref_cnt == refs[block.block_id], \

@@ -52,6 +52,12 @@ class Scheduler:
         self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes from the end
+        # Disaggregated prefill: admitted sequences whose prompt blocks are being read from
+        # another engine (`take_remote_loads`, then `finish_remote_load`), and what the engine
+        # does with a sequence's blocks before it is freed (a producer keeps them to be read).
+        self.loading: list[Sequence] = []
+        self._new_loads: list[Sequence] = []
+        self.on_finish = None  # Callable[[Sequence], None] | None
         self.num_preemptions = 0
         self._stopped: list[int] = []  # seq ids for the next step's finished_seq_ids
         # Every sequence waiting or running, by id (a step names sequences by id), and the
@@ -107,8 +113,14 @@ class Scheduler:
             self._drop_lora_slot(seq)
         elif seq.status in (SequenceStatus.WAITING, SequenceStatus.SWAPPED):
             self.waiting.remove(seq)
+        elif seq.status == SequenceStatus.WAITING_FOR_REMOTE_KVS:
+            self.loading.remove(seq)
+            if seq in self._new_loads:
+                self._new_loads.remove(seq)
         if seq.host_block_table:
             self.swapper.drop(seq)
+        if self.on_finish is not None:
+            self.on_finish(seq)
         self.block_manager.free(seq)
         self.block_manager.forget(seq)
         seq.status = SequenceStatus.FINISHED
@@ -118,10 +130,25 @@ class Scheduler:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.loading)
 
     def all_sequences(self) -> list[Sequence]:
-        return list(self.running) + list(self.waiting)
+        return list(self.running) + list(self.waiting) + list(self.loading)
+
+    def take_remote_loads(self) -> list[Sequence]:
+        """Sequences admitted since the last call whose prompt blocks are to be read."""
+        loads, self._new_loads = self._new_loads, []
+        return loads
+
+    def finish_remote_load(self, seq: Sequence) -> None:
+        """Its prompt's blocks are read: it runs from the last prompt token on (computed here,
+        for its logits), and the read blocks join the prefix cache."""
+        self.loading.remove(seq)
+        seq.num_computed_tokens = seq.remote_prefill.end
+        self.block_manager.cache_full_blocks(seq)
+        seq.status = SequenceStatus.RUNNING
+        self._take_lora_slot(seq)
+        self.running.append(seq)
 
     def sequence(self, seq_id: int) -> Sequence:
         """A sequence the last step names (a sibling it forks included)."""
@@ -178,7 +205,7 @@ class Scheduler:
             if seq.lora_name is not None and not self.lora_slots.can_use(seq.lora_name):
                 index += 1  # every slot serves running sequences of other adapters
                 continue
-            num_seqs_after = len(self.running) + forks_pending + 1 + seq.num_forks_pending
+            num_seqs_after = len(self.running) + len(self.loading) + forks_pending + 1 + seq.num_forks_pending
             if num_seqs_after > self.max_num_seqs:
                 break
             # A prompt whose logprobs are asked for is computed in full: cached positions
@@ -187,6 +214,11 @@ class Scheduler:
             looked_up = self.block_manager.enable_prefix_caching and not seq.needs_prompt_logprobs and not swapped
             hit = self.block_manager.get_computed_blocks(seq) if looked_up else None
             num_hit = hit.num_tokens if hit is not None else seq.num_computed_tokens
+            if seq.remote_prefill is not None and not seq.remote_prefill.admitted:
+                if not self._admit_remote_prefill(seq, num_hit, hit):
+                    break
+                del self.waiting[index]
+                continue
             num_new = seq.num_tokens - num_hit
             if len(self.waiting) > 1 and self.enable_chunked_prefill:
                 num_new = min(num_new, self._chunk_cap())
@@ -253,6 +285,23 @@ class Scheduler:
                 self._forking.update((child.seq_id, child) for child in children)
                 out.forks.append(Fork(seq.seq_id, [c.seq_id for c in children], [c.index for c in children]))
                 out.sample_rows.extend(SampleRow(child.seq_id, seq.seq_id) for child in children)
+
+    def _admit_remote_prefill(self, seq: Sequence, num_hit: int, hit) -> bool:
+        """Blocks for the prompt but its last token, whose keys and values another engine
+        computed: the part this engine's prefix cache lacks is read into them (outside the
+        step's token budget); False when the blocks are not free."""
+        remote = seq.remote_prefill
+        end = max(num_hit, remote.num_tokens - 1)
+        if not self.block_manager.allocate_slots(seq, end - num_hit, hit):
+            return False
+        remote.first_block, remote.end, remote.admitted = num_hit // self.block_manager.block_size, end, True
+        seq.num_computed_tokens = seq.num_cached_tokens = num_hit
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.time()
+        seq.status = SequenceStatus.WAITING_FOR_REMOTE_KVS
+        self.loading.append(seq)
+        self._new_loads.append(seq)
+        return True
 
     def _allocate(self, seq: Sequence, num_new: int, num_computed: int, hit=None) -> bool:
         """Slots for the step's tokens, and the lookahead when the sequence samples in this

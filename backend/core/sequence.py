@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..outputs import Logprob
@@ -12,6 +13,22 @@ if TYPE_CHECKING:
 
 
 _seq_counter = itertools.count()
+
+
+@dataclass
+class RemotePrefill:
+    """A consumer's request whose prompt another engine computed: the producer's id, its block
+    ids holding the prompt, the prompt's length there, the producer's transfer metadata and the
+    key it holds the blocks under. `first_block`..`end`: what this engine reads, set at
+    admission (its own prefix-cache hit is not read again)."""
+    engine_id: str
+    block_ids: list[int]
+    num_tokens: int
+    metadata: str
+    key: str
+    first_block: int = 0
+    end: int = 0  # tokens whose keys and values are read (the last prompt token is computed here)
+    admitted: bool = False
 
 
 class Sequence:
@@ -74,6 +91,8 @@ class Sequence:
         self.lora_slot = -1
         self.block_hash_root: bytes | None = None
         self.prompt_block_hashes: list[bytes] = []
+        # Disaggregated prefill: where its prompt's KV blocks are read from instead of computed.
+        self.remote_prefill: RemotePrefill | None = None
 
     @property
     def num_tokens(self) -> int:

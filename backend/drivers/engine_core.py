@@ -87,6 +87,7 @@ class EngineCore:
                 command = self._inbox.get(timeout=_IDLE_POLL_S) if block else self._inbox.get_nowait()
             except queue.Empty:
                 if block:
+                    self.engine.idle_poll()
                     continue
                 return True
             block = False

@@ -9,12 +9,15 @@ from ..core.block_manager import BlockManager
 from ..core.lora_slots import LoRASlots
 from ..core.scheduler import Scheduler
 from ..engine_config import EngineConfig, EngineLimits
+from ..errors import RequestError
 from ..models import model_limits
+from ..outputs import RequestOutput
 from ..spec_decode.ngram import NgramProposer
 from ..spec_decode.proposer import TokenProposer
 from ..spec_decode.vocabulary import check_draft_vocabulary
 from ..worker.executor import Executor
 from .input_processor import InputProcessor, load_eos_token_ids
+from .kv_connector import KVConnector
 from .metrics import EngineStats
 from .output_processor import OutputProcessor
 from .request import Request
@@ -67,6 +70,12 @@ class LLMEngine(RequestIntake, StepPipeline):
         self.device_wait_s = 0.0  # host time spent waiting for launched steps to finish
         # Speculate while the running sequences fit one verification graph (eager verification
         # costs more than it gains).
+        # Disaggregated prefill (kv_transfer_config): a failed read ends its request with an
+        # error, delivered with the next step's outputs.
+        self.kv_failures: list[RequestOutput] = []
+        self.kv_connector = KVConnector(
+            self.config.kv_transfer_config, self.executor.kv_transfer, self.scheduler, self.block_manager,
+            self.requests, self._fail_transfer) if self.config.kv_transfer_config is not None else None
         graphs = self.executor.verify_graphs
         self.max_speculating_seqs = graphs.max_seqs if graphs else self.config.scheduler_config.max_num_seqs
 
@@ -82,11 +91,26 @@ class LLMEngine(RequestIntake, StepPipeline):
         """Release what outlives the object: the other tensor-parallel ranks' processes and the
         process group; the grammar warm-up thread is waited for."""
         self.executor.shutdown()
+        if self.kv_connector is not None:
+            self.kv_connector.transfer.close()
         self.input_processor.structured.join_warm_up(timeout=30.0)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or self._inflight is not None
+        return (bool(self.requests) or self._inflight is not None
+                or (self.kv_connector is not None and self.kv_connector.busy))
+
+    def idle_poll(self) -> None:
+        """Between commands while no request runs: a producer frees the blocks consumers have
+        read since (its steps do this otherwise)."""
+        if self.kv_connector is not None:
+            self.kv_connector.poll()
+
+    def _fail_transfer(self, request_id: str, error: RequestError) -> None:
+        out = self.abort_request(request_id, error=error)
+        if out is not None:
+            self.kv_failures.append(out)
 
     def get_stats(self) -> EngineStats:
         """Gauges and counters now; latency samples since the previous call."""
-        return snapshot_stats(self.stats, self.scheduler, self.block_manager)
+        return snapshot_stats(self.stats, self.scheduler, self.block_manager,
+                              self.kv_connector.stats() if self.kv_connector is not None else None)

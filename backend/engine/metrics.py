@@ -31,6 +31,12 @@ class EngineStats:
     external_prefix_cache_hits: int = 0
     num_blocks_offloaded: int = 0
     num_blocks_reloaded: int = 0
+    # Disaggregated prefill, on a consumer: reads of prompts' blocks from a producer, the blocks
+    # and bytes read, and the seconds from each read's start to its end.
+    kv_transfers: int = 0
+    kv_transfer_blocks: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
     prompt_tokens: int = 0  # whole prompts of requests that produced a token (as vLLM counts)
     generation_tokens: int = 0
     request_success: dict[str, int] = field(default_factory=dict)  # finish reason -> count

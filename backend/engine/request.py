@@ -28,6 +28,8 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.error: RequestError | None = None
         self.prompt_logprobs_sent = False
+        # Disaggregated prefill: a producer's parameters for the consumer, sent when it finishes.
+        self.kv_transfer_params: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -83,7 +85,7 @@ class Request:
             prompt_logprobs, self.prompt_logprobs_sent = first.prompt_logprobs, True
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
                              finished, first.num_cached_tokens, self.error, self.metrics,
-                             prompt_logprobs)
+                             prompt_logprobs, self.kv_transfer_params if finished else None)
 
 
 def _sample_index(seq: Sequence) -> int:
@@ -113,6 +115,8 @@ def accumulate(total: RequestOutput | None, delta: RequestOutput) -> RequestOutp
     if delta.prompt_logprobs is not None:
         total.prompt_logprobs = delta.prompt_logprobs
     total.num_cached_tokens = delta.num_cached_tokens
+    if delta.kv_transfer_params is not None:
+        total.kv_transfer_params = delta.kv_transfer_params
     return total
 
 

@@ -16,6 +16,7 @@ from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from ..worker.executor import Executor
 from .input_processor import InputProcessor
+from .kv_connector import KVConnector, kv_transfer_params
 from .metrics import EngineStats
 from .output_processor import OutputProcessor
 from .request import Request
@@ -55,6 +56,7 @@ class RequestIntake:
     stats: EngineStats
     requests: dict[str, Request]
     _deadlines: Deadlines
+    kv_connector: KVConnector | None
 
     def make_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                      arrival_time: float | None = None, priority: int = 0,
@@ -101,6 +103,10 @@ class RequestIntake:
             seq.lora_name = req.lora_name
         if req.params.structured_outputs is not None:  # compiled when the request was checked
             seq.grammar = Grammar(self.input_processor.structured.compile(req.params.structured_outputs))
+        if self.kv_connector is not None:
+            self.kv_connector.prepare(seq)
+        elif kv_transfer_params(req.params):
+            raise ValueError("kv_transfer_params needs an engine started with kv_transfer_config.")
         self.output_processor.attach_detokenizer(seq, req)
         req.seqs.append(seq)
         self.requests[req.request_id] = req

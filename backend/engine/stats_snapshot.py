@@ -8,7 +8,8 @@ from ..core.scheduler import Scheduler
 from .metrics import EngineStats
 
 
-def snapshot_stats(stats: EngineStats, scheduler: Scheduler, block_manager: BlockManager) -> EngineStats:
+def snapshot_stats(stats: EngineStats, scheduler: Scheduler, block_manager: BlockManager,
+                   transfer_stats: dict | None = None) -> EngineStats:
     s = stats
     snapshot = EngineStats(
         num_running=len(scheduler.running), num_waiting=scheduler.num_waiting_unswapped,
@@ -21,7 +22,7 @@ def snapshot_stats(stats: EngineStats, scheduler: Scheduler, block_manager: Bloc
         spec_decode_num_drafts=s.spec_decode_num_drafts, spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
         spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
         spec_decode_num_accepted_tokens_per_pos=list(s.spec_decode_num_accepted_tokens_per_pos),
-        **_lora_stats(scheduler), **scheduler.swap_stats(), **{
+        **_lora_stats(scheduler), **scheduler.swap_stats(), **(transfer_stats or {}), **{
             name: getattr(s, name) for name in EngineStats.SAMPLE_FIELDS})
     for name in EngineStats.SAMPLE_FIELDS:
         setattr(s, name, [])

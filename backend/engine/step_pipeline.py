@@ -20,6 +20,7 @@ from ..spec_decode.verification import num_accepted
 from ..step import SampleResult
 from ..worker.executor import Executor
 from ..worker.pending_step import PendingStep
+from .kv_connector import KVConnector
 from .metrics import EngineStats
 from .output_processor import OutputProcessor
 from .request import Request, make_logprobs_entry
@@ -61,6 +62,8 @@ class StepPipeline:
     max_speculating_seqs: int
     max_seq_len: int
     vocab_size: int
+    kv_connector: KVConnector | None
+    kv_failures: list[RequestOutput]  # requests a failed KV read ended
     # The step's own state, set up by LLMEngine.__init__.
     _inflight: InflightStep | None
     _draft_token_ids: dict[int, list[int]]
@@ -84,6 +87,8 @@ class StepPipeline:
         outputs: list[RequestOutput] = []
         if self._deadlines:
             self._expire(outputs)
+        if self.kv_connector is not None:
+            self.kv_connector.poll()
         proposals = None
         if self.proposer is not None or self.drafts_in_worker:
             # Proposals continue from the latest tokens: take the step in flight first (no overlap).
@@ -95,6 +100,10 @@ class StepPipeline:
             if speculate:
                 proposals = self._propose()
         step = self.scheduler.schedule(proposals, step_in_flight=self._inflight is not None)
+        if self.kv_connector is not None:
+            self.kv_connector.start_reads()
+            outputs += self.kv_failures
+            self.kv_failures.clear()
         step.propose_drafts = len(self.scheduler.running) <= self.max_speculating_seqs
         launched = None if step.is_empty else self._launch(step, outputs)
         previous, self._inflight = self._inflight, launched

@@ -92,9 +92,12 @@ class NixlBlockTransfer:
                 f"the peer's KV cache has {geometry.num_layers} layers of {geometry.region_bytes}-byte blocks, "
                 f"this one {self.geometry.num_layers} of {self.geometry.region_bytes}: not the same model, "
                 f"dtype or block size")
-        peer = self.agent.add_remote_agent(agent_metadata)
-        peer = peer.decode() if isinstance(peer, bytes) else peer
-        remote = self.agent.prep_xfer_dlist(peer, geometry.region_addresses(), geometry.mem_type)
+        try:
+            peer = self.agent.add_remote_agent(agent_metadata)
+            peer = peer.decode() if isinstance(peer, bytes) else peer
+            remote = self.agent.prep_xfer_dlist(peer, geometry.region_addresses(), geometry.mem_type)
+        except Exception as exc:  # (NIXL's own exception types: the peer unreachable or gone)
+            raise RuntimeError(f"NIXL could not reach the peer: {exc}") from exc
         self._peers[peer] = (geometry, remote)
         return peer
 
@@ -109,22 +112,37 @@ class NixlBlockTransfer:
             bad = [b for b in ids if not 0 <= b < limit]
             if bad:
                 raise ValueError(f"{name} block ids {bad} are outside 0..{limit - 1}")
-        handle = self.agent.make_prepped_xfer("READ", self._local, self.geometry.region_indices(local_blocks),
-                                              remote, geometry.region_indices(remote_blocks), notification)
-        if self.agent.transfer(handle) == "ERR":
+        try:
+            handle = self.agent.make_prepped_xfer("READ", self._local, self.geometry.region_indices(local_blocks),
+                                                  remote, geometry.region_indices(remote_blocks), notification)
+        except Exception as exc:  # (NIXL's own exception types: the peer gone, a backend error)
+            raise RuntimeError(f"NIXL could not prepare a read of {len(remote_blocks)} blocks from {peer}: "
+                               f"{exc}") from exc
+        try:
+            state = self.agent.transfer(handle)
+        except Exception as exc:
+            state = f"{exc}"
+        if state not in ("DONE", "PROC"):
             handle.release()
-            raise RuntimeError(f"NIXL could not start reading {len(remote_blocks)} blocks from {peer}")
+            raise RuntimeError(f"NIXL could not read {len(remote_blocks)} blocks from {peer}: {state}")
         return handle
 
     def poll(self, handle) -> bool:
         """True once the read is done (its handle is released then); raises if it failed."""
-        state = self.agent.check_xfer_state(handle)
+        try:
+            state = self.agent.check_xfer_state(handle)
+        except Exception as exc:  # (the peer gone mid-read)
+            state = f"{exc}"
         if state == "PROC":
             return False
         handle.release()
         if state != "DONE":
-            raise RuntimeError("a NIXL read of KV blocks failed")
+            raise RuntimeError(f"a NIXL read of KV blocks failed: {state}")
         return True
+
+    def notify(self, peer: str, message: bytes) -> None:
+        """Send a peer a notification without a read (nothing of its cache was needed)."""
+        self.agent.send_notif(peer, message)
 
     def notifications(self) -> list[bytes]:
         """Notifications peers sent since the last call (a reader's `notification` when its read
@@ -132,7 +150,14 @@ class NixlBlockTransfer:
         return [m for messages in self.agent.get_new_notifs().values() for m in messages]
 
     def close(self) -> None:
-        for peer in list(self._peers):
+        """Forget the peers, unregister the cache and end the agent (a peer's read then fails
+        at once, as if this engine had died)."""
+        if self.agent is None:
+            return
+        for peer, (_, remote) in list(self._peers.items()):
+            remote.release()
             self.agent.remove_remote_agent(peer)
         self._peers.clear()
+        self._local.release()
         self.agent.deregister_memory(self._registered)
+        self.agent = self._local = self._registered = None  # (the agent ends with its last reference)

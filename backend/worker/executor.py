@@ -55,6 +55,11 @@ class Executor:
         return self.worker.num_blocks
 
     @property
+    def kv_transfer(self):
+        """The KV cache's NIXL side for disaggregated prefill (None: not configured)."""
+        return self.worker.kv_transfer
+
+    @property
     def kv_sliding_window(self) -> int | None:
         """Past tokens every layer's attention is limited to (None: some layer sees them all),
         for the block manager to give back blocks behind it."""

@@ -12,6 +12,7 @@ from kernels.validation import v_cache_shape
 
 from ..config import CPU_KV_CACHE_BYTES, GIB
 from ..engine_config import CacheConfig, EngineConfig
+from ..kv_transfer.nixl_blocks import NixlBlockTransfer
 from ..layers.attention import Attention
 from ..layers.quantization import check_fp8_supported
 from ..spec_decode.eagle import make_proposer
@@ -88,6 +89,9 @@ class Worker:
         self.num_host_blocks = min(self._exchange("num_host_blocks", int(cache.swap_space * GIB) // self.block_bytes)) \
             if cache.swap_space else 0
         self.runner.host_cache = HostKVCache(self.kv_cache, self.num_host_blocks) if self.num_host_blocks else None
+        # Disaggregated prefill: the cache registered with NIXL, for another engine to read or be read.
+        transfer = config.kv_transfer_config
+        self.kv_transfer = NixlBlockTransfer(self.kv_cache, transfer.engine_id) if transfer is not None else None
         self._set_kv_scales(cache, checkpoint_kv_scales)
         if self.device.type == "cuda":
             compile_step_variants(self)

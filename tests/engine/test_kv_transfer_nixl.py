@@ -77,7 +77,7 @@ def _producer(conn) -> None:
 
 def test_a_reader_in_another_process_pulls_blocks():
     """The prefill and decode engines are separate processes: only metadata() crosses."""
-    ctx = mp.get_context("fork")  # (CPU tensors only: no CUDA state to lose in the child)
+    ctx = mp.get_context("spawn")  # (UCX, like CUDA, does not survive a fork of a process using it)
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_producer, args=(there,))
     proc.start()
