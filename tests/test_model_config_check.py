@@ -59,7 +59,7 @@ def test_the_current_vllm_sample_is_completed():
         "cumulative_logprob": ("TYPE_FP32", [-1]), "logprobs": ("TYPE_STRING", [-1]),
         "prompt_logprobs": ("TYPE_STRING", [-1]), "num_input_tokens": ("TYPE_UINT32", [1]),
         "num_output_tokens": ("TYPE_UINT32", [-1]), "num_cached_tokens": ("TYPE_UINT32", [1]),
-        "stop_reason": ("TYPE_STRING", [-1])}
+        "stop_reason": ("TYPE_STRING", [-1]), "kv_transfer_params": ("TYPE_STRING", [1])}
     assert done["model_transaction_policy"] == {"decoupled": True} and done["max_batch_size"] == 0
     assert check_model_config(done) == []  # what initialize() then gets passes its check
 

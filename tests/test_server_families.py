@@ -27,6 +27,7 @@ WINDOWED = {"mistral_window": (dict(arch="mistral", sliding_window=16), 12),
                                  "full_attention": {"rope_type": "linear", "factor": 8.0,
                                                     "rope_theta": 1000000.0}}), 14)}
 FAMILIES = {**MOE_FAMILIES, **WINDOWED}
+DISAGGREGATED = {"llm_prefill": "kv_producer", "llm_decode": "kv_consumer"}
 TEXTS = ["The scheduler computes the next word for every user while others run. A client streams",
          "The scheduler computes the next word for every user while others run. A kernel",
          "x", "GPU cache block token stream prefill decode kernel café 日本"]
@@ -56,6 +57,11 @@ def moe_stack(tmp_path_factory):
         models[name] = (model_dir, tok, prompts, ref)
         write_model_repository(repo, {"model": model_dir, **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
                                       "max_num_batched_tokens": "32"}, name=name)
+    # Disaggregated prefill: a prefill and a decode instance of one model, NIXL between them.
+    for name, role in DISAGGREGATED.items():
+        write_model_repository(repo, {"model": models["qwen3_moe"][0], **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
+                                      "kv_transfer_config": json.dumps({"kv_connector": "NixlConnector",
+                                                                        "kv_role": role})}, name=name)
     server = start_server(repo, str(tmp / "tritonserver.log"), wait_for="qwen3_moe")
     frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), "--model", "qwen3_moe")
     yield server, frontend, models
@@ -98,3 +104,34 @@ def test_openai_completions_give_hf_greedy_tokens(moe_stack):
         ids = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
         assert ids == expected
         assert choice["finish_reason"] == "length"
+
+
+def test_disaggregated_prefill_through_triton_gives_hf_greedy_tokens(moe_stack):
+    """The proxy's two calls over gRPC: the prefill instance computes each prompt (max_tokens=1)
+    and returns kv_transfer_params; the decode instance reads the prompt's blocks through NIXL
+    and streams HF's greedy tokens; the prefill instance frees its blocks once they are read."""
+    server, _, models = moe_stack
+    _, tok, prompts, ref = models["qwen3_moe"]
+    stream = StreamCollector(server.grpc_url)
+    try:
+        produced = []
+        for i, ids in enumerate(prompts):
+            stream.send(f"p{i}", grpc_inputs(input_ids=ids, sampling={
+                "temperature": 0, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}),
+                model="llm_prefill")
+            got = stream.wait(f"p{i}")
+            assert got.finals == 1 and len(got.kv_transfer_params) == 1, got
+            produced.append(got.kv_transfer_params[0])
+            assert produced[-1]["remote_num_tokens"] == len(ids)
+        for i, (ids, params) in enumerate(zip(prompts, produced)):
+            stream.send(f"d{i}", grpc_inputs(input_ids=ids, stream=True, sampling={
+                "temperature": 0, "max_tokens": MAX_NEW, "min_tokens": MAX_NEW, "kv_transfer_params": params}),
+                model="llm_decode")
+        for i, expected in enumerate(ref):
+            got = stream.wait(f"d{i}")
+            assert got.finals == 1 and not got.kv_transfer_params
+            assert got.text == tok.decode(expected, skip_special_tokens=True), f"prompt {i}"
+    finally:
+        stream.close()
+    assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") == len(prompts)
+    assert server.metric("tritium:kv_transfer_bytes_total", model_name="llm_decode") > 0

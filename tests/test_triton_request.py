@@ -291,7 +291,7 @@ def test_parsed_request_is_plain_data():
 
 def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_objects():
     from backend.outputs import CompletionOutput, RequestOutput
-    from backend.serving.triton_request import fold_outputs
+    from backend.serving.output_folding import fold_outputs
 
     def delta(rid, text, ids, finished=False):
         return RequestOutput(rid, None, [1, 2], [CompletionOutput(0, text, ids, -1.0, None,
@@ -313,7 +313,7 @@ def test_fold_outputs_equals_accumulating_the_deltas_in_both_paths():
     engine's own accumulate gives; an output after a finished one starts a new group."""
     from backend.engine.request import accumulate
     from backend.outputs import CompletionOutput, Logprob, RequestOutput
-    from backend.serving.triton_request import fold_outputs
+    from backend.serving.output_folding import fold_outputs
 
     def delta(ids, index=0, logprobs=None, finished=False, cached=0):
         c = CompletionOutput(index, "".join(chr(97 + t % 26) for t in ids), ids, -0.5 * ids[-1], logprobs,
@@ -370,3 +370,29 @@ def test_a_model_info_request_is_answered_with_the_models_description():
                                                      "lora_modules": {"sql": "/loras/sql"}}
     without_lora = NS(model="/m", enable_lora=False, lora_modules={"sql": "/loras/sql"})
     assert json.loads(model_info_outputs(without_lora, NS(max_model_len=8))["text_output"][0])["lora_modules"] == {}
+
+
+def test_kv_transfer_params_ride_in_sampling_parameters_and_come_back_in_the_final_response():
+    """Disaggregated prefill through the request interface: the proxy's kv_transfer_params go
+    to the engine as SamplingParams.extra_args; a prefill instance's come back as a JSON tensor
+    in the final response, also when the sender folded deltas."""
+    from backend.serving.output_folding import fold_outputs
+    produced = {"do_remote_prefill": True, "remote_block_ids": [4, 9], "remote_num_tokens": 5}
+    r = parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(
+        {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}))})
+    assert r.sampling_params.extra_args == {"kv_transfer_params": {"do_remote_decode": True}}
+    with pytest.raises(ValueError, match=r"^kv_transfer_params must be an object, got list\.$"):
+        parse_request({"text_input": s("x"), "sampling_parameters": s('{"kv_transfer_params": [1]}')})
+    first = RequestOutput("r", "x", [1, 2, 3, 4, 5], [CompletionOutput(0, "a", [7], None, None)], False)
+    last = RequestOutput("r", "x", [1, 2, 3, 4, 5], [CompletionOutput(0, "b", [8], None, None, "length")], True,
+                         kv_transfer_params=produced)
+    [(_, folded)] = fold_outputs([("r", first), ("r", last)])
+    assert folded.kv_transfer_params == produced
+    builder = ResponseBuilder(parse_request({"text_input": s("x")}))
+    assert builder.add(first) is None
+    response = builder.add(last)
+    assert response.final and json.loads(response.outputs["kv_transfer_params"][0]) == produced
+    plain = ResponseBuilder(parse_request({"text_input": s("x")}))
+    plain.add(first)
+    assert "kv_transfer_params" not in plain.add(RequestOutput("r", "x", [1], [CompletionOutput(
+        0, "b", [8], None, None, "length")], True)).outputs

@@ -290,6 +290,7 @@ class StreamResult:
     num_output_tokens: list[int] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     prompt_logprobs: list[tuple[int, str]] = field(default_factory=list)  # (response index, JSON)
+    kv_transfer_params: list[dict] = field(default_factory=list)  # a prefill instance's (disaggregated prefill)
     finals: int = 0
     after_final: int = 0  # responses that came after the FINAL one: must stay 0
 
@@ -337,6 +338,8 @@ class StreamCollector:
                 r.num_output_tokens.append(int(result.as_numpy("num_output_tokens")[0]))
             if any(o.name == "finish_reason" for o in response.outputs):
                 r.finish_reasons.append(result.as_numpy("finish_reason")[0].decode())
+            if any(o.name == "kv_transfer_params" for o in response.outputs):
+                r.kv_transfer_params.append(json.loads(result.as_numpy("kv_transfer_params")[0]))
             if any(o.name == "prompt_logprobs" for o in response.outputs):
                 r.prompt_logprobs.append((len(r.texts) - 1, result.as_numpy("prompt_logprobs")[0].decode()))
             if final:

@@ -231,7 +231,7 @@ class EngineProcess(EngineClient[_Entry]):
                 completions = o.completions
                 out = RequestOutput(o.request_id, req.prompt, req.prompt_token_ids, completions, o.finished,
                                     num_cached_tokens=o.num_cached_tokens, error=o.error, metrics=req.metrics,
-                                    prompt_logprobs=o.prompt_logprobs)
+                                    prompt_logprobs=o.prompt_logprobs, kv_transfer_params=o.kv_transfer_params)
                 if o.prompt_logprobs or any(c.logprobs for c in completions):
                     fill_decoded_tokens(self._output_tokenizer, out.logprob_entries())
             if detok is not None:

@@ -129,6 +129,7 @@ class PackedOutput(NamedTuple):
     num_cached_tokens: int
     completions: list[PackedCompletion]
     prompt_logprobs: Any
+    kv_transfer_params: dict | None = None
 
 
 @dataclass
@@ -140,6 +141,7 @@ class EngineOutput:
     num_cached_tokens: int
     completions: list[CompletionOutput]
     prompt_logprobs: Any = None
+    kv_transfer_params: dict | None = None
 
 
 def error_output(req: Request, error: RequestError) -> RequestOutput:
@@ -160,7 +162,7 @@ def pack_output(out: RequestOutput) -> TokenDelta | PackedOutput:
     return PackedOutput(out.request_id, out.finished, out.error, out.num_cached_tokens,
                         [PackedCompletion(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs,
                                           c.finish_reason, c.stop_reason) for c in completions],
-                        out.prompt_logprobs)
+                        out.prompt_logprobs, out.kv_transfer_params)
 
 
 def fold_token_deltas(packed: list[TokenDelta | TokenRun | PackedOutput]) -> list[TokenDelta | TokenRun | PackedOutput]:
@@ -196,4 +198,5 @@ def unpack_output(packed: TokenDelta | TokenRun | PackedOutput) -> EngineOutput:
     if isinstance(packed, (TokenDelta, TokenRun)):
         return EngineOutput(packed.request_id, False, None, packed.num_cached_tokens, token_completions(packed))
     return EngineOutput(packed.request_id, packed.finished, packed.error, packed.num_cached_tokens,
-                        [CompletionOutput(*c) for c in packed.completions], packed.prompt_logprobs)
+                        [CompletionOutput(*c) for c in packed.completions], packed.prompt_logprobs,
+                        packed.kv_transfer_params)

@@ -10,7 +10,9 @@ DRAM and VRAM alike (UCX, within a host or across it); on the CPU machine the ca
 """
 from __future__ import annotations
 
-import pickle
+import base64
+import dataclasses
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -54,6 +56,18 @@ class CacheGeometry:
         return (np.asarray(block_ids, dtype=np.int64)[:, None] + planes).reshape(-1).astype(np.int32)
 
 
+def _parse_metadata(metadata: bytes) -> tuple[bytes, CacheGeometry]:
+    try:
+        d = json.loads(metadata)
+        g = d["geometry"]
+        ints = {k: g[k] for k in ("base", "num_layers", "num_blocks", "region_bytes", "device_id")}
+        if not all(type(v) is int and v >= 0 for v in ints.values()) or g["mem_type"] not in ("DRAM", "VRAM"):
+            raise ValueError
+        return base64.b64decode(d["agent"], validate=True), CacheGeometry(mem_type=g["mem_type"], **ints)
+    except (ValueError, KeyError, TypeError):
+        raise ValueError("the peer's KV transfer metadata is not what a Tritium engine sends") from None
+
+
 def cache_geometry(kv_cache: torch.Tensor) -> CacheGeometry:
     if kv_cache.dim() < 3 or kv_cache.shape[0] != 2 or not kv_cache.is_contiguous():
         raise ValueError(f"kv_cache must be a contiguous [2, layers, num_blocks, ...] tensor, "
@@ -80,13 +94,15 @@ class NixlBlockTransfer:
         self._peers: dict[str, tuple[CacheGeometry, object]] = {}
 
     def metadata(self) -> bytes:
-        """What a peer passes to `add_peer` to read this cache."""
-        return pickle.dumps((self.agent.get_agent_metadata(), self.geometry))
+        """What a peer passes to `add_peer` to read this cache: JSON (it travels through clients
+        and proxies, so it must never be anything a reader would execute)."""
+        return json.dumps({"agent": base64.b64encode(self.agent.get_agent_metadata()).decode("ascii"),
+                           "geometry": dataclasses.asdict(self.geometry)}).encode("utf-8")
 
     def add_peer(self, metadata: bytes) -> str:
         """Accept a peer's `metadata()`; returns its name for `read`. Its cache must be cut as
         this one is (the same model, dtype and block size on both sides)."""
-        agent_metadata, geometry = pickle.loads(metadata)
+        agent_metadata, geometry = _parse_metadata(metadata)
         if (geometry.num_layers, geometry.region_bytes) != (self.geometry.num_layers, self.geometry.region_bytes):
             raise ValueError(
                 f"the peer's KV cache has {geometry.num_layers} layers of {geometry.region_bytes}-byte blocks, "

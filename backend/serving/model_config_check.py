@@ -53,7 +53,8 @@ INPUTS = (TensorSpec("text_input", "TYPE_STRING", (1,)),
           TensorSpec("sampling_parameters", "TYPE_STRING", (1,)),
           *(TensorSpec(name, "TYPE_BOOL", (1,)) for name in FLAG_INPUTS if name != "stream"))
 # One element per sample (n), except the prompt's token counts; prompt_logprobs (JSON),
-# num_cached_tokens and stop_reason (JSON) are Tritium's own.
+# num_cached_tokens, stop_reason (JSON) and kv_transfer_params (JSON: a prefill instance's, in
+# its final response) are Tritium's own.
 OUTPUTS = (TensorSpec("text_output", "TYPE_STRING", (-1,), single=False),
            TensorSpec("finish_reason", "TYPE_STRING", (-1,), single=False),
            TensorSpec("cumulative_logprob", "TYPE_FP32", (-1,), single=False),
@@ -62,7 +63,8 @@ OUTPUTS = (TensorSpec("text_output", "TYPE_STRING", (-1,), single=False),
            TensorSpec("num_input_tokens", "TYPE_UINT32", (1,)),
            TensorSpec("num_output_tokens", "TYPE_UINT32", (-1,), single=False),
            TensorSpec("num_cached_tokens", "TYPE_UINT32", (1,)),
-           TensorSpec("stop_reason", "TYPE_STRING", (-1,), single=False))
+           TensorSpec("stop_reason", "TYPE_STRING", (-1,), single=False),
+           TensorSpec("kv_transfer_params", "TYPE_STRING", (1,)))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from ..errors import ErrorKind, RequestError
 from ..outputs import RequestOutput
 from .handoff import Handoff
-from .triton_request import ResponseBuilder, fold_outputs
+from .output_folding import fold_outputs
+from .triton_request import ResponseBuilder
 
 _CANCEL_CHECK_S = 0.02  # how often in-flight requests are checked for cancellation
 _UNLOAD_CHECK_S = 0.25  # with requests in flight: how often to check that the model is loaded

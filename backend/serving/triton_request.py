@@ -15,7 +15,6 @@ import numpy as np
 from backend.errors import ERROR_DETAILS, ParameterError, RequestError
 from backend.serving import request_limits
 from backend.outputs import CompletionOutput, RequestOutput
-from backend.engine.request import accumulate
 from backend.sampling_params import SamplingParams
 
 # Optional BOOL inputs; each may also arrive as a request parameter (the HTTP generate endpoint
@@ -92,8 +91,15 @@ def parse_request(inputs: Mapping[str, np.ndarray], parameters: str | Mapping[st
     lora_name = sampling.pop("lora_name", None)
     if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
         raise ParameterError(f"lora_name must be a non-empty string, got {lora_name!r}.", "lora_name")
+    # Disaggregated prefill: vLLM's kv_transfer_params, as its proxy sends them.
+    kv_transfer_params = sampling.pop("kv_transfer_params", None)
+    if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+        raise ParameterError(f"kv_transfer_params must be an object, got {type(kv_transfer_params).__name__}.",
+                             "kv_transfer_params")
     request_limits.check_sampling_sizes(sampling)  # before anything is built per sample or item
     params = SamplingParams.from_dict(_openai_frontend_keys(sampling))
+    if kv_transfer_params is not None:
+        params.extra_args = {"kv_transfer_params": kv_transfer_params}
 
     return ParsedRequest(prompt=_prompt(inputs), sampling_params=params, stream=stream,
                          exclude_input_in_output=exclude, priority=priority, lora_name=lora_name,
@@ -296,6 +302,7 @@ class ResponseBuilder:
         self._num_input_tokens = 0
         self._num_cached_tokens = 0
         self._prompt_logprobs: str | None = None  # JSON, once the engine has sent them
+        self._kv_transfer_params: str | None = None  # JSON: a prefill instance's, with its last output
         self.finished = False
 
     def add(self, output: RequestOutput) -> Response | None:
@@ -304,6 +311,8 @@ class ResponseBuilder:
         self.finished = output.finished
         self._num_input_tokens = len(output.prompt_token_ids)
         self._num_cached_tokens = output.num_cached_tokens
+        if output.kv_transfer_params is not None:
+            self._kv_transfer_params = json.dumps(output.kv_transfer_params)
         new_prompt_logprobs = output.prompt_logprobs is not None
         if new_prompt_logprobs:
             self._prompt_logprobs = json.dumps([None if d is None else _logprob_entry(d)
@@ -362,41 +371,9 @@ class ResponseBuilder:
             out["num_cached_tokens"] = np.array([self._num_cached_tokens], dtype=np.uint32)
         if with_prompt_logprobs and self._prompt_logprobs is not None:
             out["prompt_logprobs"] = _strings([self._prompt_logprobs])
+        if self._kv_transfer_params is not None:
+            out["kv_transfer_params"] = _strings([self._kv_transfer_params])
         return out
-
-
-def fold_outputs(items: list[tuple[str, RequestOutput]]) -> list[tuple[str, RequestOutput]]:
-    """(request id, delta output) pairs -> one per request, in first-seen order, its deltas
-    folded together: a sender that fell behind sends one response with several tokens. A lone
-    delta passes through as is; folding works on a copy, never on the engine's objects."""
-    groups: dict[str, list[RequestOutput]] = {}
-    order: list[tuple[str, list[RequestOutput]]] = []
-    for request_id, output in items:
-        group = groups.get(request_id)
-        if group is None or group[-1].finished:
-            group = groups[request_id] = []
-            order.append((request_id, group))
-        group.append(output)
-    return [(request_id, group[0] if len(group) == 1 else _fold(group)) for request_id, group in order]
-
-
-def _fold(outputs: list[RequestOutput]) -> RequestOutput:
-    if all(len(o.outputs) == 1 and o.outputs[0].index == 0 and o.outputs[0].logprobs is None
-           and o.prompt_logprobs is None for o in outputs):
-        # The common case (one sample, no logprobs): one copy, without accumulate's dict work
-        # per delta; the backlog of a slow round is made of these.
-        last = outputs[-1]
-        c = last.outputs[0]
-        token_ids = [t for o in outputs for t in o.outputs[0].token_ids]
-        text = "".join([o.outputs[0].text for o in outputs])
-        return RequestOutput(last.request_id, outputs[0].prompt, outputs[0].prompt_token_ids,
-                             [CompletionOutput(0, text, token_ids, c.cumulative_logprob, None, c.finish_reason,
-                                               c.stop_reason)], last.finished,
-                             num_cached_tokens=last.num_cached_tokens, error=last.error, metrics=outputs[0].metrics)
-    total = accumulate(None, outputs[0])
-    for output in outputs[1:]:
-        total = accumulate(total, output)
-    return total
 
 
 _NO_DELTA = CompletionOutput(0, "", [], None, None)  # a sample with nothing new in this output

@@ -62,6 +62,9 @@ def test_mismatched_caches_and_bad_block_ids_are_refused():
         consumer.read(peer, [1], [2])
     with pytest.raises(ValueError, match=r"^2 remote blocks for 1 local ones$"):
         consumer.read(peer, [1, 2], [0])
+    for forged in (b"\x80\x04K\x01.", b'{"agent": "!!", "geometry": {}}', b"[]"):  # (a pickle is not read)
+        with pytest.raises(ValueError, match=r"^the peer's KV transfer metadata is not what a Tritium engine sends$"):
+            consumer.add_peer(forged)
     with pytest.raises(ValueError, match=r"^kv_cache must be a contiguous \[2, layers, num_blocks, \.\.\.\] tensor"):
         NixlBlockTransfer(torch.zeros(3, 2, 2))
 
