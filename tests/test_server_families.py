@@ -62,6 +62,10 @@ def moe_stack(tmp_path_factory):
         write_model_repository(repo, {"model": models["qwen3_moe"][0], **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
                                       "kv_transfer_config": json.dumps({"kv_connector": "NixlConnector",
                                                                         "kv_role": role})}, name=name)
+    # Its entry point: a model that sends each request to the prefill instance, then the decode one.
+    for name, prefill in (("llm_disagg", "llm_prefill"), ("llm_disagg_broken", "no_such_model")):
+        write_model_repository(repo, {"disaggregated_prefill": json.dumps(
+            {"prefill_model": prefill, "decode_model": "llm_decode"})}, name=name)
     server = start_server(repo, str(tmp / "tritonserver.log"), wait_for="qwen3_moe")
     frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), "--model", "qwen3_moe")
     yield server, frontend, models
@@ -135,3 +139,27 @@ def test_disaggregated_prefill_through_triton_gives_hf_greedy_tokens(moe_stack):
         stream.close()
     assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") == len(prompts)
     assert server.metric("tritium:kv_transfer_bytes_total", model_name="llm_decode") > 0
+
+
+def test_the_disaggregated_entry_point_routes_prefill_then_decode(moe_stack):
+    """One model clients call as any other: it prefills on llm_prefill, decodes on llm_decode
+    and streams HF's greedy tokens; a router whose prefill model is missing fails its requests
+    clearly."""
+    server, _, models = moe_stack
+    _, tok, prompts, ref = models["qwen3_moe"]
+    stream = StreamCollector(server.grpc_url)
+    try:
+        before = server.metric("tritium:kv_transfers_total", model_name="llm_decode")
+        for i, ids in enumerate(prompts):
+            stream.send(f"e{i}", grpc_inputs(input_ids=ids, stream=True, sampling={
+                "temperature": 0, "max_tokens": MAX_NEW, "min_tokens": MAX_NEW}), model="llm_disagg")
+        for i, expected in enumerate(ref):
+            got = stream.wait(f"e{i}")
+            assert got.finals == 1 and got.after_final == 0
+            assert got.text == tok.decode(expected, skip_special_tokens=True), f"prompt {i}"
+        stream.send("broken", grpc_inputs(input_ids=prompts[0], sampling={"max_tokens": 4}), model="llm_disagg_broken")
+        error = stream.next_error()
+        assert error.startswith("The prefill model no_such_model failed: "), error
+    finally:
+        stream.close()
+    assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") > before

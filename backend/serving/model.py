@@ -62,6 +62,11 @@ class TritonPythonModel:
 
         config = json.loads(args["model_config"])
         notes = check_model_config(config)
+        from backend.serving.disagg_router import DisaggregatedRouter, router_targets
+        targets = router_targets(config.get("parameters", {}))
+        self._router = DisaggregatedRouter(pb_utils, *targets, pb_utils.Logger.log_info) if targets else None
+        if self._router is not None:  # disaggregated prefill's entry point: no engine of its own
+            return
         # config.pbtxt parameters and 1/model.json (Triton's vLLM backend's engine arguments)
         serving = serving_config(config.get("parameters", {}), _ROOT,
                                  version_dir=os.path.join(args["model_repository"], args["model_version"]))
@@ -72,9 +77,7 @@ class TritonPythonModel:
             os.environ["CUDA_VISIBLE_DEVICES"] = serving.gpu_device_ids
         engine_args, self._health_check, self._healthy = serving.engine_args, serving.health_check, True
         self._loras = list(engine_args.lora_modules or ()) if engine_args.enable_lora else None
-        self._requests = triton_request
-        self._in_flight = InFlight
-        self._errors = errors
+        self._requests, self._in_flight, self._errors = triton_request, InFlight, errors
         # The engine runs in a process of its own unless TRITIUM_ENGINE_PROCESS=0: this stub's
         # threads (sending responses above all) would otherwise take GIL time from its steps.
         # A supervisor restarts it when it dies, unless ENABLE_VLLM_HEALTH_CHECK asks for the
@@ -107,6 +110,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"tritium: serving {engine_args.model} as {name}")
 
     def execute(self, requests: list) -> None:
+        if self._router is not None:
+            return self._router.execute(requests)
         if self._sender.draining:  # the model is being unloaded: no new work
             error = self._errors.unavailable("The model is being unloaded.")
             for request in requests:
@@ -155,17 +160,9 @@ class TritonPythonModel:
 
     def _unhealthy(self, requests: list) -> None:
         """ENABLE_VLLM_HEALTH_CHECK, as the vLLM backend: refuse, and have the model unloaded."""
-        if self._healthy:
-            self._healthy = False
-            pb_utils.Logger.log_error("[vllm] Engine is not healthy and model will be unloaded: "
-                                      "tritium: the engine's process is gone")
-            try:
-                pb_utils.unload_model(self._name)  # non-blocking; needs explicit model control
-            except Exception as e:
-                pb_utils.Logger.log_warn(f"tritium: cannot unload the model: {e}")
-        error = self._errors.unavailable("Model is unavailable due to unhealthy vLLM engine")
-        for request in requests:
-            self._sender.reject(request.get_response_sender(), error, self._details(request))
+        from backend.serving.health import refuse_unhealthy
+        refuse_unhealthy(pb_utils, self._name, self._healthy, self._sender, self._errors, requests, self._details)
+        self._healthy = False
 
     def _release(self) -> None:
         """Stop the metrics and the engine, once: when the sender finds the model retired, or at finalize."""
@@ -179,6 +176,8 @@ class TritonPythonModel:
     def finalize(self) -> None:
         # Triton calls this once every request has ended (the sender drained them). Every step
         # below is bounded, so that an unload ends whatever the clients do.
+        if self._router is not None:
+            return self._router.finalize(_FINALIZE_STEP_S)
         start = time.monotonic()
         pb_utils.Logger.log_info("tritium: unloading")
         self._sender.closing = True
