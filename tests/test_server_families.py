@@ -67,7 +67,8 @@ def moe_stack(tmp_path_factory):
         write_model_repository(repo, {"disaggregated_prefill": json.dumps(
             {"prefill_model": prefill, "decode_model": "llm_decode"})}, name=name)
     server = start_server(repo, str(tmp / "tritonserver.log"), wait_for="qwen3_moe")
-    frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), "--model", "qwen3_moe")
+    frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), "--model", "qwen3_moe",
+                              "--model", "llm_disagg")
     yield server, frontend, models
     frontend.stop()
     server.stop_in_background()
@@ -163,3 +164,16 @@ def test_the_disaggregated_entry_point_routes_prefill_then_decode(moe_stack):
     finally:
         stream.close()
     assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") > before
+
+
+def test_openai_completions_through_the_disaggregated_entry_point(moe_stack):
+    """The OpenAI frontend serves the entry point as any model (its description comes from the
+    decode model): completions give HF's greedy tokens."""
+    _, frontend, models = moe_stack
+    _, tok, prompts, ref = models["qwen3_moe"]
+    status, body = http_request(frontend.url + "/v1/completions", {
+        "model": "llm_disagg", "prompt": prompts[:2], "max_tokens": MAX_NEW, "min_tokens": MAX_NEW,
+        "temperature": 0, "return_tokens_as_token_ids": True, "logprobs": 0})
+    assert status == 200, body
+    choices = sorted(json.loads(body)["choices"], key=lambda c: c["index"])
+    assert [[int(t.removeprefix("token_id:")) for t in c["logprobs"]["tokens"]] for c in choices] == ref[:2]

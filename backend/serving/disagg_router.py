@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from backend.serving.triton_request import MODEL_INFO
+
 _CONTROL = ("sampling_parameters", "stream")  # set per call by the router
 
 
@@ -67,11 +69,20 @@ class DisaggregatedRouter:
             if self.closing:
                 raise RuntimeError("The model is being unloaded.")
             inputs = {t.name(): t.as_numpy() for t in request.inputs()}
+            parameters = json.loads(request.parameters() or "{}")
+            if parameters.get(MODEL_INFO):  # (the OpenAI frontend's description of the model)
+                for response in self._call(self.decode_model, inputs, None, False, parameters):
+                    if response.has_error():
+                        raise RuntimeError(response.error().message())
+                    if response.output_tensors():
+                        sender.send(pb.InferenceResponse(output_tensors=response.output_tensors()))
+                sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
             sampling = _sampling(inputs)
             stream = bool(inputs["stream"].reshape(-1)[0]) if "stream" in inputs else False
-            params = self._prefill(inputs, sampling)
+            params = self._prefill(inputs, sampling, parameters)
             decode = {**sampling, "kv_transfer_params": params}
-            for response in self._call(self.decode_model, inputs, decode, stream):
+            for response in self._call(self.decode_model, inputs, decode, stream, parameters):
                 if response.has_error():
                     raise RuntimeError(response.error().message())
                 tensors = [t for t in response.output_tensors() if t.name() != "kv_transfer_params"]
@@ -87,11 +98,12 @@ class DisaggregatedRouter:
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
-    def _prefill(self, inputs: dict[str, np.ndarray], sampling: dict[str, Any]) -> dict[str, Any]:
+    def _prefill(self, inputs: dict[str, np.ndarray], sampling: dict[str, Any],
+                 parameters: dict[str, Any]) -> dict[str, Any]:
         prefill = {**sampling, "max_tokens": 1, "min_tokens": 0,
                    "kv_transfer_params": {"do_remote_decode": True}}
         params = None
-        for response in self._call(self.prefill_model, inputs, prefill, False):
+        for response in self._call(self.prefill_model, inputs, prefill, False, parameters):
             if response.has_error():
                 raise RuntimeError(f"The prefill model {self.prefill_model} failed: {response.error().message()}")
             tensor = self.pb.get_output_tensor_by_name(response, "kv_transfer_params")
@@ -102,12 +114,19 @@ class DisaggregatedRouter:
                                f"(is it a Tritium model with kv_role kv_producer or kv_both?)")
         return params
 
-    def _call(self, model: str, inputs: dict[str, np.ndarray], sampling: dict[str, Any], stream: bool):
+    def _call(self, model: str, inputs: dict[str, np.ndarray], sampling: dict[str, Any] | None, stream: bool,
+              parameters: dict[str, Any]):
+        """One call to `model` with the request's inputs and parameters (its error-detail and
+        description switches), these sampling parameters (None: the request's own) and stream flag."""
         pb = self.pb
-        tensors = [pb.Tensor(name, array) for name, array in inputs.items() if name not in _CONTROL]
-        tensors.append(pb.Tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=np.object_)))
-        tensors.append(pb.Tensor("stream", np.array([stream], dtype=bool)))
-        return pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[]).exec(decoupled=True)
+        tensors = [pb.Tensor(name, array) for name, array in inputs.items()
+                   if sampling is None or name not in _CONTROL]
+        if sampling is not None:
+            tensors.append(pb.Tensor("sampling_parameters",
+                                     np.array([json.dumps(sampling).encode()], dtype=np.object_)))
+            tensors.append(pb.Tensor("stream", np.array([stream], dtype=bool)))
+        return pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[],
+                                   parameters=parameters).exec(decoupled=True)
 
 
 def _sampling(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
