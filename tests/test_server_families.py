@@ -99,16 +99,19 @@ def test_grpc_streams_give_hf_greedy_tokens(moe_stack, family):
 
 def test_openai_completions_give_hf_greedy_tokens(moe_stack):
     _, frontend, models = moe_stack
-    _, tok, prompts, ref = models["qwen3_moe"]
+    _, _, prompts, ref = models["qwen3_moe"]
+    assert _completion_ids(frontend, "qwen3_moe", prompts[:2]) == ref[:2]
+
+
+def _completion_ids(frontend, model: str, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy OpenAI completions of MAX_NEW tokens each, as token ids (each ended by length)."""
     status, body = http_request(frontend.url + "/v1/completions", {
-        "model": "qwen3_moe", "prompt": prompts[:2], "max_tokens": MAX_NEW, "min_tokens": MAX_NEW,
+        "model": model, "prompt": prompts, "max_tokens": MAX_NEW, "min_tokens": MAX_NEW,
         "temperature": 0, "return_tokens_as_token_ids": True, "logprobs": 0})
     assert status == 200, body
     choices = sorted(json.loads(body)["choices"], key=lambda c: c["index"])
-    for choice, expected in zip(choices, ref[:2]):
-        ids = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
-        assert ids == expected
-        assert choice["finish_reason"] == "length"
+    assert [c["finish_reason"] for c in choices] == ["length"] * len(prompts)
+    return [[int(t.removeprefix("token_id:")) for t in c["logprobs"]["tokens"]] for c in choices]
 
 
 def test_disaggregated_prefill_through_triton_gives_hf_greedy_tokens(moe_stack):
@@ -170,10 +173,5 @@ def test_openai_completions_through_the_disaggregated_entry_point(moe_stack):
     """The OpenAI frontend serves the entry point as any model (its description comes from the
     decode model): completions give HF's greedy tokens."""
     _, frontend, models = moe_stack
-    _, tok, prompts, ref = models["qwen3_moe"]
-    status, body = http_request(frontend.url + "/v1/completions", {
-        "model": "llm_disagg", "prompt": prompts[:2], "max_tokens": MAX_NEW, "min_tokens": MAX_NEW,
-        "temperature": 0, "return_tokens_as_token_ids": True, "logprobs": 0})
-    assert status == 200, body
-    choices = sorted(json.loads(body)["choices"], key=lambda c: c["index"])
-    assert [[int(t.removeprefix("token_id:")) for t in c["logprobs"]["tokens"]] for c in choices] == ref[:2]
+    _, _, prompts, ref = models["qwen3_moe"]
+    assert _completion_ids(frontend, "llm_disagg", prompts[:2]) == ref[:2]

@@ -81,6 +81,14 @@ class KVConnector:
         if params["remote_num_tokens"] != seq.num_prompt_tokens:
             raise ValueError(f"kv_transfer_params: the producer computed {params['remote_num_tokens']} prompt "
                              f"tokens, this request has {seq.num_prompt_tokens}: not the same prompt.")
+        block_ids, needed = params["remote_block_ids"], self.block_manager.blocks_needed(seq.num_prompt_tokens)
+        if (not isinstance(block_ids, list) or len(block_ids) != needed
+                or not all(type(b) is int and b >= 0 for b in block_ids)):
+            raise ValueError(f"kv_transfer_params: remote_block_ids must be the {needed} block ids the "
+                             f"producer returned for this prompt.")
+        if not all(isinstance(params[k], str) for k in ("remote_engine_id", "remote_metadata", "remote_request_key")):
+            raise ValueError("kv_transfer_params: remote_engine_id, remote_metadata and remote_request_key "
+                             "must be the strings the producer returned.")
         if seq.params.n != 1:
             raise ValueError("kv_transfer_params.do_remote_prefill serves n=1 requests.")
         seq.remote_prefill = RemotePrefill(params["remote_engine_id"], list(params["remote_block_ids"]),

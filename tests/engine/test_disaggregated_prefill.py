@@ -107,6 +107,14 @@ def test_misuse_is_refused_clearly(pair, llama_dir):
         consumer.add_request("a", [5, 6, 7], SamplingParams(extra_args=remote))
     with pytest.raises(ValueError, match=r"^kv_transfer_params lacks remote_engine_id, remote_block_ids, "):
         consumer.add_request("b", [5, 6, 7], SamplingParams(extra_args={"kv_transfer_params": {"do_remote_prefill": True}}))
+    forged = {"do_remote_prefill": True, "remote_engine_id": "x", "remote_block_ids": [1, None],
+              "remote_num_tokens": 3, "remote_metadata": "e30=", "remote_request_key": "k"}
+    with pytest.raises(ValueError, match=r"^kv_transfer_params: remote_block_ids must be the 1 block ids the "
+                                         r"producer returned for this prompt\.$"):
+        consumer.add_request("c", [5, 6, 7], SamplingParams(extra_args={"kv_transfer_params": forged}))
+    with pytest.raises(ValueError, match=r"^kv_transfer_params: the producer computed 3 prompt tokens, this "
+                                         r"request has 2: not the same prompt\.$"):
+        consumer.add_request("d", [5, 6], SamplingParams(extra_args={"kv_transfer_params": forged}))
     with pytest.raises(ValueError, match=r"^kv_transfer_config: kv_connector must be one of NixlConnector, got 'P2p'\.$"):
         EngineArgs(model=llama_dir, kv_transfer_config={"kv_connector": "P2p"})
     with pytest.raises(ValueError, match=r"^kv_transfer_config: kv_role must be one of kv_producer, kv_consumer, "
