@@ -213,10 +213,7 @@ class BlockManager:
             return 0
         table = seq.block_table
         for i in range(first, end):
-            block = self.blocks[table[i]]
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue[block.block_id] = block
+            self._unref(table[i])
         seq.num_released_blocks = end
         return end - first
 
@@ -280,11 +277,7 @@ class BlockManager:
             mine = set(held)
             self._pending_copies = [c for c in self._pending_copies if c[1] not in mine]
         for block_id in reversed(held):
-            block = self.blocks[block_id]
-            assert block.ref_cnt > 0, f"double free of block {block_id}"
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue[block_id] = block
+            self._unref(block_id)
         seq.block_table = []
         seq.num_cached_blocks = 0
         seq.num_released_blocks = 0
@@ -298,10 +291,15 @@ class BlockManager:
 
     def release(self, key: str) -> None:
         for block_id in reversed(self.held.pop(key, [])):
-            block = self.blocks[block_id]
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free_queue[block_id] = block
+            self._unref(block_id)
+
+    def _unref(self, block_id: int) -> None:
+        """One reference fewer; a block nobody holds joins the free queue (at its LRU end)."""
+        block = self.blocks[block_id]
+        assert block.ref_cnt > 0, f"double free of block {block_id}"
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self.free_queue[block_id] = block
 
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence state once the sequence is finished for good."""
