@@ -110,7 +110,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     # Which executor runs the model (vLLM's name and meaning): "uni" (one device in the engine's
     # process), "mp" (tensor-parallel ranks in processes of their own), or the fully qualified
-    # name of an `backend.worker.executor.Executor` subclass, "package.module.Class", built with
+    # name of an `tritium.worker.executor.Executor` subclass, "package.module.Class", built with
     # the EngineConfig (benchmarks/response_path/ drives the server with one). None: "mp" when
     # tensor_parallel_size > 1, else "uni".
     distributed_executor_backend: str | None = None

@@ -29,8 +29,8 @@ from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, W
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    from backend.config import EngineArgs
-    from backend.serving.triton_config import engine_args_from_model_config
+    from tritium.config import EngineArgs
+    from tritium.serving.triton_config import engine_args_from_model_config
 
     if args.model_config:
         with open(args.model_config, encoding="utf-8") as f:
@@ -84,7 +84,7 @@ def parse_sampling(assignments: list[str]) -> dict[str, Any]:
 def timed_generate(llm: Any, prompts: list[list[int]], max_tokens: int,
                    extra: dict[str, Any] | None = None, every: int = 1) -> tuple[float, list[Any]]:
     """extra: sampling parameters for every `every`-th request (the others greedy and plain)."""
-    from backend import SamplingParams
+    from tritium import SamplingParams
 
     plain = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     params = [plain] * len(prompts)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     workloads = [with_overrides(n, args.num_requests, args.input_len, args.output_len) for n in names]
 
-    from backend import LLM
+    from tritium import LLM
 
     kwargs = engine_kwargs(args)
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """`python -m client "prompt"`: stream a completion from the Tritium model in tritonserver."""
 import sys
 
-from client.cli import main
+from tritium.client.cli import main
 
 sys.exit(main())

@@ -9,8 +9,8 @@ import socket
 import sys
 import tempfile
 
-from frontend.cli import config_from, parse_args
-from frontend.metrics import MULTIPROC_DIR
+from tritium.frontend.cli import config_from, parse_args
+from tritium.frontend.metrics import MULTIPROC_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     if args.workers > 1 and hasattr(socket, "SO_REUSEPORT") and sys.platform.startswith("linux"):
-        from frontend.workers import serve_workers
+        from tritium.frontend.workers import serve_workers
 
         return serve_workers(argv, args.workers)
     import uvicorn

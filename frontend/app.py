@@ -11,19 +11,19 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from frontend.catch_all import CatchAll
-from frontend.chat import ChatCompletions
-from frontend.chat_output import ChatParsing
-from frontend.completions import Completions
-from frontend.errors import OpenAIError, bad_request
-from frontend.json_body import decode_json_body, read_body
-from frontend import __version__
-from frontend.metrics import CONTENT_TYPE, FrontendMetrics, default_triton_metrics_url
-from frontend.model_cards import model_cards, one_model_card
-from frontend.model_registry import ModelRegistry
-from frontend.responses import Responses
-from frontend.tokenization import Tokenization
-from frontend.triton_gateway import TritonGateway
+from tritium.frontend.catch_all import CatchAll
+from tritium.frontend.chat import ChatCompletions
+from tritium.frontend.chat_output import ChatParsing
+from tritium.frontend.completions import Completions
+from tritium.frontend.errors import OpenAIError, bad_request
+from tritium.frontend.json_body import decode_json_body, read_body
+from tritium.frontend import __version__
+from tritium.frontend.metrics import CONTENT_TYPE, FrontendMetrics, default_triton_metrics_url
+from tritium.frontend.model_cards import model_cards, one_model_card
+from tritium.frontend.model_registry import ModelRegistry
+from tritium.frontend.responses import Responses
+from tritium.frontend.tokenization import Tokenization
+from tritium.frontend.triton_gateway import TritonGateway
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 import logging
 from typing import Any
 
-from frontend.errors import OpenAIError
+from tritium.frontend.errors import OpenAIError
 
 logger = logging.getLogger("frontend")
 

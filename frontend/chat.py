@@ -8,16 +8,16 @@ from typing import Any, AsyncIterator, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from frontend.chat_output import ChatParsing, ChoiceOutput, delta_dict
-from frontend.errors import OpenAIError
-from frontend.limits import check_prompt_text
-from frontend.logprobs import chat_logprobs
-from frontend.model_registry import ModelRegistry, ServedModel
-from frontend.protocol import ChatCompletionRequest, parse_body
-from frontend.sampling import chat_sampling
-from frontend.serving import (SSE_DONE, TokenCounts, collect, new_id, resolve_model, sse,
+from tritium.frontend.chat_output import ChatParsing, ChoiceOutput, delta_dict
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.limits import check_prompt_text
+from tritium.frontend.logprobs import chat_logprobs
+from tritium.frontend.model_registry import ModelRegistry, ServedModel
+from tritium.frontend.protocol import ChatCompletionRequest, parse_body
+from tritium.frontend.sampling import chat_sampling
+from tritium.frontend.serving import (SSE_DONE, TokenCounts, collect, new_id, resolve_model, sse,
                               until_disconnected)
-from frontend.triton_gateway import Chunk, GenerationRequest, TritonGateway
+from tritium.frontend.triton_gateway import Chunk, GenerationRequest, TritonGateway
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:

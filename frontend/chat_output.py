@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
-from frontend.errors import bad_request
-from frontend.protocol import ChatCompletionRequest
-from frontend.reasoning import REASONING_PARSERS, ReasoningParser
-from frontend.tool_parsers import (TOOL_PARSERS, DeltaMessage, NamedToolParser, RequiredToolParser,
+from tritium.frontend.errors import bad_request
+from tritium.frontend.protocol import ChatCompletionRequest
+from tritium.frontend.reasoning import REASONING_PARSERS, ReasoningParser
+from tritium.frontend.tool_parsers import (TOOL_PARSERS, DeltaMessage, NamedToolParser, RequiredToolParser,
                                    ToolParser)
 
 

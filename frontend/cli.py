@@ -6,10 +6,10 @@ import argparse
 import json
 import os
 
-from frontend.app import FrontendConfig, create_app
-from frontend.chat_output import ChatParsing
-from frontend.reasoning import REASONING_PARSERS
-from frontend.tool_parsers import TOOL_PARSERS
+from tritium.frontend.app import FrontendConfig, create_app
+from tritium.frontend.chat_output import ChatParsing
+from tritium.frontend.reasoning import REASONING_PARSERS
+from tritium.frontend.tool_parsers import TOOL_PARSERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

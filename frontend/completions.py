@@ -8,14 +8,14 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from frontend.errors import OpenAIError, bad_request
-from frontend.logprobs import CompletionLogprobs
-from frontend.model_registry import ModelRegistry, ServedModel
-from frontend.protocol import CompletionRequest, parse_body
-from frontend.sampling import completion_sampling
-from frontend.serving import (SSE_DONE, TokenCounts, Totals, collect, merge, new_id, resolve_model,
+from tritium.frontend.errors import OpenAIError, bad_request
+from tritium.frontend.logprobs import CompletionLogprobs
+from tritium.frontend.model_registry import ModelRegistry, ServedModel
+from tritium.frontend.protocol import CompletionRequest, parse_body
+from tritium.frontend.sampling import completion_sampling
+from tritium.frontend.serving import (SSE_DONE, TokenCounts, Totals, collect, merge, new_id, resolve_model,
                               sse, until_disconnected)
-from frontend.triton_gateway import GenerationRequest, TritonGateway
+from tritium.frontend.triton_gateway import GenerationRequest, TritonGateway
 
 
 def prompts_of(req: CompletionRequest) -> list[str | list[int]]:

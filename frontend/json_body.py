@@ -6,8 +6,8 @@ import json
 import re
 from typing import Any, AsyncIterator
 
-from frontend.errors import bad_request
-from frontend.limits import MAX_BODY_BYTES, body_too_large
+from tritium.frontend.errors import bad_request
+from tritium.frontend.limits import MAX_BODY_BYTES, body_too_large
 
 # JSON's \uD800-\uDFFF escapes can leave a lone UTF-16 surrogate in a decoded string (a pair
 # decodes to one character). Such a string cannot be encoded as UTF-8, so neither the tokenizer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.errors import OpenAIError, bad_request
+from tritium.frontend.errors import OpenAIError, bad_request
 
 MAX_BODY_BYTES = 16 * 2**20  # a request body, read in pieces up to this
 MAX_N = 128  # OpenAI's largest n; best_of too

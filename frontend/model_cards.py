@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from frontend.model_registry import ModelRegistry, model_not_found
+from tritium.frontend.model_registry import ModelRegistry, model_not_found
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from frontend.errors import OpenAIError
-from frontend.triton_gateway import TritonGateway
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.triton_gateway import TritonGateway
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class ServedModel:
                                   "with --tokenizer DIR")
             # The engine's loader: it falls back to tokenizer.json where transformers'
             # AutoTokenizer cannot be imported (its optional dependencies built for another NumPy).
-            from backend.engine.tokenizer import load_tokenizer
+            from tritium.engine.tokenizer import load_tokenizer
             self._tokenizer = load_tokenizer(self.tokenizer_path)
         return self._tokenizer
 

@@ -8,9 +8,9 @@ from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from frontend.errors import OpenAIError, bad_request
-from frontend.limits import check_collection_sizes, check_values
-from frontend.refused_fields import CHAT_REFUSED, COMPLETION_REFUSED, refuse_unsupported
+from tritium.frontend.errors import OpenAIError, bad_request
+from tritium.frontend.limits import check_collection_sizes, check_values
+from tritium.frontend.refused_fields import CHAT_REFUSED, COMPLETION_REFUSED, refuse_unsupported
 
 
 class _Body(BaseModel):

@@ -10,7 +10,7 @@
 Fed piece by piece, like the tool parsers: a tag split over pieces is held until it is whole."""
 from __future__ import annotations
 
-from frontend.tool_parsers.base import DeltaMessage, held_back
+from tritium.frontend.tool_parsers.base import DeltaMessage, held_back
 
 START, END = "<think>", "</think>"
 

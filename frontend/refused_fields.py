@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.errors import OpenAIError, bad_request
+from tritium.frontend.errors import OpenAIError, bad_request
 
 # Field -> the values that leave the request unchanged (vLLM's defaults, or "off").
 _BOTH: dict[str, tuple[Any, ...]] = {

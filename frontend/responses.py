@@ -11,14 +11,14 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from frontend.chat import ChatCompletions
-from frontend.chat_output import ChoiceOutput
-from frontend.errors import OpenAIError
-from frontend.responses_output import Event, OutputItems
-from frontend.responses_request import ResponsesRequest, parse_responses_request
-from frontend.serving import TokenCounts, collect, new_id, until_disconnected
-from frontend.tool_parsers import DeltaMessage
-from frontend.triton_gateway import Chunk
+from tritium.frontend.chat import ChatCompletions
+from tritium.frontend.chat_output import ChoiceOutput
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.responses_output import Event, OutputItems
+from tritium.frontend.responses_request import ResponsesRequest, parse_responses_request
+from tritium.frontend.serving import TokenCounts, collect, new_id, until_disconnected
+from tritium.frontend.tool_parsers import DeltaMessage
+from tritium.frontend.triton_gateway import Chunk
 
 # The chat request's field (or the engine's parameter) behind each Responses field named otherwise.
 _FIELD_NAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",

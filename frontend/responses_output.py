@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from frontend.tool_parsers import DeltaMessage, ToolCallDelta
+from tritium.frontend.tool_parsers import DeltaMessage, ToolCallDelta
 
 Event = dict[str, Any]  # a stream event without its sequence_number
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from frontend.errors import bad_request
-from frontend.protocol import NON_TEXT_PARTS, ChatCompletionRequest, SamplingFields, _Body, parse_body
-from frontend.refused_fields import CHAT_REFUSED
+from tritium.frontend.errors import bad_request
+from tritium.frontend.protocol import NON_TEXT_PARTS, ChatCompletionRequest, SamplingFields, _Body, parse_body
+from tritium.frontend.refused_fields import CHAT_REFUSED
 
 # The Responses API's fields this server does not implement, and their no-op values (see
 # frontend/refused_fields.py); chat's refused vLLM extras too. Those that need more words are

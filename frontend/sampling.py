@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.errors import bad_request
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
-from frontend.tool_parsers.required import required_schema
+from tritium.frontend.errors import bad_request
+from tritium.frontend.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat, SamplingFields
+from tritium.frontend.tool_parsers.required import required_schema
 
 # Fields whose names and meanings are the same in OpenAI's API, vLLM's and the engine's.
 _PASS_THROUGH = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",

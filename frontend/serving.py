@@ -11,10 +11,10 @@ from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from starlette.requests import Request
 
-from frontend.errors import OpenAIError
-from frontend.limits import check_max_tokens
-from frontend.model_registry import ModelRegistry, ServedModel
-from frontend.triton_gateway import Chunk
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.limits import check_max_tokens
+from tritium.frontend.model_registry import ModelRegistry, ServedModel
+from tritium.frontend.triton_gateway import Chunk
 
 T = TypeVar("T")
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from frontend.chat import template_messages
-from frontend.errors import OpenAIError, bad_request
-from frontend.limits import check_prompt_text
-from frontend.model_registry import ModelRegistry, Target
-from frontend.protocol import ChatMessage, Tool, _Body, parse_body
-from frontend.refused_fields import refuse_unsupported
+from tritium.frontend.chat import template_messages
+from tritium.frontend.errors import OpenAIError, bad_request
+from tritium.frontend.limits import check_prompt_text
+from tritium.frontend.model_registry import ModelRegistry, Target
+from tritium.frontend.protocol import ChatMessage, Tool, _Body, parse_body
+from tritium.frontend.refused_fields import refuse_unsupported
 
 # The most token ids one /detokenize takes: more than any model's context, and bounded so that
 # one request cannot hold this process decoding for long.

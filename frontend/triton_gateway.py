@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE
 from tritonclient.utils import InferenceServerException
 
-from frontend.errors import ERROR_DETAILS, OpenAIError, from_triton
+from tritium.frontend.errors import ERROR_DETAILS, OpenAIError, from_triton
 
 # The request parameter that asks a Tritium model to describe itself instead of generating
 # (backend/serving/triton_request.py's MODEL_INFO, a wire contract that tests/test_frontend_units.py checks).

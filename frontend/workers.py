@@ -11,9 +11,9 @@ import socket
 from multiprocessing.connection import wait as wait_for_exit
 from typing import Any
 
-from frontend.cli import config_from, parse_args
-from frontend.app import create_app
-from frontend.metrics import MULTIPROC_DIR
+from tritium.frontend.cli import config_from, parse_args
+from tritium.frontend.app import create_app
+from tritium.frontend.metrics import MULTIPROC_DIR
 
 
 # Set in each worker process by _worker: how many workers have finished starting, of how many.

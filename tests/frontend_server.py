@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from triton_server import ROOT, TEST_ENGINE_ARGS, TritonServer, _free_ports, http_request, start_server, write_model_repository
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from build_default_model import add_chat_template  # noqa: E402
+from scripts.build_default_model import add_chat_template
 
 
 @dataclass
@@ -43,7 +42,7 @@ def start_frontend(grpc_url: str, log_path: str, *args: str, timeout: float = 60
     """python -m frontend on a free port; waits until /health answers 200."""
     (port,) = _free_ports(1)
     log = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "frontend", "--triton-grpc", grpc_url,
+    proc = subprocess.Popen([sys.executable, "-m", "tritium.frontend", "--triton-grpc", grpc_url,
                              "--host", "127.0.0.1", "--port", str(port), "--log-level", "info", *args],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()

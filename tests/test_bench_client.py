@@ -12,7 +12,6 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from benchmarks.loadgen.bench import _split, lora_names_for, sampling_parameters  # noqa: E402
 from benchmarks.loadgen.bench_model_repo import get_parameters, parse_assignments, set_parameters  # noqa: E402
@@ -41,9 +40,8 @@ def test_prompts_have_exact_lengths_and_range():
 def test_prompts_are_reproducible_across_machines():
     # String-seeded random: the same ids in every process, whatever PYTHONHASHSEED is.
     assert make_prompts(1, 8, seed=0, tag="A")[0] == make_prompts(1, 8, seed=0, tag="A")[0]
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from benchmarks.loadgen.workloads import make_prompts; print(make_prompts(2, 6, seed=3, tag='B'))")
-    outs = {subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, check=True,
+    code = ("from benchmarks.loadgen.workloads import make_prompts; print(make_prompts(2, 6, seed=3, tag='B'))")
+    outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)}
     assert outs == {f"{make_prompts(2, 6, seed=3, tag='B')}\n"}
 
@@ -309,10 +307,9 @@ def test_bench_tokenizer_has_text_for_every_id_of_the_vocabulary(tmp_path):
     decodes to text, and streamed detokenization gives the full decode (what the benchmark's
     serving path does with each generated token)."""
     import random
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import build_bench_tokenizer
+    from scripts import build_bench_tokenizer
 
-    from backend.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
+    from tritium.engine.tokenizer import IncrementalDetokenizer, load_tokenizer
     build_bench_tokenizer.build(str(tmp_path), 700)
     tok = load_tokenizer(str(tmp_path))
     assert len(tok) == 700
@@ -328,10 +325,8 @@ def test_bench_tokenizer_has_text_for_every_id_of_the_vocabulary(tmp_path):
 def test_benchmark_sampling_options():
     """benchmarks/offline.py --sampling / benchmarks/engine/sampling_cost.py --variant: vLLM's
     names with JSON values."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "engine"))
-    from offline import parse_sampling
-    from sampling_cost import parse_variant
+    from benchmarks.engine.sampling_cost import parse_variant
+    from benchmarks.offline import parse_sampling
     assert parse_sampling(["repetition_penalty=1.1", "stop=[\"x\"]", "bad_words=oops"]) == {
         "repetition_penalty": 1.1, "stop": ["x"], "bad_words": "oops"}
     assert parse_variant("pen:8:repetition_penalty=1.2,presence_penalty=0.1") == (

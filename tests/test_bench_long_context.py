@@ -10,7 +10,6 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from benchmarks.loadgen.bench_report import collect, derive, render_table  # noqa: E402
 from benchmarks.loadgen.workload_plan import model_context_limit, plan, repository_max_model_len  # noqa: E402

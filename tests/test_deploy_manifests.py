@@ -107,8 +107,8 @@ def test_the_validator_rejects_a_misspelt_field():
 
 @pytest.mark.parametrize("gpus", sorted(OVERLAYS))
 def test_overlay_sets_the_gpu_limit_and_tensor_parallel_size(gpus, tiny_model):
-    from backend.config import EngineArgs
-    from backend.serving.triton_config import engine_args_from_model_config
+    from tritium.config import EngineArgs
+    from tritium.serving.triton_config import engine_args_from_model_config
 
     objects = render(OVERLAYS[gpus])
     assert server_container(objects)["resources"]["limits"]["nvidia.com/gpu"] == gpus
@@ -191,7 +191,7 @@ def test_termination_grace_covers_prestop_and_drain():
 
 
 def test_hpa_scales_the_deployment_on_the_adapter_metric():
-    from backend.serving.triton_metrics import METRICS
+    from tritium.serving.triton_metrics import METRICS
 
     objects = render(OVERLAYS[1])
     hpa = one(objects, "HorizontalPodAutoscaler")

@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from frontend import limits
+from tritium.frontend import limits
 from triton_server import StreamCollector, grpc_inputs, http_request, stub_pids
 
 CHAT = {"model": "llm", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

@@ -278,7 +278,7 @@ def test_an_unexpected_error_is_a_500_in_openai_shape_and_the_connection_lives(t
 
     from starlette.responses import StreamingResponse
 
-    from frontend.app import FrontendConfig, create_app
+    from tritium.frontend.app import FrontendConfig, create_app
     from triton_server import _free_ports
 
     app = create_app(FrontendConfig(triton_grpc="127.0.0.1:1", triton_metrics=""))

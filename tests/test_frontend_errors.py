@@ -11,8 +11,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from frontend.errors import OpenAIError
-from frontend.triton_gateway import GenerationRequest, TritonGateway
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.triton_gateway import GenerationRequest, TritonGateway
 from frontend_server import start_frontend
 from triton_server import StreamCollector, grpc_inputs, wait_until
 

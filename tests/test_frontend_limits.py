@@ -4,12 +4,12 @@ import asyncio
 
 import pytest
 
-from backend.serving import request_limits
-from frontend import limits
-from frontend.errors import OpenAIError
-from frontend.json_body import decode_json_body, read_body
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from frontend.responses_request import ResponsesRequest
+from tritium.serving import request_limits
+from tritium.frontend import limits
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.json_body import decode_json_body, read_body
+from tritium.frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from tritium.frontend.responses_request import ResponsesRequest
 
 MSG = [{"role": "user", "content": "Hi"}]
 CHAT = {"model": "m", "messages": MSG}

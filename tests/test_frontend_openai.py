@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from backend import LLM, SamplingParams
+from tritium import LLM, SamplingParams
 from triton_server import TEST_ENGINE_ARGS
 
 SYSTEM, USER = "You are brief.", "Explain PagedAttention"

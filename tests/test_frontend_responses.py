@@ -9,11 +9,11 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from frontend.chat_output import ChatParsing
-from frontend.responses import _Reply
-from frontend.responses_request import parse_responses_request
-from frontend.serving import TokenCounts
-from frontend.triton_gateway import Chunk
+from tritium.frontend.chat_output import ChatParsing
+from tritium.frontend.responses import _Reply
+from tritium.frontend.responses_request import parse_responses_request
+from tritium.frontend.serving import TokenCounts
+from tritium.frontend.triton_gateway import Chunk
 from scripts import tool_chat_formats as tm
 
 # tm.TOOLS in the Responses API's flat shape.

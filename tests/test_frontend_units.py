@@ -2,12 +2,12 @@
 entries -> the sampled token, the model's error kinds -> HTTP statuses."""
 import pytest
 
-from backend.errors import ERROR_DETAILS as BACKEND_ERROR_DETAILS
-from backend.errors import ErrorKind, RequestError
-from frontend.errors import ERROR_DETAILS, STATUSES, OpenAIError, from_triton
-from frontend.logprobs import CompletionLogprobs, sampled_key
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from frontend.sampling import chat_sampling, completion_sampling
+from tritium.errors import ERROR_DETAILS as BACKEND_ERROR_DETAILS
+from tritium.errors import ErrorKind, RequestError
+from tritium.frontend.errors import ERROR_DETAILS, STATUSES, OpenAIError, from_triton
+from tritium.frontend.logprobs import CompletionLogprobs, sampled_key
+from tritium.frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from tritium.frontend.sampling import chat_sampling, completion_sampling
 
 MSG = [{"role": "user", "content": "Hi"}]
 
@@ -117,7 +117,7 @@ def _response(outputs):
 
 
 def test_parse_chunk_reads_raw_output_contents():
-    from frontend.triton_gateway import parse_chunk
+    from tritium.frontend.triton_gateway import parse_chunk
 
     c = parse_chunk(_response([("text_output", "BYTES", ["é x".encode(), b""]),
                                ("finish_reason", "BYTES", [b"None", b"length"]),
@@ -136,7 +136,7 @@ def test_generations_spread_over_the_gateway_channels():
     """Each generation takes the channel with the fewest open streams; a finished one frees it."""
     import asyncio
 
-    from frontend.triton_gateway import GenerationRequest, TritonGateway
+    from tritium.frontend.triton_gateway import GenerationRequest, TritonGateway
 
     final = _response([("text_output", "BYTES", [b"x"])])
     final.parameters["triton_final_response"].bool_param = True
@@ -200,7 +200,7 @@ def test_the_gateway_reaches_a_triton_that_comes_up_late():
 
     import grpc
 
-    from frontend.triton_gateway import RECONNECT_BACKOFF_MS, TritonGateway
+    from tritium.frontend.triton_gateway import RECONNECT_BACKOFF_MS, TritonGateway
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,7 +239,7 @@ def test_engine_errors_are_renamed_to_the_fields_the_request_used():
 
 
 def test_json_bodies_with_lone_surrogates_name_the_field():
-    from frontend.json_body import decode_json_body
+    from tritium.frontend.json_body import decode_json_body
 
     assert decode_json_body(b'{"a": ["\\ud83d\\ude00", "\\u00e9"]}') == {"a": ["\U0001F600", "\u00e9"]}
     for raw, param in ((b'{"a": [1, {"b": "x\\udc00"}]}', "a.1.b"), (b'"\\ud800"', None),
@@ -253,7 +253,7 @@ def test_json_bodies_with_lone_surrogates_name_the_field():
 
 
 def test_metrics_pass_only_the_vllm_families_and_find_triton():
-    from frontend.metrics import _is_vllm, default_triton_metrics_url
+    from tritium.frontend.metrics import _is_vllm, default_triton_metrics_url
 
     text = ("# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\n"
             'nv_inference_count{model="llm"} 3\n# HELP vllm:prompt_tokens_total Prompt tokens\n'
@@ -266,7 +266,7 @@ def test_metrics_pass_only_the_vllm_families_and_find_triton():
 
 
 def test_vllm_samples_get_the_model_name_label_of_the_served_name():
-    from frontend.metrics import with_model_name
+    from tritium.frontend.metrics import with_model_name
 
     names = {"llm": "meta-llama/Llama-3.1-8B"}
     assert [with_model_name(line, names) for line in (
@@ -284,14 +284,14 @@ def test_vllm_samples_get_the_model_name_label_of_the_served_name():
 
 
 def test_the_frontend_speaks_the_models_info_contract():
-    from backend.serving.triton_request import MODEL_INFO as BACKEND_MODEL_INFO
-    from frontend.triton_gateway import MODEL_INFO
+    from tritium.serving.triton_request import MODEL_INFO as BACKEND_MODEL_INFO
+    from tritium.frontend.triton_gateway import MODEL_INFO
 
     assert MODEL_INFO == BACKEND_MODEL_INFO
 
 
 def test_served_model_names_need_one_triton_model():
-    from frontend.cli import config_from, parse_args
+    from tritium.frontend.cli import config_from, parse_args
 
     config = config_from(parse_args(["--model", "llm", "--served-model-name", "org/m", "m"]))
     assert (config.models, config.served_model_names) == (("llm",), ("org/m", "m"))
@@ -313,7 +313,7 @@ def test_stream_options_need_stream_and_content_parts_must_be_text():
 def test_tokenize_refuses_a_chat_template_of_the_requests_own():
     import asyncio
 
-    from frontend.tokenization import Tokenization
+    from tritium.frontend.tokenization import Tokenization
 
     body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}
     with pytest.raises(OpenAIError) as info:

@@ -10,15 +10,15 @@ import httpx
 import pytest
 from tritonclient.grpc import service_pb2
 
-from frontend.chat import echo_prefix, template_kwargs
-from frontend.chat_output import ChoiceOutput, delta_dict
-from frontend.errors import OpenAIError
-from frontend.logprobs import CompletionLogprobs, chat_logprobs
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from frontend.reasoning import ReasoningParser
-from frontend.refused_fields import CHAT_REFUSED, COMPLETION_REFUSED
-from frontend.sampling import chat_sampling, completion_sampling
-from frontend.triton_gateway import parse_chunk
+from tritium.frontend.chat import echo_prefix, template_kwargs
+from tritium.frontend.chat_output import ChoiceOutput, delta_dict
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.logprobs import CompletionLogprobs, chat_logprobs
+from tritium.frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from tritium.frontend.reasoning import ReasoningParser
+from tritium.frontend.refused_fields import CHAT_REFUSED, COMPLETION_REFUSED
+from tritium.frontend.sampling import chat_sampling, completion_sampling
+from tritium.frontend.triton_gateway import parse_chunk
 from triton_server import ROOT
 
 MSG = [{"role": "user", "content": "Hi"}]

@@ -6,8 +6,8 @@ tests/test_server_lora.py, whose server has adapters."""
 import httpx
 import pytest
 
-import frontend
-from backend.engine.tokenizer import load_tokenizer
+from tritium import frontend
+from tritium.engine.tokenizer import load_tokenizer
 from triton_server import TEST_ENGINE_ARGS
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

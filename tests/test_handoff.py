@@ -1,10 +1,10 @@
-"""backend.serving.handoff.Handoff: what the Triton stub's sender thread is fed through."""
+"""tritium.serving.handoff.Handoff: what the Triton stub's sender thread is fed through."""
 from __future__ import annotations
 
 import threading
 import time
 
-from backend.serving.handoff import Handoff
+from tritium.serving.handoff import Handoff
 
 
 def test_every_item_arrives_once_in_each_producers_order():

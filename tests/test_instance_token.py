@@ -1,5 +1,5 @@
 """InstanceToken: a reload's new instance replaces the old one of the same name in one server."""
-from backend.serving.retirement import InstanceToken
+from tritium.serving.retirement import InstanceToken
 
 
 def test_newer_instance_of_a_name_replaces_the_older(tmp_path):

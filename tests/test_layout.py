@@ -11,43 +11,46 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = ("backend", "frontend", "kernels")
+# The import name of each folder (pyproject.toml / setup.py): backend/ is the `tritium` package.
+IMPORT_NAMES = {"backend": "tritium", "kernels": "tritium.kernels", "frontend": "tritium.frontend",
+                "client": "tritium.client"}
 
 # Each module's layer: a package's modules are its package's (the first entry that names it);
 # the public names (backend/__init__, backend/llm.py) are "api"; backend's other top-level modules
 # (config, sampling params, the step contract, outputs, ...) are "records". A layer imports only
 # its own and the layers after it.
 PACKAGE_LAYERS = {
-    "backend.serving": "serving",
-    "backend.drivers": "drivers",
-    "backend.engine": "engine",
-    "backend.core": "core",
-    "backend.worker": "worker",
+    "tritium.serving": "serving",
+    "tritium.drivers": "drivers",
+    "tritium.engine": "engine",
+    "tritium.core": "core",
+    "tritium.worker": "worker",
     # Moving KV blocks between engine instances works on the worker's cache tensors.
-    "backend.kv_transfer": "worker",
+    "tritium.kv_transfer": "worker",
     # Speculative decoding is one package whose modules sit at the level of what they use: the
     # proposers that run a model are the worker's (its graphs, batches, model builder), the draft
     # vocabulary check loads the engine's tokenizer; the rest (what a proposer is, n-gram lookup,
     # verification, the counters) sits below the layers, whose sampler verifies with it.
-    "backend.spec_decode.draft_model": "worker",
-    "backend.spec_decode.eagle": "worker",
-    "backend.spec_decode.vocabulary": "engine",
-    "backend.spec_decode": "spec_decode",
-    "backend.models": "models",
-    "backend.layers": "layers",
-    "kernels": "kernels",
-    "frontend": "frontend",
+    "tritium.spec_decode.draft_model": "worker",
+    "tritium.spec_decode.eagle": "worker",
+    "tritium.spec_decode.vocabulary": "engine",
+    "tritium.spec_decode": "spec_decode",
+    "tritium.models": "models",
+    "tritium.layers": "layers",
+    "tritium.kernels": "kernels",
+    "tritium.frontend": "frontend",
 }
-API = ("backend", "backend.llm")
+API = ("tritium", "tritium.llm")
 # The serving side (the Triton adapter and what it needs) uses the public names like any client.
 LAYERS = ("serving", "api", "drivers", "engine", "core", "worker", "models", "layers", "spec_decode", "records",
           "kernels")
 # The OpenAI frontend is a separate process that speaks Triton's gRPC: it may load the engine's
 # tokenizer code (backend.engine.tokenizer), nothing that runs a model.
-FRONTEND_MAY_IMPORT = ("backend.engine.tokenizer",)
-SPEC_DECODE = "backend.spec_decode"
+FRONTEND_MAY_IMPORT = ("tritium.engine.tokenizer",)
+SPEC_DECODE = "tritium.spec_decode"
 # The scheduling core (scheduler, KV-cache manager and block pools, sequences) is plain Python: it
 # imports the standard library, backend's records and itself, so that it runs without torch.
-CORE = "backend.core"
+CORE = "tritium.core"
 # Speculative decoding's own kinds of names: a proposer, and what verifies proposals.
 SPEC_DECODE_NAMES = re.compile(r"Proposer$|verify_drafts|verification_runs|rejection_sampl|num_accepted|WithProposals")
 
@@ -66,7 +69,8 @@ def _modules(root: str, trees=TREES) -> dict[str, str]:
             for f in files:
                 if f.endswith(".py"):
                     path = os.path.join(d, f)
-                    name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                    rel = os.path.relpath(path, os.path.join(root, tree))[:-3].replace(os.sep, ".")
+                    name = f"{IMPORT_NAMES[tree]}.{rel}"
                     out[name.removesuffix(".__init__")] = path
     return out
 
@@ -98,7 +102,7 @@ def _layer(module: str) -> str:
     for package, layer in PACKAGE_LAYERS.items():
         if module == package or module.startswith(package + "."):
             return layer
-    assert module.startswith("backend."), module
+    assert module.startswith("tritium."), module
     return "records"
 
 
@@ -190,7 +194,7 @@ def core_impurities(root: str = ROOT) -> list[str]:
             top = target.partition(".")[0]
             ok = (top in sys.stdlib_module_names or top == "__future__" or target == CORE
                   or target.startswith(CORE + ".")
-                  or (target.startswith("backend.") and _layer(target) == "records"))
+                  or (target.startswith("tritium.") and _layer(target) == "records"))
             if not ok:
                 out.append(f"{name} (line {line}) imports {target}")
     return out
@@ -224,9 +228,9 @@ def test_the_core_check_finds_planted_imports(tmp_path):
         os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert sorted(core_impurities(str(tmp_path))) == [
-        "backend.core.scheduler (line 2) imports torch",
-        "backend.core.scheduler (line 5) imports backend.engine.tokenizer",
-        "backend.core.scheduler (line 7) imports numpy"]
+        "tritium.core.scheduler (line 2) imports torch",
+        "tritium.core.scheduler (line 5) imports tritium.engine.tokenizer",
+        "tritium.core.scheduler (line 7) imports numpy"]
 
 
 def spec_decode_outside(root: str = ROOT, trees=TREES) -> list[str]:
@@ -275,11 +279,11 @@ def test_the_spec_decode_checks_find_a_planted_proposer_verifier_and_upward_impo
         os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert sorted(spec_decode_outside(str(tmp_path), ("backend",))) == [
-        "backend.layers.sampler (line 4) defines _verify_drafts",
-        "backend.worker.ngram_proposer (line 1) defines NgramProposer"]
+        "tritium.layers.sampler (line 4) defines _verify_drafts",
+        "tritium.worker.ngram_proposer (line 1) defines NgramProposer"]
     assert sorted(layering_violations(all_imports(str(tmp_path), ("backend",)))) == [
-        "backend.layers.sampler (line 1, layer layers) imports backend.spec_decode.draft_model (layer worker)",
-        "backend.spec_decode.verification (line 1, layer spec_decode) imports backend.worker.input_batch "
+        "tritium.layers.sampler (line 1, layer layers) imports tritium.spec_decode.draft_model (layer worker)",
+        "tritium.spec_decode.verification (line 1, layer spec_decode) imports tritium.worker.input_batch "
         "(layer worker)"]
 
 
@@ -303,15 +307,15 @@ def test_the_checker_finds_a_planted_violation_and_cycle(tmp_path):
         (tmp_path / rel).write_text(text)
     imports = all_imports(str(tmp_path))
     assert layering_violations(imports) == [
-        "backend.layers.penalties (line 3, layer layers) imports backend.core.sequence (layer core)"]
-    assert import_cycle(imports) == ["kernels.a", "kernels.b", "kernels.a"]
+        "tritium.layers.penalties (line 3, layer layers) imports tritium.core.sequence (layer core)"]
+    assert import_cycle(imports) == ["tritium.kernels.a", "tritium.kernels.b", "tritium.kernels.a"]
     (tmp_path / "kernels/b.py").write_text("def f():\n    pass\n")
     (tmp_path / "backend/layers/penalties.py").write_text("from ..config import X\n")
     imports = all_imports(str(tmp_path))
     assert layering_violations(imports) == [] and import_cycle(imports) is None
 
 
-ADAPTER = "backend.serving.model"  # the `tritium` Triton backend: the one module Triton imports
+ADAPTER = "tritium.serving.model"  # the `tritium` Triton backend: the one module Triton imports
 
 
 def test_only_the_adapter_imports_triton_and_nothing_imports_it():
@@ -327,7 +331,7 @@ def test_only_the_adapter_imports_triton_and_nothing_imports_it():
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "triton_python_backend_utils" not in imported, name
         assert ADAPTER not in imported and not any(
-            n.module == "backend.serving" and any(a.name == "model" for a in n.names)
+            n.module == "tritium.serving" and any(a.name == "model" for a in n.names)
             for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)), name
         if name.startswith("kernels"):
             assert not any(m == "backend" or m.startswith("backend.") for m in imported), name

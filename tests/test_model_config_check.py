@@ -9,8 +9,8 @@ import re
 import pytest
 import pytriton
 
-from backend.serving.model_config_check import INPUTS, OUTPUTS, auto_complete, check_model_config
-from backend.serving.triton_request import INPUT_NAMES
+from tritium.serving.model_config_check import INPUTS, OUTPUTS, auto_complete, check_model_config
+from tritium.serving.triton_request import INPUT_NAMES
 
 
 def _pb_utils():

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backend.drivers.messages import PackedOutput, pack_output, unpack_output
-from backend.errors import (ERROR_DETAILS, EngineOverloadedError, EngineShutdownError, ErrorKind, ParameterError,
+from tritium.drivers.messages import PackedOutput, pack_output, unpack_output
+from tritium.errors import (ERROR_DETAILS, EngineOverloadedError, EngineShutdownError, ErrorKind, ParameterError,
                             RequestError, request_error)
-from backend.outputs import CompletionOutput, RequestOutput
-from backend.sampling_params import SamplingParams
-from backend.serving.response_sender import CANCELLED, TRITON_CODES, InFlight, ResponseSender
-from backend.serving.triton_request import ResponseBuilder, error_details_asked, parse_request
+from tritium.outputs import CompletionOutput, RequestOutput
+from tritium.sampling_params import SamplingParams
+from tritium.serving.response_sender import CANCELLED, TRITON_CODES, InFlight, ResponseSender
+from tritium.serving.triton_request import ResponseBuilder, error_details_asked, parse_request
 
 FINAL = 1
 

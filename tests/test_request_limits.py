@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from backend.errors import ErrorKind, ParameterError, request_error
-from backend.serving.triton_request import parse_request
+from tritium.errors import ErrorKind, ParameterError, request_error
+from tritium.serving.triton_request import parse_request
 
 
 def s(text: str) -> np.ndarray:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from backend.outputs import CompletionOutput, RequestOutput
-from backend.serving.response_sender import InFlight, ResponseSender
-from backend.serving.triton_request import ResponseBuilder, parse_request
+from tritium.outputs import CompletionOutput, RequestOutput
+from tritium.serving.response_sender import InFlight, ResponseSender
+from tritium.serving.triton_request import ResponseBuilder, parse_request
 
 FINAL = 1
 

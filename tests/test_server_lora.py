@@ -12,8 +12,7 @@ import pytest
 from triton_server import (ROOT, TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request,
                            start_server, wait_until, write_model_repository)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine"))
-from lora_adapters import write_adapter  # noqa: E402
+from tests.engine.lora_adapters import write_adapter
 
 PROMPT = "Once upon a time, in a land far away,"
 MAX_TOKENS = 16
@@ -43,7 +42,7 @@ def lora_setup(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def offline(tiny_model, lora_setup):
-    from backend import LLM, SamplingParams
+    from tritium import LLM, SamplingParams
     args = TEST_ENGINE_ARGS
     llm = LLM(tiny_model, dtype=args["dtype"], num_kv_blocks=int(args["num_kv_blocks"]),
               max_model_len=int(args["max_model_len"]), enable_lora=True, lora_modules=lora_setup[1])
@@ -74,9 +73,9 @@ def test_each_request_runs_with_its_adapter(lora_setup, offline):
     assert status == 200, body
     assert json.loads(body)["text_output"] == offline["mlp"]
     # The command-line client's --lora.
-    cli = subprocess.run([sys.executable, "-m", "client", "--url", server.grpc_url, "--temperature", "0",
+    cli = subprocess.run([sys.executable, "-m", "tritium.client", "--url", server.grpc_url, "--temperature", "0",
                           "--max-tokens", str(MAX_TOKENS), "--lora", "attn", PROMPT],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                         cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout == offline["attn"] + "\n"
@@ -89,7 +88,7 @@ def test_the_load_generator_spreads_requests_over_adapters(lora_setup, tmp_path)
         return subprocess.run([sys.executable, "-m", "benchmarks.loadgen.bench", "--url", server.grpc_url,
                                "--num-requests", str(requests), "--input-len", "8", "--output-len", "4",
                                "--procs", "1", "--warmup", "0", "--no-progress", "--lora-names", names,
-                               *extra], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                               *extra], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
     out = tmp_path / "bench.json"
     run = bench(6, "attn,mlp", "--json", str(out))

@@ -49,9 +49,9 @@ def test_cancelled_grpc_stream_frees_its_blocks(llm_server):
 def test_killed_client_process_frees_its_blocks(llm_server):
     assert wait_until(lambda: _idle(llm_server), 10)
     aborts = _aborts(llm_server)
-    client = subprocess.Popen([sys.executable, "-m", "client", "--url", llm_server.grpc_url, "--ignore-eos",
+    client = subprocess.Popen([sys.executable, "-m", "tritium.client", "--url", llm_server.grpc_url, "--ignore-eos",
                                "--max-tokens", str(CANCEL_ME["max_tokens"]), "a client that dies"],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                              cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # The server's gauges, not the client's output, tell that the stream runs: a random-weight

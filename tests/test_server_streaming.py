@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from backend import LLM, SamplingParams
+from tritium import LLM, SamplingParams
 from triton_server import (ROOT, TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request,
                            sse_events)
 
@@ -116,15 +116,14 @@ def test_64_concurrent_streams_each_end_once_with_all_tokens(llm_server):
 
 def test_cli_client_streams_the_offline_text(llm_server, offline):
     prompt = PROMPTS[0]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-m", "client", "--url", llm_server.grpc_url, "--temperature", "0",
+    out = subprocess.run([sys.executable, "-m", "tritium.client", "--url", llm_server.grpc_url, "--temperature", "0",
                           "--max-tokens", str(MAX_TOKENS), prompt],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == offline[prompt].text + "\n"
-    http = subprocess.run([sys.executable, "-m", "client", "--http", "--url", llm_server.http_url.split("//")[1],
+    http = subprocess.run([sys.executable, "-m", "tritium.client", "--http", "--url", llm_server.http_url.split("//")[1],
                            "--temperature", "0", "--max-tokens", str(MAX_TOKENS), prompt],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     assert http.returncode == 0, http.stderr
     assert http.stdout == offline[prompt].text + "\n"
 

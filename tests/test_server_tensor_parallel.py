@@ -14,8 +14,7 @@ import pytest
 from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
                            wait_until, write_model_repository)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from build_default_model import build_model  # noqa: E402
+from scripts.build_default_model import build_model
 
 PROMPTS = ["The engine streams tokens", "A cache block of the kernel", "Hello"]
 MAX_TOKENS = 12
@@ -33,7 +32,7 @@ def _tp_workers(server_pid: int) -> set[int]:
         except OSError:
             continue
         parents[int(pid)] = int(fields[1])
-        if b"backend.worker.tp_worker" in cmd and fields[0] != "Z":
+        if b"tritium.worker.tp_worker" in cmd and fields[0] != "Z":
             ranks.add(int(pid))
 
     def under_server(pid: int) -> bool:
@@ -72,7 +71,7 @@ def _generate(server, prompt: str) -> str:
 
 
 def test_greedy_text_matches_one_rank(tp_server, gqa_model):
-    from backend import LLM, SamplingParams
+    from tritium import LLM, SamplingParams
     llm = LLM(gqa_model, dtype="float32")
     want = [o.outputs[0].text for o in llm.generate(
         PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))]

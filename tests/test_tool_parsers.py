@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from frontend.chat_output import ChatParsing, ChoiceOutput
-from frontend.errors import OpenAIError
-from frontend.protocol import ChatCompletionRequest, parse_body
-from frontend.reasoning import ReasoningParser
-from frontend.tool_parsers import (HermesToolParser, Llama3JsonToolParser, MistralToolParser,
+from tritium.frontend.chat_output import ChatParsing, ChoiceOutput
+from tritium.frontend.errors import OpenAIError
+from tritium.frontend.protocol import ChatCompletionRequest, parse_body
+from tritium.frontend.reasoning import ReasoningParser
+from tritium.frontend.tool_parsers import (HermesToolParser, Llama3JsonToolParser, MistralToolParser,
                                    NamedToolParser, PythonicToolParser, Qwen3CoderToolParser,
                                    RequiredToolParser, required_schema)
 
@@ -249,7 +249,7 @@ def test_tool_choice_needs_the_flags_for_auto():
 
 
 def test_history_reaches_the_template_with_arguments_as_objects():
-    from frontend.chat import template_messages
+    from tritium.frontend.chat import template_messages
     req = request(messages=[
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
@@ -262,7 +262,7 @@ def test_history_reaches_the_template_with_arguments_as_objects():
 
 
 def test_the_frontend_flags():
-    from frontend.cli import config_from, parse_args
+    from tritium.frontend.cli import config_from, parse_args
     config = config_from(parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
                                      "--reasoning-parser", "deepseek_r1"]))
     assert config.parsing == ChatParsing("llama3_json", True, "deepseek_r1")
@@ -448,15 +448,15 @@ def test_qwen3_coder_what_is_not_a_call_stays_text(text):
     ("42", {"type": ["integer", "null"]}, 42),
 ])
 def test_qwen3_coder_parameter_values(value, schema, expected):
-    from frontend.tool_parsers.qwen3_coder import parameter_value
+    from tritium.frontend.tool_parsers.qwen3_coder import parameter_value
     assert json.loads(json.dumps(parameter_value(value, schema))) == expected
 
 
 def test_tool_choice_none_keeps_the_tools_in_the_prompt(tiny_model):
     """vLLM's default: the template still gets the tools, no reply is parsed for calls;
     --exclude-tools-when-tool-choice-none leaves them out."""
-    from frontend.chat import chat_text
-    from frontend.model_registry import ServedModel
+    from tritium.frontend.chat import chat_text
+    from tritium.frontend.model_registry import ServedModel
     from scripts import tool_chat_formats as tm
     model = ServedModel("m", True, tiny_model, chat_template=tm.HERMES.template)
     req = request(tools=TOOLS, tool_choice="none")

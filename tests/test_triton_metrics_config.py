@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from backend.engine.metrics import EngineStats
-from backend.serving.triton_config import engine_args_from_model_config
-from backend.serving.triton_metrics import MAX_OBSERVES_PER_PUBLISH, METRICS, MetricsTracker
+from tritium.engine.metrics import EngineStats
+from tritium.serving.triton_config import engine_args_from_model_config
+from tritium.serving.triton_metrics import MAX_OBSERVES_PER_PUBLISH, METRICS, MetricsTracker
 
 
 def test_counters_increment_by_deltas_and_gauges_are_set():
@@ -65,7 +65,7 @@ def test_metric_names_are_vllms():
 
 
 def test_a_restarted_engine_counts_on_from_zero():
-    from backend.engine.metrics import EngineStats
+    from tritium.engine.metrics import EngineStats
     tracker = MetricsTracker()
 
     def counters(rejected, timed_out, restarts, generation):
@@ -172,7 +172,7 @@ class _FakePbUtils:
 
 
 def test_publisher_waits_for_the_previous_instance_and_applies_deltas():
-    from backend.serving.triton_metrics import MetricsPublisher
+    from tritium.serving.triton_metrics import MetricsPublisher
 
     labels = {"model": "llm", "version": "1"}
     old = MetricsPublisher(_FakePbUtils, labels, f"tritium-test-{os.getpid()}")
@@ -205,7 +205,7 @@ def test_publisher_waits_for_the_previous_instance_and_applies_deltas():
 
 
 def test_lora_requests_info_series_of_the_current_adapters_is_the_latest():
-    from backend.serving.triton_metrics import LORA_INFO, MetricsPublisher
+    from tritium.serving.triton_metrics import LORA_INFO, MetricsPublisher
 
     assert not any(op[0] == LORA_INFO for op in MetricsTracker().update(EngineStats()))  # no LoRA
     publisher = MetricsPublisher(_FakePbUtils, {"model": "llm"}, f"tritium-lora-{os.getpid()}")

@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from backend.outputs import CompletionOutput, Logprob, RequestOutput
-from backend.serving.triton_request import ParsedRequest, ResponseBuilder, parse_request
-from backend.sampling_params import SamplingParams
+from tritium.outputs import CompletionOutput, Logprob, RequestOutput
+from tritium.serving.triton_request import ParsedRequest, ResponseBuilder, parse_request
+from tritium.sampling_params import SamplingParams
 
 
 def s(text: str | bytes) -> np.ndarray:
@@ -290,8 +290,8 @@ def test_parsed_request_is_plain_data():
 
 
 def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_objects():
-    from backend.outputs import CompletionOutput, RequestOutput
-    from backend.serving.output_folding import fold_outputs
+    from tritium.outputs import CompletionOutput, RequestOutput
+    from tritium.serving.output_folding import fold_outputs
 
     def delta(rid, text, ids, finished=False):
         return RequestOutput(rid, None, [1, 2], [CompletionOutput(0, text, ids, -1.0, None,
@@ -311,9 +311,9 @@ def test_fold_outputs_merges_a_requests_deltas_without_touching_the_engines_obje
 def test_fold_outputs_equals_accumulating_the_deltas_in_both_paths():
     """The one-sample fast path and the general one (logprobs, n samples) give what the
     engine's own accumulate gives; an output after a finished one starts a new group."""
-    from backend.engine.request import accumulate
-    from backend.outputs import CompletionOutput, Logprob, RequestOutput
-    from backend.serving.output_folding import fold_outputs
+    from tritium.engine.request import accumulate
+    from tritium.outputs import CompletionOutput, Logprob, RequestOutput
+    from tritium.serving.output_folding import fold_outputs
 
     def delta(ids, index=0, logprobs=None, finished=False, cached=0):
         c = CompletionOutput(index, "".join(chr(97 + t % 26) for t in ids), ids, -0.5 * ids[-1], logprobs,
@@ -357,7 +357,7 @@ def test_structured_outputs_arrive_under_either_name():
 
 
 def test_a_model_info_request_is_answered_with_the_models_description():
-    from backend.serving.triton_request import model_info_asked, model_info_outputs
+    from tritium.serving.triton_request import model_info_asked, model_info_outputs
 
     assert [model_info_asked(p) for p in ({"model_info": True}, '{"model_info": "true"}', {"model_info": False},
                                           '{"return_error_details": true}', None, "not json")] == [
@@ -376,7 +376,7 @@ def test_kv_transfer_params_ride_in_sampling_parameters_and_come_back_in_the_fin
     """Disaggregated prefill through the request interface: the proxy's kv_transfer_params go
     to the engine as SamplingParams.extra_args; a prefill instance's come back as a JSON tensor
     in the final response, also when the sender folded deltas."""
-    from backend.serving.output_folding import fold_outputs
+    from tritium.serving.output_folding import fold_outputs
     produced = {"do_remote_prefill": True, "remote_block_ids": [4, 9], "remote_num_tokens": 5}
     r = parse_request({"text_input": s("x"), "sampling_parameters": s(json.dumps(
         {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}))})

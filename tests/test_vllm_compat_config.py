@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from backend.serving.triton_config import serving_config
-from backend.serving.triton_request import check_lora
+from tritium.serving.triton_config import serving_config
+from tritium.serving.triton_request import check_lora
 
 
 @pytest.fixture

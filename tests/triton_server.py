@@ -236,7 +236,7 @@ def engine_pids(server_pid: int, model: str | None = None) -> list[int]:
     `model`, only the one whose stub (its parent) serves that model."""
     procs = processes()
     by_pid = {p.pid: p for p in procs}
-    return [p.pid for p in procs if p.session == server_pid and "backend.drivers.process_main" in p.cmdline
+    return [p.pid for p in procs if p.session == server_pid and "tritium.drivers.process_main" in p.cmdline
             and (model is None or model in getattr(by_pid.get(p.ppid), "cmdline", ""))]
 
 

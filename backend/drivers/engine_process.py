@@ -4,7 +4,7 @@
 A server's threads (receiving requests, sending responses, metrics) and the engine's step loop
 share one GIL when they share a process; under load the engine then waits for the GIL while the
 GPU waits for the engine. Here the parent only validates and tokenizes requests and hands
-outputs to callbacks; the child (`python -m backend.drivers.process_main FD`) runs the step loop (an EngineCore).
+outputs to callbacks; the child (`python -m tritium.drivers.process_main FD`) runs the step loop (an EngineCore).
 They talk over a socket pair: commands one way, one message of outputs per step the other.
 The child exits when told to, and on its own when the parent goes away (the socket closes).
 """
@@ -38,7 +38,6 @@ from .messages import (Bye, CheckGrammar, Command, GrammarChecked, Outputs, Pack
                        unpack_output)
 
 logger = logging.getLogger(__name__)
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENGINE_EXITED = RequestError("The engine process exited unexpectedly; the request did not finish.",
                              ErrorKind.UNAVAILABLE)
 # A first spec waits for xgrammar's start-up in the engine's process (seconds on a small CPU).
@@ -59,10 +58,8 @@ class EngineProcess(EngineClient[_Entry]):
         its in-flight requests got their error output (a supervisor restarts it)."""
         self._on_exit = on_exit
         parent, child = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen([python_executable(), "-m", "backend.drivers.process_main", str(child.fileno())],
-                                      pass_fds=[child.fileno()], env=env, cwd=_ROOT)
+        self._proc = subprocess.Popen([python_executable(), "-m", "tritium.drivers.process_main", str(child.fileno())],
+                                      pass_fds=[child.fileno()])
         child.close()
         self._conn = Connection(parent.detach())
         self._send_lock = threading.Lock()

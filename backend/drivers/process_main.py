@@ -2,7 +2,7 @@
 
 Commands arrive on a reader thread; a step's outputs go to the parent from a sender thread (the
 Outbox) while the next step runs; when the parent reads slowly, several steps' outputs travel
-in one message instead of the loop waiting. Run as `python -m backend.drivers.process_main FD`.
+in one message instead of the loop waiting. Run as `python -m tritium.drivers.process_main FD`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
+from tritium import kernels
 
 
 class SiluAndMul(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
+from tritium import kernels
 
 from .forward_context import get_attention_metadata
 

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
-from kernels.reference import w4a16_dequantize_ref
+from tritium import kernels
+from tritium.kernels.reference import w4a16_dequantize_ref
 
 from .linear import LinearBase, LinearMethod
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+from tritium import kernels
 
 from .forward_context import get_lora_mapping
 from .parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
-from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
-from kernels.validation_moe import FP8_BLOCK
+from tritium import kernels
+from tritium.kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+from tritium.kernels.validation_moe import FP8_BLOCK
 
 from .int4 import Int4LinearMethod
 from .linear import LinearMethod, ReplicatedLinear

@@ -16,7 +16,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
-import kernels
+from tritium import kernels
 
 
 @dataclass

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import kernels
-from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
-from kernels.validation_moe import FP8_BLOCK
+from tritium import kernels
+from tritium.kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+from tritium.kernels.validation_moe import FP8_BLOCK
 
 from ..config import QUANTIZATIONS
 from .int4 import INT4_METHODS, Int4Config, Int4LinearMethod

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-import kernels
+from tritium import kernels
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

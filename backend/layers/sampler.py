@@ -28,7 +28,7 @@ from typing import Any, Sequence as Seq
 import numpy as np
 import torch
 
-import kernels
+from tritium import kernels
 
 from ..spec_decode import verification
 from ..step import GrammarBitmask

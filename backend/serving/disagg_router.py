@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from backend.serving.triton_request import MODEL_INFO
+from tritium.serving.triton_request import MODEL_INFO
 
 _CONTROL = ("sampling_parameters", "stream")  # set per call by the router
 

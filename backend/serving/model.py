@@ -14,25 +14,13 @@ import time
 import traceback
 
 
-def _repo_root() -> str:
-    """The Tritium checkout: $TRITIUM_ROOT (scripts/tritonserver sets it), else above this file."""
-    if os.environ.get("TRITIUM_ROOT"):
-        return os.environ["TRITIUM_ROOT"]
-    d = os.path.dirname(os.path.realpath(__file__))
-    while d != os.path.dirname(d):
-        if os.path.isfile(os.path.join(d, "backend", "serving", "triton_request.py")):
-            return d
-        d = os.path.dirname(d)
-    raise RuntimeError("cannot find the Tritium repository: set TRITIUM_ROOT")
+import triton_python_backend_utils as pb_utils
 
+from tritium.serving.model_config_check import auto_complete, check_model_config
 
-_ROOT = _repo_root()
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from backend.serving.model_config_check import auto_complete, check_model_config  # noqa: E402
+# Where a relative `model` path in config.pbtxt starts: $TRITIUM_ROOT (scripts/tritonserver sets the
+# checkout, the container /opt/tritium), else the directory the server was started from.
+_ROOT = os.environ.get("TRITIUM_ROOT") or os.getcwd()
 
 # The engine (torch, transformers: seconds to import) is imported in initialize(), not here:
 # Triton also imports this file in a short-lived stub just to auto-complete the config.
@@ -52,17 +40,17 @@ class TritonPythonModel:
         return auto_complete(auto_complete_model_config)
 
     def initialize(self, args: dict) -> None:
-        from backend import EngineProcess, errors
-        from backend.serving.engine_supervisor import EngineSupervisor
-        from backend.serving import triton_request
-        from backend.serving.response_sender import InFlight, ResponseSender
-        from backend.serving.retirement import InstanceToken
-        from backend.serving.triton_config import serving_config
-        from backend.serving.triton_metrics import MetricsLoop
+        from tritium import EngineProcess, errors
+        from tritium.serving.engine_supervisor import EngineSupervisor
+        from tritium.serving import triton_request
+        from tritium.serving.response_sender import InFlight, ResponseSender
+        from tritium.serving.retirement import InstanceToken
+        from tritium.serving.triton_config import serving_config
+        from tritium.serving.triton_metrics import MetricsLoop
 
         config = json.loads(args["model_config"])
         notes = check_model_config(config)
-        from backend.serving.disagg_router import DisaggregatedRouter, router_targets
+        from tritium.serving.disagg_router import DisaggregatedRouter, router_targets
         targets = router_targets(config.get("parameters", {}))
         self._router = DisaggregatedRouter(pb_utils, *targets, pb_utils.Logger.log_info) if targets else None
         if self._router is not None:  # disaggregated prefill's entry point: no engine of its own
@@ -86,7 +74,7 @@ class TritonPythonModel:
             self._engine = EngineSupervisor(lambda on_exit: EngineProcess(engine_args, on_exit=on_exit),
                                             _log, max_restarts=0 if serving.health_check else 5)
         else:
-            from backend import StreamingEngine  # imports torch into this process
+            from tritium import StreamingEngine  # imports torch into this process
             self._engine = StreamingEngine(engine_args)
         self._ids = itertools.count()
         # The answer to a MODEL_INFO request (the OpenAI frontend's /v1/models and /tokenize).
@@ -160,7 +148,7 @@ class TritonPythonModel:
 
     def _unhealthy(self, requests: list) -> None:
         """ENABLE_VLLM_HEALTH_CHECK, as the vLLM backend: refuse, and have the model unloaded."""
-        from backend.serving.health import refuse_unhealthy
+        from tritium.serving.health import refuse_unhealthy
         refuse_unhealthy(pb_utils, self._name, self._healthy, self._sender, self._errors, requests, self._details)
         self._healthy = False
 

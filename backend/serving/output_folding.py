@@ -2,8 +2,8 @@
 response carries them all."""
 from __future__ import annotations
 
-from backend.engine.request import accumulate
-from backend.outputs import CompletionOutput, RequestOutput
+from tritium.engine.request import accumulate
+from tritium.outputs import CompletionOutput, RequestOutput
 
 
 def fold_outputs(items: list[tuple[str, RequestOutput]]) -> list[tuple[str, RequestOutput]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from backend.errors import ParameterError
+from tritium.errors import ParameterError
 
 MAX_N = 128  # OpenAI's largest n; best_of too
 MAX_PROMPT_CHARS = 4 * 2**20  # text_input, before tokenizing

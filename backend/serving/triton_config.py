@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from backend.config import EngineArgs, parse_bool
+from tritium.config import EngineArgs, parse_bool
 from . import vllm_compat
 
 _PATH_ARGUMENTS = ("model", "tokenizer")

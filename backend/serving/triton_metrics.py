@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.engine.metrics import EngineStats
+from tritium.engine.metrics import EngineStats
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from backend.errors import ERROR_DETAILS, ParameterError, RequestError
-from backend.serving import request_limits
-from backend.outputs import CompletionOutput, RequestOutput
-from backend.sampling_params import SamplingParams
+from tritium.errors import ERROR_DETAILS, ParameterError, RequestError
+from tritium.serving import request_limits
+from tritium.outputs import CompletionOutput, RequestOutput
+from tritium.sampling_params import SamplingParams
 
 # Optional BOOL inputs; each may also arrive as a request parameter (the HTTP generate endpoint
 # turns top-level JSON keys that are not inputs into request parameters).

@@ -42,7 +42,7 @@ class Executor:
             raise ValueError(f"distributed_executor_backend={backend!r}: cannot import it: {e}") from None
         if not (isinstance(cls, type) and issubclass(cls, Executor)):
             raise ValueError(f"distributed_executor_backend={backend!r} is not a subclass of "
-                             f"backend.worker.executor.Executor.")
+                             f"tritium.worker.executor.Executor.")
         return cls
 
     @property

@@ -1,4 +1,4 @@
-"""A tensor-parallel rank other than 0: `python -m backend.worker.tp_worker FD RANK SIZE PORT`.
+"""A tensor-parallel rank other than 0: `python -m tritium.worker.tp_worker FD RANK SIZE PORT`.
 
 It builds its shard of the model and of the KV cache, and its CUDA graphs, with the same Worker
 code as rank 0 (the start-up runs in lockstep), then follows rank 0: each message from the pipe

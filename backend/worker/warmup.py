@@ -8,7 +8,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-import kernels
+from tritium import kernels
 
 from ..engine_config import EngineConfig
 from ..sampling_params import SamplingParams
@@ -106,7 +106,7 @@ def compile_step_variants(worker: StartupWorker) -> None:
     short, long_ = 16, min(1024, worker.max_model_len)
     # (decodes, their context length, prompt-chunk tokens alongside)
     cases = [(1, short, 0), (1, long_, 0), (full_batch, short, 0), (full_batch, long_, 0)]
-    from kernels.prefill_attention import PACK_GQA_MAX_LEN
+    from tritium.kernels.prefill_attention import PACK_GQA_MAX_LEN
     group = worker.attn_layers[0].num_heads // worker.num_kv_heads
     # Short chunks pack `group` heads' rows into 16-, 32- or 64-row tiles.
     packed = {min(PACK_GQA_MAX_LEN, max(1, rows // group)) for rows in (16, 32, 64)} if group > 1 else set()

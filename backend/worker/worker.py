@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kernels.validation import v_cache_shape
+from tritium.kernels.validation import v_cache_shape
 
 from ..config import CPU_KV_CACHE_BYTES, GIB
 from ..engine_config import CacheConfig, EngineConfig

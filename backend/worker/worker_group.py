@@ -1,5 +1,5 @@
 """WorkerGroup: rank 0's side of tensor parallelism. It starts ranks 1..N-1 as processes
-(`python -m backend.worker.tp_worker`), joins their torch.distributed group, and sends them the
+(`python -m tritium.worker.tp_worker`), joins their torch.distributed group, and sends them the
 engine's work: each step as the scheduler made it (a `StepCall`: the `SchedulerOutput` itself,
 and the directories of adapters it loads), which every rank applies to its own states and runs
 the same way, and each LM-head call of rank 0 (a `LogitsCall`). A message is pickled once and
@@ -31,7 +31,6 @@ from ..python_env import python_executable
 from ..step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STOP_TIMEOUT_S = 10.0
 
 
@@ -146,16 +145,14 @@ class WorkerGroup:
         self.device = device
         self.failure: str | None = None
         port = free_port()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self._ranks = _Ranks()
         self.procs, self.conns = self._ranks.procs, self._ranks.conns
         self._finalizer = weakref.finalize(self, self._ranks.release)
         for rank in range(1, tp):
             parent, child = socket.socketpair()
             self.procs.append(subprocess.Popen(
-                [python_executable(), "-m", "backend.worker.tp_worker", str(child.fileno()), str(rank),
-                 str(tp), str(port)], pass_fds=[child.fileno()], env=env, cwd=_ROOT))
+                [python_executable(), "-m", "tritium.worker.tp_worker", str(child.fileno()), str(rank),
+                 str(tp), str(port)], pass_fds=[child.fileno()]))
             child.close()
             conn = Connection(parent.detach())
             conn.send(config)

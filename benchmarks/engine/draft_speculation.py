@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    from backend import LLM, SamplingParams
+    from tritium import LLM, SamplingParams
     # Workload B is one request: few graph sizes to capture (three engines start).
     common = {"load_format": "dummy", "dtype": "bfloat16", "enable_prefix_caching": False, "max_num_seqs": 8,
               "gpu_memory_utilization": 0.85, "max_model_len": min(4096, args.input_len + args.output_len + 64)}

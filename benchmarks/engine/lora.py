@@ -32,7 +32,7 @@ VARIANTS = ("no LoRA engine", "LoRA engine, base requests", "LoRA engine, one ad
 def run_variant(args: argparse.Namespace, variant: int) -> dict:
     import torch
 
-    from backend import LLM, SamplingParams
+    from tritium import LLM, SamplingParams
     from benchmarks.loadgen.workloads import make_prompts
 
     adapters = {f"a{i}": os.path.join(args.work, f"a{i}") for i in range(args.adapters)}

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    from backend import EngineArgs, LLMEngine, SamplingParams
+    from tritium import EngineArgs, LLMEngine, SamplingParams
     values = engine_values(args)
     if "swap_space" in values:
         ap.error("give the host memory with --swap-space (the first run has none)")

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from engine_cli import add_engine_arguments, engine_values  # noqa: E402
-from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from tritium import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 
 
 def _lone_ttft(engine, rng, input_len: int, tag: str) -> list[float]:

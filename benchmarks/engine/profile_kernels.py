@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from engine_cli import add_engine_arguments, engine_values  # noqa: E402
-from backend import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from tritium import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 
 
 def category(name: str) -> str:

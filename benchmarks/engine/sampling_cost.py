@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     w = with_overrides(args.workload, args.num_requests, args.input_len, args.output_len)
     variants = [("plain", 1, {})] + [parse_variant(v) for v in args.variant]
 
-    from backend import LLM
+    from tritium import LLM
 
     kwargs = engine_kwargs(args)
     t0 = time.perf_counter()

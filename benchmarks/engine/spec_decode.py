@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    from backend import LLM, SamplingParams
-    from backend.worker import worker
+    from tritium import LLM, SamplingParams
+    from tritium.worker import worker
     from benchmarks.loadgen.bench_model_repo import parse_assignments
     if args.spec_graph_seqs:
         worker.SPEC_GRAPH_MAX_SEQS = args.spec_graph_seqs

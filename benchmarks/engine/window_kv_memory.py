@@ -32,7 +32,7 @@ GIB = 2 ** 30
 
 def run_once(engine, prompt: list[int], output_len: int) -> dict[str, Any]:
     """The request alone on the engine: blocks held after every step, TTFT, decode rate."""
-    from backend import SamplingParams
+    from tritium import SamplingParams
     bm = engine.block_manager
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     t0 = time.perf_counter()
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    from backend import EngineArgs, LLMEngine
+    from tritium import EngineArgs, LLMEngine
     values = {"max_model_len": str(args.tokens), **engine_values(args)}
     engine = LLMEngine(EngineArgs.from_strings(values))
     bm, worker = engine.block_manager, engine.executor.worker

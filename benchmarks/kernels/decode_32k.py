@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import kernels  # noqa: E402
-import kernels.reference  # noqa: E402
-from kernels.decode_attention import DecodeConfig  # noqa: E402
+from tritium import kernels  # noqa: E402
+import tritium.kernels.reference  # noqa: E402,F401  (binds kernels.reference)
+from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
 import kernel_table as bk  # noqa: E402
 
 CTX = 32768

@@ -21,8 +21,8 @@ import triton.testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-import kernels  # noqa: E402
-from kernels.fp8_matmul import Fp8MatmulConfig, shape_key  # noqa: E402
+from tritium import kernels  # noqa: E402
+from tritium.kernels.fp8_matmul import Fp8MatmulConfig, shape_key  # noqa: E402
 
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-1.5b")
 CONFIGS = [Fp8MatmulConfig()] + [

@@ -40,10 +40,10 @@ import triton.testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-import kernels  # noqa: E402
-from kernels.moe import (DEFAULT_CONFIGS, ROW_BUCKETS, FusedMoEConfig, choose_config, config_key,  # noqa: E402
+from tritium import kernels  # noqa: E402
+from tritium.kernels.moe import (DEFAULT_CONFIGS, ROW_BUCKETS, FusedMoEConfig, choose_config, config_key,  # noqa: E402
                          row_bucket)
-from kernels.reference import fused_moe_ref  # noqa: E402
+from tritium.kernels.reference import fused_moe_ref  # noqa: E402
 
 # (experts, top_k, hidden, expert intermediate); "tiny" is for a rehearsal on the CPU.
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336), "tiny": (8, 2, 64, 32)}

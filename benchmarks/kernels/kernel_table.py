@@ -29,10 +29,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 import triton  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
-from kernels.decode_attention import DecodeConfig  # noqa: E402
-from kernels.prefill_attention import PrefillConfig  # noqa: E402
+from tritium import kernels  # noqa: E402
+from tritium.kernels import reference  # noqa: E402
+from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
+from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
 
 DEVICE = "cuda"  # a module global so a CPU dry run (interpreter) can swap it
 HQ, HKV, D, BS, DT = 32, 8, 128, 16, torch.bfloat16

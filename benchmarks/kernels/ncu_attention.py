@@ -22,9 +22,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kernel_table as bk  # noqa: E402
-import kernels  # noqa: E402
-from kernels.decode_attention import DecodeConfig  # noqa: E402
-from kernels.prefill_attention import PrefillConfig  # noqa: E402
+from tritium import kernels  # noqa: E402
+from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
+from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
 from sweep_attention import _caches  # noqa: E402
 
 

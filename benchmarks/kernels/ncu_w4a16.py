@@ -20,9 +20,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-import kernels  # noqa: E402
+from tritium import kernels  # noqa: E402
 from fp8_matmul import linear_shapes  # noqa: E402
-from kernels.w4a16 import W4A16Config, choose_config  # noqa: E402
+from tritium.kernels.w4a16 import W4A16Config, choose_config  # noqa: E402
 from w4a16 import GROUP, cfg_name, random_layer, time_us  # noqa: E402
 
 BOOL_FIELDS = ("fused_reduce",)

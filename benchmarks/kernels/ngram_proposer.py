@@ -24,8 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from backend.engine_config import SpeculativeConfig  # noqa: E402
-from backend.spec_decode.ngram import NgramProposer  # noqa: E402
+from tritium.engine_config import SpeculativeConfig  # noqa: E402
+from tritium.spec_decode.ngram import NgramProposer  # noqa: E402
 
 KINDS = ("run", "cycle3", "random")
 

@@ -28,7 +28,7 @@ def _cache(args, device: str, fill: float):
 
 
 def _producer(args, conn) -> None:
-    from backend.kv_transfer.nixl_blocks import NixlBlockTransfer
+    from tritium.kv_transfer.nixl_blocks import NixlBlockTransfer
     cache = _cache(args, args.device, 1.0)
     cache[:, :, :, 0, 0, 0] = 2.0  # a mark per block, checked on arrival
     transfer = NixlBlockTransfer(cache, "prefill")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from backend.kv_transfer.nixl_blocks import NixlBlockTransfer
+    from tritium.kv_transfer.nixl_blocks import NixlBlockTransfer
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_producer, args=(args, there))

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton.testing  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels.prefill_attention import PrefillConfig  # noqa: E402
+from tritium import kernels  # noqa: E402
+from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
 
 HQ, HKV, D, BS = 28, 4, 128, 16
 SCALE = D ** -0.5

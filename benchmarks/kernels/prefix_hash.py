@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from backend.core.block_manager import hash_prompt_blocks, root_block_hash  # noqa: E402
+from tritium.core.block_manager import hash_prompt_blocks, root_block_hash  # noqa: E402
 
 
 def _python_hash_blocks(token_ids: list[int], block_size: int) -> list[int]:

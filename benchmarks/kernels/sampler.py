@@ -18,10 +18,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from backend.layers.penalties import PenaltyCounts  # noqa: E402
-from backend.layers.sampler import Sampler  # noqa: E402
-from backend.sampling_params import SamplingParams  # noqa: E402
-from backend.core.sequence import Sequence, SequenceStatus  # noqa: E402
+from tritium.layers.penalties import PenaltyCounts  # noqa: E402
+from tritium.layers.sampler import Sampler  # noqa: E402
+from tritium.sampling_params import SamplingParams  # noqa: E402
+from tritium.core.sequence import Sequence, SequenceStatus  # noqa: E402
 
 CASES = {
     "repetition + frequency + presence": dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2),

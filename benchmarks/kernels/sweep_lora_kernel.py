@@ -27,7 +27,7 @@ CONFIGS = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 64, 4), (128, 128, 8),
 
 def main() -> None:
     import kernel_table
-    import kernels
+    from tritium import kernels
     from lora_adapters import module_shapes
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -34,10 +34,10 @@ import triton.testing
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-import kernels  # noqa: E402
+from tritium import kernels  # noqa: E402
 from fp8_matmul import linear_shapes  # noqa: E402
-from kernels.reference import w4a16_dequantize_ref  # noqa: E402
-from kernels.w4a16 import DEFAULT_CONFIGS, METHODS, W4A16Config, choose_config, config_key, row_bucket  # noqa: E402
+from tritium.kernels.reference import w4a16_dequantize_ref  # noqa: E402
+from tritium.kernels.w4a16 import DEFAULT_CONFIGS, METHODS, W4A16Config, choose_config, config_key, row_bucket  # noqa: E402
 
 ROWS = (1, 8, 16, 64, 256, 4096)
 GROUP = 128
@@ -232,8 +232,8 @@ def bench_matmuls(shapes: dict, sweep: bool, rows: tuple[int, ...] = ROWS, paths
 def bench_repacking(shapes: dict, device: str = "cuda") -> list:
     """One Llama-3-8B layer's projections from checkpoint tensors to the kernel's layout, through
     the engine's loading path (checkpoint_rows, weight_loader, process_weights_after_loading)."""
-    from backend.layers.int4 import Int4Config, Int4LinearMethod
-    from backend.layers.linear import ReplicatedLinear
+    from tritium.layers.int4 import Int4Config, Int4LinearMethod
+    from tritium.layers.linear import ReplicatedLinear
     rows = []
     for fmt, declared in (("awq", {"bits": 4, "group_size": GROUP}),
                           ("gptq", {"bits": 4, "group_size": GROUP, "desc_act": True})):

@@ -24,8 +24,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import kernel_table as bk  # noqa: E402
-import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
+from tritium import kernels  # noqa: E402
+from tritium.kernels import reference  # noqa: E402
 
 DECODE = [(1, 32768, 4096), (64, 8192, 4096), (256, 2048, 1024)]  # (batch, context, window)
 PREFILL = (4096, 1024)  # (prompt tokens, window)

@@ -101,7 +101,7 @@ def server_pids(server: TritonServer) -> dict[str, int]:
     if stub is not None:
         pids["stub"] = stub
         for p in processes():
-            if p.ppid == stub and "backend.drivers.process_main" in p.cmdline:
+            if p.ppid == stub and "tritium.drivers.process_main" in p.cmdline:
                 pids["engine"] = p.pid
     return pids
 

@@ -24,11 +24,11 @@ import math
 import os
 import time
 
-from backend.engine_config import EngineConfig
-from backend.step import ModelRunnerOutput, SampleResult, SchedulerOutput
-from backend.worker.compile_watch import CompileWatch
-from backend.worker.executor import Executor
-from backend.worker.pending_step import PendingStep
+from tritium.engine_config import EngineConfig
+from tritium.step import ModelRunnerOutput, SampleResult, SchedulerOutput
+from tritium.worker.compile_watch import CompileWatch
+from tritium.worker.executor import Executor
+from tritium.worker.pending_step import PendingStep
 
 STEP_MS_ENV, TOKEN_US_ENV = "TRITIUM_SYNTHETIC_STEP_MS", "TRITIUM_SYNTHETIC_TOKEN_US"
 TIMELINE_ENV = "TRITIUM_SYNTHETIC_TIMELINE"

@@ -2,13 +2,13 @@
 "required" and a named function."""
 from __future__ import annotations
 
-from frontend.tool_parsers.base import DeltaMessage, ToolCallDelta, ToolParser
-from frontend.tool_parsers.hermes import HermesToolParser
-from frontend.tool_parsers.llama3_json import Llama3JsonToolParser
-from frontend.tool_parsers.mistral import MistralToolParser
-from frontend.tool_parsers.pythonic import PythonicToolParser
-from frontend.tool_parsers.qwen3_coder import Qwen3CoderToolParser
-from frontend.tool_parsers.required import NamedToolParser, RequiredToolParser, required_schema
+from tritium.frontend.tool_parsers.base import DeltaMessage, ToolCallDelta, ToolParser
+from tritium.frontend.tool_parsers.hermes import HermesToolParser
+from tritium.frontend.tool_parsers.llama3_json import Llama3JsonToolParser
+from tritium.frontend.tool_parsers.mistral import MistralToolParser
+from tritium.frontend.tool_parsers.pythonic import PythonicToolParser
+from tritium.frontend.tool_parsers.qwen3_coder import Qwen3CoderToolParser
+from tritium.frontend.tool_parsers.required import NamedToolParser, RequiredToolParser, required_schema
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from frontend.tool_parsers.json_scanner import CallScanner
+    from tritium.frontend.tool_parsers.json_scanner import CallScanner
 
 
 def tool_call_id() -> str:

@@ -2,8 +2,8 @@
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or more, around plain text."""
 from __future__ import annotations
 
-from frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name, held_back, started
-from frontend.tool_parsers.json_scanner import CallScanner
+from tritium.frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name, held_back, started
+from tritium.frontend.tool_parsers.json_scanner import CallScanner
 
 _KEYS = ("arguments",)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name
-from frontend.tool_parsers.json_scanner import CallScanner
+from tritium.frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name
+from tritium.frontend.tool_parsers.json_scanner import CallScanner
 
 _KEYS = ("parameters", "arguments")
 

@@ -9,8 +9,8 @@ import random
 import re
 import string
 
-from frontend.tool_parsers.base import DeltaMessage, TaggedToolParser, is_call_array
-from frontend.tool_parsers.json_scanner import CallScanner
+from tritium.frontend.tool_parsers.base import DeltaMessage, TaggedToolParser, is_call_array
+from tritium.frontend.tool_parsers.json_scanner import CallScanner
 
 TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _KEYS = ("arguments",)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import json
 
-from frontend.tool_parsers.base import DeltaMessage, ToolParser
+from tritium.frontend.tool_parsers.base import DeltaMessage, ToolParser
 
 
 class PythonicToolParser(ToolParser):

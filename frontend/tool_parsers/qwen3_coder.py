@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any
 
-from frontend.tool_parsers.base import DeltaMessage, TaggedToolParser
+from tritium.frontend.tool_parsers.base import DeltaMessage, TaggedToolParser
 
 START, END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"

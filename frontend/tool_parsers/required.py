@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name, is_call_array
-from frontend.tool_parsers.json_scanner import CallScanner
+from tritium.frontend.tool_parsers.base import DeltaMessage, ToolParser, call_name, is_call_array
+from tritium.frontend.tool_parsers.json_scanner import CallScanner
 
 _KEYS = ("parameters",)
 

@@ -116,7 +116,7 @@ def mix(body: list[tuple[int, str, str]]) -> dict[str, int]:
 
 
 def probe(label: str, n: int, k: int, cfg, sass_dir: str | None, rows: int = 1) -> dict:
-    import kernels
+    from tritium import kernels
     hopper_compile.launches.clear()
     e = torch.empty
     kernels.w4a16_matmul.triton(e(rows, k, dtype=torch.bfloat16), e(k, n // 8, dtype=torch.int32),
@@ -144,7 +144,7 @@ def probe(label: str, n: int, k: int, cfg, sass_dir: str | None, rows: int = 1) 
 
 
 def configs(args) -> list[tuple[str, object]]:
-    from kernels.w4a16 import DEFAULT_CONFIGS, TUNED_CONFIGS, W4A16Config, config_key, load_tuned_configs
+    from tritium.kernels.w4a16 import DEFAULT_CONFIGS, TUNED_CONFIGS, W4A16Config, config_key, load_tuned_configs
     if args.config:
         return [(f"cfg{i}", eval(c, {"W4A16Config": W4A16Config})) for i, c in enumerate(args.config)]
     out = [("default", DEFAULT_CONFIGS[1])]
@@ -177,8 +177,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="activation rows (a config's block_m for the several-row GEMV)")
     args = ap.parse_args()
     JITFunction.run = hopper_compile._record
-    import kernels.w4a16
-    kernels.w4a16.check_runnable = lambda op, t: None
+    from tritium.kernels import w4a16
+    w4a16.check_runnable = lambda op, t: None
     rows = []
     print(f"{HEADER[0]:18} {HEADER[1]:8} " + " ".join(f"{h:>6}" for h in HEADER[2:] + MIX) + "  loads")
     for name, cfg in configs(args):

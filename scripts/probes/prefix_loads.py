@@ -28,7 +28,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from kernels._attention_tile import attend_tile, kv_row_offsets  # noqa: E402
+from tritium.kernels._attention_tile import attend_tile, kv_row_offsets  # noqa: E402
 
 MODES = ["paged", "contiguous", "prefetch", "tma", "runs", "tma_pages"]
 
@@ -171,7 +171,7 @@ def main() -> None:
             print(f"{mode:>11} st{stages}: {ms:8.3f} ms {flops / ms / 1e9:6.0f} TFLOP/s  rel err {err:.1e}")
     # The engine's kernel on the same prefix plus a causal chunk of the same queries (their keys
     # stored after the prefix), with the chunk's K/V passed (TMA) and without (all through the cache).
-    import kernels
+    from tritium import kernels
     kc, vc = torch.randn(t, hkv, d, device=dev, dtype=dt), torch.randn(t, hkv, d, device=dev, dtype=dt)
     blocks = (p + t) // bs
     full_table = torch.randperm(blocks, device=dev).int()

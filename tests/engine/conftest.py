@@ -7,9 +7,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from build_default_model import build_model  # noqa: E402
+from scripts.build_default_model import build_model  # noqa: E402
 from tiny_moe import MOE_FAMILIES  # noqa: E402
 
 # Llama with GQA (4 query / 2 kv heads), untied embeddings and Llama-3 rope scaling whose

@@ -2,10 +2,10 @@
 (`RequestState`) and a packed batch of such states, without a scheduler."""
 from __future__ import annotations
 
-from backend.sampling_params import SamplingParams
-from backend.step import ScheduledSequence
-from backend.worker.input_batch import PreparedBatch, prepare_batch
-from backend.worker.request_states import RequestState
+from tritium.sampling_params import SamplingParams
+from tritium.step import ScheduledSequence
+from tritium.worker.input_batch import PreparedBatch, prepare_batch
+from tritium.worker.request_states import RequestState
 
 
 def make_state(seq_id: int, token_ids: list[int], block_table: list[int], num_computed_tokens: int = 0,

@@ -10,13 +10,13 @@ import random
 
 import torch
 
-from backend.core.block_manager import BlockManager
-from backend.core.scheduler import Scheduler
-from backend.core.sequence import Sequence, SequenceStatus
-from backend.engine_config import SchedulerConfig
-from backend.llm import LLM
-from backend.sampling_params import SamplingParams
-from backend.worker.request_states import RequestStates
+from tritium.core.block_manager import BlockManager
+from tritium.core.scheduler import Scheduler
+from tritium.core.sequence import Sequence, SequenceStatus
+from tritium.engine_config import SchedulerConfig
+from tritium.llm import LLM
+from tritium.sampling_params import SamplingParams
+from tritium.worker.request_states import RequestStates
 
 
 def random_prompts(seed: int, lengths) -> list[list[int]]:

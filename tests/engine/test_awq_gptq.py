@@ -21,8 +21,8 @@ from lora_adapters import write_adapter
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from backend import LLM, SamplingParams
-from kernels.reference import w4a16_dequantize_ref
+from tritium import LLM, SamplingParams
+from tritium.kernels.reference import w4a16_dequantize_ref
 
 # checkpoint projection -> which input it reads (projections of one input share GPTQ's act order)
 INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "qkv_proj": "attn", "o_proj": "o",
@@ -172,7 +172,7 @@ def hf_tokens(model_dir: str) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def wide_llama_dir(tmp_path_factory) -> str:
     """A Llama whose every projection has K >= 128, for 128-wide groups."""
-    from build_default_model import build_model
+    from scripts.build_default_model import build_model
     return build_model(str(tmp_path_factory.mktemp("wide-llama")), seed=5, hidden_size=128,
                        intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.core.block_manager import BlockManager, hash_block_tokens
-from backend.sampling_params import SamplingParams
-from backend.core.sequence import Sequence
+from tritium.core.block_manager import BlockManager, hash_block_tokens
+from tritium.sampling_params import SamplingParams
+from tritium.core.sequence import Sequence
 
 P = SamplingParams()
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from backend.worker.compile_watch import CompileWatch
+from tritium.worker.compile_watch import CompileWatch
 
 knobs = pytest.importorskip("triton").knobs
 
@@ -24,7 +24,7 @@ def test_compiles_are_counted_timed_and_logged(restore_hooks, caplog):
     assert watch.install() and watch.installed
     variant = "_merge_kernel[num_warps=4, num_ctas=1, num_stages=3](num_splits: i32D16)"
     # Triton calls the hooks with keyword arguments only (runtime/jit.py `_call_hook`).
-    with caplog.at_level(logging.WARNING, logger="backend.worker.compile_watch"):
+    with caplog.at_level(logging.WARNING, logger="tritium.worker.compile_watch"):
         assert knobs.runtime.jit_cache_hook(key=("k",), repr=variant, fn=None, compile={},
                                             is_manual_warmup=False, already_compiled=False) is False
         knobs.runtime.jit_post_compile_hook(key=("k",), repr=variant, fn=None, compile={},

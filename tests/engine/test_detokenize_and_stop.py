@@ -6,8 +6,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from backend import LLM, LLMEngine, EngineArgs, SamplingParams
-from backend.engine.tokenizer import IncrementalDetokenizer, detokenize_many, find_stop_string, partial_stop_suffix_len
+from tritium import LLM, LLMEngine, EngineArgs, SamplingParams
+from tritium.engine.tokenizer import IncrementalDetokenizer, detokenize_many, find_stop_string, partial_stop_suffix_len
 
 TEXT = "Café 日本語のテキスト 🚀 naïve ∑ x² — Ελληνικά and 한국어 🧠✨ done."
 
@@ -111,7 +111,7 @@ def test_eos_stops_unless_ignored_or_below_min_tokens(llama_dir):
 def test_tokenizer_falls_back_to_tokenizer_json_when_autotokenizer_cannot_import(llama_dir, monkeypatch):
     import builtins
 
-    from backend.engine.tokenizer import load_tokenizer
+    from tritium.engine.tokenizer import load_tokenizer
     real_import = builtins.__import__
 
     def failing_import(name, globals=None, locals=None, fromlist=(), level=0):

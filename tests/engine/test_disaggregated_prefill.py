@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend import EngineArgs, LLMEngine, SamplingParams
+from tritium import EngineArgs, LLMEngine, SamplingParams
 
 NIXL = {"kv_connector": "NixlConnector"}
 
@@ -140,7 +140,7 @@ def _decode(params: dict, max_tokens: int = 12) -> SamplingParams:
 
 
 def test_a_request_cancelled_while_its_blocks_are_read_frees_them_once_the_read_ends(pair, monkeypatch):
-    from backend.kv_transfer.nixl_blocks import NixlBlockTransfer
+    from tritium.kv_transfer.nixl_blocks import NixlBlockTransfer
     _, producer, consumer = pair
     prompt = _fresh(21, 1)
     params = _prefill(producer, "a", prompt)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend import LLM, EngineArgs, SamplingParams
-from build_default_model import build_model
+from tritium import LLM, EngineArgs, SamplingParams
+from scripts.build_default_model import build_model
 
 K = 3
 ENGINE = dict(device="cpu", dtype="float32", num_kv_blocks=512)
@@ -58,7 +58,7 @@ def test_greedy_tokens_equal_hugging_face_with_a_disagreeing_draft_and_with_the_
     assert st.spec_decode_num_draft_tokens > 0
     assert st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens
     # Acceptance offline, as vLLM's LLM.get_metrics() gives it: counters and per position.
-    from backend.engine.metrics_reader import Counter, Vector
+    from tritium.engine.metrics_reader import Counter, Vector
     metrics = {m.name: m for m in own.get_metrics()}
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
     assert isinstance(accepted, Counter) and accepted.value == st.spec_decode_num_accepted_tokens
@@ -160,7 +160,7 @@ def test_bad_draft_configs_are_refused(llama_dir, config, message):
 
 
 def test_a_draft_without_the_targets_vocabulary_or_directory_is_refused(llama_dir, tmp_path):
-    from build_default_model import build_model as build
+    from scripts.build_default_model import build_model as build
     with pytest.raises(ValueError) as e:
         LLM(llama_dir, speculative_config=_draft(str(tmp_path / "nowhere")), **ENGINE)
     assert str(e.value) == f"speculative_config: model directory '{tmp_path / 'nowhere'}' does not exist."
@@ -173,7 +173,7 @@ def test_a_draft_without_the_targets_vocabulary_or_directory_is_refused(llama_di
         EngineArgs(model=llama_dir, tensor_parallel_size=2, speculative_config=_draft(llama_dir),
                    device="cpu").create_engine_config(
             EngineArgs(model=llama_dir).create_model_config(lambda c: __import__(
-                "backend.models", fromlist=["model_limits"]).model_limits(c)))
+                "tritium.models", fromlist=["model_limits"]).model_limits(c)))
     assert str(e.value) == ("speculative_config: method 'draft_model' runs its model on one device; with "
                             "tensor_parallel_size=2 only 'ngram' is supported.")
 

@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from backend.layers.forward_context import set_attention_metadata
-from backend.models.eagle import EagleDraftHead, SharedWeights
-from backend.models.llama import LlamaForCausalLM
-from backend.models.loader import load_safetensors
-from build_default_model import build_model
-from build_eagle_head import build_eagle1_head, build_eagle3_head
+from tritium.layers.forward_context import set_attention_metadata
+from tritium.models.eagle import EagleDraftHead, SharedWeights
+from tritium.models.llama import LlamaForCausalLM
+from tritium.models.loader import load_safetensors
+from scripts.build_default_model import build_model
+from scripts.build_eagle_head import build_eagle1_head, build_eagle3_head
 from eagle_reference import ReferenceHead, hf_hidden_states
 from step_helpers import make_state, pack
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from backend import LLM, SamplingParams
-from build_eagle_head import build_eagle1_head, build_eagle3_head
+from tritium import LLM, SamplingParams
+from scripts.build_eagle_head import build_eagle1_head, build_eagle3_head
 from eagle_reference import ReferenceHead, hf_hidden_states
 
 K = 3

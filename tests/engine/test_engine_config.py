@@ -12,14 +12,14 @@ import typing
 
 import pytest
 
-from backend import EngineArgs, SamplingParams
-from backend import engine_config
-from backend.drivers import engine_process
-from backend.core.block_manager import BlockManager
-from backend.drivers.messages import Ready
-from backend.core.scheduler import Scheduler
-from backend.core.sequence import Sequence
-from backend.engine_config import EngineConfig, ModelLimits, SchedulerConfig
+from tritium import EngineArgs, SamplingParams
+from tritium import engine_config
+from tritium.drivers import engine_process
+from tritium.core.block_manager import BlockManager
+from tritium.drivers.messages import Ready
+from tritium.core.scheduler import Scheduler
+from tritium.core.sequence import Sequence
+from tritium.engine_config import EngineConfig, ModelLimits, SchedulerConfig
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARTS = [cls for cls in vars(engine_config).values()

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from backend import LLM, EngineArgs, EngineProcess, EngineShutdownError, SamplingParams
-from backend.engine.request import accumulate
+from tritium import LLM, EngineArgs, EngineProcess, EngineShutdownError, SamplingParams
+from tritium.engine.request import accumulate
 
 
 class Collector:
@@ -74,7 +74,7 @@ def test_the_statistics_arrive_ahead_of_each_final_output(engine):
 
 
 def test_statistics_not_taken_yet_merge_and_keep_every_sample():
-    from backend.engine.metrics import EngineStats, StatsMailbox
+    from tritium.engine.metrics import EngineStats, StatsMailbox
     box = StatsMailbox()
     box.put(EngineStats(num_running=2, generation_tokens=5, e2e_request_latency=[0.5], iteration_tokens=[3]))
     box.put(EngineStats(num_running=1, generation_tokens=9, e2e_request_latency=[0.25]))
@@ -140,7 +140,7 @@ def test_the_stub_side_of_the_engine_does_not_import_torch():
     import subprocess
     import sys
     code = ("import sys; import backend, backend.drivers.engine_process, backend.serving.triton_request, "
-            "backend.serving.triton_metrics, backend.serving.triton_config, backend.engine.request; "
+            "tritium.serving.triton_metrics, backend.serving.triton_config, backend.engine.request; "
             "from backend import EngineProcess, EngineShutdownError, SamplingParams; "
             "print(sorted(m for m in ('torch', 'triton', 'kernels') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -204,7 +204,7 @@ def test_text_made_in_the_parent_equals_the_engines(engine, llama_dir):
 
 
 def test_an_engine_that_leaves_text_to_its_reader(llama_dir):
-    from backend import LLMEngine
+    from tritium import LLMEngine
     eng = LLMEngine(EngineArgs(model=llama_dir, max_model_len=128), detokenize=False)
     eng.add_request("ids", [0, 7, 300], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     eng.add_request("stop", [0, 7, 300], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
@@ -223,8 +223,8 @@ def _outbox_sends(items: list) -> tuple[list, dict]:
     import socket
     from multiprocessing.connection import Connection
 
-    from backend.drivers.messages import Bye
-    from backend.drivers.process_main import Outbox
+    from tritium.drivers.messages import Bye
+    from tritium.drivers.process_main import Outbox
 
     a, b = socket.socketpair()
     tx, rx = Connection(a.detach()), Connection(b.detach())
@@ -243,8 +243,8 @@ def _outbox_sends(items: list) -> tuple[list, dict]:
 def test_outbox_sends_in_order_and_merges_queued_outputs():
     """The engine process's sender thread: every output arrives, in order, with other messages
     in their place; outputs queued while it was busy share a message."""
-    from backend.drivers.messages import Bye, Outputs, StatsReply
-    from backend.outputs import CompletionOutput, RequestOutput
+    from tritium.drivers.messages import Bye, Outputs, StatsReply
+    from tritium.outputs import CompletionOutput, RequestOutput
 
     def out(i):
         return RequestOutput(f"r{i}", None, [1], [CompletionOutput(0, "", [i], None, None)], False)
@@ -261,8 +261,8 @@ def test_outbox_folds_each_requests_tokens_when_steps_queued():
     request's successive one-token outputs are one TokenRun; a final output, or any output
     other than a token, closes the run (its request's order is kept); one step alone is not
     folded."""
-    from backend.drivers.messages import Bye, Outputs, PackedOutput, TokenDelta, TokenRun, unpack_output
-    from backend.outputs import CompletionOutput, RequestOutput
+    from tritium.drivers.messages import Bye, Outputs, PackedOutput, TokenDelta, TokenRun, unpack_output
+    from tritium.outputs import CompletionOutput, RequestOutput
 
     def out(rid, token, finish=None):
         return RequestOutput(rid, None, [1], [CompletionOutput(0, "", [token], -float(token), None, finish)],
@@ -279,7 +279,7 @@ def test_outbox_folds_each_requests_tokens_when_steps_queued():
 
 
 def test_fold_token_deltas_keeps_each_requests_order():
-    from backend.drivers.messages import PackedOutput, TokenDelta, TokenRun, fold_token_deltas
+    from tritium.drivers.messages import PackedOutput, TokenDelta, TokenRun, fold_token_deltas
 
     final = PackedOutput("a", True, None, 0, [], None)
     packed = [TokenDelta("a", 1, None, 0), TokenDelta("b", 2, None, 0), TokenDelta("a", 3, None, 0), final,
@@ -292,8 +292,8 @@ def test_fold_token_deltas_keeps_each_requests_order():
 def test_packed_outputs_round_trip():
     """What crosses the socket: the common one-token output as a TokenDelta, anything else as a
     PackedOutput; unpacking gives back the same fields either way."""
-    from backend.drivers.messages import PackedOutput, TokenDelta, pack_output, unpack_output
-    from backend.outputs import CompletionOutput, Logprob, RequestOutput
+    from tritium.drivers.messages import PackedOutput, TokenDelta, pack_output, unpack_output
+    from tritium.outputs import CompletionOutput, Logprob, RequestOutput
 
     def out(completions, finished=False, error=None, prompt_logprobs=None):
         return RequestOutput("r", None, [1], completions, finished, num_cached_tokens=16, error=error,
@@ -328,11 +328,11 @@ def test_receiver_batches_text_but_keeps_each_requests_order(llama_dir):
     before it."""
     from transformers import AutoTokenizer
 
-    from backend.drivers.admission import Admission
-    from backend.drivers.messages import pack_output
-    from backend.engine.output_detokenizer import OutputDetokenizer
-    from backend.outputs import CompletionOutput, RequestOutput
-    from backend.engine.tokenizer import IncrementalDetokenizer
+    from tritium.drivers.admission import Admission
+    from tritium.drivers.messages import pack_output
+    from tritium.engine.output_detokenizer import OutputDetokenizer
+    from tritium.outputs import CompletionOutput, RequestOutput
+    from tritium.engine.tokenizer import IncrementalDetokenizer
     tok = AutoTokenizer.from_pretrained(llama_dir)
     ids = tok("日本語 🚀 ok", add_special_tokens=False)["input_ids"][:6]
     eng = EngineProcess.__new__(EngineProcess)
@@ -370,10 +370,10 @@ def test_receiver_makes_the_text_of_a_token_run_in_its_batch(llama_dir):
     (runs that end inside a character: test_detokenize_many_with_several_tokens_...)."""
     from transformers import AutoTokenizer
 
-    from backend.drivers.admission import Admission
-    from backend.drivers.messages import TokenDelta, TokenRun
-    from backend.engine.output_detokenizer import OutputDetokenizer
-    from backend.engine.tokenizer import IncrementalDetokenizer
+    from tritium.drivers.admission import Admission
+    from tritium.drivers.messages import TokenDelta, TokenRun
+    from tritium.engine.output_detokenizer import OutputDetokenizer
+    from tritium.engine.tokenizer import IncrementalDetokenizer
     tok = AutoTokenizer.from_pretrained(llama_dir)
     ids = tok("the quick brown fox", add_special_tokens=False)["input_ids"][:7]
     eng = EngineProcess.__new__(EngineProcess)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from backend import EngineArgs, EngineProcess, ErrorKind, ParameterError, RequestError, SamplingParams
-from backend.engine.request import accumulate
-from backend.errors import request_error
+from tritium import EngineArgs, EngineProcess, ErrorKind, ParameterError, RequestError, SamplingParams
+from tritium.engine.request import accumulate
+from tritium.errors import request_error
 
 LONG = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 

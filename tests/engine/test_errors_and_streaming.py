@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from backend import LLM, EngineArgs, EngineShutdownError, SamplingParams, StreamingEngine
-from backend.engine.request import accumulate
+from tritium import LLM, EngineArgs, EngineShutdownError, SamplingParams, StreamingEngine
+from tritium.engine.request import accumulate
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -201,8 +201,8 @@ def test_stream_interval_groups_the_streamed_tokens(llama_dir, interval):
     """vLLM's stream_interval: the first token at once, then outputs of `interval` new tokens,
     and the rest with the finish; text and tokens add up to the output of an ungrouped stream.
     Every sample of n=2 counts on its own."""
-    from backend import EngineArgs, LLMEngine, SamplingParams
-    from backend.engine.request import accumulate
+    from tritium import EngineArgs, LLMEngine, SamplingParams
+    from tritium.engine.request import accumulate
     engine = LLMEngine(EngineArgs(model=llama_dir, stream_interval=interval))
     engine.add_request("one", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=11, ignore_eos=True))
     engine.add_request("two", list(range(30, 40)), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6,
@@ -231,7 +231,7 @@ def test_stream_interval_groups_the_streamed_tokens(llama_dir, interval):
 def test_stream_interval_sends_a_finished_sample_at_once(llama_dir):
     """With n=2, a sample that stops early goes out (with its finish) in the step it finishes,
     not when its sibling reaches the interval."""
-    from backend import EngineArgs, LLMEngine, SamplingParams
+    from tritium import EngineArgs, LLMEngine, SamplingParams
     prompt = list(range(30, 40))
 
     def run(interval: int, **extra) -> list[tuple[int, list[int], list]]:
@@ -263,7 +263,7 @@ def test_stream_interval_sends_a_finished_sample_at_once(llama_dir):
 def test_priority_scheduling_through_the_llm_api(llama_dir):
     """scheduling_policy="priority": with one sequence at a time, requests run in priority order
     (lower first), not in submission order; an fcfs engine refuses a priority."""
-    from backend import LLM, SamplingParams
+    from tritium import LLM, SamplingParams
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     prompts = [list(range(5, 15)), list(range(20, 30)), list(range(40, 50))]
     with pytest.raises(ValueError) as info:

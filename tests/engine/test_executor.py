@@ -13,10 +13,10 @@ import torch
 from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.engine.request import accumulate
-from backend.worker.executor import TensorParallelExecutor, UniProcExecutor
-from backend.worker.forward_path import ForwardPath
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from tritium.engine.request import accumulate
+from tritium.worker.executor import TensorParallelExecutor, UniProcExecutor
+from tritium.worker.forward_path import ForwardPath
 
 # Prompts that repeat themselves, so that n-gram speculation proposes tokens.
 PROMPTS = [[1, 306, 466, 278, 71, 306, 466, 278], [1, 450, 86, 162, 231, 86, 162],
@@ -59,9 +59,9 @@ def test_the_engine_drives_its_executor_and_gets_hf_greedy_tokens(llama_dir, tp,
 # input tokens filled on the device).
 _GRAPHS_AND_PATH_LOG = """
 import os
-from backend.layers.parallel_state import get_tp_rank
-from backend.worker import worker
-from backend.worker.model_runner import ModelRunner
+from tritium.layers.parallel_state import get_tp_rank
+from tritium.worker import worker
+from tritium.worker.model_runner import ModelRunner
 _init, _run_path = worker.Worker.__init__, ModelRunner.run_path
 
 def _init_with_graphs(self, *args, **kwargs):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.worker.executor import Executor, TensorParallelExecutor, UniProcExecutor
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from tritium.worker.executor import Executor, TensorParallelExecutor, UniProcExecutor
 
 SYNTHETIC = "benchmarks.response_path.synthetic_executor.SyntheticExecutor"
 
@@ -14,7 +14,7 @@ SYNTHETIC = "benchmarks.response_path.synthetic_executor.SyntheticExecutor"
 def _config(llama_dir: str, **kwargs):
     args = EngineArgs(model=llama_dir, max_model_len=64, **kwargs)
     return args.create_engine_config(args.create_model_config(lambda hf: __import__(
-        "backend.models", fromlist=["model_limits"]).model_limits(hf)))
+        "tritium.models", fromlist=["model_limits"]).model_limits(hf)))
 
 
 def test_the_default_and_the_named_backends_resolve(llama_dir):
@@ -45,19 +45,19 @@ def test_bad_values_are_refused_when_the_arguments_are_made(llama_dir, value, me
 
 def test_a_class_that_cannot_be_used_is_refused_when_the_engine_is_built(llama_dir):
     with pytest.raises(ValueError) as info:
-        Executor.get_class(_config(llama_dir, distributed_executor_backend="backend.no_such_module.X"))
-    assert str(info.value) == ("distributed_executor_backend='backend.no_such_module.X': cannot import it: "
-                               "No module named 'backend.no_such_module'")
+        Executor.get_class(_config(llama_dir, distributed_executor_backend="tritium.no_such_module.X"))
+    assert str(info.value) == ("distributed_executor_backend='tritium.no_such_module.X': cannot import it: "
+                               "No module named 'tritium.no_such_module'")
     with pytest.raises(ValueError) as info:
-        Executor.get_class(_config(llama_dir, distributed_executor_backend="backend.config.EngineArgs"))
-    assert str(info.value) == ("distributed_executor_backend='backend.config.EngineArgs' is not a subclass of "
-                               "backend.worker.executor.Executor.")
+        Executor.get_class(_config(llama_dir, distributed_executor_backend="tritium.config.EngineArgs"))
+    assert str(info.value) == ("distributed_executor_backend='tritium.config.EngineArgs' is not a subclass of "
+                               "tritium.worker.executor.Executor.")
 
 
 def test_the_named_class_runs_the_steps(llama_dir):
     """The synthetic executor's tokens, a fixed function of sequence and count, come back
     through the real scheduler and output processing."""
-    from backend.engine.request import accumulate
+    from tritium.engine.request import accumulate
     from benchmarks.response_path.synthetic_executor import SyntheticExecutor, synthetic_token
     engine = LLMEngine(EngineArgs(model=llama_dir, max_model_len=64, distributed_executor_backend=SYNTHETIC))
     assert isinstance(engine.executor, SyntheticExecutor)

@@ -10,9 +10,9 @@ from hf_reference import hf_greedy_generate
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend import LLM, EngineArgs, SamplingParams
-from backend.layers.linear import LinearBase
-from kernels import reference
+from tritium import LLM, EngineArgs, SamplingParams
+from tritium.layers.linear import LinearBase
+from tritium.kernels import reference
 
 MAX_NEW = 12
 PROMPTS = ["The engine streams tokens", "A paged cache holds blocks of keys and values",
@@ -89,8 +89,8 @@ def test_fp8_linear_takes_our_kernel_up_to_16_rows(rows, monkeypatch):
     torch._scaled_mm; both give the dequantized product within bf16 rounding."""
     from types import SimpleNamespace
 
-    import kernels
-    from backend.layers.quantization import Fp8LinearMethod
+    from tritium import kernels
+    from tritium.layers.quantization import Fp8LinearMethod
     w = torch.randn(256, 512, device="cuda") * 0.05
     layer = SimpleNamespace(weight=w.to(torch.bfloat16))
     method = Fp8LinearMethod()

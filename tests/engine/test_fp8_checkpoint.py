@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from backend import LLM, SamplingParams
+from tritium import LLM, SamplingParams
 
 # (Phi-3's checkpoints hold qkv_proj and gate_up_proj already fused.)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",

@@ -11,9 +11,9 @@ import torch
 from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend import LLM, EngineArgs, SamplingParams
-from backend.config import CPU_KV_CACHE_BYTES
-from kernels import reference
+from tritium import LLM, EngineArgs, SamplingParams
+from tritium.config import CPU_KV_CACHE_BYTES
+from tritium.kernels import reference
 
 MAX_NEW = 12
 K_SCALE, V_SCALE = 0.05, 0.02

@@ -20,15 +20,15 @@ from test_fp8 import fake_quant_linear
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from backend import LLM, SamplingParams
-from backend.layers import moe as moe_layer
-from backend.layers.moe import FusedMoE
-from backend.layers.quantization import Fp8LinearMethod
-from backend.models import get_model_class
-from backend.models.loader import load_safetensors
-from backend.worker.worker_group import check_tp_shapes
-from build_default_model import build_model  # (scripts/, on the path through conftest)
-from kernels import reference
+from tritium import LLM, SamplingParams
+from tritium.layers import moe as moe_layer
+from tritium.layers.moe import FusedMoE
+from tritium.layers.quantization import Fp8LinearMethod
+from tritium.models import get_model_class
+from tritium.models.loader import load_safetensors
+from tritium.worker.worker_group import check_tp_shapes
+from scripts.build_default_model import build_model  # (scripts/, on the path through conftest)
+from tritium.kernels import reference
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BLOCK_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",

@@ -11,8 +11,8 @@ from hf_reference import hf_greedy_generate
 from test_sliding_window import _greedy_staggered, _window_prompts
 from transformers import AutoModelForCausalLM
 
-from backend import EngineArgs, LLMEngine
-from build_default_model import build_model
+from tritium import EngineArgs, LLMEngine
+from scripts.build_default_model import build_model
 
 G3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
@@ -46,7 +46,7 @@ def test_gemma_matches_hf_past_its_windows(gemma):
 def test_gemma3_reads_the_older_config_layout(tmp_path):
     """Gemma 3 checkpoints made before transformers 5 give rope_theta, rope_local_base_freq,
     rope_scaling and sliding_window_pattern instead of per-layer-type entries."""
-    from backend.models import get_model_class
+    from tritium.models import get_model_class
     config = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 64,
               "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 12, "num_attention_heads": 2,
               "num_key_value_heads": 1, "head_dim": 16, "hidden_activation": "gelu_pytorch_tanh",
@@ -64,7 +64,7 @@ def test_gemma2_with_lora_speculation_swap_and_a_guided_request(tmp_path):
     model (eager attention for its soft-cap)."""
     from lora_adapters import merged_hf_model, write_adapter
 
-    from backend import LLM, SamplingParams
+    from tritium import LLM, SamplingParams
     d = build_model(str(tmp_path / "gemma2"), seed=11, num_attention_heads=4, num_key_value_heads=2,
                     **FAMILIES["gemma2"])
     prompts = _window_prompts()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend import LLM, SamplingParams
+from tritium import LLM, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -114,7 +114,7 @@ def test_gpu_speculation_of_many_sequences_with_logprobs_and_sampling(llama_dir)
     yet verified by rejection sampling) the greedy tokens."""
     from test_spec_decode import NGRAM, _with_oracle
 
-    from backend.worker.cuda_graph import PREFILL_GRAPH_MAX_SEQS
+    from tritium.worker.cuda_graph import PREFILL_GRAPH_MAX_SEQS
     gen = torch.Generator().manual_seed(13)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in range(9, 21)]
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
@@ -192,7 +192,7 @@ def test_gpu_eagle3_speculation_matches_the_cpu_engine(llama_dir, tmp_path):
     """An EAGLE-3 head on the GPU reads the target's kept hidden states from the decode,
     prefill and verification graphs' own buffers after each replay: its proposals are the CPU
     engine's (both float32), and the tokens are too."""
-    from build_eagle_head import build_eagle3_head
+    from scripts.build_eagle_head import build_eagle3_head
     head = build_eagle3_head(str(tmp_path / "eagle3"), llama_dir, seed=3, draft_vocab_size=200,
                              aux_layer_ids=[0, 1, 2])
     gen = torch.Generator().manual_seed(15)
@@ -249,8 +249,8 @@ def test_gpu_host_prefix_tier_matches_the_cpu_engine(llama_dir):
 def test_gpu_host_kv_cache_moves_large_swaps_through_its_staging_buffers_in_turn(monkeypatch):
     """Swaps of more blocks than a staging buffer holds go through the two buffers in turn
     (each taken again only after its last use ended): the same bytes back, FP8 included."""
-    import backend.worker.host_kv_cache as module
-    from backend.worker.host_kv_cache import HostKVCache
+    import tritium.worker.host_kv_cache as module
+    from tritium.worker.host_kv_cache import HostKVCache
     for dtype in (torch.float16, torch.float8_e4m3fn):
         raw = torch.randint(0, 255, (2, 3, 40, 4, 2, 8 * dtype.itemsize), dtype=torch.uint8, device="cuda")
         monkeypatch.setattr(module, "STAGING_BYTES", 3 * raw[:, :, 0].numel())  # three blocks a batch

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from backend import EngineArgs, LLMEngine
-from backend.worker.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
-from backend.core.block_manager import BlockManager
-from backend.worker.input_batch import prepare_batch
-from backend.worker.request_states import RequestStates
-from backend.worker.warmup import compile_step_variants
-from backend.core.worker_view import WorkerView
-from backend.step import (CachedSequenceData, Fork, NewSequenceData, ScheduledSequence,
+from tritium import EngineArgs, LLMEngine
+from tritium.worker.cuda_graph import PrefillGraphs, context_buckets, prefill_capture_sizes
+from tritium.core.block_manager import BlockManager
+from tritium.worker.input_batch import prepare_batch
+from tritium.worker.request_states import RequestStates
+from tritium.worker.warmup import compile_step_variants
+from tritium.core.worker_view import WorkerView
+from tritium.step import (CachedSequenceData, Fork, NewSequenceData, ScheduledSequence,
                           SchedulerOutput)
-from backend.sampling_params import SamplingParams
-from backend.core.sequence import Sequence
+from tritium.sampling_params import SamplingParams
+from tritium.core.sequence import Sequence
 from step_helpers import make_state, pack
 
 

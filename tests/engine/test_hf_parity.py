@@ -9,8 +9,8 @@ import torch
 from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend import LLM, EngineArgs, LLMEngine, SamplingParams
-from backend.engine.request import accumulate
+from tritium import LLM, EngineArgs, LLMEngine, SamplingParams
+from tritium.engine.request import accumulate
 
 MAX_NEW = 20
 SHARED_PREFIX = ("The scheduler computes the next word for every user while others run. "

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend import SamplingParams
-from backend.core.block_manager import NONE_HASH, BlockManager, hash_prompt_blocks
-from backend.core.host_block_pool import HostBlockPool
-from backend.core.host_prefix_cache import HostPrefixCache
-from backend.core.kv_swap import KVSwapper
-from backend.core.sequence import Sequence
-from backend.llm import LLM
-from backend.serving.triton_metrics import MetricsTracker
+from tritium import SamplingParams
+from tritium.core.block_manager import NONE_HASH, BlockManager, hash_prompt_blocks
+from tritium.core.host_block_pool import HostBlockPool
+from tritium.core.host_prefix_cache import HostPrefixCache
+from tritium.core.kv_swap import KVSwapper
+from tritium.core.sequence import Sequence
+from tritium.llm import LLM
+from tritium.serving.triton_metrics import MetricsTracker
 from swap_soak import count_computed_tokens, random_prompts, run_swap_soak
 
 # 12 device blocks of 16 tokens: one 70-token prompt and its 8 new tokens take 5 of them, so four

@@ -15,9 +15,9 @@ from hf_reference import hf_greedy_generate
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from backend import LLM, SamplingParams
-from backend.models.loader import KV_SCALE_SUFFIXES, _kv_scale_target
-from kernels import reference
+from tritium import LLM, SamplingParams
+from tritium.models.loader import KV_SCALE_SUFFIXES, _kv_scale_target
+from tritium.kernels import reference
 
 PROMPTS = [[1, 17, 42, 99, 7, 300, 12], list(range(3, 40)), [5]]
 MAX_NEW = 10

@@ -8,15 +8,15 @@ import re
 import pytest
 import torch
 
-import backend.config
-from backend import EngineArgs, SamplingParams
-from backend.core.block_manager import BlockManager
-from backend.core.host_block_pool import HostBlockPool
-from backend.core.kv_swap import KVSwapper
-from backend.core.sequence import Sequence, SequenceStatus
-from backend.llm import LLM
-from backend.serving.triton_metrics import MetricsTracker
-from backend.worker.host_kv_cache import HostKVCache
+import tritium.config
+from tritium import EngineArgs, SamplingParams
+from tritium.core.block_manager import BlockManager
+from tritium.core.host_block_pool import HostBlockPool
+from tritium.core.kv_swap import KVSwapper
+from tritium.core.sequence import Sequence, SequenceStatus
+from tritium.llm import LLM
+from tritium.serving.triton_metrics import MetricsTracker
+from tritium.worker.host_kv_cache import HostKVCache
 from swap_soak import count_computed_tokens, random_prompts, run_swap_soak
 
 # A cache far too small for the batch: 8 blocks of 16 tokens for four sequences of 50-70 tokens.
@@ -171,7 +171,7 @@ def test_host_kv_cache_moves_bytes_of_any_cache_dtype_both_ways():
 
 
 def test_host_kv_cache_moves_large_swaps_in_batches(monkeypatch):
-    import backend.worker.host_kv_cache as module
+    import tritium.worker.host_kv_cache as module
     raw = torch.randint(0, 255, (2, 1, 12, 2, 1, 4), dtype=torch.uint8)
     monkeypatch.setattr(module, "STAGING_BYTES", 2 * raw[:, :, 0].numel())  # two blocks a batch
     host = HostKVCache(raw, num_host_blocks=8)
@@ -183,7 +183,7 @@ def test_host_kv_cache_moves_large_swaps_in_batches(monkeypatch):
 
 
 def test_the_swap_staging_the_memory_profile_reserves():
-    from backend.worker.host_kv_cache import NUM_STAGING, STAGING_BYTES, staging_bytes
+    from tritium.worker.host_kv_cache import NUM_STAGING, STAGING_BYTES, staging_bytes
     two_mib = 2 << 20  # a Llama-3-8B block of 16 tokens in bf16
     assert staging_bytes(two_mib) == (NUM_STAGING + 1) * STAGING_BYTES == 3 * 64 << 20
     assert staging_bytes(3 << 20) == 3 * 21 * (3 << 20)  # whole blocks only
@@ -217,7 +217,7 @@ def test_bad_swap_arguments_get_exact_errors(llama_dir, monkeypatch):
 
 
 def test_the_resolved_parts_carry_swap_space_and_the_preemption_mode(llama_dir):
-    from backend.models import model_limits
+    from tritium.models import model_limits
     for kwargs, mode in (({}, "recompute"), ({"swap_space": 0.01}, "auto"),
                          ({"swap_space": 0.01, "preemption_mode": "recompute"}, "recompute"),
                          ({"swap_space": 0.01, "preemption_mode": "swap"}, "swap")):
@@ -278,7 +278,7 @@ def test_swap_space_from_model_json_and_config_pbtxt(llama_dir, tmp_path):
     """As the vLLM backend's repositories give it: a number in 1/model.json, a string parameter."""
     import json
 
-    from backend.serving.triton_config import serving_config
+    from tritium.serving.triton_config import serving_config
     version = tmp_path / "llm" / "1"
     version.mkdir(parents=True)
     (version / "model.json").write_text(json.dumps({"model": llama_dir, "swap_space": 0.5}), encoding="utf-8")

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from backend.kv_transfer.nixl_blocks import NixlBlockTransfer
+from tritium.kv_transfer.nixl_blocks import NixlBlockTransfer
 
 LAYERS, BLOCK, HEADS, DIM = 3, 4, 2, 8
 

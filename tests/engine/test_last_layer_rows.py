@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from backend import EngineArgs, LLMEngine
-from backend.sampling_params import SamplingParams
+from tritium import EngineArgs, LLMEngine
+from tritium.sampling_params import SamplingParams
 
 from step_helpers import make_state, pack
 

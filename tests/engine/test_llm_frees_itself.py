@@ -14,7 +14,7 @@ import torch.distributed as dist
 from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend import LLM, EngineShutdownError, SamplingParams
+from tritium import LLM, EngineShutdownError, SamplingParams
 
 PROMPTS = ["The capital of France is", "The future of AI is"]
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

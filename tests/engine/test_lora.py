@@ -10,7 +10,7 @@ import torch
 from hf_reference import hf_greedy_generate
 from lora_adapters import merged_hf_model, write_adapter
 
-from backend import LLM, EngineArgs, LoRARequest, SamplingParams
+from tritium import LLM, EngineArgs, LoRARequest, SamplingParams
 
 # min_tokens: EOS masked as Hugging Face's min_new_tokens masks it (the adapters make EOS likely).
 GREEDY = SamplingParams(temperature=0, max_tokens=12, min_tokens=12)
@@ -268,11 +268,11 @@ def test_a_projection_adds_the_delta_of_each_rows_adapter(quantization):
     """Whatever computes the projection (16/32-bit or FP8 weights), LoRA adds each row's delta
     to its output, from the unquantized input, and rows without an adapter stay as they were;
     the last layer's narrowing to sampled rows narrows the adapters too."""
-    from backend.layers.forward_context import LoRAMapping, select_lora_rows, set_lora_mapping
-    from backend.layers.linear import ReplicatedLinear
-    from backend.layers.quantization import get_linear_method, process_weights_after_loading
-    from backend.worker.lora import LoRAWeights
-    from kernels.reference import add_lora_ref
+    from tritium.layers.forward_context import LoRAMapping, select_lora_rows, set_lora_mapping
+    from tritium.layers.linear import ReplicatedLinear
+    from tritium.layers.quantization import get_linear_method, process_weights_after_loading
+    from tritium.worker.lora import LoRAWeights
+    from tritium.kernels.reference import add_lora_ref
 
     gen = torch.Generator().manual_seed(0)
     layer = ReplicatedLinear(32, 24, linear_method=get_linear_method(quantization))

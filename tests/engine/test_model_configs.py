@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from backend.models import get_model_class
+from tritium.models import get_model_class
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "models", "configs")
 NAMES = sorted(d for d in os.listdir(CONFIGS) if os.path.isfile(os.path.join(CONFIGS, d, "config.json")))

@@ -19,11 +19,11 @@ from test_hf_parity import hf_greedy, make_prompts, run_staggered
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend import LLM, EngineArgs, LLMEngine, SamplingParams
-from backend.layers.moe import FusedMoE, SparseMoeBlock
-from backend.models import get_model_class
-from backend.worker.worker_group import check_tp_shapes
-from kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
+from tritium import LLM, EngineArgs, LLMEngine, SamplingParams
+from tritium.layers.moe import FusedMoE, SparseMoeBlock
+from tritium.models import get_model_class
+from tritium.worker.worker_group import check_tp_shapes
+from tritium.kernels.reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 MAX_NEW = 12
 

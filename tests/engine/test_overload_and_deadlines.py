@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from backend import (EngineArgs, EngineOverloadedError, EngineProcess, LLMEngine, SamplingParams,
+from tritium import (EngineArgs, EngineOverloadedError, EngineProcess, LLMEngine, SamplingParams,
                      StreamingEngine)
-from backend.engine.request import accumulate
+from tritium.engine.request import accumulate
 
 BUSY = ("The server is busy: 2 requests are already waiting to be scheduled "
         "(max_waiting_requests=2). Retry later.")

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backend import LLM, SamplingParams
-from backend.layers.penalties import PenaltyCounts
-from backend.layers.sampler import Sampler
-from backend.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
+from tritium import LLM, SamplingParams
+from tritium.layers.penalties import PenaltyCounts
+from tritium.layers.sampler import Sampler
+from tritium.core.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 PENALTIES = dict(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3)
 
@@ -108,9 +108,9 @@ def test_a_preempted_sequence_whose_slot_was_taken_is_refilled_with_its_output(l
     """Priority scheduling: b (priority 1) is preempted, c (priority 0) arrives and takes the
     slot b held while it waited, and b, admitted again with 19 tokens out, gets a slot filled
     from its host tokens. Every output equals that request's alone."""
-    from backend.layers import penalties
-    from backend.engine.request import accumulate
-    from backend import LLMEngine, EngineArgs
+    from tritium.layers import penalties
+    from tritium.engine.request import accumulate
+    from tritium import LLMEngine, EngineArgs
 
     fills = []
     fill = penalties.PenaltyCounts._fill
@@ -180,7 +180,7 @@ def test_verification_rows_are_penalized_as_if_their_proposals_had_been_sampled(
     reference gives it with its slot's counts plus the proposals before it: positive and
     negative logits, a token proposed twice, a proposal already in the prompt, penalized rows
     after an unpenalized one (rows of the batch != rows among the penalized)."""
-    from kernels.reference import apply_penalties_ref
+    from tritium.kernels.reference import apply_penalties_ref
     counts = PenaltyCounts(4, 12, torch.device("cpu"))
     plain = seq([1, 2, 3], 2, temperature=0)
     a = seq([1, 2, 5, 5, 7, 9, 7, 1], 3, temperature=0, **PENALTIES)  # prompt 1 2 5, output 5 7, proposals 9 7 1
@@ -190,7 +190,7 @@ def test_verification_rows_are_penalized_as_if_their_proposals_had_been_sampled(
     logits = torch.randn(6, 12, generator=g) * 3
     logits[2, 9], logits[3, 7], logits[4, 7], logits[4, 1] = 2.5, -1.5, 1.25, -2.0
     md = Sampler.prepare(rows, 12, torch.device("cpu"), counts=counts, drafts=drafts)
-    from backend.layers.penalties import apply_penalties
+    from tritium.layers.penalties import apply_penalties
     out = apply_penalties(logits.clone(), md.penalties)
     known = {1: [5, 7], 2: [5, 7, 9], 3: [5, 7, 9, 7], 4: [5, 7, 9, 7, 1], 5: [8, 6]}
     prompts = {1: [1, 2, 5], 2: [1, 2, 5], 3: [1, 2, 5], 4: [1, 2, 5], 5: [4, 6]}

@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.core.block_manager import (NONE_HASH, BlockManager, hash_block_tokens, hash_prompt_blocks,
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from tritium.core.block_manager import (NONE_HASH, BlockManager, hash_block_tokens, hash_prompt_blocks,
                                           root_block_hash)
-from backend.core.sequence import Sequence
+from tritium.core.sequence import Sequence
 
 TAG = b"tritium-prefix-cache-v1\x00"
 

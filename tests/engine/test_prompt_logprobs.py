@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.worker import model_runner
-from backend.engine.request import accumulate
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from tritium.worker import model_runner
+from tritium.engine.request import accumulate
 
 PREFIX = "The scheduler computes the next word for every user while others run. A client streams "
 
@@ -148,8 +148,8 @@ def test_prompt_logprobs_above_max_logprobs(llama_dir):
 def test_decoded_tokens_of_logprobs(llama_dir):
     """Each Logprob carries its token's own text (vLLM's decoded_token), for the prompt's and
     the sampled ones; an id the tokenizer does not know keeps None."""
-    from backend.outputs import Logprob
-    from backend.engine.tokenizer import fill_decoded_tokens, load_tokenizer
+    from tritium.outputs import Logprob
+    from tritium.engine.tokenizer import fill_decoded_tokens, load_tokenizer
 
     tok = load_tokenizer(llama_dir)
     ids = tok("Hello world")["input_ids"]

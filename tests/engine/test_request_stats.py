@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend import EngineArgs, LLMEngine, SamplingParams
+from tritium import EngineArgs, LLMEngine, SamplingParams
 
 
 def test_per_request_samples(llama_dir):

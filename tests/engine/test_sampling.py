@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backend import LLM, LLMEngine, EngineArgs, SamplingParams
-from backend.layers.sampler import Sampler
-from backend.core.sequence import PLACEHOLDER
-from backend.engine.request import accumulate
+from tritium import LLM, LLMEngine, EngineArgs, SamplingParams
+from tritium.layers.sampler import Sampler
+from tritium.core.sequence import PLACEHOLDER
+from tritium.engine.request import accumulate
 
 
 def row(params: SamplingParams, token_ids=(1, 2, 3), num_prompt_tokens=3, index=0):
@@ -172,7 +172,7 @@ def test_n_greedy_samples_are_identical_and_match_single(llama_dir):
 def test_greedy_fast_path_matches_the_general_path(monkeypatch):
     """All-greedy batches take kernels.greedy_sample (one pass); the same rows in a batch that also
     asks for logprobs take the log-softmax path. Both give the same tokens and logprobs."""
-    import kernels
+    from tritium import kernels
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 300, generator=g) * 3
     logits[2, [7, 250]] = 40.0  # a tie: the first index wins on both paths
@@ -207,7 +207,7 @@ def test_allowed_ids_and_logit_bias_change_logits_as_vllm_defines():
 
 
 def test_greedy_rows_with_bias_or_allowed_ids_leave_the_fast_path(monkeypatch):
-    import kernels
+    from tritium import kernels
     calls = []
     monkeypatch.setattr(kernels, "greedy_sample", lambda x: calls.append(x.shape) or (_ for _ in ()).throw(AssertionError))
     logits = torch.tensor([[5.0, 1.0, 0.0], [5.0, 1.0, 0.0]])
@@ -293,7 +293,7 @@ def test_bad_truncate_prompt_tokens(value, message):
 
 
 def test_bad_words_ban_a_word_s_last_token_after_its_prefix():
-    from backend.layers.sampler import _banned_by_bad_words
+    from tritium.layers.sampler import _banned_by_bad_words
     words = [[5], [7, 8], [1, 2, 3]]
     assert _banned_by_bad_words(words, []) == [5]
     assert _banned_by_bad_words(words, [9, 7]) == [5, 8]

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.sampling_params import _FLOAT_FIELDS
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from tritium.sampling_params import _FLOAT_FIELDS
 
 NAN, INF = float("nan"), float("inf")
 
@@ -27,7 +27,7 @@ def test_every_float_parameter_refuses_nan_and_inf(name, value):
 
 
 def test_float_fields_are_all_the_float_parameters():
-    from backend.sampling_params import _PUBLIC_FIELDS
+    from tritium.sampling_params import _PUBLIC_FIELDS
     assert set(_FLOAT_FIELDS) == {k for k, kind in _PUBLIC_FIELDS.items() if kind == "float"}
 
 

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from backend.engine_config import SchedulerConfig
-from backend.core.block_manager import BlockManager
-from backend.sampling_params import SamplingParams
-from backend.worker.request_states import RequestStates
-from backend.core.scheduler import Scheduler
-from backend.core.sequence import Sequence, SequenceStatus
+from tritium.engine_config import SchedulerConfig
+from tritium.core.block_manager import BlockManager
+from tritium.sampling_params import SamplingParams
+from tritium.worker.request_states import RequestStates
+from tritium.core.scheduler import Scheduler
+from tritium.core.sequence import Sequence, SequenceStatus
 
 
 def sched_config(max_num_seqs: int, budget: int, chunked: bool = True, policy: str = "fcfs") -> SchedulerConfig:
@@ -238,7 +238,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
     """Two device slots, three adapters: a request whose adapter finds no slot waits while
     later ones go ahead; a slot changes adapter (the least recently used one, reported to the
     runner once) only when no running sequence uses it; preemption and finishing release."""
-    from backend.core.lora_slots import LoRASlots
+    from tritium.core.lora_slots import LoRASlots
     slots = LoRASlots(2, ["a", "b"])
     bm = BlockManager(32, 4, True)
     sched = Scheduler(sched_config(8, 64), bm, slots)
@@ -267,7 +267,7 @@ def test_lora_slots_bound_the_adapters_of_a_step():
 
 
 def test_lora_slots_choose_an_empty_slot_then_the_least_recently_used():
-    from backend.core.lora_slots import LoRASlots
+    from tritium.core.lora_slots import LoRASlots
     slots = LoRASlots(3, ["a", "b"])
     assert slots.acquire("c") == 2  # the empty slot
     slots.release(slots.acquire("b"))

@@ -12,8 +12,8 @@ import torch
 from hf_reference import hf_greedy_generate
 from transformers import AutoModelForCausalLM
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from build_default_model import build_model
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from scripts.build_default_model import build_model
 
 
 def _with_config(src: str, dst, **changes) -> str:
@@ -140,9 +140,9 @@ def test_longrope_long_factors_past_the_original_length(phi3_dir, tmp_path):
 
 
 def test_su_is_longrope_under_its_first_name():
-    from backend.layers.rotary import RotaryEmbedding
-    from backend.models import longrope_original_length
-    from backend.models.decoder_config import DecoderConfig
+    from tritium.layers.rotary import RotaryEmbedding
+    from tritium.models import longrope_original_length
+    from tritium.models.decoder_config import DecoderConfig
 
     base = dict(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                 num_attention_heads=4, max_position_embeddings=2048, original_max_position_embeddings=64,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend import LLM, EngineArgs, LLMEngine, SamplingParams
-from backend.engine_config import SpeculativeConfig
-from backend.spec_decode.ngram import NgramProposer
+from tritium import LLM, EngineArgs, LLMEngine, SamplingParams
+from tritium.engine_config import SpeculativeConfig
+from tritium.spec_decode.ngram import NgramProposer
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
@@ -47,7 +47,7 @@ def test_the_proposer_with_kept_histories_equals_a_brute_force_search(lo, hi, ma
     few tokens at a time under one key each (occurrences extended one by one, the vectorised pass
     after the first two that do not match the longest suffix, or the vectorised pass at once), and
     looked up from scratch (no key): every proposal is the brute-force search's."""
-    from backend.spec_decode.ngram import _History
+    from tritium.spec_decode.ngram import _History
     monkeypatch.setattr(_History, "MAX_CANDIDATES", max_candidates)
     p = proposer(k=4, hi=hi, lo=lo)
     rng = torch.Generator().manual_seed(lo * 10 + hi)
@@ -75,9 +75,9 @@ def test_each_proposer_provides_what_its_protocol_names():
     EAGLE heads are ModelProposers, their `propose` taking the protocol's arguments."""
     import inspect
 
-    from backend.spec_decode.draft_model import DraftModelProposer
-    from backend.spec_decode.eagle import EagleProposer
-    from backend.spec_decode.proposer import ModelProposer, TokenProposer
+    from tritium.spec_decode.draft_model import DraftModelProposer
+    from tritium.spec_decode.eagle import EagleProposer
+    from tritium.spec_decode.proposer import ModelProposer, TokenProposer
     for cls, protocol in ((NgramProposer, TokenProposer), (DraftModelProposer, ModelProposer),
                           (EagleProposer, ModelProposer)):
         members = {n for n in vars(protocol) if not n.startswith("_")} | set(protocol.__annotations__)
@@ -91,9 +91,9 @@ def test_a_run_keeps_its_proposals_up_to_the_first_wrong_one_and_counts_them():
     """verification.num_accepted (the engine's and the worker's rule) and metrics.record_verification."""
     from types import SimpleNamespace
 
-    from backend.engine.metrics import EngineStats
-    from backend.spec_decode.metrics import record_verification
-    from backend.spec_decode.verification import num_accepted
+    from tritium.engine.metrics import EngineStats
+    from tritium.spec_decode.metrics import record_verification
+    from tritium.spec_decode.verification import num_accepted
     rows = [SimpleNamespace(token_id=t) for t in (5, 6, 9, 8)]  # row j: the token after proposal j - 1
     assert [num_accepted(rows, proposed) for proposed in ([5, 6, 7], [5, 6, 9], [4, 6, 9], [], [5])] == [2, 3, 0, 0, 1]
     stats = EngineStats()
@@ -214,7 +214,7 @@ def test_verification_steps_of_a_few_sequences_run_through_the_prefill_graphs(ll
     verification graph (its decodes as one-token chunks; chunks of at most k + 1 tokens) that
     returns every verified row; here its padded buffers (32 sequence slots, 3 used) run eagerly.
     Tokens equal plain decoding's; steps without proposals stay decodes."""
-    from backend.worker.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
+    from tritium.worker.cuda_graph import SPEC_GRAPH_MAX_SEQS, PrefillGraphs
     gen = torch.Generator().manual_seed(21)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (11, 26, 7)]
     params = SamplingParams(temperature=0, max_tokens=18, ignore_eos=True)
@@ -260,7 +260,7 @@ def test_a_batch_larger_than_a_verification_graph_decodes_plainly_and_pipelined(
 def test_requests_arriving_mid_speculation_stop_it_without_losing_a_token(llama_dir):
     """A step verified proposals; the next one, with more sequences than max_speculating_seqs,
     must take it first (its token count is known only then) before decoding pipelined."""
-    from backend.engine.request import accumulate
+    from tritium.engine.request import accumulate
     gen = torch.Generator().manual_seed(8)
     prompts = [torch.randint(3, 500, (6,), generator=gen).tolist() * 3 for _ in range(3)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -311,7 +311,7 @@ def test_rejection_sampling_of_a_proposal_keeps_the_distribution(draft):
     likeliest token, a middling one or the least likely."""
     from types import SimpleNamespace
 
-    from backend.layers.sampler import Sampler
+    from tritium.layers.sampler import Sampler
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 12, generator=g) * 1.5
     p = torch.softmax(logits[0], -1)
@@ -331,7 +331,7 @@ def test_sampled_requests_speculate_by_rejection_sampling(llama_dir, monkeypatch
     """At a temperature low enough that sampling is all but greedy (but not the greedy path),
     proposals of the greedy continuation are verified by rejection sampling and the tokens are
     the greedy ones."""
-    from backend.spec_decode import verification
+    from tritium.spec_decode import verification
     gen = torch.Generator().manual_seed(16)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (12, 9)]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

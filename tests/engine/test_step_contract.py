@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backend import LLM, SamplingParams
-from backend.layers.sampler import Sampler
-from backend.layers.sampling_table import SamplingTable
+from tritium import LLM, SamplingParams
+from tritium.layers.sampler import Sampler
+from tritium.layers.sampling_table import SamplingTable
 
 CPU = torch.device("cpu")
 VOCAB = 50
@@ -123,8 +123,8 @@ def test_the_engine_writes_each_sequence_once_and_frees_its_slot(llama_dir, monk
 def _no_engine_object(value, path: str = "step") -> None:
     """Fail on anything in the step but plain data: the records of backend/step.py, containers,
     numbers, strings, SamplingParams and a grammar's host bitmask."""
-    from backend.sampling_params import SamplingParams as Params
-    from backend import step as records
+    from tritium.sampling_params import SamplingParams as Params
+    from tritium import step as records
     if value is None or isinstance(value, (bool, int, float, str, Params, torch.Tensor)):
         return
     if isinstance(value, (list, tuple)):

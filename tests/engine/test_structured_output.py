@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from backend import LLM, SamplingParams
-from backend.layers.sampler import unpack_bitmask
-from backend.engine.structured_output import check_spec
+from tritium import LLM, SamplingParams
+from tritium.layers.sampler import unpack_bitmask
+from tritium.engine.structured_output import check_spec
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -125,8 +125,8 @@ def test_guided_requests_leave_the_others_unchanged(llama_dir):
 def test_a_token_off_the_grammar_ends_that_request_alone(llama_dir, monkeypatch):
     """Should a sampled token ever break its grammar (here a mask that allows everything), that
     request ends with an error naming the token, and the others in its batch carry on."""
-    from backend import EngineArgs, LLMEngine
-    from backend.engine.structured_output import Grammar
+    from tritium import EngineArgs, LLMEngine
+    from tritium.engine.structured_output import Grammar
     engine = LLMEngine(EngineArgs(model=llama_dir, **ENGINE))
     prompt = list(range(5, 25))
     first = LLM(llama_dir, **ENGINE).generate([prompt], SamplingParams(temperature=0, max_tokens=1))
@@ -208,8 +208,8 @@ def test_a_process_exiting_during_the_warm_up_waits_for_it(llama_dir, monkeypatc
     """The warm-up thread is not a daemon: an engine process shut down while xgrammar builds its
     compiler (CI saw one) must not kill that thread inside C++, which aborts the process."""
     import threading
-    from backend.engine import structured_output
-    from backend.engine.tokenizer import load_tokenizer
+    from tritium.engine import structured_output
+    from tritium.engine.tokenizer import load_tokenizer
     started = []
 
     class Recorded(threading.Thread):
@@ -223,8 +223,8 @@ def test_a_process_exiting_during_the_warm_up_waits_for_it(llama_dir, monkeypatc
 
 
 def test_without_xgrammar_a_structured_request_is_refused(llama_dir, monkeypatch):
-    from backend.engine.structured_output import StructuredOutputManager
-    from backend.engine.tokenizer import load_tokenizer
+    from tritium.engine.structured_output import StructuredOutputManager
+    from tritium.engine.tokenizer import load_tokenizer
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
     manager = StructuredOutputManager(load_tokenizer(llama_dir), 512, (1,), llama_dir)
     manager.warm_up_in_background()  # quietly does nothing
@@ -244,7 +244,7 @@ def test_unpacked_bitmask_matches_xgrammar():
 def test_json_object_starts_an_object_only(llm):
     """json_object is any JSON object, not any JSON value (on a GPU the random model once
     opened an array): a fresh grammar allows "{" and no "[", digit or quote."""
-    from backend.engine.structured_output import Grammar
+    from tritium.engine.structured_output import Grammar
     tok = llm.tokenizer
     manager = llm.engine.input_processor.structured
     grammar = Grammar(manager.compile(check_spec({"json_object": True})))
@@ -281,8 +281,8 @@ def test_guided_requests_speculate_and_keep_plain_tokens(llama_dir, temperature)
 def test_verification_masks_follow_the_proposals_and_leave_the_matcher_in_place(llm):
     """Grammar.fill_bitmasks: row j's mask is a fresh matcher's after proposals[:j]; past a
     proposal the grammar rejects, rows repeat the mask before it; the matcher is where it was."""
-    from backend.layers.sampler import bitmask_words
-    from backend.engine.structured_output import Grammar
+    from tritium.layers.sampler import bitmask_words
+    from tritium.engine.structured_output import Grammar
     tok = llm.engine.tokenizer
     ids = {c: tok.encode(c, add_special_tokens=False) for c in "abc"}
     assert all(len(v) == 1 for v in ids.values())

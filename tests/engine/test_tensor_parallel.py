@@ -15,8 +15,8 @@ from lora_adapters import merged_hf_model, write_adapter
 from test_hf_parity import hf_greedy, make_prompts, run_staggered
 from transformers import AutoTokenizer
 
-from backend import LLM, EngineArgs, LLMEngine, SamplingParams, StreamingEngine
-from backend.worker.worker_group import check_tp_shapes
+from tritium import LLM, EngineArgs, LLMEngine, SamplingParams, StreamingEngine
+from tritium.worker.worker_group import check_tp_shapes
 
 CHOICES = ["yes", "no", "maybe so"]
 
@@ -171,7 +171,7 @@ def test_a_rank_that_dies_fails_every_request_once_and_a_new_engine_serves(llama
 
 # Loaded by every Python process started with it on PYTHONPATH: rank 1's Worker cannot be built.
 _FAILING_RANK_1 = """
-from backend.worker.worker import Worker
+from tritium.worker.worker import Worker
 _build = Worker.__init__
 def _init(self, config, rank=0, link=None):
     if rank == 1:

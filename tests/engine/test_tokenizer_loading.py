@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.models.auto.tokenization_auto import MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
 
-from backend.engine.tokenizer import GENERIC_TOKENIZER_MODEL_TYPES, _is_generic_fast_tokenizer, load_tokenizer
-from backend.models import MODEL_CLASSES
+from tritium.engine.tokenizer import GENERIC_TOKENIZER_MODEL_TYPES, _is_generic_fast_tokenizer, load_tokenizer
+from tritium.models import MODEL_CLASSES
 
 TEXTS = ["Hello world", " leading space and\nnew lines\t\ttabs", "ünïcödé ✓ 漢字", "<s> literal specials </s>"]
 

@@ -11,12 +11,12 @@ import pickle
 import pytest
 from lora_adapters import write_adapter
 
-from backend import EngineArgs, LLMEngine, LoRARequest, SamplingParams
-from backend.engine.request import accumulate
-from backend.step import (PLACEHOLDER, CachedSequenceData, NewSequenceData, SampleRow, ScheduledSequence,
+from tritium import EngineArgs, LLMEngine, LoRARequest, SamplingParams
+from tritium.engine.request import accumulate
+from tritium.step import (PLACEHOLDER, CachedSequenceData, NewSequenceData, SampleRow, ScheduledSequence,
                           SchedulerOutput, SpecRun)
-from backend.worker.request_states import RequestStates
-from backend.worker.worker_group import LogitsCall, StepCall, WorkerGroup
+from tritium.worker.request_states import RequestStates
+from tritium.worker.worker_group import LogitsCall, StepCall, WorkerGroup
 
 # Run by rank 1 at start-up (a sitecustomize): each message it unpickles from rank 0's pipe is
 # logged by type, a step with its type and scheduled sequence ids.

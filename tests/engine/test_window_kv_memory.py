@@ -12,12 +12,12 @@ from hf_reference import hf_greedy_generate
 from swap_soak import random_prompts, run_swap_soak
 from transformers import AutoModelForCausalLM
 
-from backend import EngineArgs, LLMEngine, SamplingParams
-from backend.core.block_manager import NULL_BLOCK_ID, BlockManager
-from backend.core.host_block_pool import HostBlockPool
-from backend.core.kv_swap import KVSwapper
-from backend.core.sequence import Sequence
-from build_default_model import build_model
+from tritium import EngineArgs, LLMEngine, SamplingParams
+from tritium.core.block_manager import NULL_BLOCK_ID, BlockManager
+from tritium.core.host_block_pool import HostBlockPool
+from tritium.core.kv_swap import KVSwapper
+from tritium.core.sequence import Sequence
+from scripts.build_default_model import build_model
 
 
 def _grow(bm: BlockManager, s: Sequence, tokens: int) -> list[int]:

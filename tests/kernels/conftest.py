@@ -15,5 +15,3 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-# The repository root, so `import kernels` works however pytest was started.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -31,7 +31,6 @@ from triton.compiler import ASTSource, make_backend
 from torch.overrides import TorchFunctionMode
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
@@ -68,8 +67,8 @@ def compile_launch(fn, args, kwargs) -> dict:
 def cases():
     """(label, call) pairs at the benchmark's Llama-3-8B shapes (bf16: the serving dtype; the
     float32 variants compile for real when the tests run on a GPU)."""
-    import kernels
-    from kernels.decode_attention import DecodeConfig
+    from tritium import kernels
+    from tritium.kernels.decode_attention import DecodeConfig
     e = torch.empty
     for dtype in (torch.bfloat16,):
         q, cache = e(2, 32, 128, dtype=dtype), e(64, 16, 8, 128, dtype=dtype)
@@ -83,7 +82,7 @@ def cases():
         yield (f"prefill {dtype}",
                lambda: kernels.paged_prefill_attention.triton(qp, cache, cache, bt[:1], cu, cl[:1], 512, 0.1))
         # The chunk's keys and values from the fused projection output, plain loads and TMA.
-        from kernels.prefill_attention import PrefillConfig
+        from tritium.kernels.prefill_attention import PrefillConfig
         qkv = e(512, (32 + 2 * 8) * 128, dtype=dtype)
         key, value = qkv[:, 4096:5120].view(512, 8, 128), qkv[:, 5120:].view(512, 8, 128)
         for tma in (False, True):
@@ -174,8 +173,8 @@ def cases():
 
 def tuned_cases():
     """Every tuned fp8_matmul config, at its own shape."""
-    import kernels
-    from kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
+    from tritium import kernels
+    from tritium.kernels.fp8_matmul import TUNED_CONFIGS, load_tuned_configs
     e, fp8 = torch.empty, torch.float8_e4m3fn
     for gpu, shapes in load_tuned_configs(TUNED_CONFIGS).items():
         for shape, cfg in shapes.items():

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hopper_compile  # noqa: E402  (also puts the repository root on sys.path)
+import hopper_compile  # this file's folder: run as a script, or by pytest's rootdir-less import
 
 
 def cases():
     """Each row bucket's default config and one case per GEMV variant, bit width and dtype."""
-    import kernels
+    from tritium import kernels
     e = torch.empty
     n, k, group = 6144, 4096, 128
     w = e(k, n // 8, dtype=torch.int32)
@@ -24,7 +23,7 @@ def cases():
     for m in (1, 16, 64, 256, 4096):
         yield f"w4a16 m={m}", lambda m=m: kernels.w4a16_matmul.triton(e(m, k, dtype=torch.bfloat16), w, s, z, group)
     yield "w4a16 m=1 act-order", lambda: kernels.w4a16_matmul.triton(e(1, k, dtype=torch.bfloat16), w, s, z, group, perm)
-    from kernels.w4a16 import DEFAULT_CONFIGS
+    from tritium.kernels.w4a16 import DEFAULT_CONFIGS
     fused = DEFAULT_CONFIGS[1].__class__(**{**DEFAULT_CONFIGS[1].__dict__, "fused_reduce": True, "num_stages": 3})
     yield "w4a16 m=1 fused reduce", lambda: kernels.w4a16_matmul.triton(e(1, k, dtype=torch.bfloat16), w, s, z, group,
                                                                  config=fused)
@@ -41,8 +40,8 @@ def cases():
 
 def tuned_cases():
     """Every tuned config in kernels/configs/w4a16.json, at its own shape and row bucket."""
-    import kernels
-    from kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
+    from tritium import kernels
+    from tritium.kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
     e = torch.empty
     for gpu, entries in load_tuned_configs(TUNED_CONFIGS).items():
         for key, cfg in entries.items():
@@ -57,8 +56,8 @@ def tuned_cases():
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
     args = hopper_compile.parse_args()
-    import kernels.w4a16
-    kernels.w4a16.check_runnable = lambda op, t: None
+    from tritium.kernels import w4a16
+    w4a16.check_runnable = lambda op, t: None
     hopper_compile.compile_cases(tuned_cases() if args.tuned else cases(), args.jobs)
 
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, DTYPES, PagedKV, assert_accurate, make_paged_kv, poisoned, rel_err
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 WINDOWS = [1, 16, 17, 1000]
 BLOCK_SIZE = 16
@@ -63,7 +63,7 @@ def _decode_case(window, dtype, seed, ctx=(1, 17, 69, 300, 0)):
 
 
 def _decode(kv, query, ctx, scale, cfg=None, **options):
-    from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
+    from tritium.kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
     out = poisoned(query.shape, query.dtype)
     kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
                                    torch.tensor(ctx, dtype=torch.int32, device=DEVICE), scale, out=out,
@@ -103,8 +103,8 @@ def test_decode_window_splits_cover_only_the_window(monkeypatch):
     most W + block_n - 1 = 163 tokens: two splits of 128, where the bound alone gives 43), and
     the merge counts each sequence's splits from its window's first tile (one for the 700-token
     sequence, whose window starts in tile 576, two for the 129-token one)."""
-    from kernels.decode_attention import DecodeConfig
-    from kernels import decode_attention
+    from tritium.kernels.decode_attention import DecodeConfig
+    from tritium.kernels import decode_attention
 
     grids = []
     real = decode_attention._decode_kernel
@@ -169,7 +169,7 @@ def _chunk_kv(kv, q_lens=Q_LENS, ctx=CTX):
 
 
 def _prefill(kv, query, cu, scale, fields=None, chunk=False, q_lens=Q_LENS, ctx=CTX, **options):
-    from kernels.prefill_attention import PrefillConfig  # imports triton: only inside tests
+    from tritium.kernels.prefill_attention import PrefillConfig  # imports triton: only inside tests
     out = poisoned(query.shape, query.dtype)
     if chunk:
         options["key"], options["value"] = _chunk_kv(kv, q_lens, ctx)

@@ -9,8 +9,8 @@ import torch
 from kernel_checks import (DEVICE, DTYPES, attention_oracle, assert_accurate, make_paged_kv,
                            poisoned, rel_err)
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 # (context_lens, Hkv, group, head_dim, block_size, config kwargs)
 CASES = [
@@ -23,7 +23,7 @@ CASES = [
 
 
 def kernels_config(**kw):
-    from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
+    from tritium.kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
     return DecodeConfig(**kw)
 
 
@@ -103,7 +103,7 @@ def test_reference_matches_oracle_in_float64():
 
 
 def test_split_choice_fills_the_h200():
-    from kernels.decode_attention import choose_num_splits, tokens_per_split
+    from tritium.kernels.decode_attention import choose_num_splits, tokens_per_split
     # Llama-3-8B decode shapes: 8 KV heads, 132 SMs.
     assert choose_num_splits(1, 8, 32768, 132) == 33
     assert tokens_per_split(32768, 33, 64) == 1024  # -> 32 splits of 1024 tokens, 256 programs
@@ -119,7 +119,7 @@ def test_small_batches_split_into_single_tiles():
     """Below one program per SM the defaults split every sequence into tiles, up to 64 splits,
     for the engine's context buckets: one 640-token request in a 2,048 bucket walks 5 of 16
     splits of 128 tokens (bf16) or 10 of 32 splits of 64 (FP8); full batches stay unsplit."""
-    from kernels.decode_attention import DecodeConfig, choose_num_splits, default_config, tokens_per_split
+    from tritium.kernels.decode_attention import DecodeConfig, choose_num_splits, default_config, tokens_per_split
 
     def splits(batch, bucket, fp8):
         cfg = default_config(torch.bfloat16, batch, 8, 132, fp8)

@@ -24,7 +24,6 @@ except ValueError as e:
 
 def test_cpu_tensors_without_interpreter_name_the_reference():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -34,7 +33,7 @@ def test_cpu_tensors_without_interpreter_name_the_reference():
 
 
 def test_this_process_runs_kernels_where_the_tests_expect():
-    import kernels._launch as launch
+    from tritium.kernels import _launch as launch
     # On a GPU machine the tests run compiled; without one, conftest.py turned the interpreter on.
     assert launch.INTERPRETED is (not ON_GPU)
 
@@ -44,7 +43,7 @@ def test_each_op_has_one_launcher_and_a_reference_with_its_arguments():
     only tuning options besides (keyword-only: the benchmarks' sweeps)."""
     import inspect
 
-    from kernels.ops import OPS
+    from tritium.kernels.ops import OPS
     tuning = {"config", "num_warps", "block", "block_m", "block_n", "max_context_len"}
     assert len(OPS) == 14
     for name, op in OPS.items():
@@ -60,9 +59,9 @@ def test_each_op_has_one_launcher_and_a_reference_with_its_arguments():
 def test_calling_an_op_runs_the_reference_on_the_cpu_and_the_kernel_on_request():
     import torch
 
-    import kernels
-    from kernels import reference
-    from kernels.ops import KernelOp
+    from tritium import kernels
+    from tritium.kernels import reference
+    from tritium.kernels.ops import KernelOp
     x = torch.randn(3, 16)
     weight = torch.rand(16) + 0.5
     want = reference.rms_norm_ref(x, weight, 1e-6)
@@ -81,7 +80,7 @@ def test_the_table_is_the_only_dispatch():
     (the device choice lives in kernels/ops.py alone)."""
     import re
 
-    from kernels.ops import OPS
+    from tritium.kernels.ops import OPS
     names = "|".join(OPS)
     pattern = re.compile(rf"\b({names})_ref\b|\bkernels\.({names})\.triton\b|from kernels\.(\w+) import ({names})\b")
     found = []

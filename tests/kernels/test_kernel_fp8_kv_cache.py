@@ -9,8 +9,8 @@ import torch
 from kernel_checks import (DEVICE, DTYPES, PagedKV, assert_accurate, attention_oracle,
                            make_paged_kv, poisoned, rel_err)
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 FP8 = torch.float8_e4m3fn
 # Values where rounding to e4m3 is easy to get wrong: carries into the next binade (7.9 -> 8),
@@ -118,7 +118,7 @@ def test_decode_reads_fp8_cache(case, dtype):
     scale = head_dim ** -0.5
     config = None
     if splits:
-        from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
+        from tritium.kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
         config = DecodeConfig(num_splits=splits)
     out = poisoned(query.shape, dtype)
     kernels.paged_decode_attention.triton(query.to(DEVICE), kv.k_cache, kv.v_cache, kv.block_tables,
@@ -212,11 +212,11 @@ def test_fp8_compute_choice_is_checked(op):
     query = torch.randn(1, 4, 64).to(DEVICE)
     lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
     if op == "decode":
-        from kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
+        from tritium.kernels.decode_attention import DecodeConfig  # imports triton: only inside tests
         call = lambda: kernels.paged_decode_attention.triton(  # noqa: E731
             query, kv.k_cache, kv.v_cache, kv.block_tables, lens, 0.125, config=DecodeConfig(fp8_compute="bf16"))
     else:
-        from kernels.prefill_attention import PrefillConfig
+        from tritium.kernels.prefill_attention import PrefillConfig
         cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
         call = lambda: kernels.paged_prefill_attention.triton(  # noqa: E731
             query, kv.k_cache, kv.v_cache, kv.block_tables, cu, lens, 1, 0.125,

@@ -8,8 +8,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, ON_GPU, rel_err
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 FP8 = torch.float8_e4m3fn
 
@@ -37,7 +37,7 @@ OUT_DTYPES = [torch.float32, torch.float16,
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_matches_float64(case, out_dtype):
-    from kernels.fp8_matmul import Fp8MatmulConfig
+    from tritium.kernels.fp8_matmul import Fp8MatmulConfig
     m, n, k, split, block_n, block_k = case
     args = _inputs(m, n, k, seed=n)
     out = kernels.fp8_matmul_few_rows.triton(*args, out_dtype, config=Fp8MatmulConfig(
@@ -56,7 +56,7 @@ def test_reference_matches_float64_and_the_kernel_the_reference():
 
 
 def test_automatic_split_covers_the_gpu():
-    from kernels.fp8_matmul import Fp8MatmulConfig, choose_split_k
+    from tritium.kernels.fp8_matmul import Fp8MatmulConfig, choose_split_k
     cfg = Fp8MatmulConfig()  # 64 columns a program, 128 K a step
     assert choose_split_k(28672, 4096, cfg, 132) == 1    # gate_up: 448 programs already
     assert choose_split_k(4096, 14336, cfg, 132) == 5    # down: 64 column blocks x 5
@@ -88,8 +88,8 @@ def test_rejects_bad_arguments(change, message):
 def test_tuned_table_picks_the_config_per_gpu_and_shape(tmp_path, monkeypatch):
     import json
 
-    from kernels import fp8_matmul
-    from kernels.fp8_matmul import Fp8MatmulConfig, tuned_config
+    from tritium.kernels import fp8_matmul
+    from tritium.kernels.fp8_matmul import Fp8MatmulConfig, tuned_config
     table = tmp_path / "fp8_matmul.json"
     here = fp8_matmul._device_name(torch.device(DEVICE))  # "cpu" in the interpreter
     table.write_text(json.dumps({"configs": {
@@ -112,7 +112,7 @@ def test_tuned_table_picks_the_config_per_gpu_and_shape(tmp_path, monkeypatch):
 
 
 def test_shipped_tuned_table_loads():
-    from kernels.fp8_matmul import TUNED_CONFIGS, Fp8MatmulConfig, load_tuned_configs
+    from tritium.kernels.fp8_matmul import TUNED_CONFIGS, Fp8MatmulConfig, load_tuned_configs
     h200 = load_tuned_configs(TUNED_CONFIGS)["NVIDIA H200"]
     # Llama-3-8B's qkv, o, gate_up and down were all faster with a tuned tile on the H200.
     assert {"6144x4096", "4096x4096", "28672x4096", "4096x14336"} <= set(h200)
@@ -130,7 +130,7 @@ def test_shipped_tuned_table_loads():
 def test_malformed_tuned_table_is_refused(tmp_path, entry, message):
     import json
 
-    from kernels.fp8_matmul import load_tuned_configs
+    from tritium.kernels.fp8_matmul import load_tuned_configs
     table = tmp_path / "bad.json"
     table.write_text(json.dumps({"configs": {"NVIDIA H200": entry}}))
     with pytest.raises(ValueError, match=re.escape(f"{table}: {message}") + "$"):

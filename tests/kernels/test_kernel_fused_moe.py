@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from kernel_checks import BF16_ON_GPU_ONLY, DEVICE, ON_GPU, rel_err
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 FP8 = torch.float8_e4m3fn
 
@@ -78,7 +78,7 @@ def _params(cases, long=False):
 
 @pytest.mark.parametrize("case, dtype", _params(CASES) + _params(LONG_CASES, long=True))
 def test_matches_float64(case, dtype):
-    from kernels.moe import FusedMoEConfig
+    from tritium.kernels.moe import FusedMoEConfig
     m, e, top_k, hidden, inter, used, tiles = case
     (x, w13, w2, weights, ids), oracle, unused = _case(m, e, top_k, hidden, inter, dtype, m + e + top_k, used)
     assert used is None or unused  # the cases with idle experts have some
@@ -116,7 +116,7 @@ def _fp8_case(block: bool, seed: int):
 
 @pytest.mark.parametrize("block", [False, True], ids=["per-channel", "block-128"])
 def test_fp8_weights_match_float64(block):
-    from kernels.moe import FusedMoEConfig
+    from tritium.kernels.moe import FusedMoEConfig
     (x, w13, w2, weights, ids, s13, s2), oracle = _fp8_case(block, 3 + block)
     out = kernels.fused_moe.triton(x, w13, w2, weights, ids, s13, s2, config=FusedMoEConfig(16, 64, 64, 1, 4, 2))
     assert rel_err(out, oracle) < 1.5e-3
@@ -127,8 +127,8 @@ def test_fp8_weights_match_float64(block):
 def test_block_scales_take_128_deep_k_steps_whatever_the_tuned_table_says(monkeypatch):
     """The tuned table is keyed by weight dtype, not scale kind: an entry with 256-deep K steps
     serves block-scaled weights with 128-deep ones (an explicit config is refused instead)."""
-    from kernels import moe
-    from kernels.moe import FusedMoEConfig
+    from tritium.kernels import moe
+    from tritium.kernels.moe import FusedMoEConfig
     (x, w13, w2, weights, ids, s13, s2), oracle = _fp8_case(True, 5)
     monkeypatch.setattr(moe, "choose_config", lambda *a, **k: FusedMoEConfig(16, 64, 256, 1, 4, 2))
     assert rel_err(kernels.fused_moe.triton(x, w13, w2, weights, ids, s13, s2), oracle) < 1.5e-3
@@ -176,7 +176,7 @@ def test_reference_matches_float64():
 
 
 def test_default_configs_by_rows_per_expert():
-    from kernels.moe import DEFAULT_CONFIGS, default_config, row_bucket
+    from tritium.kernels.moe import DEFAULT_CONFIGS, default_config, row_bucket
     assert [row_bucket(r) for r in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257)] == [1, 4, 4, 16, 16, 64, 64, 256, 256, 0]
     assert default_config(1, 8, 64, torch.bfloat16) == DEFAULT_CONFIGS[1]       # decode
     assert default_config(64, 8, 16, torch.bfloat16) == DEFAULT_CONFIGS[64]     # 32 rows an expert
@@ -185,15 +185,15 @@ def test_default_configs_by_rows_per_expert():
     f32 = default_config(8192, 8, 64, torch.float32)
     assert f32.block_k == 32 and f32.block_n <= 64
     with pytest.raises(ValueError, match="^block_m must be a power of two of at least 16, got 24$"):
-        from kernels.moe import FusedMoEConfig
+        from tritium.kernels.moe import FusedMoEConfig
         FusedMoEConfig(block_m=24)
 
 
 def test_tuned_table_picks_the_config_per_gpu_shape_and_bucket(tmp_path, monkeypatch):
     import json
 
-    from kernels import moe
-    from kernels.moe import FusedMoEConfig, choose_config, config_key, default_config
+    from tritium.kernels import moe
+    from tritium.kernels.moe import FusedMoEConfig, choose_config, config_key, default_config
     tuned = {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "num_warps": 2, "num_stages": 2}
     here = moe._device_name(torch.device(DEVICE))  # "cpu" in the interpreter
     assert config_key(128, 8, 2048, 768, torch.bfloat16, 0) == "e128-top8-h2048-i768/bfloat16/mbig"
@@ -233,7 +233,7 @@ def test_tuned_table_picks_the_config_per_gpu_shape_and_bucket(tmp_path, monkeyp
 
 
 def test_shipped_tuned_table_loads():
-    from kernels.moe import ROW_BUCKETS, TUNED_CONFIGS, config_key, load_tuned_configs
+    from tritium.kernels.moe import ROW_BUCKETS, TUNED_CONFIGS, config_key, load_tuned_configs
     h100 = load_tuned_configs(TUNED_CONFIGS)["NVIDIA H100 80GB HBM3"]
     # Every bucket of Qwen3-30B-A3B's and Mixtral-8x7B's layers in bf16 (the 2026-12-07 sweep).
     assert set(h100) == {config_key(e, k, h, i, torch.bfloat16, b)

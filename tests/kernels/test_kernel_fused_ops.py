@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from kernel_checks import DEVICE, DTYPES, assert_accurate, poisoned, rel_err
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 
 def _randn(*shape, dtype, gen):

@@ -20,7 +20,7 @@ from test_kernel_decode_attention import _decode_inputs, kernels_config
 from test_kernel_decode_attention import _oracle as _decode_oracle
 from test_kernel_prefill_attention import _chunk_views, _poison_chunk_slots, _prefill_inputs
 
-import kernels
+from tritium import kernels
 
 LONG = 32768
 GPU_ONLY = pytest.mark.skipif(not ON_GPU, reason="32k contexts at the models' head sizes need a GPU "
@@ -34,7 +34,7 @@ HALF = [torch.float16, torch.bfloat16]
 def merge_splits(monkeypatch):
     """The split counts the decode wrapper hands the merge kernel, one per merged call: proof
     that a call split the sequence and merged the partials."""
-    from kernels import decode_attention
+    from tritium.kernels import decode_attention
 
     calls: list[int] = []
     real = decode_attention._merge_kernel

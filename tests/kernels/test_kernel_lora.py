@@ -5,8 +5,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, DTYPES, assert_accurate
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 
 def _case(dtype, tokens, k, n, rank, adapters, gen, slots=None):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 
 @pytest.mark.parametrize("m,experts,top_k", [(1, 128, 8), (37, 128, 8), (5, 8, 2), (9, 60, 4), (3, 1, 1),

@@ -10,8 +10,8 @@ import torch
 from kernel_checks import (DEVICE, DTYPES, attention_oracle, assert_accurate, make_paged_kv, poisoned,
                            rel_err)
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 # (q_lens, context_lens, Hkv, group, head_dim, block_size, PrefillConfig fields or None)
 CASES = [
@@ -30,7 +30,7 @@ CASES = [
 def _config(fields):
     if fields is None:
         return None
-    from kernels.prefill_attention import PrefillConfig  # imports triton: only inside tests
+    from tritium.kernels.prefill_attention import PrefillConfig  # imports triton: only inside tests
     return PrefillConfig(*fields)
 
 
@@ -146,7 +146,7 @@ def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
     ref64 = _oracle(kv, query, q_lens, ctx, 0.125, torch.float64)
     key, value = _chunk_views(q_lens, ctx, hkv, group, head_dim, kv, dtype)
     _poison_chunk_slots(kv, q_lens, ctx, block_size)
-    from kernels.prefill_attention import PrefillConfig
+    from tritium.kernels.prefill_attention import PrefillConfig
     fields = fields or (64, 32 if dtype == torch.float32 else 64, 4, 2)
     config = PrefillConfig(**{**PrefillConfig(*fields).__dict__, "kv_tma": tma})
     out = kernels.paged_prefill_attention.triton(
@@ -161,7 +161,7 @@ def test_prefill_reads_the_chunk_from_key_and_value(dtype, fields, tma):
 def test_chunk_tma_needs_whole_aligned_heads():
     """TMA boxes are taken only where they fit: the engine's qkv views qualify; a head dim
     padded to the tile (80 -> 128) or a row start off 16 bytes falls back to plain loads."""
-    from kernels.prefill_attention import _tma_ready
+    from tritium.kernels.prefill_attention import _tma_ready
     qkv = torch.empty(8, 48 * 128, dtype=torch.float16)
     key, value = qkv[:, 4096:5120].view(8, 8, 128), qkv[:, 5120:].view(8, 8, 128)
     assert _tma_ready(key, value, 128)
@@ -173,7 +173,7 @@ def test_chunk_tma_needs_whole_aligned_heads():
 
 def test_prefill_default_config_by_chunk_length_and_path():
     """128-query tiles only for long chunks read through TMA (they lose through the cache)."""
-    from kernels.prefill_attention import PrefillConfig, default_config
+    from tritium.kernels.prefill_attention import PrefillConfig, default_config
     assert default_config(torch.bfloat16, 128, 4096, True) == PrefillConfig(128, 64, 4, 2, kv_tma=True,
                                                                             split_prefix=True)
     assert default_config(torch.bfloat16, 128, 4096, False) == PrefillConfig(64, 64, 4, 2, kv_tma=True)

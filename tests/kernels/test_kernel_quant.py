@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, ON_GPU
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 pytestmark = pytest.mark.skipif(not ON_GPU, reason="Triton's interpreter mis-rounds float32 -> float8")
 

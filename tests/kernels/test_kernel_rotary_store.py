@@ -7,8 +7,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, DTYPES
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 FP8 = torch.float8_e4m3fn
 TOKENS, HQ, HKV, NUM_BLOCKS, BLOCK_SIZE = 9, 4, 2, 5, 16

@@ -5,8 +5,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, DTYPES
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_checks import DEVICE, ON_GPU
 
-from kernels.split_k import BLOCK, MAX_BLOCK_S, sum_slices
+from tritium.kernels.split_k import BLOCK, MAX_BLOCK_S, sum_slices
 
 OUT_DTYPES = [torch.float32, torch.float16,
               pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason="interpreter has no bf16"))]

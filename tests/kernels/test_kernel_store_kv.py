@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_checks import DEVICE, DTYPES
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 
 def _store_case(dtype, slot_dtype, seed=0):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from kernel_checks import BF16_ON_GPU_ONLY, DEVICE, ON_GPU, rel_err
 
-import kernels
-from kernels import reference
+from tritium import kernels
+from tritium.kernels import reference
 
 
 def _pack_along_n(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -57,7 +57,7 @@ DTYPES = [torch.float16,
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "m{}-n{}-k{}-g{}-w{}{}".format(
     *c[:5], "-perm" if c[5] else ""))
 def test_matches_float64(case, dtype):
-    from kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16 import W4A16Config
     m, n, k, group, bits, shuffled, bm, bn, bk, split = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
     out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
@@ -94,8 +94,8 @@ GEMV_PARAMS = [pytest.param(case, fused, id="m{}-n{}-k{}-g{}-w{}{}-{}".format(
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case, fused", GEMV_PARAMS)
 def test_gemv_matches_float64(case, dtype, fused):
-    from kernels.w4a16 import W4A16Config
-    from kernels.w4a16_paths import _counters
+    from tritium.kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16_paths import _counters
     m, n, k, group, bits, shuffled, bn, bk, split, warps, *prefetch = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
     cfg = W4A16Config(block_m=1, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=2,
@@ -122,7 +122,7 @@ GEMV_VARIANTS = [pytest.param(c[:6], dict(block_m=c[6], block_n=c[7], block_k=c[
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case, tiles", GEMV_VARIANTS)
 def test_gemv_variants_match_float64(case, tiles, dtype):
-    from kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16 import W4A16Config
     m, n, k, group, bits, shuffled = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 1, dtype)
     cfg = W4A16Config(**tiles, num_stages=1, method="gemv")
@@ -137,7 +137,7 @@ def test_gemv_variants_match_float64(case, tiles, dtype):
     ({"prefetch": 3, "method": "gemv"}, "prefetch 3: expected 1 or 2"),
 ])
 def test_gemv_config_errors(kwargs, message):
-    from kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16 import W4A16Config
     with pytest.raises(ValueError, match=re.escape(message)):
         W4A16Config(**kwargs)
 
@@ -146,7 +146,7 @@ def test_gemv_config_errors(kwargs, message):
 def test_gemv_keeps_large_and_tiny_activations(scale):
     """The GEMV multiplies the fields, read as denormal floats, by x * 2^64: its products stay
     normal floats for fp16 activations near the top of their range and for subnormal ones."""
-    from kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16 import W4A16Config
     (x, qweight, scales, zeros), perm, _ = _case(1, 64, 256, 64, 4, True, 5, torch.float16)
     x = (x.double() * scale).to(torch.float16)
     assert x.abs().max() > 2000 if scale > 1 else ((x != 0) & (x.abs() < 2**-14)).sum() > 20
@@ -161,8 +161,8 @@ def test_gemv_keeps_large_and_tiny_activations(scale):
 @pytest.mark.parametrize("case", [(5, 296, 128, 32, 4, False), (20, 64, 256, 64, 4, True),
                                   (3, 40, 64, 16, 8, True)], ids=str)
 def test_dequantize_then_gemm_matches_float64(case, dtype):
-    from kernels.w4a16 import W4A16Config
-    from kernels.w4a16_paths import w4a16_dequantize
+    from tritium.kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16_paths import w4a16_dequantize
     m, n, k, group, bits, shuffled = case
     (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k, dtype)
     out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits,
@@ -177,7 +177,7 @@ def test_dequantize_then_gemm_matches_float64(case, dtype):
 
 
 def test_config_method_is_checked():
-    from kernels.w4a16 import W4A16Config
+    from tritium.kernels.w4a16 import W4A16Config
     with pytest.raises(ValueError, match="^method 'cuda': expected one of gemv, mma, dequant$"):
         W4A16Config(method="cuda")
     with pytest.raises(ValueError, match="^prefetch 3: expected 1 or 2$"):
@@ -203,7 +203,7 @@ def test_reference_matches_float64(shuffled):
 
 
 def test_automatic_split_fills_the_gpu_and_walks_four_steps():
-    from kernels.w4a16 import DEFAULT_CONFIGS, block_k_for, choose_split_k
+    from tritium.kernels.w4a16 import DEFAULT_CONFIGS, block_k_for, choose_split_k
     cfg = DEFAULT_CONFIGS[16]
     bk = block_k_for(cfg, 128)
     assert choose_split_k(1, 6144, 4096, cfg, bk, 132) == 3     # 96 column tiles -> 288 programs
@@ -214,8 +214,8 @@ def test_automatic_split_fills_the_gpu_and_walks_four_steps():
 
 
 def test_gemv_split_aims_at_eight_warps_per_sm_and_two_steps():
-    from kernels.w4a16 import DEFAULT_CONFIGS, block_k_for
-    from kernels.w4a16_paths import gemv_split_k
+    from tritium.kernels.w4a16 import DEFAULT_CONFIGS, block_k_for
+    from tritium.kernels.w4a16_paths import gemv_split_k
     cfg = DEFAULT_CONFIGS[1]
     bk = block_k_for(cfg, 128)
     assert cfg.method == "gemv" and bk == 16 and cfg.num_warps == 1

@@ -38,7 +38,7 @@ def test_w4a16_compiles_for_hopper():
 def test_tuned_w4a16_configs_compile_for_hopper():
     """Every tuned config in kernels/configs/w4a16.json compiles within shared memory, without
     spills; each case's matmul is its config's method."""
-    from kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
+    from tritium.kernels.w4a16 import TUNED_CONFIGS, load_tuned_configs
     launches = compile_for_hopper("hopper_compile_w4a16.py", "--tuned")
     for c in launches:
         assert_fits_without_spills(c)
