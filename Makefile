@@ -13,11 +13,12 @@ PYTEST_ARGS ?= --timeout=600 --durations=15
 
 .PHONY: venv model tool-model serve test test-long perf-analyzer clean
 
-# The environment: pinned in requirements.txt, reinstalled when that file changes.
+# The environment: the product installed in place (`pip install -e .`: its pins in requirements*.txt,
+# read by pyproject.toml) with what the tests need; reinstalled when any of those files changes.
 venv: $(STAMP)
-$(STAMP): requirements.txt
+$(STAMP): pyproject.toml setup.py requirements.txt requirements-test.txt requirements-nixl.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install -e '.[test]'
 	touch $@
 
 # The embedded default model: a tiny random-weight Llama, built offline when missing.
