@@ -35,18 +35,21 @@ models/tiny-llama/chat_template.jinja: models/tiny-llama/config.json scripts/bui
 TOOL_MODEL_SOURCES := scripts/build_tool_model.py scripts/tool_chat_formats.py scripts/data/corpus.txt
 tool-model: models/tiny-tool-llama/config.json models/tiny-tool-llama3/config.json
 models/tiny-tool-llama/config.json: $(TOOL_MODEL_SOURCES) | $(STAMP)
-	$(PY) scripts/build_tool_model.py --format hermes --force
+	$(PY) -m scripts.build_tool_model --format hermes --force
 models/tiny-tool-llama3/config.json: $(TOOL_MODEL_SOURCES) | $(STAMP)
-	$(PY) scripts/build_tool_model.py --format llama3_json --force
+	$(PY) -m scripts.build_tool_model --format llama3_json --force
 
 # perf_analyzer from the tritonclient wheel, with the libraries it needs, in .perf_analyzer/.
 perf-analyzer: .perf_analyzer/perf_analyzer
 .perf_analyzer/perf_analyzer: scripts/install_perf_analyzer.sh | $(STAMP)
 	scripts/install_perf_analyzer.sh
 
+# `tritium serve` on the repository: it prints the URLs once the model is ready, and Ctrl-C stops
+# both processes. Relative `model` paths in its config.pbtxt are the checkout's (TRITIUM_ROOT).
 serve: venv model
 	@echo "Starting tritonserver with $(MODEL_REPOSITORY)/ (model 'llm') and, beside it, the"
-	@echo "OpenAI-compatible frontend on port $(OPENAI_PORT). Once the model is ready, from another shell:"
+	@echo "OpenAI-compatible frontend on port $(OPENAI_PORT) (tritium serve; Ctrl-C stops both)."
+	@echo "Once the model is ready, from another shell:"
 	@echo "  curl -s localhost:$(OPENAI_PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"model\": \"llm\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 16}'"
 	@echo "  (or the openai package: OpenAI(api_key=\"none\", base_url=\"http://localhost:$(OPENAI_PORT)/v1\"))"
@@ -54,12 +57,9 @@ serve: venv model
 	@echo "  curl -s localhost:$(HTTP_PORT)/v2/models/llm/generate -d '{\"text_input\": \"Hello\", \"max_tokens\": 16}'"
 	@echo "  curl -s localhost:$(METRICS_PORT)/metrics | grep vllm:"
 	@echo "(The default model has random weights: its output is not meaningful text.)"
-	@# The frontend waits for Triton by itself (/health says 503 until the model is ready) and
-	@# goes down with the server: it is killed when tritonserver exits.
-	$(PY) -m frontend --triton-grpc localhost:$(GRPC_PORT) --port $(OPENAI_PORT) & FRONTEND=$$!; \
-	trap 'kill $$FRONTEND 2>/dev/null' EXIT INT TERM; \
-	scripts/tritonserver --model-repository=$(MODEL_REPOSITORY) --http-port=$(HTTP_PORT) \
-		--grpc-port=$(GRPC_PORT) --metrics-port=$(METRICS_PORT)
+	TRITIUM_ROOT=$(CURDIR) TRITIUM_CACHE_DIR=$(CURDIR)/.tritonserver $(PY) -m tritium.cli serve \
+		--model-repository $(MODEL_REPOSITORY) --port $(OPENAI_PORT) --http-port $(HTTP_PORT) \
+		--grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 # The suite without its long runs (pytest.ini leaves out tests marked `long`); CI runs this.
 # It compiles into an empty Triton kernel cache, removed afterwards, as on a new user's machine:

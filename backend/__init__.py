@@ -7,14 +7,16 @@ from importlib import import_module
 from typing import Any
 
 from .config import EngineArgs
-from .drivers.engine_process import EngineProcess
 from .errors import EngineOverloadedError, EngineShutdownError, ErrorKind, ParameterError, RequestError
 from .lora_request import LoRARequest
 from .engine.metrics import EngineStats
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
 
-_LAZY = {"LLM": "llm", "LLMEngine": "engine.llm_engine", "StreamingEngine": "drivers.streaming_engine"}
+# EngineProcess too: its module imports transformers (the tokenizer), a second's work that
+# `tritium` commands and the Triton stub's auto-complete do not need.
+_LAZY = {"LLM": "llm", "LLMEngine": "engine.llm_engine", "StreamingEngine": "drivers.streaming_engine",
+         "EngineProcess": "drivers.engine_process"}
 
 __all__ = ["LLM", "LLMEngine", "StreamingEngine", "EngineProcess", "EngineArgs", "EngineStats", "SamplingParams",
            "RequestOutput", "CompletionOutput", "Logprob", "EngineShutdownError", "EngineOverloadedError",

@@ -59,9 +59,9 @@ wait_until_ok frontend "http://127.0.0.1:$FRONTEND_PORT/health" "$FRONTEND_PID" 
 
 rc=0
 for w in ${WORKLOADS//,/ }; do
-    "$PY" benchmarks/loadgen/bench.py --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" --seed 0 \
+    "$PY" -m benchmarks.loadgen.bench --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" --seed 0 \
         "${BENCH_ARGS[@]}" --json "$OUT_DIR/frontend_grpc_$w.json" || rc=$?
-    "$PY" benchmarks/loadgen/bench.py --openai "http://127.0.0.1:$FRONTEND_PORT/v1" --wait-ready 120 --model llm \
+    "$PY" -m benchmarks.loadgen.bench --openai "http://127.0.0.1:$FRONTEND_PORT/v1" --wait-ready 120 --model llm \
         --workload "$w" --seed 1 "${BENCH_ARGS[@]}" --json "$OUT_DIR/frontend_openai_$w.json" || rc=$?
 done
 "$PY" - "$OUT_DIR" "$WORKLOADS" <<'PYEOF'

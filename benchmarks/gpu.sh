@@ -64,6 +64,52 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SET="${1:?usage: benchmarks/gpu.sh SET [ARGS...] (the sets are listed at the top of this file)}"; shift
+
+# No `pip install -e .` on the GPU machine (no network): Python finds a tree's `tritium` through links laid out as setup.py maps its folders.
+PYTHONPATH_GIVEN="${PYTHONPATH:-}"
+packaged() { [ -f "$1/setup.py" ] || [ -f "$1/pyproject.toml" ]; }  # TREE: false for a tree from before the tritium package
+use_tree() {  # TREE: export the PYTHONPATH that runs TREE's code (a tree from before the package finds its own modules)
+    local tree links
+    tree=$(cd "$1" && pwd)
+    if ! packaged "$tree"; then
+        if [ -n "$PYTHONPATH_GIVEN" ]; then export PYTHONPATH="$PYTHONPATH_GIVEN"; else unset PYTHONPATH; fi
+        return 0
+    fi
+    # One directory per layout, named by its links and made under a temporary name, so that runs
+    # at the same time (or of several trees) never change links another one is importing through.
+    links=$("${IMAGE_PYTHON:-python3}" - "$tree" "${TMPDIR:-/tmp}/tritium-import" <<'PYEOF'
+import ast, hashlib, os, shutil, sys, tempfile
+tree, root = sys.argv[1:]
+setup = ast.parse(open(os.path.join(tree, "setup.py"), encoding="utf-8").read())
+folders = next(ast.literal_eval(node.value) for node in setup.body if isinstance(node, ast.Assign)
+               and [getattr(t, "id", None) for t in node.targets] == ["FOLDERS"])
+links = []  # (link, target): the package's folder entry by entry, each subpackage's folder whole
+for name, folder in sorted(folders.items(), key=lambda item: item[0].count(".")):
+    path, source = os.path.join(*name.split(".")), os.path.join(tree, folder)
+    if "." not in name:
+        links += [(os.path.join(path, entry), os.path.join(source, entry)) for entry in sorted(os.listdir(source))]
+    elif any(link == os.path.dirname(path) for link, _ in links):
+        sys.exit(f"{name}: its parent package is a link into the checkout")
+    else:
+        links.append((path, source))
+final = os.path.join(root, hashlib.sha256(repr(links).encode()).hexdigest()[:16])
+if not os.path.isdir(final):
+    os.makedirs(root, exist_ok=True)
+    work = tempfile.mkdtemp(dir=root)
+    for link, target in links:
+        os.makedirs(os.path.dirname(os.path.join(work, link)), exist_ok=True)
+        os.symlink(target, os.path.join(work, link))
+    try:
+        os.rename(work, final)
+    except OSError:  # another run made the same links first
+        shutil.rmtree(work)
+print(final)
+PYEOF
+) || return 1
+    export PYTHONPATH="$links${PYTHONPATH_GIVEN:+:$PYTHONPATH_GIVEN}"
+}
+use_tree . || { echo "benchmarks/gpu.sh: cannot lay out the tritium package's links" >&2; exit 1; }
+
 if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
     TRITIUM_COMMIT="${TRITIUM_COMMIT:-${COMMIT:-}}" exec bash benchmarks/lib/e2e.sh "$@"
 fi
@@ -106,7 +152,7 @@ model_path() {  # a name under models/configs, or a directory
 with_xgrammar() {  # structured outputs need xgrammar, built by scripts/package_gpu_extras.sh
     "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target /tmp/extras \
         gpu_extras/*.whl 2>&1 | tail -2 >> "$S"
-    PYTHONPATH=/tmp/extras "$@"
+    PYTHONPATH="/tmp/extras${PYTHONPATH:+:$PYTHONPATH}" "$@"
 }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tee -a "$S"
 
@@ -173,7 +219,7 @@ PYEOF
 l-ttft)
     EXTRA=("$@")
     stamp "where workload L's TTFT goes: $QWEN7's 32,640-token prefill in-process, kernel by kernel"
-    timeout 200 "$PY" benchmarks/engine/profile_kernels.py --model "$(model_path "$QWEN7")" \
+    timeout 200 "$PY" -m benchmarks.engine.profile_kernels --model "$(model_path "$QWEN7")" \
         --tokenizer models/tiny-llama --num-requests 1 --input-len 32640 --output-len 16 \
         --skip-decode-steps 2 --whole-prefill --json "$OUT/profile_L.json" 2>&1 | grep -v "warn" | tail -40 >> "$S"
     stamp "prefill attention, 32,640 tokens in 8,192-token chunks, against SDPA on the whole prompt"
@@ -204,9 +250,9 @@ lora)
     EXTRA=("$@")
     ADAPTERS="${LORA_DIR:-/tmp/tritium-lora-adapters}"
     stamp "writing 4 random rank-16 adapters for $LLAMA in $ADAPTERS"
-    MODULES=$(PYTHONPATH=tests/engine "$PY" - "$LLAMA" "$ADAPTERS" <<'EOF'
+    MODULES=$("$PY" - "$LLAMA" "$ADAPTERS" <<'EOF'
 import json, os, sys
-from lora_adapters import write_adapter
+from tests.engine.lora_adapters import write_adapter
 model = sys.argv[1] if os.path.isdir(sys.argv[1]) else os.path.join("models/configs", sys.argv[1])
 targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 paths = {f"a{i}": write_adapter(os.path.join(sys.argv[2], f"a{i}"), model, targets, 16, 32, seed=i, scale=0.01)
@@ -229,18 +275,18 @@ spec-decode)
     # SPEC_GRAPH_SEQS: most sequences that speculate (default: the engine's); SPEC_PARAMS: JSON
     # sampling parameters for every request, e.g. '{"repetition_penalty": 1.1}'.
     stamp "speculative decoding, $LLAMA bf16 in-process"
-    timeout 540 "$PY" benchmarks/engine/spec_decode.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
+    timeout 540 "$PY" -m benchmarks.engine.spec_decode --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
         --k 4 --batch-sizes "${SPEC_BATCHES:-1,8,16,32}" ${SPEC_GRAPH_SEQS:+--spec-graph-seqs "$SPEC_GRAPH_SEQS"} \
         ${SPEC_PARAMS:+--params "$SPEC_PARAMS"} --json "$OUT/bench_spec_decode.json" "$@" 2>&1 \
         | grep -v "Warning\|warnings.warn" | tail -20 >> "$S" ;;
 draft-spec)
     stamp "speculation with a draft model and an EAGLE-3 head, $LLAMA bf16 in-process, workload B"
-    timeout 540 "$PY" benchmarks/engine/draft_speculation.py --model "$(model_path "$LLAMA")" \
+    timeout 540 "$PY" -m benchmarks.engine.draft_speculation --model "$(model_path "$LLAMA")" \
         --tokenizer models/tiny-llama --k 4 --drafts draft_model,eagle3 --tau 2.08,3.53 \
         --json "$OUT/bench_draft_speculation.json" "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tail -14 >> "$S" ;;
 offload)
     stamp "multi-turn chat past the device cache, $LLAMA bf16 in-process: without and with swap_space"
-    timeout 560 "$PY" benchmarks/engine/multi_turn_offload.py --model "$(model_path "$LLAMA")" \
+    timeout 560 "$PY" -m benchmarks.engine.multi_turn_offload --model "$(model_path "$LLAMA")" \
         --tokenizer models/tiny-llama --engine-arg "num_kv_blocks=${OFFLOAD_BLOCKS:-2048}" \
         --swap-space "${OFFLOAD_SWAP:-24}" --json "$OUT/bench_multi_turn_offload.json" "$@" 2>&1 \
         | grep -v "Warning\|warnings.warn" | tail -8 >> "$S" ;;
@@ -249,7 +295,7 @@ window-kv)
     for spec in ${WINDOW_MODELS:-mistral-7b-v0.1:32768 gemma-2-9b:8192}; do
         m=${spec%%:*}; n=${spec##*:}
         stamp "KV memory of one $n-token request, $m bf16 in-process: window-aware, then every block kept"
-        timeout 280 "$PY" benchmarks/engine/window_kv_memory.py --model "$(model_path "$m")" \
+        timeout 280 "$PY" -m benchmarks.engine.window_kv_memory --model "$(model_path "$m")" \
             --tokenizer models/tiny-llama --tokens "$n" "$@" \
             --json "$OUT/window_kv_memory_$m.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -6 >> "$S"
     done ;;
@@ -258,17 +304,23 @@ sampling)
     timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \
         --json "$OUT/bench_sampler.json" 2>&1 | tail -12 >> "$S"
     # TREES: other source trees (e.g. `git archive REV`), each measured after this one.
-    HERE=$(pwd)
+    MODEL=$(cd "$(model_path "$LLAMA")" && pwd) TOKENIZER=$(cd models/tiny-llama && pwd)  # before each cd into a tree
     for tree in . ${TREES:-}; do
         name=this; [ "$tree" = . ] || name=$(basename "$tree")
-        # An older tree runs this tree's benchmark (it uses only the engine's public API).
-        [ "$tree" = . ] || { mkdir -p "$tree/benchmarks/engine" "$tree/benchmarks/loadgen"
-                             cp benchmarks/offline.py "$tree/benchmarks/"
-                             cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"
-                             cp benchmarks/loadgen/*.py "$tree/benchmarks/loadgen/"; }
+        # An older tree runs this tree's benchmark (it uses only the engine's public API); one from
+        # before the tritium package runs its own, as this one imports the engine by that name.
+        COST=(-m benchmarks.engine.sampling_cost)
+        if [ "$tree" != . ] && packaged "$tree"; then
+            mkdir -p "$tree/benchmarks/engine" "$tree/benchmarks/loadgen"
+            cp benchmarks/offline.py "$tree/benchmarks/"
+            cp benchmarks/engine/sampling_cost.py "$tree/benchmarks/engine/"
+            cp benchmarks/loadgen/*.py "$tree/benchmarks/loadgen/"
+        elif [ "$tree" != . ]; then
+            COST=(benchmarks/engine/sampling_cost.py)
+        fi
         stamp "sampling cost, $LLAMA bf16 A in-process, tree $name"
-        (cd "$tree" && timeout "${COST_TIMEOUT:-200}" "$PY" benchmarks/engine/sampling_cost.py \
-            --model "$HERE/$(model_path "$LLAMA")" --tokenizer "$HERE/models/tiny-llama" --rounds 2 \
+        (cd "$tree" && use_tree . && timeout "${COST_TIMEOUT:-200}" "$PY" "${COST[@]}" \
+            --model "$MODEL" --tokenizer "$TOKENIZER" --rounds 2 \
             --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1,frequency_penalty=0.1' \
             --variant 'pen_1in8:8:repetition_penalty=1.1' "$@" --json "$OUT/sampling_cost_$name.json" \
             2>&1 | grep -v "^  warnings.warn\|Warning" | tail -12 >> "$S")
@@ -301,11 +353,11 @@ profile)
     for w in "A:256:64" "B:1:128"; do
         IFS=: read -r name n len <<<"$w"
         stamp "engine profile, workload $name-like ($n x 512 in, $len out)"
-        timeout 240 "$PY" benchmarks/engine/profile_engine.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
+        timeout 240 "$PY" -m benchmarks.engine.profile_engine --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
             --num-requests "$n" --input-len 512 --output-len "$len" "$@" --json "$OUT/profile_$name.json" 2>&1 | tail -30 >> "$S"
     done
     stamp "GPU time per kernel per step, workload A"
-    timeout 240 "$PY" benchmarks/engine/profile_kernels.py --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
+    timeout 240 "$PY" -m benchmarks.engine.profile_kernels --model "$(model_path "$LLAMA")" --tokenizer models/tiny-llama \
         "$@" --json "$OUT/step_kernels.json" 2>&1 | tail -60 | cut -c1-160 >> "$S" ;;
 compare-trees)
     # Machines differ by several percent, so only runs made one after the other on one GPU are
@@ -322,7 +374,7 @@ compare-trees)
             name="${round}_$(basename "$(cd "$tree" && pwd)")" dir=$(mktemp -d)
             # A tree from before benchmarks/ existed has the same runner as scripts/gpu_run.sh.
             runner=benchmarks/lib/e2e.sh; [ -f "$tree/$runner" ] || runner=scripts/gpu_run.sh
-            (cd "$tree" && TRITIUM_BUNDLE="$ROOT/gpu_bundle" TRITIUM_COMMIT="$COMMIT" OUT="$dir" \
+            (cd "$tree" && use_tree . && TRITIUM_BUNDLE="$ROOT/gpu_bundle" TRITIUM_COMMIT="$COMMIT" OUT="$dir" \
                 bash "$runner" "${ARGS[@]}" > "$dir/run.log" 2>&1)
             { echo "round $round tree=$tree ${ARGS[*]}"
               grep -E "workload [A-Z]:|output tok/s|TTFT p50" "$dir/run.log" | sed 's/^/  /'; } | tee -a "$S"

@@ -4,8 +4,8 @@ figure is a ratio measured side by side on the same machine.
 Random weights of the config's shapes (no checkpoint needed), SDPA attention, greedy, exactly
 output_len new tokens (min_new_tokens = max_new_tokens), static batches.
 
-    python benchmarks/hf.py --config models/configs/llama-3-8b --json hf.json
-    python benchmarks/hf.py --config DIR --device cpu --dtype float32 --num-requests 4 \
+    python -m benchmarks.hf --config models/configs/llama-3-8b --json hf.json
+    python -m benchmarks.hf --config DIR --device cpu --dtype float32 --num-requests 4 \
         --input-len 16 --output-len 8 --batch-size 2     # a smoke test without a GPU
 """
 from __future__ import annotations
@@ -18,12 +18,9 @@ import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks.loadgen.bench import clean_json  # noqa: E402
-from benchmarks.loadgen.bench_stats import percentile  # noqa: E402
-from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, Workload,  # noqa: E402
+from benchmarks.loadgen.bench import clean_json
+from benchmarks.loadgen.bench_stats import percentile
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS, Workload,
                                           make_prompts, parse_vocab_range, parse_workload_names, with_overrides)
 
 

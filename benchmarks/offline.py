@@ -1,8 +1,8 @@
 """The benchmark workloads through the engine in-process (`backend.LLM`), with no server, so
 that Triton's share of the time can be separated from the engine's.
 
-    python benchmarks/offline.py --model-config /tmp/repo/llm/config.pbtxt --json offline.json
-    python benchmarks/offline.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+    python -m benchmarks.offline --model-config /tmp/repo/llm/config.pbtxt --json offline.json
+    python -m benchmarks.offline --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         --engine-arg load_format=dummy --engine-arg dtype=bfloat16
 
 With --model-config the engine arguments are read from a Triton config.pbtxt (the one the
@@ -19,12 +19,11 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from benchmarks.loadgen.bench import clean_json  # noqa: E402
-from benchmarks.loadgen.bench_model_repo import get_parameters, parse_assignments  # noqa: E402
-from benchmarks.loadgen.bench_stats import percentile  # noqa: E402
-from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, Workload, make_prompts,  # noqa: E402
+from benchmarks.loadgen.bench import clean_json
+from benchmarks.loadgen.bench_model_repo import get_parameters, parse_assignments
+from benchmarks.loadgen.bench_stats import percentile
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, Workload, make_prompts,
                                           parse_vocab_range, parse_workload_names, with_overrides)
 
 

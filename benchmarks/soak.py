@@ -9,7 +9,7 @@ threads or RSS from the first quiet point to the last. The episodes (reload, ove
 report what they observed. Prints a report; writes JSON (--json-out).
 Exit status 1 when an invariant fails.
 
-    .venv/bin/python benchmarks/soak.py --duration-s 600 --json-out docs/results/soak.json
+    .venv/bin/python -m benchmarks.soak --duration-s 600 --json-out docs/results/soak.json
 """
 from __future__ import annotations
 
@@ -27,11 +27,9 @@ from dataclasses import asdict
 
 import psutil
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-from triton_server import (TEST_ENGINE_ARGS, TritonServer, ensure_default_model, grpc_inputs,  # noqa: E402
-                           start_server, write_model_repository)
-from soak_requests import Outcome, grpc_request, run_request  # noqa: E402
+from benchmarks.soak_requests import Outcome, grpc_request, run_request
+from tests.triton_server import (TEST_ENGINE_ARGS, TritonServer, ensure_default_model, grpc_inputs,
+                                 start_server, write_model_repository)
 
 REQUEST_KINDS = ("good", "malformed", "cancel", "disconnect", "deadline")
 EPISODES = ("overcapacity", "reload", "kill")

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from triton_server import TritonServer, grpc_inputs, http_request
+from tests.triton_server import TritonServer, grpc_inputs, http_request
 
 REQUEST_WAIT_S = 90.0  # a request with no terminal response by then counts as "no final"
 MALFORMED = ({"sampling": "{not json"}, {"sampling": {"temperature": -1.0}},

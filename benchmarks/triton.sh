@@ -39,7 +39,7 @@ wait_until_ok tritonserver "http://127.0.0.1:$PORT/v2/models/llm/ready" "$SERVER
 
 rc=0
 for w in ${WORKLOADS//,/ }; do
-    "$PY" benchmarks/loadgen/bench.py --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" \
+    "$PY" -m benchmarks.loadgen.bench --url "127.0.0.1:$((PORT + 1))" --model llm --workload "$w" \
         "${BENCH_ARGS[@]}" --json "$OUT_DIR/triton_$w.json" || rc=$?
 done
 exit "$rc"

@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     import uvicorn
 
     # One worker; or where SO_REUSEPORT does not spread connections: uvicorn's own workers.
-    uvicorn.run("frontend.cli:app_factory", factory=True, host=args.host, port=args.port,
+    uvicorn.run("tritium.frontend.cli:app_factory", factory=True, host=args.host, port=args.port,
                 workers=args.workers, loop=args.loop, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
     return 0

@@ -35,7 +35,7 @@ def app_factory():  # uvicorn's factory in a worker of serve_workers
 def _uvicorn_config(args: argparse.Namespace, **kw: Any) -> Any:
     import uvicorn
 
-    return uvicorn.Config("frontend.workers:app_factory", factory=True, loop=args.loop,
+    return uvicorn.Config("tritium.frontend.workers:app_factory", factory=True, loop=args.loop,
                           log_level=args.log_level, timeout_graceful_shutdown=5, **kw)
 
 

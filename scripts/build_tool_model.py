@@ -8,7 +8,7 @@ replies (greedy decoding repeats them):
 - the same after the tool's result      -> the final answer (Hermes: after <think>...</think>)
 - a greeting, with the tools            -> plain text (no call)
 
-    python scripts/build_tool_model.py [--format hermes|llama3_json] [--out DIR] [--force]
+    python -m scripts.build_tool_model [--format hermes|llama3_json] [--out DIR] [--force]
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ import shutil
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from tool_chat_formats import FORMATS, GREETING, QUESTION, TOOL_RESULT, TOOLS, ChatFormat  # noqa: E402
+from scripts.tool_chat_formats import FORMATS, GREETING, QUESTION, TOOL_RESULT, TOOLS, ChatFormat
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "data", "corpus.txt")
 MODELS = os.path.join(os.path.dirname(HERE), "models")
 STEPS, SEED = 200, 0

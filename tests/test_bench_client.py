@@ -288,11 +288,11 @@ def test_gpu_telemetry_per_phase(tmp_path):
 def test_bench_client_against_the_server(llm_server, tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "loadgen", "bench.py"),
+        [sys.executable, "-m", "benchmarks.loadgen.bench",
          "--url", f"127.0.0.1:{llm_server.grpc_port}",
          "--num-requests", "6", "--input-len", "24", "--output-len", "5", "--procs", "2", "--warmup", "1",
          "--no-progress", "--json", str(out)],
-        capture_output=True, text=True, timeout=300)
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     s = result["summary"]
@@ -347,7 +347,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
             "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--json", str(out)]
     if spec:
         args += ["--engine-arg", 'speculative_config={"method": "ngram", "num_speculative_tokens": 2}']
-    subprocess.run([sys.executable, "benchmarks/engine/profile_engine.py", *args], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "benchmarks.engine.profile_engine", *args], cwd=ROOT, check=True,
                    capture_output=True, timeout=300)
     d = json.loads(out.read_text())
     assert d["output_tok_s"] > 0 and d["steps"] >= 6 and len(d["lone_request_ttft_ms"]) == 3
@@ -356,7 +356,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
     if not spec:
         return
     out = tmp_path / "spec.json"
-    subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "-m", "benchmarks.engine.spec_decode", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--batch-sizes", "1,3",
                     "--input-len", "16", "--output-len", "8", "--rounds", "1", "--json", str(out)],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
@@ -368,7 +368,7 @@ def test_profile_engine_and_bench_spec_decode_run_on_the_cpu(tmp_path, spec):
     assert all(r["accepted"] == r["draft_tokens"] > 0 for r in oracle)
     # Seeded sampling with penalties: each token drawn as in the plain run, so the plain run's
     # tokens again, and an oracle of them always right.
-    subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "-m", "benchmarks.engine.spec_decode", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--batch-sizes", "3",
                     "--input-len", "16", "--output-len", "8", "--rounds", "1", "--modes", "oracle,wrong",
                     "--params", '{"temperature": 1.0, "seed": 5, "repetition_penalty": 1.2}', "--json", str(out)],
@@ -390,7 +390,7 @@ def test_bench_ngram_proposer_runs_every_kind_of_output(tmp_path):
 
 def test_bench_spec_decode_refuses_params_that_are_not_a_json_object():
     for bad, message in (("[1]", "a JSON object of sampling parameters, got '[1]'"), ("{bad", "not JSON")):
-        r = subprocess.run([sys.executable, "benchmarks/engine/spec_decode.py", "--model", "x", "--params", bad],
+        r = subprocess.run([sys.executable, "-m", "benchmarks.engine.spec_decode", "--model", "x", "--params", bad],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and f"argument --params: {message}" in r.stderr, r.stderr
 
@@ -401,7 +401,7 @@ def test_bench_multi_turn_offload_runs_on_the_cpu(tmp_path):
     tier (fewer prompt tokens computed), the replies are the device-only run's, and the
     bandwidth probe times both directions."""
     out = tmp_path / "offload.json"
-    subprocess.run([sys.executable, "benchmarks/engine/multi_turn_offload.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "-m", "benchmarks.engine.multi_turn_offload", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--engine-arg", "num_kv_blocks=16",
                     "--engine-arg", "block_size=16", "--swap-space", "0.001", "--conversations", "4", "--turns", "3",
                     "--system-len", "40", "--user-len", "8", "--output-len", "4", "--concurrency", "2",

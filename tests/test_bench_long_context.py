@@ -98,15 +98,15 @@ def test_runners_accept_the_long_workloads(tmp_path):
     """The in-process bench and the HF anchor run C and L at quick sizes on the tiny model; the
     HF anchor's request cap (gpu.sh e2e's --hf-requests) does not inflate C; the Triton client
     offers them."""
-    help_text = subprocess.run([sys.executable, "benchmarks/loadgen/bench.py", "--help"], cwd=ROOT,
+    help_text = subprocess.run([sys.executable, "-m", "benchmarks.loadgen.bench", "--help"], cwd=ROOT,
                                check=True, capture_output=True, text=True, timeout=60).stdout
     assert "--workload {A,B,C,L}" in help_text
     sizes = ["--workloads", "C,L", "--input-len", "16", "--output-len", "3"]
-    subprocess.run([sys.executable, "benchmarks/offline.py", "--model", "models/tiny-llama",
+    subprocess.run([sys.executable, "-m", "benchmarks.offline", "--model", "models/tiny-llama",
                     "--engine-arg", "device=cpu", "--engine-arg", "dtype=float32", "--num-requests", "3",
                     "--warmup", "1", "--warmup-output-len", "2", *sizes, "--json", str(tmp_path / "off.json")],
                    cwd=ROOT, check=True, capture_output=True, timeout=300)
-    subprocess.run([sys.executable, "benchmarks/hf.py", "--config", "models/tiny-llama", "--device", "cpu",
+    subprocess.run([sys.executable, "-m", "benchmarks.hf", "--config", "models/tiny-llama", "--device", "cpu",
                     "--dtype", "float32", "--batch-size", "4", "--max-requests", "256", *sizes,
                     "--json", str(tmp_path / "hf.json")], cwd=ROOT, check=True, capture_output=True, timeout=300)
     for name, c_requests in (("off.json", 3), ("hf.json", 8)):

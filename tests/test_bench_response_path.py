@@ -17,9 +17,10 @@ TRITON_FIELDS = {"tok_s", "wall_s", "output_tokens", "failed", "responses", "sen
 
 def test_response_path_harness_runs_and_reports_its_breakdown(tmp_path):
     out = tmp_path / "rp.json"
-    r = subprocess.run([sys.executable, "benchmarks/response_path/run.py", "--num-requests", "8", "--input-len", "32",
-                        "--output-len", "8", "--repeats", "1", "--step-ms", "2", "--workdir", str(tmp_path / "w"),
-                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.response_path.run", "--num-requests", "8",
+                        "--input-len", "32", "--output-len", "8", "--repeats", "1", "--step-ms", "2",
+                        "--workdir", str(tmp_path / "w"), "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Triton tok/s" in r.stdout and "median" in r.stdout
     result = json.loads(out.read_text())

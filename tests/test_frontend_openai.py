@@ -195,7 +195,7 @@ def test_bench_client_through_the_frontend(stack, tmp_path):
     import sys
     from triton_server import ROOT
     out = tmp_path / "openai.json"
-    subprocess.run([sys.executable, "benchmarks/loadgen/bench.py", "--openai", stack[1].url + "/v1",
+    subprocess.run([sys.executable, "-m", "benchmarks.loadgen.bench", "--openai", stack[1].url + "/v1",
                     "--num-requests", "8", "--input-len", "32", "--output-len", "16", "--procs", "2",
                     "--warmup", "1", "--no-progress", "--json", str(out)], cwd=ROOT, check=True, timeout=120)
     result = json.loads(out.read_text())

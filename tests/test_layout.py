@@ -10,16 +10,20 @@ import sys
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TREES = ("backend", "frontend", "kernels")
+LOADGEN = "benchmarks/loadgen"
+TREES = ("backend", "frontend", "kernels", LOADGEN)
 # The import name of each folder (pyproject.toml / setup.py): backend/ is the `tritium` package.
 IMPORT_NAMES = {"backend": "tritium", "kernels": "tritium.kernels", "frontend": "tritium.frontend",
-                "client": "tritium.client"}
+                "client": "tritium.client", LOADGEN: "tritium.bench"}
 
 # Each module's layer: a package's modules are its package's (the first entry that names it);
 # the public names (backend/__init__, backend/llm.py) are "api"; backend's other top-level modules
 # (config, sampling params, the step contract, outputs, ...) are "records". A layer imports only
 # its own and the layers after it.
 PACKAGE_LAYERS = {
+    # The `tritium` command and the server launcher: above everything, imported by nothing.
+    "tritium.cli": "cli",
+    "tritium.launch": "cli",
     "tritium.serving": "serving",
     "tritium.drivers": "drivers",
     "tritium.engine": "engine",
@@ -39,14 +43,17 @@ PACKAGE_LAYERS = {
     "tritium.layers": "layers",
     "tritium.kernels": "kernels",
     "tritium.frontend": "frontend",
+    "tritium.bench": "bench",
 }
 API = ("tritium", "tritium.llm")
 # The serving side (the Triton adapter and what it needs) uses the public names like any client.
-LAYERS = ("serving", "api", "drivers", "engine", "core", "worker", "models", "layers", "spec_decode", "records",
+LAYERS = ("cli", "serving", "api", "drivers", "engine", "core", "worker", "models", "layers", "spec_decode", "records",
           "kernels")
 # The OpenAI frontend is a separate process that speaks Triton's gRPC: it may load the engine's
 # tokenizer code (backend.engine.tokenizer), nothing that runs a model.
 FRONTEND_MAY_IMPORT = ("tritium.engine.tokenizer",)
+# The load generator (benchmarks/loadgen/, `tritium bench`) is a client of the servers: it imports
+# nothing of the rest, and only the command imports it.
 SPEC_DECODE = "tritium.spec_decode"
 # The scheduling core (scheduler, KV-cache manager and block pools, sequences) is plain Python: it
 # imports the standard library, backend's records and itself, so that it runs without torch.
@@ -110,7 +117,9 @@ def layering_violations(imports: list[Import]) -> list[str]:
     out = []
     for imp in imports:
         src, dst = _layer(imp.source), _layer(imp.target)
-        if src == "frontend" or dst == "frontend":
+        if src == "bench" or dst == "bench":
+            ok = src == dst or src == "cli"
+        elif src == "frontend" or dst == "frontend":
             ok = (src == dst) or (src == "frontend" and imp.target in FRONTEND_MAY_IMPORT)
         else:
             ok = LAYERS.index(dst) >= LAYERS.index(src)
@@ -313,6 +322,29 @@ def test_the_checker_finds_a_planted_violation_and_cycle(tmp_path):
     (tmp_path / "backend/layers/penalties.py").write_text("from ..config import X\n")
     imports = all_imports(str(tmp_path))
     assert layering_violations(imports) == [] and import_cycle(imports) is None
+
+
+def test_the_commands_are_on_top_and_the_load_generator_apart(tmp_path):
+    """Nothing imports the `tritium` command or the launcher; the load generator imports nothing of
+    the engine, and only the command imports it."""
+    files = {
+        "backend/__init__.py": "",
+        "backend/config.py": "",
+        "backend/cli/__init__.py": "from ..serving import x\nfrom tritium.bench import bench\n",
+        "backend/launch/__init__.py": "",
+        "backend/launch/tritonserver.py": "",
+        "backend/serving/__init__.py": "",
+        "backend/serving/x.py": "from ..launch import tritonserver\n",
+        "benchmarks/loadgen/__init__.py": "",
+        "benchmarks/loadgen/bench.py": "from . import workloads\nfrom tritium.config import EngineArgs\n",
+        "benchmarks/loadgen/workloads.py": "",
+    }
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert sorted(layering_violations(all_imports(str(tmp_path)))) == [
+        "tritium.bench.bench (line 2, layer bench) imports tritium.config (layer records)",
+        "tritium.serving.x (line 1, layer serving) imports tritium.launch.tritonserver (layer cli)"]
 
 
 ADAPTER = "tritium.serving.model"  # the `tritium` Triton backend: the one module Triton imports

@@ -6,7 +6,6 @@ takes most of a minute on this machine)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -19,10 +18,10 @@ CI_SCENARIOS = "good,malformed,cancel,disconnect,overcapacity,deadline,reload"
 
 def _soak(tmp_path, duration_s: int, episode_every_s: int, min_served: int) -> None:
     out = tmp_path / "soak.json"
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--duration-s",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--duration-s",
                            str(duration_s), "--episode-every-s", str(episode_every_s), "--scenarios", CI_SCENARIOS,
                            "--json-out", str(out), "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=420)
+                          cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
     report = json.loads(out.read_text())
     assert report["passed"] and all(report["invariants"].values()), report["invariants"]

@@ -10,7 +10,7 @@ proposal kept: k + 1 tokens a step), `accept-none` proposes wrong tokens (1 toke
 acceptance, so the speed-up at an acceptance length tau (tokens a step) is predicted as
 tau * plain step time / speculative step time, printed for `--tau` values.
 
-    python benchmarks/engine/draft_speculation.py --model models/configs/llama-3-8b \
+    python -m benchmarks.engine.draft_speculation --model models/configs/llama-3-8b \
         --tokenizer models/tiny-llama --k 4 --drafts draft_model,eagle3 --json out.json
 """
 from __future__ import annotations
@@ -23,11 +23,7 @@ import tempfile
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
+from benchmarks.loadgen.workloads import make_prompts
 
 
 def draft_dir(kind: str, target: str, out: str) -> dict[str, Any]:
@@ -41,7 +37,7 @@ def draft_dir(kind: str, target: str, out: str) -> dict[str, Any]:
         with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f)
         return {"model": out}
-    from build_eagle_head import eagle3_head_config
+    from scripts.build_eagle_head import eagle3_head_config
     with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
         json.dump(eagle3_head_config(config), f)
     return {"method": "eagle3", "model": out}

@@ -3,7 +3,7 @@ shape), run by an engine without LoRA, then by one with adapters loaded, with re
 name none of them, all one, or spread over all of them; and with half as many device slots
 as adapters (`max_loras`), so that adapters take turns.
 
-    python benchmarks/engine/lora.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+    python -m benchmarks.engine.lora --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         --adapters 4 --rank 16 --num-requests 256 --input-len 512 --output-len 128 --json lora.json
 
 Adapters are random PEFT directories (rank --rank, every projection of every layer) written
@@ -21,8 +21,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VARIANTS = ("no LoRA engine", "LoRA engine, base requests", "LoRA engine, one adapter",
@@ -83,7 +81,7 @@ def main() -> None:
     if args.variant is not None:
         print("RESULT " + json.dumps(run_variant(args, args.variant)), flush=True)
         return
-    from lora_adapters import write_adapter
+    from tests.engine.lora_adapters import write_adapter
     for i in range(args.adapters):
         write_adapter(os.path.join(args.work, f"a{i}"), args.model, TARGETS, args.rank, 2 * args.rank,
                       seed=i, scale=0.01)
@@ -91,7 +89,7 @@ def main() -> None:
     # The engine without LoRA first and again last: a run's place in the sequence of processes
     # moves its figure (the first is the slowest) by more than some variants differ.
     for variant in (*range(len(VARIANTS)), 0):
-        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", str(variant)],
+        child = subprocess.run([sys.executable, "-m", __spec__.name, *sys.argv[1:], "--variant", str(variant)],
                                capture_output=True, text=True)
         line = next((l for l in child.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:

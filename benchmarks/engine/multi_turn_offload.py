@@ -20,27 +20,21 @@ gather or scatter on the device and runs of page-locked host blocks, in batches 
 staging size) of --probe-blocks blocks, against one plain copy of a page-locked buffer of the
 same size each way (the link's figure).
 
-    python benchmarks/engine/multi_turn_offload.py --model models/configs/llama-3-8b \
+    python -m benchmarks.engine.multi_turn_offload --model models/configs/llama-3-8b \
         --tokenizer models/tiny-llama --engine-arg num_kv_blocks=2048 --swap-space 24 --json out.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import deque
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from benchmarks.loadgen.bench_stats import percentile  # noqa: E402
-from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
-from engine_cli import add_engine_arguments, engine_values  # noqa: E402
+from benchmarks.engine.engine_cli import add_engine_arguments, engine_values
+from benchmarks.loadgen.bench_stats import percentile
+from benchmarks.loadgen.workloads import make_prompts
 
 
 def conversations(args) -> tuple[list[list[int]], list[list[list[int]]]]:

@@ -3,7 +3,7 @@ text work (overlapped), waiting for the device, taking the tokens, and with spec
 the proposals and their verification. Runs a throughput workload in-process
 with dummy weights and prints a table; writes JSON with --json.
 
-    python3 benchmarks/engine/profile_engine.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+    python3 -m benchmarks.engine.profile_engine --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         --num-requests 256 --input-len 512 --output-len 64 [--engine-arg enforce_eager=true]
 """
 from __future__ import annotations
@@ -11,18 +11,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
-import sys
 import time
 import warnings
 from collections import defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from engine_cli import add_engine_arguments, engine_values  # noqa: E402
-from tritium import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from benchmarks.engine.engine_cli import add_engine_arguments, engine_values
+from tritium import EngineArgs, LLMEngine, SamplingParams
 
 
 def _lone_ttft(engine, rng, input_len: int, tag: str) -> list[float]:

@@ -4,28 +4,23 @@ steps with torch.profiler, and prints per-kernel totals per step. With --gemm it
 the model's GEMM shapes alone (the ceiling each kernel category can reach). --num-requests and
 --output-len change the workload (with `speculative_config`, decode-phase steps verify).
 
-    python3 benchmarks/engine/profile_kernels.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+    python3 -m benchmarks.engine.profile_kernels --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         [--gemm] [--json out.json] [--engine-arg key=value ...]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
 import time
 from collections import defaultdict
 from typing import Callable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-from engine_cli import add_engine_arguments, engine_values  # noqa: E402
-from tritium import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from benchmarks.engine.engine_cli import add_engine_arguments, engine_values
+from tritium import EngineArgs, LLMEngine, SamplingParams
 
 
 def category(name: str) -> str:

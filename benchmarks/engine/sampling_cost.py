@@ -2,7 +2,7 @@
 through one in-process engine, plain and with sampling variants, alternately over rounds so
 that a machine's drift falls on every variant.
 
-    python benchmarks/engine/sampling_cost.py --model models/configs/llama-3-8b \
+    python -m benchmarks.engine.sampling_cost --model models/configs/llama-3-8b \
         --tokenizer models/tiny-llama --variant 'pen_all:1:repetition_penalty=1.1,presence_penalty=0.1' \
         --variant 'pen_1in8:8:repetition_penalty=1.1' --rounds 2 --json cost.json
 
@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-from offline import engine_kwargs, parse_sampling, run_throughput  # noqa: E402
-from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, parse_vocab_range,  # noqa: E402
+from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, parse_vocab_range,
                                           with_overrides)
+from benchmarks.offline import engine_kwargs, parse_sampling, run_throughput
 
 
 def parse_variant(text: str) -> tuple[str, int, dict[str, Any]]:

@@ -15,22 +15,18 @@ where speculation stops paying. `--params` adds sampling parameters to the greed
 (penalties, a seed with a temperature, bad words, a grammar): every kind speculates, and a
 seeded request's tokens are its plain run's.
 
-    python benchmarks/engine/spec_decode.py --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
+    python -m benchmarks.engine.spec_decode --model models/configs/llama-3-8b --tokenizer models/tiny-llama \
         --k 4 --batch-sizes 1,8,16,32 --json spec.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
+from benchmarks.loadgen.workloads import make_prompts
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -7,25 +7,19 @@ every layer), TTFT, decode tok/s, and whether both runs gave the same tokens.
 
 A model with a full-attention layer (Gemma 2/3) gives nothing back: both runs hold the same.
 
-    python benchmarks/engine/window_kv_memory.py --model models/configs/mistral-7b-v0.1 \
+    python -m benchmarks.engine.window_kv_memory --model models/configs/mistral-7b-v0.1 \
         --tokenizer models/tiny-llama --tokens 32768 --json out.json
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from benchmarks.loadgen.workloads import make_prompts  # noqa: E402
-from engine_cli import add_engine_arguments, engine_values  # noqa: E402
+from benchmarks.engine.engine_cli import add_engine_arguments, engine_values
+from benchmarks.loadgen.workloads import make_prompts
 
 GIB = 2 ** 30
 

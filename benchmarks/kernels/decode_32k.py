@@ -13,18 +13,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from tritium import kernels  # noqa: E402
-import tritium.kernels.reference  # noqa: E402,F401  (binds kernels.reference)
-from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
-import kernel_table as bk  # noqa: E402
+from tritium import kernels
+import tritium.kernels.reference  # noqa: F401  (binds kernels.reference)
+from tritium.kernels.decode_attention import DecodeConfig
+import kernel_table as bk
 
 CTX = 32768
 

@@ -14,15 +14,13 @@ import datetime
 import itertools
 import json
 import os
-import sys
 
 import torch
 import triton.testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from tritium import kernels  # noqa: E402
-from tritium.kernels.fp8_matmul import Fp8MatmulConfig, shape_key  # noqa: E402
+from tritium import kernels
+from tritium.kernels.fp8_matmul import Fp8MatmulConfig, shape_key
 
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-1.5b")
 CONFIGS = [Fp8MatmulConfig()] + [

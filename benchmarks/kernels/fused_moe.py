@@ -30,7 +30,6 @@ import datetime
 import itertools
 import json
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, wait
 from multiprocessing import get_context
@@ -38,12 +37,10 @@ from multiprocessing import get_context
 import torch
 import triton.testing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-from tritium import kernels  # noqa: E402
-from tritium.kernels.moe import (DEFAULT_CONFIGS, ROW_BUCKETS, FusedMoEConfig, choose_config, config_key,  # noqa: E402
+from tritium import kernels
+from tritium.kernels.moe import (DEFAULT_CONFIGS, ROW_BUCKETS, FusedMoEConfig, choose_config, config_key,
                          row_bucket)
-from tritium.kernels.reference import fused_moe_ref  # noqa: E402
+from tritium.kernels.reference import fused_moe_ref
 
 # (experts, top_k, hidden, expert intermediate); "tiny" is for a rehearsal on the CPU.
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336), "tiny": (8, 2, 64, 32)}

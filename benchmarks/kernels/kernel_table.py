@@ -22,17 +22,15 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import triton
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-import triton  # noqa: E402
-
-from tritium import kernels  # noqa: E402
-from tritium.kernels import reference  # noqa: E402
-from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
-from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
+from tritium import kernels
+from tritium.kernels import reference
+from tritium.kernels.decode_attention import DecodeConfig
+from tritium.kernels.prefill_attention import PrefillConfig
 
 DEVICE = "cuda"  # a module global so a CPU dry run (interpreter) can swap it
 HQ, HKV, D, BS, DT = 32, 8, 128, 16, torch.bfloat16

@@ -17,15 +17,11 @@ import argparse
 import torch
 import triton
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-import kernel_table as bk  # noqa: E402
-from tritium import kernels  # noqa: E402
-from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
-from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
-from sweep_attention import _caches  # noqa: E402
+import kernel_table as bk
+from tritium import kernels
+from tritium.kernels.decode_attention import DecodeConfig
+from tritium.kernels.prefill_attention import PrefillConfig
+from sweep_attention import _caches
 
 
 def decode_call(fp8: bool, config: DecodeConfig | None, sequential: bool):

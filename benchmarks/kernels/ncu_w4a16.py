@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from tritium import kernels  # noqa: E402
-from fp8_matmul import linear_shapes  # noqa: E402
-from tritium.kernels.w4a16 import W4A16Config, choose_config  # noqa: E402
-from w4a16 import GROUP, cfg_name, random_layer, time_us  # noqa: E402
+from tritium import kernels
+from fp8_matmul import linear_shapes
+from tritium.kernels.w4a16 import W4A16Config, choose_config
+from w4a16 import GROUP, cfg_name, random_layer, time_us
 
 BOOL_FIELDS = ("fused_reduce",)
 

@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from tritium.engine_config import SpeculativeConfig  # noqa: E402
-from tritium.spec_decode.ngram import NgramProposer  # noqa: E402
+from tritium.engine_config import SpeculativeConfig
+from tritium.spec_decode.ngram import NgramProposer
 
 KINDS = ("run", "cycle3", "random")
 

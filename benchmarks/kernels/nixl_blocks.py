@@ -13,12 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import sys
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 
 def _cache(args, device: str, fill: float):

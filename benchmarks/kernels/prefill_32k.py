@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+import torch.nn.functional as F
+import triton.testing
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton.testing  # noqa: E402
-
-from tritium import kernels  # noqa: E402
-from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
+from tritium import kernels
+from tritium.kernels.prefill_attention import PrefillConfig
 
 HQ, HKV, D, BS = 28, 4, 128, 16
 SCALE = D ** -0.5

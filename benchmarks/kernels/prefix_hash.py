@@ -16,12 +16,9 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from tritium.core.block_manager import hash_prompt_blocks, root_block_hash  # noqa: E402
+from tritium.core.block_manager import hash_prompt_blocks, root_block_hash
 
 
 def _python_hash_blocks(token_ids: list[int], block_size: int) -> list[int]:

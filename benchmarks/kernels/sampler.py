@@ -12,16 +12,12 @@ import json
 import random
 import time
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tritium.layers.penalties import PenaltyCounts  # noqa: E402
-from tritium.layers.sampler import Sampler  # noqa: E402
-from tritium.sampling_params import SamplingParams  # noqa: E402
-from tritium.core.sequence import Sequence, SequenceStatus  # noqa: E402
+from tritium.layers.penalties import PenaltyCounts
+from tritium.layers.sampler import Sampler
+from tritium.sampling_params import SamplingParams
+from tritium.core.sequence import Sequence, SequenceStatus
 
 CASES = {
     "repetition + frequency + presence": dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2),

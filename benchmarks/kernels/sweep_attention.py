@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-import kernel_table as bk  # noqa: E402
-from tritium import kernels  # noqa: E402
-from tritium.kernels import reference  # noqa: E402
-from tritium.kernels.decode_attention import DecodeConfig  # noqa: E402
-from tritium.kernels.prefill_attention import PrefillConfig  # noqa: E402
-from tritium.kernels.prefill_attention import default_config as default_prefill_config  # noqa: E402
+import kernel_table as bk
+from tritium import kernels
+from tritium.kernels import reference
+from tritium.kernels.decode_attention import DecodeConfig
+from tritium.kernels.prefill_attention import PrefillConfig
+from tritium.kernels.prefill_attention import default_config as default_prefill_config
 
 DECODE_CASES = [(256, 512, 768), (256, 1024, 1024), (64, 4096, 4096), (1, 640, 640), (1, 32768, 32768)]
 PREFILL_CASES = [(16, 512), (2, 4096)]  # (prompts, tokens each), packed in one call

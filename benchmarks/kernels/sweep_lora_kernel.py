@@ -2,7 +2,7 @@
 projection shapes, against the projection's own GEMM, as CUDA-graph replays after an L2 flush
 (kernel_table.Bench).
 
-    python benchmarks/kernels/sweep_lora_kernel.py --model models/configs/llama-3-8b --rank 16 --adapters 4 \
+    python -m benchmarks.kernels.sweep_lora_kernel --model models/configs/llama-3-8b --rank 16 --adapters 4 \
         --tokens 256,8192 --json sweep_lora.json
 
 Rows use one adapter (slot 0) or are spread over all of them ("mixed"). Prints, per token
@@ -14,21 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
 
 CONFIGS = [(32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 64, 4), (128, 128, 8), (64, 256, 8)]
 
 
 def main() -> None:
-    import kernel_table
+    from benchmarks.kernels import kernel_table
+    from tests.engine.lora_adapters import module_shapes
     from tritium import kernels
-    from lora_adapters import module_shapes
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)

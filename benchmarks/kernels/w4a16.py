@@ -22,7 +22,6 @@ import itertools
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, wait
@@ -31,13 +30,10 @@ from multiprocessing import get_context
 import torch
 import triton.testing
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from tritium import kernels  # noqa: E402
-from fp8_matmul import linear_shapes  # noqa: E402
-from tritium.kernels.reference import w4a16_dequantize_ref  # noqa: E402
-from tritium.kernels.w4a16 import DEFAULT_CONFIGS, METHODS, W4A16Config, choose_config, config_key, row_bucket  # noqa: E402
+from tritium import kernels
+from fp8_matmul import linear_shapes
+from tritium.kernels.reference import w4a16_dequantize_ref
+from tritium.kernels.w4a16 import DEFAULT_CONFIGS, METHODS, W4A16Config, choose_config, config_key, row_bucket
 
 ROWS = (1, 8, 16, 64, 256, 4096)
 GROUP = 128

@@ -13,19 +13,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-
-import kernel_table as bk  # noqa: E402
-from tritium import kernels  # noqa: E402
-from tritium.kernels import reference  # noqa: E402
+import kernel_table as bk
+from tritium import kernels
+from tritium.kernels import reference
 
 DECODE = [(1, 32768, 4096), (64, 8192, 4096), (256, 2048, 1024)]  # (batch, context, window)
 PREFILL = (4096, 1024)  # (prompt tokens, window)

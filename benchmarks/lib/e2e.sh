@@ -77,7 +77,7 @@ model_dir() {  # a name under models/configs, or a path
 # LONG_SETS (a raised max_model_len for the repository, or nothing); the reasons go to stderr.
 plan_workloads() {
     local line mml
-    line=$("$IMAGE_PY" benchmarks/loadgen/workload_plan.py --model-dir "$1" --workloads "$WORKLOADS" "${SIZES[@]}" \
+    line=$("$IMAGE_PY" -m benchmarks.loadgen.workload_plan --model-dir "$1" --workloads "$WORKLOADS" "${SIZES[@]}" \
         "${ENGINE_SETS[@]}" ${2:+--json "$2"}) || return 1
     IFS=$'\t' read -r RUN_W SKIP_W mml <<<"$line"
     LONG_SETS=()
@@ -98,7 +98,7 @@ WORK="$BASE/work" LOGS="$BASE/work/logs" V="$BASE/venv"
 rm -rf "$WORK" && mkdir -p "$WORK" "$LOGS" "$OUT"
 
 publish() {  # results.json + logs.tar.gz into $OUT, after every phase
-    "$V/bin/python" benchmarks/loadgen/bench_report.py --work "$WORK" --out "$OUT/results.json" --quiet \
+    "$V/bin/python" -m benchmarks.loadgen.bench_report --work "$WORK" --out "$OUT/results.json" --quiet \
         >>"$LOGS/report.log" 2>&1
     tar -C "$WORK" -czf "$OUT/logs.tar.gz.part" . 2>/dev/null && mv "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
 }
@@ -201,6 +201,10 @@ if ! setup >"$LOGS/setup.log" 2>&1; then
 fi
 write_meta
 export TRITIUM_VENV="$V"  # scripts/tritonserver runs the server in it
+# The python backend's stub runs an isolated Python, blind to PYTHONPATH (gpu.sh's links to this
+# tree's `tritium`): the venv names those directories in a .pth file, rewritten for each run's tree.
+V_SITE=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+tr ':' '\n' <<<"${PYTHONPATH:-}" | grep '^/' >"$V_SITE/zz_pythonpath.pth"
 say "setup done"
 # Clocks and power every 200 ms, summarized per phase in results.json
 # (benchmarks/loadgen/gpu_telemetry.py).
@@ -226,7 +230,7 @@ for spec in ${MODELS//,/ }; do
     REPO="$BASE/repo-$m"
     # One configuration for both: the offline bench reads this config.pbtxt back. A given
     # --engine-arg comes last and wins.
-    "$V/bin/python" benchmarks/loadgen/bench_model_repo.py --dest "$REPO" --set model="$MDIR" --set tokenizer="$TOK" \
+    "$V/bin/python" -m benchmarks.loadgen.bench_model_repo --dest "$REPO" --set model="$MDIR" --set tokenizer="$TOK" \
         --set load_format=dummy --set dtype="$DTYPE" --set device="$DEVICE" --set max_num_seqs=256 \
         "${LONG_SETS[@]}" "${ENGINE_SETS[@]}" | tee "$WORK/$m/engine_args.txt"
     for p in ${PHASES//,/ }; do
@@ -238,10 +242,10 @@ for spec in ${MODELS//,/ }; do
                 --out-dir "$WORK/$m" --workloads "$RUN_W" --log "$LOGS/$m-frontend-tritonserver.log" \
                 --port-base "$PORT" --frontend-workers "${FRONTEND_WORKERS:-6}" -- "${SIZES[@]}" \
                 --procs "${BENCH_PROCS:-4}" --no-progress ;;
-            offline) phase "$m" offline 300 "$V/bin/python" benchmarks/offline.py \
+            offline) phase "$m" offline 300 "$V/bin/python" -m benchmarks.offline \
                 --model-config "$REPO/llm/config.pbtxt" --workloads "$RUN_W" "${SIZES[@]}" \
                 --json "$WORK/$m/offline.json" ;;
-            hf) phase "$m" hf 300 "$IMAGE_PY" benchmarks/hf.py --config "$MDIR" --device "$DEVICE" \
+            hf) phase "$m" hf 300 "$IMAGE_PY" -m benchmarks.hf --config "$MDIR" --device "$DEVICE" \
                 --dtype "$DTYPE" --workloads "$RUN_W" --max-requests "$HF_REQUESTS" "${SIZES[@]}" \
                 --json "$WORK/$m/hf.json" ;;
             *) say "unknown phase $p" ;;
@@ -250,5 +254,5 @@ for spec in ${MODELS//,/ }; do
 done
 
 publish
-"$V/bin/python" benchmarks/loadgen/bench_report.py --work "$WORK" --out "$OUT/results.json"
+"$V/bin/python" -m benchmarks.loadgen.bench_report --work "$WORK" --out "$OUT/results.json"
 say "done: $OUT/results.json, $OUT/logs.tar.gz"

@@ -5,7 +5,8 @@ processes (`--procs`), each with one channel and one asyncio loop, because a sin
 process's CPU time per streamed response would make the client itself the bottleneck. Prompts are token ids (`input_ids`): the tokenizer is not on the
 measured path.
 
-    python benchmarks/loadgen/bench.py --workload A --url localhost:8001 --model llm --json a.json
+    tritium bench --workload A --url localhost:8001 --model llm --json a.json
+    python -m benchmarks.loadgen.bench ...   (the same, from a checkout)
 """
 from __future__ import annotations
 
@@ -19,12 +20,9 @@ import sys
 import time
 from typing import Any, AsyncIterator
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks.loadgen.bench_stats import (Progress, RequestTrace, format_summary, summarize,  # noqa: E402
-                                            tokens_in_response)
-from benchmarks.loadgen.workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS,  # noqa: E402
-                                          make_prompts, parse_vocab_range, resolve_workload)
+from .bench_stats import Progress, RequestTrace, format_summary, summarize, tokens_in_response
+from .workloads import (DEFAULT_SEED, VOCAB_HIGH, VOCAB_LOW, WORKLOADS,
+                        make_prompts, parse_vocab_range, resolve_workload)
 
 
 def sampling_parameters(output_len: int, lora_name: str | None = None) -> str:
@@ -119,7 +117,7 @@ async def _run_shard(url: str, model: str, output_len: int, prompts: list[list[i
                      counters: _Counters | None, barrier: Any) -> tuple[list[RequestTrace], float]:
     """One worker's requests; returns their traces and the CPU seconds spent while sending."""
     if url.startswith(("http://", "https://")):  # --openai: through the OpenAI frontend
-        from benchmarks.loadgen.bench_openai import run_openai_shard
+        from .bench_openai import run_openai_shard
         return await run_openai_shard(url, model, output_len, prompts, first_index, concurrency,
                                       tag, counters, barrier)
     import tritonclient.grpc.aio as aioclient
@@ -235,8 +233,8 @@ def clean_json(obj: Any) -> Any:
     return obj
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="localhost:8001", help="Triton gRPC address")
     ap.add_argument("--openai", metavar="URL",
                     help="instead of gRPC: the OpenAI frontend's base URL (http://host:9000/v1), "
@@ -274,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         args.url = args.openai.rstrip("/")
     if args.wait_ready > 0:
         if args.openai:
-            from benchmarks.loadgen.bench_openai import wait_ready_openai
+            from .bench_openai import wait_ready_openai
             asyncio.run(wait_ready_openai(args.url, args.wait_ready))
         else:
             asyncio.run(wait_ready(args.url, args.model, args.wait_ready))

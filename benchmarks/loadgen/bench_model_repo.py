@@ -1,7 +1,7 @@
 """Make a throw-away Triton model repository for a benchmark run: a copy of
 model_repository/llm whose engine-argument parameters are replaced or added.
 
-    python benchmarks/loadgen/bench_model_repo.py --dest /tmp/repo --set model=/abs/models/configs/llama-3-8b \
+    python -m benchmarks.loadgen.bench_model_repo --dest /tmp/repo --set model=/abs/models/configs/llama-3-8b \
         --set load_format=dummy --set dtype=bfloat16
 """
 from __future__ import annotations

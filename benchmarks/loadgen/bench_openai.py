@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from benchmarks.loadgen.bench_stats import RequestTrace
+from .bench_stats import RequestTrace
 
 
 def request_body(model: str, prompt: list[int], output_len: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@ the summary table: every engine figure next to the Hugging Face anchor of the sa
 against the targets; a second table for the long-context workloads (C, L) when the run had them;
 then each phase's GPU clock and power (benchmarks/loadgen/gpu_telemetry.py).
 
-    python benchmarks/loadgen/bench_report.py --work /tmp/tritium-bench/work --out $OUT/results.json
+    python -m benchmarks.loadgen.bench_report --work /tmp/tritium-bench/work --out $OUT/results.json
 """
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks.loadgen.bench import clean_json  # noqa: E402
-from benchmarks.loadgen import gpu_telemetry  # noqa: E402
+from . import gpu_telemetry
+from .bench import clean_json
 
 MODELS = ("llama-3-8b", "qwen2.5-7b", "qwen2.5-1.5b")
 # The issue's targets (bf16, one H200); stated for Llama-3-8B shapes.

@@ -1,7 +1,7 @@
 """Which benchmark workloads one model can serve, and the max_model_len its engine needs for
 them: what benchmarks/gpu.sh e2e asks before it writes a model's repository.
 
-    python benchmarks/loadgen/workload_plan.py --model-dir models/configs/qwen2.5-7b --workloads A,B,C,L \
+    python -m benchmarks.loadgen.workload_plan --model-dir models/configs/qwen2.5-7b --workloads A,B,C,L \
         [--num-requests N --input-len N --output-len N] [--set KEY=VALUE]... [--json FILE]
 
 Prints one line of three tab-separated fields for the shell: the workloads to run, those skipped
@@ -16,12 +16,11 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from .bench_model_repo import get_parameters, parse_assignments
+from .workloads import WORKLOADS, parse_workload_names, with_overrides
+
+# The checkout's model repository (what gpu.sh serves), read unless --repo-config names another.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from benchmarks.loadgen.bench_model_repo import get_parameters, parse_assignments  # noqa: E402
-from benchmarks.loadgen.workloads import WORKLOADS, parse_workload_names, with_overrides  # noqa: E402
-
 REPO_CONFIG = os.path.join(ROOT, "model_repository", "llm", "config.pbtxt")
 
 

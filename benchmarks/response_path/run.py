@@ -3,8 +3,8 @@ both with the engine stand-in of synthetic_executor.py (tokens at a GPU's rate, 
 that the difference is what serving adds: the engine process's messages, the Triton stub's
 receiver (text) and sender (`send()`), gRPC and the client.
 
-    .venv/bin/python benchmarks/response_path/run.py --repeats 3 --json /tmp/response_path.json
-    .venv/bin/python benchmarks/response_path/run.py --num-requests 64 --input-len 128 --output-len 64
+    .venv/bin/python -m benchmarks.response_path.run --repeats 3 --json /tmp/response_path.json
+    .venv/bin/python -m benchmarks.response_path.run --num-requests 64 --input-len 128 --output-len 64
 
 Each repeat runs the in-process engine (benchmarks/offline.py) and then a fresh server (a server
 logs its threads' time when its model unloads, so one life per repeat gives one breakdown).
@@ -25,10 +25,7 @@ import tempfile
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-
-from triton_server import TritonServer, processes, start_server, write_model_repository  # noqa: E402
+from tests.triton_server import ROOT, TritonServer, processes, start_server, write_model_repository
 
 EXECUTOR = "benchmarks.response_path.synthetic_executor.SyntheticExecutor"
 STEP_MS_ENV, TOKEN_US_ENV = "TRITIUM_SYNTHETIC_STEP_MS", "TRITIUM_SYNTHETIC_TOKEN_US"
@@ -61,7 +58,7 @@ def workload_args(args: argparse.Namespace) -> list[str]:
 
 def run_in_process(args: argparse.Namespace, env: dict[str, str], workdir: str, i: int) -> dict[str, Any]:
     out = os.path.join(workdir, f"offline_{i}.json")
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "offline.py"), "--workloads", "A",
+    cmd = [sys.executable, "-m", "benchmarks.offline", "--workloads", "A",
            *workload_args(args), "--model", args.model, "--json", out]
     for key, value in engine_args(args).items():
         if key != "model":
@@ -136,7 +133,7 @@ def run_triton(args: argparse.Namespace, env: dict[str, str], workdir: str, i: i
                                     *(["--gil"] if args.py_spy_gil else []), "--format", "raw", "--output", args.py_spy],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
-        client = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "loadgen", "bench.py"),
+        client = subprocess.run([sys.executable, "-m", "benchmarks.loadgen.bench",
                                  "--url", server.grpc_url, *workload_args(args), "--procs", str(args.procs),
                                  "--no-progress", "--json", out],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -12,10 +12,10 @@ the total per weight with it run once per group, or per K slice if a slice is sh
 then the loop's mix (LOP3, FFMA, FADD, FMUL, shifts, integer and address arithmetic, moves and
 constants, conversions, loads by width, SHFL, barriers, shared-memory stores and loads).
 
-    .venv/bin/python scripts/probes/gemv_sass.py                 # default + tuned H100 configs
-    .venv/bin/python scripts/probes/gemv_sass.py --config "W4A16Config(1, 1024, 32, 0, 1, 4, 1, method='gemv')"
-    .venv/bin/python scripts/probes/gemv_sass.py --sass-dir /tmp/sass   # also keep each SASS listing
-    .venv/bin/python scripts/probes/gemv_sass.py --rows 8 --config "W4A16Config(8, 256, 16, 0, 1, 4, 1, method='gemv')"
+    .venv/bin/python -m scripts.probes.gemv_sass                 # default + tuned H100 configs
+    .venv/bin/python -m scripts.probes.gemv_sass --config "W4A16Config(1, 1024, 32, 0, 1, 4, 1, method='gemv')"
+    .venv/bin/python -m scripts.probes.gemv_sass --sass-dir /tmp/sass   # also keep each SASS listing
+    .venv/bin/python -m scripts.probes.gemv_sass --rows 8 --config "W4A16Config(8, 256, 16, 0, 1, 4, 1, method='gemv')"
 
 Run without TRITON_INTERPRET. Needs only the CPU (tests/kernels/hopper_compile.py's launch capture).
 """
@@ -28,15 +28,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "kernels"))
-import hopper_compile  # noqa: E402  (puts the repository root on sys.path)
-import torch  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+import torch
+from triton.runtime.jit import JITFunction
+
+from tests.kernels import hopper_compile
 
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 GROUP = 128

@@ -11,24 +11,20 @@ chunk's own keys. One chunk of queries attends (no mask) to a prefix of keys, re
 
     python3 scripts/probes/prefix_loads.py --json $OUT/prefix_loads.json
     TRITON_INTERPRET=1 python3 scripts/probes/prefix_loads.py --device cpu --dtype float32 \
-        --queries 32 --prefix 64 --block-m 16 --block-n 32 --stages 2   # correctness rehearsal
+        --queries 32 --prefix 64 --block-m 16 --block-n 64 --stages 2   # correctness rehearsal
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
-
-from tritium.kernels._attention_tile import attend_tile, kv_row_offsets  # noqa: E402
+from tritium.kernels._attention_tile import attend_tile, kv_row_offsets
 
 MODES = ["paged", "contiguous", "prefetch", "tma", "runs", "tma_pages"]
 

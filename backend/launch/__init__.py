@@ -1,0 +1,1 @@
+"""Starting the servers: tritonserver with Tritium as its `tritium` backend (`tritonserver`)."""
