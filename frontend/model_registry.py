@@ -16,9 +16,12 @@ from tritium.frontend.triton_gateway import TritonGateway
 
 logger = logging.getLogger(__name__)
 
-# Tritium's config.pbtxt takes a relative model path from the project root, which is where this
-# frontend lives too.
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _model_root() -> str:
+    """Where a relative `model` path in a config.pbtxt starts, as the backend's model.py takes it:
+    $TRITIUM_ROOT (the checkout, the container's /opt/tritium), else the working directory."""
+    return os.environ.get("TRITIUM_ROOT") or os.getcwd()
 
 
 @dataclass
@@ -243,7 +246,7 @@ def _tokenizer_path(config: dict[str, Any]) -> str | None:
     for key in ("tokenizer", "model"):
         value = params.get(key, {}).get("string_value")
         if value:
-            local = value if os.path.isabs(value) else os.path.join(PROJECT_ROOT, value)
+            local = value if os.path.isabs(value) else os.path.join(_model_root(), value)
             # Otherwise a Hub name (org/model), or a path from the current directory.
             return local if os.path.exists(local) else value
     return None

@@ -375,3 +375,15 @@ def test_model_py_is_an_adapter_and_modules_stay_small():
     for name, path in _modules(ROOT, ("backend", "kernels")).items():
         with open(path, encoding="utf-8") as f:
             assert len(f.readlines()) <= 420, name
+
+
+def test_nothing_edits_sys_path():
+    """The product imports as the installed `tritium` package, and the checkout's own folders
+    (scripts/, tests/, benchmarks/) by their names from its root: no file edits the import path."""
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.sh", "scripts/tritonserver"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    needle = "sys" + ".path"  # spelled apart, so that this file does not find itself
+    found = [f"{rel}:{n}" for rel in tracked if not rel.startswith("gpu_bundle/")
+             for n, line in enumerate(open(os.path.join(ROOT, rel), encoding="utf-8"), 1) if needle in line]
+    assert found == []
