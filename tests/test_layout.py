@@ -50,7 +50,7 @@ API = ("tritium", "tritium.llm")
 LAYERS = ("cli", "serving", "api", "drivers", "engine", "core", "worker", "models", "layers", "spec_decode", "records",
           "kernels")
 # The OpenAI frontend is a separate process that speaks Triton's gRPC: it may load the engine's
-# tokenizer code (backend.engine.tokenizer), nothing that runs a model.
+# tokenizer code (tritium.engine.tokenizer), nothing that runs a model.
 FRONTEND_MAY_IMPORT = ("tritium.engine.tokenizer",)
 # The load generator (benchmarks/loadgen/, `tritium bench`) is a client of the servers: it imports
 # nothing of the rest, and only the command imports it.
@@ -386,4 +386,19 @@ def test_nothing_edits_sys_path():
     needle = "sys" + ".path"  # spelled apart, so that this file does not find itself
     found = [f"{rel}:{n}" for rel in tracked if not rel.startswith("gpu_bundle/")
              for n, line in enumerate(open(os.path.join(ROOT, rel), encoding="utf-8"), 1) if needle in line]
+    assert found == []
+
+
+def test_nothing_imports_the_folders_by_their_own_names():
+    """`backend`, `kernels`, `frontend` and `client` are folders, not import names: run from the
+    checkout's root they would still import, and hide code that an installed package breaks."""
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    found = []
+    for rel in (r for r in tracked if not r.startswith("gpu_bundle/")):
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, rel), encoding="utf-8").read())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{rel}:{node.lineno} {n}" for n in names if n.partition(".")[0] in IMPORT_NAMES]
     assert found == []

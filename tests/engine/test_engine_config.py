@@ -121,7 +121,8 @@ def test_the_scheduler_is_built_from_its_part_alone(llama_dir):
 
 def test_only_the_drivers_read_engine_args():
     """The worker, layers and models, and the engine's components, are built from parts of the
-    EngineConfig; EngineArgs is read where it is resolved (the drivers) and where it is made."""
+    EngineConfig; EngineArgs is read where it is resolved (the drivers) and where it is made (a
+    model's configuration, the `tritium serve` flags)."""
     importers = []
     for folder, _, files in os.walk(os.path.join(_ROOT, "backend")):
         for name in (n for n in files if n.endswith(".py")):
@@ -131,7 +132,7 @@ def test_only_the_drivers_read_engine_args():
             if any(isinstance(node, ast.ImportFrom) and any(a.name == "EngineArgs" for a in node.names)
                    for node in ast.walk(tree)):
                 importers.append(os.path.relpath(path, _ROOT))
-    assert sorted(importers) == ["backend/__init__.py", "backend/drivers/engine_process.py",
+    assert sorted(importers) == ["backend/__init__.py", "backend/cli/engine_flags.py", "backend/drivers/engine_process.py",
                                  "backend/drivers/process_main.py", "backend/drivers/streaming_engine.py",
                                  "backend/engine/llm_engine.py", "backend/llm.py",
                                  "backend/serving/triton_config.py"]

@@ -139,10 +139,10 @@ def test_the_stub_side_of_the_engine_does_not_import_torch():
     hundreds of MB per model load) belongs to that process only."""
     import subprocess
     import sys
-    code = ("import sys; import backend, backend.drivers.engine_process, backend.serving.triton_request, "
-            "tritium.serving.triton_metrics, backend.serving.triton_config, backend.engine.request; "
-            "from backend import EngineProcess, EngineShutdownError, SamplingParams; "
-            "print(sorted(m for m in ('torch', 'triton', 'kernels') if m in sys.modules))")
+    code = ("import sys; import tritium, tritium.drivers.engine_process, tritium.serving.triton_request, "
+            "tritium.serving.triton_metrics, tritium.serving.triton_config, tritium.engine.request; "
+            "from tritium import EngineProcess, EngineShutdownError, SamplingParams; "
+            "print(sorted(m for m in ('torch', 'triton', 'tritium.kernels') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr

@@ -204,7 +204,7 @@ def test_bad_swap_arguments_get_exact_errors(llama_dir, monkeypatch):
     assert error(swap_space=1, speculative_config={"model": llama_dir, "num_speculative_tokens": 2}) == (
         "swap_space: speculative method 'draft_model' keeps a KV cache of its own, which is not "
         "swapped; use swap_space=0 (or 'ngram').")
-    monkeypatch.setattr(backend.config, "available_host_memory", lambda: 4 << 30)
+    monkeypatch.setattr(tritium.config, "available_host_memory", lambda: 4 << 30)
     assert error(swap_space=3, tensor_parallel_size=2) == (
         "swap_space=3 GiB per device (6.00 GiB for 2 device(s)) is more than the host's available "
         "memory (4.00 GiB).")

@@ -234,7 +234,7 @@ def main() -> None:
     args = parse_args()
     for module in ("decode_attention", "prefill_attention", "norm", "rotary", "activation", "kv_store",
                    "quant", "sampling", "fp8_matmul", "moe", "moe_router"):
-        __import__(f"kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
+        __import__(f"tritium.kernels.{module}", fromlist=["_"]).check_runnable = lambda op, t: None
     compile_cases(tuned_cases() if args.tuned else cases(), args.jobs)
 
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import sys, torch, kernels
-assert "triton" not in sys.modules, "import kernels imported triton"
+assert "triton" not in sys.modules, "importing tritium.kernels imported triton"
 try:
     kernels.silu_and_mul.triton(torch.randn(2, 8))
 except ValueError as e:
@@ -82,7 +82,7 @@ def test_the_table_is_the_only_dispatch():
 
     from tritium.kernels.ops import OPS
     names = "|".join(OPS)
-    pattern = re.compile(rf"\b({names})_ref\b|\bkernels\.({names})\.triton\b|from kernels\.(\w+) import ({names})\b")
+    pattern = re.compile(rf"\b({names})_ref\b|\bkernels\.({names})\.triton\b|from tritium\.kernels\.(\w+) import ({names})\b")
     found = []
     for path in sorted((ROOT / "backend").rglob("*.py")):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
