@@ -42,6 +42,10 @@
 #                    (workload A-like and B), GPU time per kernel (ARGS go to both profilers)
 #   compare-trees TREE... [-- E2E_ARGS]  this tree against others (`git archive REV | tar -x -C
 #                    oldtree`, carried), in-process by default, run alternately ROUNDS (2) times
+#   disagg           disaggregated prefill on one GPU (needs gpu_nixl/nixl_slim.tar.xz, carried): the
+#                    NIXL block read between two processes against the card's copy rate, then a mixed
+#                    load (64 streams decoding, 32 prompts of 4,096 tokens arriving), $LLAMA bf16,
+#                    colocated and then prefill + decode engines in two processes: TTFT/ITL p50/p99
 #   ncu-attention    attention kernel variants timed, then Nsight Compute sections per case
 #   round3           performance round 3's table in one call: $QWEN A through Triton and in-process,
 #                    paged decode at 1 x 32k against SDPA (the default and a few configs),
@@ -115,7 +119,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving round3 l-ttft fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving round3 l-ttft fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -299,6 +303,22 @@ window-kv)
             --tokenizer models/tiny-llama --tokens "$n" "$@" \
             --json "$OUT/window_kv_memory_$m.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -6 >> "$S"
     done ;;
+disagg)
+    # nixl-cu12 for the image's Python 3.12, without its unused plugins, with the CUDA 12 runtime its
+    # UCX CUDA module links (the image's torch brings CUDA 13's only): the wheel is over a call's size.
+    mkdir -p /tmp/nixl-site && tar -xJf "${NIXL_TARBALL:-gpu_nixl/nixl_slim.tar.xz}" -C /tmp/nixl-site \
+        || { echo "disagg: no NIXL archive (gpu_nixl/nixl_slim.tar.xz)" | tee -a "$S"; exit 1; }
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/nixl-site"
+    stamp "NIXL block reads between two processes on one card against its copy rate (Llama-3-8B's cache shape)"
+    timeout 150 "$PY" benchmarks/kernels/nixl_blocks.py --json "$OUT/nixl_blocks.json" 2>&1 \
+        | grep -v -E "NIXL INFO|Warning|warnings.warn" | tail -12 >> "$S"
+    stamp "mixed load, $LLAMA bf16, one GPU: colocated, then prefill and decode engines in two processes (NIXL)"
+    timeout 420 "$PY" -m benchmarks.engine.disagg_mixed_load --model "$(model_path "$LLAMA")" \
+        --tokenizer models/tiny-llama --check first --json "$OUT/disagg_mixed_load.json" "$@" \
+        > "$OUT/disagg_mixed_load.log" 2>&1
+    echo "disagg_mixed_load exit $?" >> "$S"
+    grep -v -E "NIXL INFO|Warning|warnings.warn|^INFO:" "$OUT/disagg_mixed_load.log" | tail -16 >> "$S"
+    grep -E "KV cache:" "$OUT/disagg_mixed_load.log" >> "$S" ;;
 sampling)
     stamp "the sampler's host and device time per step (256 rows x 640 tokens)"
     timeout 120 "$PY" benchmarks/kernels/sampler.py --device "${SAMPLER_DEVICE:-cuda}" \
