@@ -7,6 +7,7 @@ give Hugging Face's greedy tokens (float32, CPU), past the windows; the vllm: me
 model's tokens."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import pytest
@@ -33,40 +34,59 @@ TEXTS = ["The scheduler computes the next word for every user while others run. 
          "x", "GPU cache block token stream prefill decode kernel café 日本"]
 
 
-@pytest.fixture(scope="module")
-def moe_stack(tmp_path_factory):
-    """(server, frontend, {family: (model dir, prompts' token ids, HF's greedy tokens)})."""
-    from scripts.build_default_model import build_model
-    from frontend_server import start_frontend
+def _hf_greedy(model_dir: str) -> tuple:
+    """(tokenizer, the prompts' token ids, Hugging Face's greedy tokens for each)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tok(t)["input_ids"] for t in TEXTS]
+    # Eager attention: transformers' default (SDPA) drops Gemma 2's attention soft-cap.
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    ref = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
+                        min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+        ref.append(y[0, len(ids):].tolist())
+    return tok, prompts, ref
+
+
+@pytest.fixture(scope="module")
+def moe_stack(tmp_path_factory):
+    """(server, frontend, {family: (model dir, tokenizer, prompts' token ids, HF's greedy tokens)})."""
+    from scripts.build_default_model import build_model
+    from frontend_server import start_frontend
+
     tmp = tmp_path_factory.mktemp("families")
-    repo, models = str(tmp / "repo"), {}
+    repo, built = str(tmp / "repo"), {}
     for name, (spec, seed) in FAMILIES.items():
-        model_dir = build_model(str(tmp / name), seed=seed, **spec)
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        prompts = [tok(t)["input_ids"] for t in TEXTS]
-        # Eager attention: transformers' default (SDPA) drops Gemma 2's attention soft-cap.
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-        ref = []
-        for ids in prompts:
-            x = torch.tensor([ids])
-            y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
-                            min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-            ref.append(y[0, len(ids):].tolist())
-        models[name] = (model_dir, tok, prompts, ref)
-        write_model_repository(repo, {"model": model_dir, **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
+        built[name] = build_model(str(tmp / name), seed=seed, **spec)
+        write_model_repository(repo, {"model": built[name], **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
                                       "max_num_batched_tokens": "32"}, name=name)
     # Disaggregated prefill: a prefill and a decode instance of one model, NIXL between them.
     for name, role in DISAGGREGATED.items():
-        write_model_repository(repo, {"model": models["qwen3_moe"][0], **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
+        write_model_repository(repo, {"model": built["qwen3_moe"], **TEST_ENGINE_ARGS, "enable_prefix_caching": "true",
                                       "kv_transfer_config": json.dumps({"kv_connector": "NixlConnector",
                                                                         "kv_role": role})}, name=name)
     # Its entry point: a model that sends each request to the prefill instance, then the decode one.
     for name, prefill in (("llm_disagg", "llm_prefill"), ("llm_disagg_broken", "no_such_model")):
         write_model_repository(repo, {"disaggregated_prefill": json.dumps(
             {"prefill_model": prefill, "decode_model": "llm_decode"})}, name=name)
-    server = start_server(repo, str(tmp / "tritonserver.log"), wait_for="qwen3_moe")
+    # Hugging Face's references are computed while the server loads its models, on one thread:
+    # for models this small, threads that wait for each other (on a busy CPU, for whole time
+    # slices) cost more than they share.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start_server, repo, str(tmp / "tritonserver.log"), wait_for="qwen3_moe")
+        try:
+            models = {name: (model_dir, *_hf_greedy(model_dir)) for name, model_dir in built.items()}
+        except BaseException:
+            starting.result().stop()
+            raise
+        finally:
+            torch.set_num_threads(threads)
+        server = starting.result()
     frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), "--model", "qwen3_moe",
                               "--model", "llm_disagg")
     yield server, frontend, models
@@ -175,3 +195,48 @@ def test_openai_completions_through_the_disaggregated_entry_point(moe_stack):
     _, frontend, models = moe_stack
     _, _, prompts, ref = models["qwen3_moe"]
     assert _completion_ids(frontend, "llm_disagg", prompts[:2]) == ref[:2]
+
+
+def test_a_killed_prefill_engine_fails_its_request_clearly_and_the_pair_serves_again(moe_stack):
+    """The prefill instance's engine dies while a request waits on it: the request through the
+    entry point fails naming the prefill model, the supervisor restarts that engine, and the pair
+    serves HF's greedy tokens again; nothing runs on either instance afterwards and the decode
+    instance holds no block."""
+    import os
+    import signal
+    import time
+
+    from triton_server import engine_pids, wait_until
+    server, _, models = moe_stack
+    _, tok, prompts, ref = models["qwen3_moe"]
+    [pid] = engine_pids(server.proc.pid, "llm_prefill")
+    stream, killed = StreamCollector(server.grpc_url), False
+    try:
+        # Stopped first, so that the request is surely inside the prefill engine when it dies.
+        os.kill(pid, signal.SIGSTOP)
+        stream.send("k", grpc_inputs(input_ids=prompts[0], stream=True, sampling={
+            "temperature": 0, "max_tokens": MAX_NEW}), model="llm_disagg")
+        time.sleep(1.0)  # the router hands it to llm_prefill within milliseconds
+        os.kill(pid, signal.SIGKILL)
+        killed = True
+        error = stream.next_error()
+        # (Had the request come late, it would meet the restart: the same failure, said so.)
+        assert error.startswith(("The prefill model llm_prefill failed: The engine process exited unexpectedly",
+                                 "The prefill model llm_prefill failed: The engine is restarting")), error
+        # Requests meet "the engine is restarting" until it serves again.
+        assert wait_until(lambda: server.metric("tritium:engine_restarts_total", model_name="llm_prefill") == 1, 60)
+        for i, ids in enumerate(prompts[:2]):
+            stream.send(f"again{i}", grpc_inputs(input_ids=ids, stream=True, sampling={
+                "temperature": 0, "max_tokens": MAX_NEW, "min_tokens": MAX_NEW}), model="llm_disagg")
+        for i, expected in enumerate(ref[:2]):
+            got = stream.wait(f"again{i}", 120)
+            assert got.finals == 1 and got.after_final == 0
+            assert got.text == tok.decode(expected, skip_special_tokens=True), f"prompt {i}"
+        assert stream.errors.empty()
+    finally:
+        if not killed:  # a stopped engine would hold the server's shutdown
+            os.kill(pid, signal.SIGKILL)
+        stream.close()
+    for model in ("llm_prefill", "llm_decode"):
+        assert wait_until(lambda: server.metric("vllm:num_requests_running", model_name=model) == 0, 30), model
+    assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name="llm_decode") == 0, 30)

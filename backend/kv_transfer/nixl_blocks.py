@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -79,6 +80,30 @@ def cache_geometry(kv_cache: torch.Tensor) -> CacheGeometry:
                          (kv_cache.device.index or 0) if kv_cache.is_cuda else 0)
 
 
+# NIXL's progress thread waits this long between rounds. Its Python API starts it with no wait,
+# which spins a whole core per engine even when nothing moves; a tenth of a millisecond keeps a
+# transfer's added latency below that of one decode step.
+PROGRESS_THREAD_DELAY_US = 100
+_AGENT_LOCK = threading.Lock()
+
+
+def _agent(api, name: str):
+    """A NIXL agent on UCX whose progress thread sleeps between rounds: the API gives no option
+    for that, so the agent's config is amended on its way to the binding's constructor."""
+    with _AGENT_LOCK:
+        make = api.nixlBind.nixlAgent
+
+        def paced(agent_name, config):
+            config.pthrDelay = PROGRESS_THREAD_DELAY_US
+            return make(agent_name, config)
+
+        api.nixlBind.nixlAgent = paced
+        try:
+            return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+        finally:
+            api.nixlBind.nixlAgent = make
+
+
 class NixlBlockTransfer:
     """One engine's side: its cache registered, its regions prepared, the peers it reads from."""
 
@@ -86,7 +111,7 @@ class NixlBlockTransfer:
         api = _nixl()
         self.geometry = cache_geometry(kv_cache)
         self.name = name or f"tritium-{uuid.uuid4().hex[:12]}"
-        self.agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
+        self.agent = _agent(api, self.name)
         self._cache = kv_cache  # registered memory must outlive the agent's use of it
         self._registered = self.agent.register_memory(kv_cache)
         self._local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.geometry.region_addresses(),
