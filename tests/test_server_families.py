@@ -38,17 +38,12 @@ def _hf_greedy(model_dir: str) -> tuple:
     """(tokenizer, the prompts' token ids, Hugging Face's greedy tokens for each)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.engine.hf_reference import hf_greedy_generate
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tok(t)["input_ids"] for t in TEXTS]
     # Eager attention: transformers' default (SDPA) drops Gemma 2's attention soft-cap.
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    ref = []
-    for ids in prompts:
-        x = torch.tensor([ids])
-        y = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW,
-                        min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-        ref.append(y[0, len(ids):].tolist())
-    return tok, prompts, ref
+    return tok, prompts, hf_greedy_generate(hf, prompts, MAX_NEW)
 
 
 @pytest.fixture(scope="module")
