@@ -5,6 +5,11 @@ import os
 # import it before tests/kernels runs: without a GPU, decide it here, before anything else.
 if not os.path.exists("/dev/nvidia0") and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
+# One thread per process for torch's operations (and numpy's), here and in every process a test
+# starts (servers, engines, tensor-parallel ranks): the models are tiny and each test runs several
+# processes on few cores, where the threads of one operation wait for each other whole time
+# slices whenever another process holds a core.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
@@ -18,13 +23,11 @@ def tiny_model() -> str:
 
 
 @pytest.fixture(scope="session")
-def llm_server(tiny_model, tmp_path_factory) -> TritonServer:
-    """tritonserver with the llm model (tiny model, CPU-sized KV cache) on free ports."""
-    tmp = tmp_path_factory.mktemp("llm_server")
-    repo = write_model_repository(str(tmp / "repo"), {"model": tiny_model, **TEST_ENGINE_ARGS})
-    server = start_server(repo, str(tmp / "tritonserver.log"))
-    yield server
-    server.stop_in_background()
+def llm_server(chat_stack) -> TritonServer:
+    """tritonserver with the llm model (tiny model, CPU-sized KV cache) on free ports: chat_stack's,
+    whose model is the tiny model with a chat template added (the same weights and tokenizer), so
+    that the session starts one server for both."""
+    return chat_stack[0]
 
 
 @pytest.fixture(scope="session")

@@ -35,4 +35,4 @@ def test_an_evicted_prefix_comes_back_from_host_memory(tiny_model, tmp_path):
         assert server.metric("vllm:cpu_cache_usage_perc", **LABELS) == 0
     finally:
         stream.close()
-        server.stop()
+        server.stop_in_background()

@@ -135,7 +135,7 @@ def test_poll_mode_picks_up_an_edited_config(tiny_model, tmp_path):
     try:
         assert _generate(server, LONG_PROMPT)[0] == 200
         write_config(os.path.join(repo, "llm"), {"model": tiny_model, **TEST_ENGINE_ARGS, "max_model_len": "64"})
-        assert wait_until(lambda: "but max_model_len is 64" in _generate(server, LONG_PROMPT)[1], 120, 1.0)
+        assert wait_until(lambda: "but max_model_len is 64" in _generate(server, LONG_PROMPT)[1], 120, 0.25)
         assert server.is_ready("llm")
         assert wait_until(lambda: len(stub_pids(server.proc.pid)) == 1, 30)  # the old stub exits
         # The new instance publishes the metrics (2.51 crashed here when two instances shared
@@ -144,4 +144,4 @@ def test_poll_mode_picks_up_an_edited_config(tiny_model, tmp_path):
         assert wait_until(lambda: server.metric("vllm:generation_tokens_total", model="llm") >= 8, 10)
         assert server.proc.poll() is None
     finally:
-        server.stop()
+        server.stop_in_background()

@@ -14,11 +14,17 @@ BLOCKER_TOKENS = 1000  # ~2 s on a CPU: the others queue up behind it meanwhile
 
 @pytest.fixture(scope="module")
 def priority_server(tiny_model, tmp_path_factory):
+    """One server for the module's two models, which load side by side: "llm" schedules by
+    priority, "spec" decodes speculatively (spec_server)."""
     tmp = tmp_path_factory.mktemp("priority")
+    repo = str(tmp / "repo")
     # One sequence at a time, so that the order requests run in is the order they finish in.
-    args = {"model": tiny_model, **TEST_ENGINE_ARGS, "max_num_seqs": "1",
-            "scheduling_policy": "priority", "stream_interval": str(INTERVAL)}
-    server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
+    write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS, "max_num_seqs": "1",
+                                  "scheduling_policy": "priority", "stream_interval": str(INTERVAL)})
+    # A draft model (the target as its own: every proposal right) through config.pbtxt.
+    write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS, "speculative_config": json.dumps(
+        {"model": tiny_model, "num_speculative_tokens": 3})}, name="spec")
+    server = start_server(repo, str(tmp / "tritonserver.log"), wait_for="spec")
     yield server
     server.stop_in_background()
 
@@ -58,30 +64,25 @@ def test_stream_interval_groups_streamed_tokens(priority_server):
 
 
 @pytest.fixture(scope="module")
-def spec_server(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("spec")
-    args = {"model": tiny_model, **TEST_ENGINE_ARGS,
-            # A draft model (the target as its own: every proposal right) through config.pbtxt.
-            "speculative_config": json.dumps({"model": tiny_model, "num_speculative_tokens": 3})}
-    server = start_server(write_model_repository(str(tmp / "repo"), args), str(tmp / "tritonserver.log"))
-    yield server
-    server.stop_in_background()
+def spec_server(priority_server):
+    """The server whose model "spec" has a draft model."""
+    return priority_server
 
 
 def test_speculative_decoding_gives_plain_greedy_text(spec_server, llm_server):
     prompt = "the cache keeps the blocks and the cache keeps the blocks and the cache keeps the"
     sampling = {"max_tokens": 40, "ignore_eos": True, "temperature": 0}
     texts = []
-    for server in (spec_server, llm_server):
+    for server, model in ((spec_server, "spec"), (llm_server, "llm")):
         stream = StreamCollector(server.grpc_url)
         try:
-            stream.send("g", grpc_inputs(prompt, stream=True, sampling=sampling))
+            stream.send("g", grpc_inputs(prompt, stream=True, sampling=sampling), model=model)
             texts.append("".join(stream.wait("g").texts))
             assert stream.errors.empty()
         finally:
             stream.close()
     assert texts[0] == texts[1] and texts[0]
-    labels = {"model": "llm", "version": "1"}
+    labels = {"model": "spec", "version": "1"}
     assert wait_until(lambda: spec_server.metric("vllm:spec_decode_num_drafts_total", **labels) > 0, 5)
     proposed = spec_server.metric("vllm:spec_decode_num_draft_tokens_total", **labels)
     assert proposed == spec_server.metric("vllm:spec_decode_num_accepted_tokens_total", **labels) > 0

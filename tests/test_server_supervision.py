@@ -15,6 +15,9 @@ from triton_server import (TEST_ENGINE_ARGS, StreamCollector, engine_pids, grpc_
 ENGINE_ARGS = {**TEST_ENGINE_ARGS, "max_num_seqs": "2", "max_waiting_requests": "2",
                "max_model_len": "2048"}
 LONG = {"max_tokens": 1500, "ignore_eos": True}  # seconds on a CPU
+# Streams that must still run when an unload is noticed (the stub looks a few times a second),
+# then finish within the drain: each token more is only a longer wait for them.
+DRAINED_TOKENS = 1000
 
 
 def _engine_pid(server_pid: int) -> int:
@@ -34,6 +37,16 @@ def server(tiny_model, tmp_path_factory):
     srv.stop_in_background()
 
 
+@pytest.fixture
+def loaded(server):
+    """The server with its model loaded: a test that unloads it need not load it again for the
+    next one (each load starts an engine, seconds on a CPU)."""
+    if not server.is_ready("llm"):
+        write_config(os.path.join(server.repo, "llm"), {"model": server.model, **ENGINE_ARGS})
+        _control(server, "load")
+    return server
+
+
 def _generate(server, prompt="hello", max_tokens=4, **body):
     status, text = http_request(f"{server.http_url}/v2/models/llm/generate",
                                 {"text_input": prompt, "max_tokens": max_tokens, "ignore_eos": True,
@@ -45,7 +58,8 @@ def _metric(server, name):
     return server.metric(name, model="llm", version="1")
 
 
-def test_killed_engine_restarts_and_serves_again(server):
+def test_killed_engine_restarts_and_serves_again(loaded):
+    server = loaded
     assert _generate(server)[0] == 200
     stream = StreamCollector(server.grpc_url)
     try:
@@ -72,14 +86,18 @@ def test_killed_engine_restarts_and_serves_again(server):
     assert "tritium: the engine serves again (restart 1" in server.log_tail(400)
 
 
-def test_full_queue_answers_unavailable_at_once(server):
+def test_full_queue_answers_unavailable_at_once(loaded):
+    server = loaded
     # A stream each: Triton 2.51 held back the later requests of one gRPC stream here.
     streams = [StreamCollector(server.grpc_url) for _ in range(4)]
     try:
         before = _metric(server, "tritium:num_requests_rejected_total")
+        # Two run long enough to hold the queue full while it is checked; the two that wait
+        # behind them need only a few tokens to show that an admitted request finishes.
+        tokens = [1500, 1500, 8, 8]
         for i, stream in enumerate(streams):  # two run, then two wait
             stream.send(f"q{i}", grpc_inputs("queued", stream=True, return_num_output_tokens=True,
-                                             sampling={"max_tokens": 1500, "ignore_eos": True}))
+                                             sampling={"max_tokens": tokens[i], "ignore_eos": True}))
             if i < 2:  # (a request counts as waiting until its first token)
                 assert wait_until(lambda: stream.results[f"q{i}"].texts, 30)
         assert wait_until(lambda: _metric(server, "vllm:num_requests_running") == 2
@@ -91,7 +109,7 @@ def test_full_queue_answers_unavailable_at_once(server):
         assert time.monotonic() - start < 1.0
         for i, stream in enumerate(streams):  # the admitted ones finish
             r = stream.wait(f"q{i}", 120)
-            assert r.finals == 1 and sum(r.num_output_tokens) == 1500
+            assert r.finals == 1 and sum(r.num_output_tokens) == tokens[i]
             assert stream.errors.empty()
         assert wait_until(lambda: _metric(server, "tritium:num_requests_rejected_total") >= before + 1, 10)
     finally:
@@ -99,7 +117,8 @@ def test_full_queue_answers_unavailable_at_once(server):
             stream.close()
 
 
-def test_request_timeout_ends_running_and_waiting_requests(server):
+def test_request_timeout_ends_running_and_waiting_requests(loaded):
+    server = loaded
     before = _metric(server, "tritium:num_requests_timed_out_total")
     busy = [StreamCollector(server.grpc_url) for _ in range(2)]
     late = StreamCollector(server.grpc_url)
@@ -132,12 +151,13 @@ def _control(server, action):
     assert status == 200, body
 
 
-def test_unload_lets_running_streams_finish(server):
+def test_unload_lets_running_streams_finish(loaded):
+    server = loaded
     stream = StreamCollector(server.grpc_url)
     try:
         for i in range(2):
             stream.send(f"d{i}", grpc_inputs("drain", stream=True, return_num_output_tokens=True,
-                                                 sampling={"max_tokens": 1900, "ignore_eos": True}))
+                                                 sampling={"max_tokens": DRAINED_TOKENS, "ignore_eos": True}))
         assert wait_until(lambda: all(stream.results[f"d{i}"].texts for i in range(2)), 30)
         start = time.monotonic()
         _control(server, "unload")
@@ -150,7 +170,7 @@ def test_unload_lets_running_streams_finish(server):
                 r = stream.wait(f"d{i}", 30)
             except TimeoutError:
                 raise AssertionError(f"tokens received: {[sum(r.num_output_tokens) for r in stream.results.values()]}")
-            assert r.finals == 1 and sum(r.num_output_tokens) == 1900
+            assert r.finals == 1 and sum(r.num_output_tokens) == DRAINED_TOKENS
         assert stream.errors.empty()
         # (tritonserver finalizes a model only once the streams that used it have closed)
         stream.close()
@@ -162,7 +182,8 @@ def test_unload_lets_running_streams_finish(server):
             stream.close()
         except Exception:  # closed already
             pass
-        _control(server, "load")
+        # Left unloaded: the next test loads the model with its own config anyway, and the
+        # `loaded` fixture loads it for any other.
 
 
 def test_unload_aborts_what_outlives_a_tiny_grace(server):

@@ -5,6 +5,7 @@ its older, fully spelled-out sample, its config keys (REPORT_CUSTOM_METRICS off 
 load/unload, invalid engine arguments, models and configurations, its messages word for word,
 Hugging Face's greedy tokens, per-token TPOT, metrics current at the final response, the health
 check."""
+import concurrent.futures
 import json
 import os
 import re
@@ -132,8 +133,11 @@ def server(tiny_model, tmp_path_factory):
                                                               'dims: [ -1 ] optional: true } ]\n')
     # A model directory with its own 1/model.py (backend "python") keeps working.
     write_model_repository(repo, {"model": tiny_model, **TEST_ENGINE_ARGS}, name="llm_own", own_model_py=True)
+    # The models the tests load and serve are loaded at start-up, side by side (a test's own
+    # load of one is then an answer, not a start): each load is seconds of a core.
     srv = start_server(repo, str(tmp / "tritonserver.log"), "--model-control-mode=explicit",
-                       "--load-model=vllm_model", "--load-model=vllm_no_metrics",
+                       *(f"--load-model={m}" for m in ("vllm_model", "vllm_no_metrics", "vllm_older",
+                                                       "vllm_image", "llm_own")),
                        wait_for="vllm_model", cwd=str(tmp))
     assert wait_until(lambda: srv.is_ready("vllm_no_metrics"), 120), srv.log_tail()
     yield srv
@@ -226,12 +230,17 @@ def test_a_configuration_that_contradicts_the_engine_fails_the_load_naming_the_k
 
 
 def test_invalid_engine_argument_and_invalid_model_fail_the_load(server):
-    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_invalid_1/load", {}, timeout=120)
-    assert status == 400 and "Unknown engine argument 'invalid_attribute'" in text, text
-    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_invalid_2/load", {}, timeout=120)
-    assert status == 400 and "no/such/model' does not exist" in text, text
-    status, text = http_request(f"{server.http_url}/v2/repository/models/vllm_conflict/load", {}, timeout=120)
-    assert status == 400 and "engine argument 'enforce_eager' is set differently" in text, text
+    expected = {"vllm_invalid_1": "Unknown engine argument 'invalid_attribute'",
+                "vllm_invalid_2": "no/such/model' does not exist",
+                "vllm_conflict": "engine argument 'enforce_eager' is set differently"}
+    # The three loads at once (each fails on its own model; a stub starting for each is most of it).
+    with concurrent.futures.ThreadPoolExecutor(len(expected)) as pool:
+        answers = dict(zip(expected, pool.map(
+            lambda model: http_request(f"{server.http_url}/v2/repository/models/{model}/load", {}, timeout=120),
+            expected)))
+    for model, message in expected.items():
+        status, text = answers[model]
+        assert status == 400 and message in text, (model, text)
     assert server.is_ready("vllm_model")  # the others are untouched
 
 

@@ -111,6 +111,13 @@ class _Ranks:
         self.conns: list[Connection] = []
         self.joined = False  # this group's init_tp_group succeeded: the process group is ours
 
+    def kill(self) -> None:
+        """Stop the ranks by force: for a group that never formed, whose ranks may wait in
+        init_tp_group for rank 0, where no Stop reaches them."""
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
     def release(self) -> None:
         """Stop the ranks (politely, then by force), close the pipes, leave the process group."""
         for conn in self.conns:
@@ -162,6 +169,9 @@ class WorkerGroup:
             init_tp_group(0, tp, port, device)
             self._ranks.joined = True
         except BaseException:
+            # No group formed: a polite stop would only wait out its timeout for ranks that
+            # are joining a group rank 0 never opened.
+            self._ranks.kill()
             self.shutdown()
             raise
         logger.info("tensor parallelism: %d ranks over %s (pids %s)", tp,
