@@ -191,6 +191,11 @@ class KVTransferConfig:
     def abort_timeout_s(self) -> float:
         return float(self.kv_connector_extra_config.get("abort_timeout_s", 480.0))
 
+    @property
+    def num_threads(self) -> int | None:
+        """UCX workers NIXL splits a read across (vLLM's extra key); None: the transfer's default."""
+        return self.kv_connector_extra_config.get("num_threads")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "KVTransferConfig":
         if not isinstance(d, dict):
@@ -210,6 +215,9 @@ class KVTransferConfig:
         timeout = extra.get("abort_timeout_s", 480.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"kv_transfer_config: abort_timeout_s must be a positive number, got {timeout!r}.")
+        threads = extra.get("num_threads", 0)
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= 64:
+            raise ValueError(f"kv_transfer_config: num_threads must be an integer from 0 to 64, got {threads!r}.")
         return cls(connector, role, dict(extra), d.get("engine_id"))
 
 

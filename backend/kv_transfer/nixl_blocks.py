@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,9 +89,10 @@ PROGRESS_THREAD_DELAY_US = 100
 _AGENT_LOCK = threading.Lock()
 
 
-def _agent(api, name: str):
+def _agent(api, name: str, num_threads: int):
     """A NIXL agent on UCX whose progress thread sleeps between rounds: the API gives no option
-    for that, so the agent's config is amended on its way to the binding's constructor."""
+    for that, so the agent's config is amended on its way to the binding's constructor. Its
+    calls are locked for readers and writers: reads are posted from a thread of their own."""
     with _AGENT_LOCK:
         make = api.nixlBind.nixlAgent
 
@@ -99,19 +102,42 @@ def _agent(api, name: str):
 
         api.nixlBind.nixlAgent = paced
         try:
-            return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+            return api.nixl_agent(name, api.nixl_agent_config(
+                backends=["UCX"], num_threads=num_threads, sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW))
         finally:
             api.nixlBind.nixlAgent = make
 
 
-class NixlBlockTransfer:
-    """One engine's side: its cache registered, its regions prepared, the peers it reads from."""
+# UCX workers a GPU cache's reads are split across (vLLM's NixlConnector default): posting a read
+# costs a few microseconds per region, and a long prompt has thousands of regions.
+GPU_NUM_THREADS = 4
 
-    def __init__(self, kv_cache: torch.Tensor, name: str | None = None) -> None:
+
+class _Read:
+    """A read being posted (on the transfer's poster thread), then running in NIXL."""
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+
+
+class NixlBlockTransfer:
+    """One engine's side: its cache registered, its regions prepared, the peers it reads from.
+    Reads are posted on a thread of this object's, so that the engine's step loop never waits
+    for NIXL to hand a long prompt's regions to UCX."""
+
+    def __init__(self, kv_cache: torch.Tensor, name: str | None = None, num_threads: int | None = None) -> None:
         api = _nixl()
         self.geometry = cache_geometry(kv_cache)
         self.name = name or f"tritium-{uuid.uuid4().hex[:12]}"
-        self.agent = _agent(api, self.name)
+        if num_threads is None:
+            num_threads = GPU_NUM_THREADS if kv_cache.is_cuda else 0
+        if kv_cache.is_cuda:
+            # The consumer reads (a remote GET). UCX's cuda_ipc transport turns GET off on a GPU
+            # with no active NVLink (a single card, PCIe pairs), and the reads then crawl over
+            # TCP; an operator's own setting wins. (Without CUDA, UCX warns of the unused key.)
+            os.environ.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y")
+        self.agent = _agent(api, self.name, num_threads)
+        self._poster = ThreadPoolExecutor(1, thread_name_prefix="nixl-reads")
         self._cache = kv_cache  # registered memory must outlive the agent's use of it
         self._registered = self.agent.register_memory(kv_cache)
         self._local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.geometry.region_addresses(),
@@ -142,9 +168,10 @@ class NixlBlockTransfer:
         self._peers[peer] = (geometry, remote)
         return peer
 
-    def read(self, peer: str, remote_blocks: list[int], local_blocks: list[int], notification: bytes = b""):
+    def read(self, peer: str, remote_blocks: list[int], local_blocks: list[int], notification: bytes = b"") -> _Read:
         """Start copying the peer's blocks into this cache's (pairwise); returns a handle for
-        `poll`. The peer receives `notification` once the copy is done."""
+        `poll`. The peer receives `notification` once the copy is done. Bad block ids raise here;
+        NIXL's own failures come from `poll`."""
         if len(remote_blocks) != len(local_blocks):
             raise ValueError(f"{len(remote_blocks)} remote blocks for {len(local_blocks)} local ones")
         geometry, remote = self._peers[peer]
@@ -153,6 +180,11 @@ class NixlBlockTransfer:
             bad = [b for b in ids if not 0 <= b < limit]
             if bad:
                 raise ValueError(f"{name} block ids {bad} are outside 0..{limit - 1}")
+        return _Read(self._poster.submit(self._post, peer, remote, geometry, remote_blocks, local_blocks,
+                                         notification))
+
+    def _post(self, peer: str, remote, geometry: CacheGeometry, remote_blocks: list[int], local_blocks: list[int],
+              notification: bytes):
         try:
             handle = self.agent.make_prepped_xfer("READ", self._local, self.geometry.region_indices(local_blocks),
                                                   remote, geometry.region_indices(remote_blocks), notification)
@@ -168,8 +200,11 @@ class NixlBlockTransfer:
             raise RuntimeError(f"NIXL could not read {len(remote_blocks)} blocks from {peer}: {state}")
         return handle
 
-    def poll(self, handle) -> bool:
-        """True once the read is done (its handle is released then); raises if it failed."""
+    def poll(self, read: _Read) -> bool:
+        """True once the read is done (NIXL's handle is released then); raises if it failed."""
+        if not read.future.done():
+            return False
+        handle = read.future.result()  # (raises what posting raised)
         try:
             state = self.agent.check_xfer_state(handle)
         except Exception as exc:  # (the peer gone mid-read)
@@ -195,6 +230,7 @@ class NixlBlockTransfer:
         at once, as if this engine had died)."""
         if self.agent is None:
             return
+        self._poster.shutdown(wait=True)  # (a read being posted still names the peers' lists)
         for peer, (_, remote) in list(self._peers.items()):
             remote.release()
             self.agent.remove_remote_agent(peer)

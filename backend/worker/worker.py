@@ -91,7 +91,8 @@ class Worker:
         self.runner.host_cache = HostKVCache(self.kv_cache, self.num_host_blocks) if self.num_host_blocks else None
         # Disaggregated prefill: the cache registered with NIXL, for another engine to read or be read.
         transfer = config.kv_transfer_config
-        self.kv_transfer = NixlBlockTransfer(self.kv_cache, transfer.engine_id) if transfer is not None else None
+        self.kv_transfer = NixlBlockTransfer(self.kv_cache, transfer.engine_id, transfer.num_threads) \
+            if transfer is not None else None
         self._set_kv_scales(cache, checkpoint_kv_scales)
         if self.device.type == "cuda":
             compile_step_variants(self)

@@ -17,7 +17,16 @@ own (`EngineProcess`):
 Per request: TTFT (arrival at the router to the first token; disaggregated, the prefill hop and
 the transfer included) and inter-token latency (the gaps between streamed tokens), apart for the
 streams and the long prompts; output tokens/s over the window; the decode engine's transfer
-counters. Greedy tokens of the requests both configurations finished must be equal.
+counters.
+
+Then the check: --probes prompts sent one at a time, alone on the engines. Each is one token
+past a whole number of blocks, and the colocated engine gets it twice: its second run finds the
+prompt's blocks in its prefix cache and computes the last token alone, as the decode engine does
+after its read; so the two compute the same numbers and their greedy tokens must be equal on any
+device, unless the blocks that arrived are not the ones the prefill engine wrote. Under load the
+configurations batch differently, and 16-bit sums of other shapes may round a near tie the other
+way: those tokens must be equal with --check exact (the CPU's float32 default), and are reported
+(the tokens in common) with --check quiet (CUDA's default).
 
     python -m benchmarks.engine.disagg_mixed_load --json out.json          # Llama-3-8B shapes, CUDA
     python -m benchmarks.engine.disagg_mixed_load --device cpu --json out.json   # tiny sizes
@@ -220,6 +229,25 @@ class LoadRun:
         self.refill = False
         return t0, time.perf_counter()
 
+    def probe(self, repeat: bool) -> dict[str, list[int]]:
+        """The check's prompts one at a time; with `repeat` each runs three times and the
+        second run's tokens count as q<i> (its blocks are then prefix-cache hits but for the
+        last token); the third's, as r<i>, say whether the engine repeats itself exactly."""
+        a, block = self.args, self.args.block_size
+        tokens = {}
+        for i in range(a.probes):
+            long = i % 2 == 0
+            length = (a.long_prompt_len if long else a.stream_prompt_len) // block * block + 1
+            prompt = make_prompts(1, length, a.seed, f"probe-{i}")[0]
+            for rid in [f"w-q{i}", f"q{i}", f"r{i}"] if repeat else [f"q{i}"]:
+                req = Req(rid, "probe", prompt, a.probe_output_len)
+                self.start(req)
+                self.wait(lambda: req.finished, f"probe {rid}")
+                if req.error:
+                    raise RuntimeError(f"probe {rid} failed: {req.error}")
+                tokens[rid] = req.tokens
+        return tokens
+
 
 def _ms(values: list[float], p: float) -> float:
     return percentile(values, p) * 1e3
@@ -284,6 +312,7 @@ def run_configuration(name: str, args: argparse.Namespace, values: dict[str, str
         before = {k: e.get_stats() for k, e in router.engines().items()}
         t0, t1 = run.measure()
         after = {k: e.get_stats() for k, e in router.engines().items()}
+        probes = run.probe(repeat=name == "colocated")
     finally:
         for engine in reversed(list(router.engines().values())):  # the decode engine first: it reads the other
             engine.shutdown()
@@ -297,24 +326,34 @@ def run_configuration(name: str, args: argparse.Namespace, values: dict[str, str
                                "blocks": a.kv_transfer_blocks - b.kv_transfer_blocks, "bytes": nbytes,
                                "seconds": seconds, "gb_s": nbytes / seconds / 1e9 if seconds else 0.0,
                                "prefills_without_params": router.missing_params}
-    tokens = {r.rid: r.tokens for r in run.reqs.values() if r.finished and not r.error and not r.rid.startswith("w")}
-    return figures, tokens
+    tokens = {r.rid: r.tokens for r in run.reqs.values()
+              if r.finished and not r.error and r.kind in ("stream", "long")}
+    return figures, {**tokens, **probes}
 
 
 def compare(colocated: dict[str, list[int]], disaggregated: dict[str, list[int]], mode: str) -> dict[str, Any]:
-    """The requests both configurations finished: equal greedy tokens, or (mode "first") equal
-    first tokens, where 16-bit batches of other shapes may round a near tie the other way later."""
+    """Greedy tokens of the requests both configurations finished: the probes' must be equal
+    (mode "quiet"), and the loaded ones' too (mode "exact")."""
+    repeats = [rid for rid in colocated if rid.startswith("r") and "q" + rid[1:] in colocated]
+    repeated = sum(colocated[rid] == colocated["q" + rid[1:]] for rid in repeats)
     both = sorted(set(colocated) & set(disaggregated))
     differ = [rid for rid in both if colocated[rid] != disaggregated[rid]]
-    first_differ = [rid for rid in both if colocated[rid][:1] != disaggregated[rid][:1]]
+    probes = [rid for rid in both if rid.startswith("q")]
+    probes_differ = [rid for rid in differ if rid.startswith("q")]
 
     def common(rid: str) -> int:
         a, b = colocated[rid], disaggregated[rid]
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    failed = bool(differ) if mode == "exact" else bool(first_differ) if mode == "first" else False
-    return {"mode": mode, "compared": len(both), "equal": len(both) - len(differ),
-            "first_token_differs": len(first_differ), "differ": {rid: common(rid) for rid in differ[:20]},
-            "longs_compared": sum(rid.startswith("l") for rid in both), "ok": not failed and bool(both)}
+    failed = bool(differ) if mode == "exact" else bool(probes_differ) if mode == "quiet" else False
+    loaded = [rid for rid in both if not rid.startswith("q")]
+    return {"mode": mode, "compared": len(loaded), "equal": len(loaded) - (len(differ) - len(probes_differ)),
+            "first_token_differs": sum(colocated[r][:1] != disaggregated[r][:1] for r in loaded),
+            "tokens_in_common": sum(common(r) for r in loaded), "tokens": sum(len(colocated[r]) for r in loaded),
+            "probes_compared": len(probes), "probes_equal": len(probes) - len(probes_differ),
+            "colocated_repeats": len(repeats), "colocated_repeats_equal": repeated,
+            "differ": {rid: common(rid) for rid in (probes_differ + differ)[:20]},
+            "longs_compared": sum(rid.startswith("l") for rid in both),
+            "ok": not failed and bool(loaded) and bool(probes)}
 
 
 def commit() -> str | None:
@@ -350,8 +389,11 @@ def print_table(args: argparse.Namespace, name: str, results: dict[str, dict], c
         print(f"{config}: start-up {', '.join(f'{k} {v:.1f} s' for k, v in r['startup_s'].items())}; "
               f"window {r['window_s']:.1f} s; preemptions {r['preemptions']}; errors {len(r['errors'])}")
     verdict = "OK" if check["ok"] else "MISMATCH"
-    print(f"greedy tokens ({check['mode']}): {check['equal']}/{check['compared']} requests equal "
-          f"({check['longs_compared']} long), first token differs in {check['first_token_differs']}: {verdict}")
+    print(f"greedy tokens ({check['mode']}): probes alone {check['probes_equal']}/{check['probes_compared']} "
+          f"equal (the colocated engine repeats itself in {check['colocated_repeats_equal']}/"
+          f"{check['colocated_repeats']}); under load {check['equal']}/{check['compared']} requests equal ({check['longs_compared']} "
+          f"long), first token differs in {check['first_token_differs']}, {check['tokens_in_common']:,} of "
+          f"{check['tokens']:,} tokens before the first difference: {verdict}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -368,8 +410,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fixed-interval", action="store_true", help="arrivals 1/rate apart (default: Poisson)")
     ap.add_argument("--prefill-memory", type=float, default=0.45, help="the prefill engine's share of the device")
     ap.add_argument("--decode-memory", type=float, default=0.45, help="the decode engine's share")
-    ap.add_argument("--check", choices=("exact", "first", "off"), default="exact",
-                    help="greedy tokens that must agree between the configurations")
+    ap.add_argument("--check", choices=("exact", "quiet", "off"),
+                    help="greedy tokens that must agree: all (exact; the CPU's default) or the probes' (quiet)")
+    ap.add_argument("--probes", type=int, default=4, help="prompts sent alone after the window, long and short")
+    ap.add_argument("--probe-output-len", type=int, default=32)
     ap.add_argument("--seed", type=int, default=53)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="for each phase of a configuration")
     ap.add_argument("--json")
@@ -377,8 +421,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in DEFAULTS[args.device].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.long_rate <= 0 or args.streams < 1 or args.long_prompts < 1:
-        ap.error("--long-rate, --streams and --long-prompts must be positive")
+    if args.check is None:
+        args.check = "exact" if args.device == "cpu" else "quiet"
+    if args.long_rate <= 0 or args.streams < 1 or args.long_prompts < 1 or args.probes < 1:
+        ap.error("--long-rate, --streams, --long-prompts and --probes must be positive")
     return args
 
 
@@ -386,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     values = {**engine_values(args), "device": args.device, "dtype": args.dtype}
     values.update(kv.split("=", 1) for kv in args.engine_arg)  # (over the device's dtype too)
+    config = engine_args(values, args.prefill_memory, None)
+    if not config.enable_prefix_caching:
+        print("the probes need prefix caching (the colocated engine's second run)", file=sys.stderr)
+        return 2
+    args.block_size = config.block_size
     results, tokens, failed = {}, {}, {}
     for name in ("colocated", "disaggregated"):
         try:

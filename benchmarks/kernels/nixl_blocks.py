@@ -5,6 +5,11 @@ device-to-device copy of the same bytes in one process) and the gather copy the 
 (`index_select` of the same blocks). Llama-3-8B's cache shape by default: 32 layers, 8 KV heads
 of 128, blocks of 16 tokens, bf16 (2 MiB a block over the layers).
 
+Each read is timed for every --num-threads (the UCX workers NIXL splits it across) and two block
+layouts: "strided", every other block on the peer's side (no two regions adjacent on both sides,
+so each (K or V, layer, block) region is an operation of its own, as in a fragmented cache), and
+"contiguous", runs NIXL merges into one operation per (K or V, layer).
+
     python benchmarks/kernels/nixl_blocks.py --blocks 64 256 1024 --json out.json
     python benchmarks/kernels/nixl_blocks.py --device cpu --cache-blocks 64 --blocks 16   # (host memory)
 """
@@ -55,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-blocks", type=int, default=2048)
     ap.add_argument("--blocks", type=int, nargs="+", default=[16, 64, 256, 1024])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--num-threads", type=int, nargs="+", default=[0, 4])
+    ap.add_argument("--layouts", nargs="+", default=["strided", "contiguous"], choices=("strided", "contiguous"))
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -67,40 +74,46 @@ def main(argv: list[str] | None = None) -> int:
     proc.start()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     cache = _cache(args, args.device, 0.0)
-    transfer = NixlBlockTransfer(cache, "decode")
-    peer = transfer.add_peer(here.recv())
+    readers = {t: NixlBlockTransfer(cache, f"decode-{t}", num_threads=t) for t in args.num_threads}
+    metadata = here.recv()
+    peers = {t: r.add_peer(metadata) for t, r in readers.items()}
     block_bytes = cache[:, :, 0].numel() * cache.element_size()
     rows = []
     for n in args.blocks:
-        remote = list(range(0, 2 * n, 2))[:n] if 2 * n <= args.cache_blocks else list(range(n))
-        local = list(range(n))
-
-        def nixl_read():
-            handle = transfer.read(peer, remote, local)
-            while not transfer.poll(handle):
-                pass
-        t_nixl = _time(nixl_read, sync, args.repeats)
-        ok = bool((cache[:, :, :n, 0, 0, 0] == 2.0).all()) and bool((cache[:, :, :n, 1] == 1.0).all())
-        cache.zero_()
         flat = torch.empty(n * block_bytes // 2, dtype=torch.bfloat16, device=args.device)
         src = torch.ones_like(flat)
         t_copy = _time(lambda: flat.copy_(src), sync, args.repeats)
-        idx = torch.tensor(remote, device=args.device)
-        t_gather = _time(lambda: cache.index_select(2, idx), sync, args.repeats)
-        nbytes = n * block_bytes
-        rows.append({"blocks": n, "bytes": nbytes, "nixl_s": t_nixl, "nixl_gbs": nbytes / t_nixl / 1e9,
-                     "copy_gbs": nbytes / t_copy / 1e9, "gather_gbs": nbytes / t_gather / 1e9, "exact": ok})
         del flat, src
+        for layout in args.layouts:
+            strided = layout == "strided" and 2 * n <= args.cache_blocks
+            remote = list(range(0, 2 * n, 2)) if strided else list(range(n))
+            local = list(range(n))
+            idx = torch.tensor(remote, device=args.device)
+            t_gather = _time(lambda: cache.index_select(2, idx), sync, args.repeats)
+            for threads, reader in readers.items():
+                def nixl_read():
+                    handle = reader.read(peers[threads], remote, local)
+                    while not reader.poll(handle):
+                        pass
+                t_nixl = _time(nixl_read, sync, args.repeats)
+                ok = bool((cache[:, :, :n, 0, 0, 0] == 2.0).all()) and bool((cache[:, :, :n, 1] == 1.0).all())
+                cache.zero_()
+                nbytes = n * block_bytes
+                rows.append({"blocks": n, "layout": "strided" if strided else "contiguous", "num_threads": threads,
+                             "bytes": nbytes, "nixl_s": t_nixl, "nixl_gbs": nbytes / t_nixl / 1e9,
+                             "copy_gbs": nbytes / t_copy / 1e9, "gather_gbs": nbytes / t_gather / 1e9, "exact": ok})
     here.send("done")
     proc.join(60)
-    transfer.close()
+    for reader in readers.values():
+        reader.close()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"\nNIXL block reads between two processes, {name}: {args.layers} layers, {args.kv_heads} KV heads "
           f"of {args.head_dim}, blocks of {args.block_size} ({block_bytes / 2**20:.2f} MiB a block)")
-    print(f"{'blocks':>7} {'MiB':>8} {'NIXL ms':>8} {'NIXL GB/s':>10} {'copy GB/s':>10} {'gather GB/s':>11} "
-          f"{'NIXL/copy':>9} {'exact':>6}")
+    print(f"{'blocks':>7} {'layout':>10} {'threads':>7} {'MiB':>8} {'NIXL ms':>8} {'NIXL GB/s':>10} "
+          f"{'copy GB/s':>10} {'gather GB/s':>11} {'NIXL/copy':>9} {'exact':>6}")
     for r in rows:
-        print(f"{r['blocks']:>7} {r['bytes'] / 2**20:>8.0f} {r['nixl_s'] * 1e3:>8.3f} {r['nixl_gbs']:>10.1f} "
+        print(f"{r['blocks']:>7} {r['layout']:>10} {r['num_threads']:>7} {r['bytes'] / 2**20:>8.0f} "
+              f"{r['nixl_s'] * 1e3:>8.3f} {r['nixl_gbs']:>10.1f} "
               f"{r['copy_gbs']:>10.1f} {r['gather_gbs']:>11.1f} {r['nixl_gbs'] / r['copy_gbs']:>9.2f} "
               f"{str(r['exact']):>6}")
     if args.json:

@@ -1,6 +1,7 @@
 """benchmarks/engine/disagg_mixed_load.py end to end on the CPU: both configurations run, each
 with finite TTFT and inter-token percentiles for the streams and the long prompts, the decode
-engine read the prompts' blocks through NIXL, and the greedy tokens of the two are equal."""
+engine read the prompts' blocks through NIXL, and the greedy tokens of the two are equal, under load
+and for the probes sent alone afterwards."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ def test_the_benchmark_runs_both_configurations_with_equal_tokens(llama_dir, tmp
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "benchmarks.engine.disagg_mixed_load", "--device", "cpu", "--model", llama_dir,
            "--streams", "3", "--stream-output-len", "10", "--long-prompts", "2", "--long-output-len", "5",
-           "--warmup", "0", "--timeout-s", "60", "--json", str(out)]
+           "--warmup", "0", "--probes", "2", "--probe-output-len", "4", "--timeout-s", "60", "--json", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -30,4 +31,5 @@ def test_the_benchmark_runs_both_configurations_with_equal_tokens(llama_dir, tmp
     assert transfer["prefills_without_params"] == 0
     check = result["tokens_check"]
     assert check["ok"] and check["longs_compared"] == 2 and check["equal"] == check["compared"] >= 2
-    assert "greedy tokens (exact)" in run.stdout and ": OK" in run.stdout
+    assert check["probes_equal"] == check["probes_compared"] == 2
+    assert "greedy tokens (exact): probes alone 2/2 equal" in run.stdout and ": OK" in run.stdout

@@ -120,6 +120,9 @@ def test_misuse_is_refused_clearly(pair, llama_dir):
     with pytest.raises(ValueError, match=r"^kv_transfer_config: kv_role must be one of kv_producer, kv_consumer, "
                                          r"kv_both, got 'decoder'\.$"):
         EngineArgs(model=llama_dir, kv_transfer_config={**NIXL, "kv_role": "decoder"})
+    with pytest.raises(ValueError, match=r"^kv_transfer_config: num_threads must be an integer from 0 to 64, "
+                                         r"got 65\.$"):
+        EngineArgs(model=llama_dir, kv_transfer_config={**NIXL, "kv_connector_extra_config": {"num_threads": 65}})
     assert not plain.has_unfinished_requests() and not consumer.has_unfinished_requests()
 
 

@@ -48,6 +48,23 @@ def test_a_reader_pulls_the_peers_blocks_exactly_and_the_peer_hears_of_it():
     producer.close()
 
 
+def test_a_read_of_many_regions_split_across_ucx_workers_is_exact():
+    """Past NIXL's split size (a thousand regions) a read is cut into chunks, one per UCX
+    worker of `num_threads`: a long prompt's read on a GPU."""
+    layers, blocks = 8, 160
+    g = torch.Generator().manual_seed(3)
+    prefill = torch.randn(2, layers, blocks, 2, 1, 4, generator=g)
+    decode = torch.zeros(2, layers, blocks // 2, 2, 1, 4)
+    producer, consumer = NixlBlockTransfer(prefill, num_threads=2), NixlBlockTransfer(decode, num_threads=2)
+    peer = consumer.add_peer(producer.metadata())
+    remote = list(range(blocks - 1, 0, -2))  # (nothing adjacent on both sides: no region merges)
+    _wait(consumer, consumer.read(peer, remote, list(range(blocks // 2)), b"long"))
+    assert torch.equal(decode, prefill[:, :, remote])
+    assert _notifications(producer) == [b"long"]
+    consumer.close()
+    producer.close()
+
+
 def test_mismatched_caches_and_bad_block_ids_are_refused():
     producer = NixlBlockTransfer(_cache(4, 1))
     other = NixlBlockTransfer(torch.zeros(2, LAYERS + 1, 4, BLOCK, HEADS, DIM, dtype=torch.bfloat16))
