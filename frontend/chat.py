@@ -159,7 +159,8 @@ class _Reply:
         return {"id": self.id, "object": "chat.completion", "created": self.created,
                 "model": self.req.model, "system_fingerprint": self.fingerprint, "choices": choices,
                 "usage": totals.usage(),
-                "prompt_logprobs": totals.prompt_logprobs}
+                "prompt_logprobs": totals.prompt_logprobs,
+                "kv_transfer_params": totals.kv_transfer_params}
 
     def _chunk(self, choices: list[dict[str, Any]], with_usage: dict | None = None) -> str:
         obj = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,

@@ -71,6 +71,10 @@ class Completions:
         req = parse_body(CompletionRequest, body)
         sampling = completion_sampling(req)
         prompts = prompts_of(req)
+        if req.kv_transfer_params and len(prompts) > 1:
+            # The response has one kv_transfer_params, and the proxy sends one prompt's.
+            raise bad_request(f"kv_transfer_params is for one prompt, got {len(prompts)} prompts: send "
+                              "each in a request of its own", "kv_transfer_params")
         model, sampling = await resolve_model(self.registry, req, sampling)
         parts = [_Prompt(model, p, req) for p in prompts]
         response_id = f"cmpl-{req.request_id}" if req.request_id else new_id("cmpl")
@@ -127,7 +131,9 @@ class _Reply:
                                 "logprobs": logprobs, "finish_reason": totals.finish_reasons[j],
                                 "stop_reason": totals.stop_reasons[j],
                                 "prompt_logprobs": totals.prompt_logprobs})
-        return self._obj(choices, usage=TokenCounts.total(all_totals).usage())
+        # As vLLM: the first prompt's (there is one where the request had kv_transfer_params).
+        return self._obj(choices, usage=TokenCounts.total(all_totals).usage(),
+                         kv_transfer_params=all_totals[0].kv_transfer_params)
 
     async def events(self, first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str]:
         n = self.req.n

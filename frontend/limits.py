@@ -4,6 +4,7 @@ would let one request grow this process without end (n = 10^9 built a billion pe
 before the engine could refuse it). The Triton door has its own (backend/serving/request_limits.py)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tritium.frontend.errors import OpenAIError, bad_request
@@ -23,6 +24,9 @@ MAX_WORDS = 1024  # bad_words; guided_choice's choices
 MAX_STRING_CHARS = 1024  # each stop string, bad word or choice
 MAX_LOGIT_BIAS = 1024  # logit_bias entries
 MAX_TOKEN_IDS = 2**18  # stop_token_ids, allowed_token_ids: the largest vocabularies
+# kv_transfer_params as JSON: room for a prefill instance's block ids of the longest prompt and
+# its NIXL metadata, which the proxy passes on unchanged.
+MAX_KV_TRANSFER_PARAMS_CHARS = 4 * 2**20
 
 
 def check_collection_sizes(body: dict[str, Any]) -> None:
@@ -39,6 +43,7 @@ def check_collection_sizes(body: dict[str, Any]) -> None:
     _count(body, "logit_bias", MAX_LOGIT_BIAS, "entries")
     _count(body, "tools", MAX_TOOLS, "tools")
     _count(body, "input", MAX_MESSAGES, "items")  # /v1/responses' messages and calls
+    _json_length(body, "kv_transfer_params", MAX_KV_TRANSFER_PARAMS_CHARS)
     if _count(body, "messages", MAX_MESSAGES, "messages"):
         chars = sum(_content_chars(m.get("content")) for m in body["messages"] if isinstance(m, dict))
         if chars > MAX_PROMPT_CHARS:
@@ -91,6 +96,19 @@ def _count(body: dict[str, Any], name: str, limit: int, what: str) -> bool:
     if len(value) > limit:
         raise bad_request(f"{name} may hold at most {limit} {what}, got {len(value)}.", name)
     return True
+
+
+def _json_length(body: dict[str, Any], name: str, limit: int) -> None:
+    """body[name], an object, at most `limit` characters as JSON (it is forwarded as JSON)."""
+    value = body.get(name)
+    if not isinstance(value, dict):
+        return
+    try:
+        length = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    except RecursionError:
+        raise bad_request(f"{name} nests JSON arrays or objects too deeply", name) from None
+    if length > limit:
+        raise bad_request(f"{name} may have at most {limit} characters as JSON, got {length}.", name)
 
 
 def _strings(body: dict[str, Any], key: str, limit: int, name: str | None = None) -> None:

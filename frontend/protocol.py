@@ -71,6 +71,8 @@ class SamplingFields(_Body):
     request_id: str | None = None  # vLLM's: the response id is "chatcmpl-" / "cmpl-" and this
     truncation_side: Literal["left", "right"] | None = None  # the engine keeps the last tokens
     guided_decoding_backend: str | None = None
+    # vLLM's disaggregated prefill: what a proxy sends each instance, forwarded to the engine.
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("n")
     @classmethod

@@ -21,7 +21,6 @@ _BOTH: dict[str, tuple[Any, ...]] = {
     "return_mm_kwargs": (None, True),  # the render endpoints'
     "routed_experts_prompt_start": (None, 0),
     "session_id": (None,),
-    "kv_transfer_params": (None, {}),
     "ec_transfer_params": (None, {}),
     "vllm_xargs": (None, {}),
     "repetition_detection": (None,),

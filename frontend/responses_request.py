@@ -16,11 +16,13 @@ from tritium.frontend.protocol import NON_TEXT_PARTS, ChatCompletionRequest, Sam
 from tritium.frontend.refused_fields import CHAT_REFUSED
 
 # The Responses API's fields this server does not implement, and their no-op values (see
-# frontend/refused_fields.py); chat's refused vLLM extras too. Those that need more words are
-# refused in _refuse_unsupported.
+# frontend/refused_fields.py); chat's refused vLLM extras too, and kv_transfer_params, which
+# chat takes but a response has no place to return. Those that need more words are refused in
+# _refuse_unsupported.
 RESPONSES_REFUSED: dict[str, tuple[Any, ...]] = {
     **CHAT_REFUSED, "background": (None, False), "conversation": (None,), "prompt": (None,),
-    "max_tool_calls": (None,), "top_logprobs": (None,), "context_management": (None, [])}
+    "max_tool_calls": (None,), "top_logprobs": (None,), "context_management": (None, []),
+    "kv_transfer_params": (None, {})}
 
 
 class ResponsesRequest(_Body):

@@ -33,6 +33,8 @@ def common_sampling(req: SamplingFields) -> dict[str, Any]:
         if req.stream:  # vLLM's words: a stream's chunks have no place for them
             raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
         params["prompt_logprobs"] = req.prompt_logprobs
+    if req.kv_transfer_params:  # {} asks for nothing, as in vLLM: not sent
+        params["kv_transfer_params"] = req.kv_transfer_params
     return params
 
 

@@ -146,6 +146,7 @@ class Totals(TokenCounts):
     finish_reasons: list[str | None] = field(default_factory=list)
     stop_reasons: list[int | str | None] = field(default_factory=list)
     prompt_logprobs: list | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.texts = [[] for _ in range(self.n)]
@@ -157,6 +158,8 @@ class Totals(TokenCounts):
         super().add(chunk)
         if chunk.prompt_logprobs is not None:
             self.prompt_logprobs = chunk.prompt_logprobs
+        if chunk.kv_transfer_params is not None:
+            self.kv_transfer_params = chunk.kv_transfer_params
         for i, text in enumerate(chunk.texts):
             self.texts[i].append(text)
             if chunk.logprobs is not None and chunk.logprobs[i]:

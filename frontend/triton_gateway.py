@@ -51,6 +51,8 @@ class Chunk:
     # Per sample, the stop string or stop token id that ended it (None for EOS, length, or a
     # model that does not report it).
     stop_reasons: list[int | str | None] | None = None
+    # A prefill instance's kv_transfer_params (for the decode instance), in its final response.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def _tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
@@ -111,7 +113,8 @@ def parse_chunk(response: Any) -> Chunk:
     prompt_logprobs = json.loads(outputs["prompt_logprobs"][0]) if "prompt_logprobs" in outputs else None
     cached = outputs["num_cached_tokens"][0] if "num_cached_tokens" in outputs else None
     stop_reasons = [json.loads(s) for s in outputs["stop_reason"]] if "stop_reason" in outputs else None
-    return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs, cached, stop_reasons)
+    kv = json.loads(outputs["kv_transfer_params"][0]) if "kv_transfer_params" in outputs else None
+    return Chunk(texts, counts, reasons, num_input, logprobs, prompt_logprobs, cached, stop_reasons, kv)
 
 
 # gRPC waits ever longer (up to two minutes) between attempts to reach a server that is down, and

@@ -83,7 +83,7 @@ def moe_stack(tmp_path_factory):
             torch.set_num_threads(threads)
         server = starting.result()
     frontend = start_frontend(server.grpc_url, str(tmp / "frontend.log"), "--model", "qwen3_moe",
-                              "--model", "llm_disagg")
+                              "--model", "llm_disagg", "--model", "llm_prefill", "--model", "llm_decode")
     yield server, frontend, models
     frontend.stop()
     server.stop_in_background()
@@ -158,6 +158,9 @@ def test_disaggregated_prefill_through_triton_gives_hf_greedy_tokens(moe_stack):
         stream.close()
     assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") == len(prompts)
     assert server.metric("tritium:kv_transfer_bytes_total", model_name="llm_decode") > 0
+    # The idle prefill engine hears of each read and lets the blocks go (back to its prefix cache).
+    from triton_server import wait_until
+    assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name="llm_prefill") == 0, 10)
 
 
 def test_the_disaggregated_entry_point_routes_prefill_then_decode(moe_stack):
@@ -192,11 +195,58 @@ def test_openai_completions_through_the_disaggregated_entry_point(moe_stack):
     assert _completion_ids(frontend, "llm_disagg", prompts[:2]) == ref[:2]
 
 
+def test_a_request_cancelled_while_its_blocks_are_read_frees_them_on_both_instances(moe_stack):
+    """The proxy's two calls, with the prefill engine stopped between them: the decode instance's
+    read cannot end (on a CPU, UCX's reads need the serving side's progress thread), and the
+    client cancels the request meanwhile. The decode instance keeps the blocks NIXL may still
+    write into; once the prefill engine runs again the read ends, both instances free every block
+    and the pair serves HF's greedy tokens."""
+    import os
+    import signal
+
+    from triton_server import engine_pids, wait_until
+    server, _, models = moe_stack
+    _, tok, prompts, ref = models["qwen3_moe"]
+    ids = tok("A prompt no other test sends, long enough to fill a few blocks of the cache")["input_ids"]
+    [pid] = engine_pids(server.proc.pid, "llm_prefill")
+    stream = StreamCollector(server.grpc_url)
+    cancelled = StreamCollector(server.grpc_url)
+    stopped = False
+    try:
+        stream.send("p", grpc_inputs(input_ids=ids, sampling={
+            "temperature": 0, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}),
+            model="llm_prefill")
+        [params] = stream.wait("p").kv_transfer_params
+        reads = server.metric("tritium:kv_transfers_total", model_name="llm_decode")
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        cancelled.send("c", grpc_inputs(input_ids=ids, stream=True, sampling={
+            "temperature": 0, "max_tokens": MAX_NEW, "kv_transfer_params": params}), model="llm_decode")
+        assert wait_until(lambda: server.metric("tritium:kv_transfers_total", model_name="llm_decode") == reads + 1, 30)
+        cancelled.close(cancel=True)
+        assert wait_until(lambda: server.metric("vllm:num_requests_running", model_name="llm_decode") == 0
+                          and server.metric("vllm:num_requests_waiting", model_name="llm_decode") == 0, 30)
+        assert server.metric("vllm:kv_cache_usage_perc", model_name="llm_decode") > 0  # held for the read
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        for model in ("llm_decode", "llm_prefill"):
+            assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name=model) == 0, 30), model
+        stream.send("again", grpc_inputs(input_ids=prompts[0], stream=True, sampling={
+            "temperature": 0, "max_tokens": MAX_NEW, "min_tokens": MAX_NEW}), model="llm_disagg")
+        got = stream.wait("again")
+        assert got.finals == 1 and got.text == tok.decode(ref[0], skip_special_tokens=True)
+        assert stream.errors.empty()
+    finally:
+        if stopped:  # a stopped engine would hold the server's shutdown
+            os.kill(pid, signal.SIGCONT)
+        stream.close()
+
+
 def test_a_killed_prefill_engine_fails_its_request_clearly_and_the_pair_serves_again(moe_stack):
     """The prefill instance's engine dies while a request waits on it: the request through the
     entry point fails naming the prefill model, the supervisor restarts that engine, and the pair
-    serves HF's greedy tokens again; nothing runs on either instance afterwards and the decode
-    instance holds no block."""
+    serves HF's greedy tokens again; nothing runs on either instance afterwards and neither holds
+    a block."""
     import os
     import signal
     import time
@@ -234,4 +284,68 @@ def test_a_killed_prefill_engine_fails_its_request_clearly_and_the_pair_serves_a
         stream.close()
     for model in ("llm_prefill", "llm_decode"):
         assert wait_until(lambda: server.metric("vllm:num_requests_running", model_name=model) == 0, 30), model
-    assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name="llm_decode") == 0, 30)
+    for model in ("llm_decode", "llm_prefill"):
+        assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name=model) == 0, 30), model
+
+
+def test_vllms_disaggregation_proxy_flow_through_the_openai_frontend(moe_stack):
+    """vLLM's toy proxy over HTTP: the request goes to llm_prefill with max_tokens 1, stream off
+    and the proxy's kv_transfer_params, whose response returns the parameters for the decode
+    instance; the original request goes to llm_decode with them, which reads the prompt's blocks
+    and gives HF's greedy tokens. A chat completion goes the same way; a kv_transfer_params that
+    is not an object, or one for several prompts, is a 400 naming it."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.engine.hf_reference import hf_greedy_generate
+    server, frontend, models = moe_stack
+    model_dir, tok, _, _ = models["qwen3_moe"]
+    # Prompts no other test sends: blocks in the decode instance's prefix cache are not read.
+    prompts = [tok(t)["input_ids"] for t in ("A proxy hands the prompt's blocks from one engine to the next",
+                                             "Decode reads what prefill wrote and then streams")]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    ref = hf_greedy_generate(hf, prompts, MAX_NEW)
+
+    def proxied(path: str, request: dict) -> dict:
+        # As toy_proxy_server.py, but with a model name per instance (one frontend serves both).
+        prefill = {**request, "model": "llm_prefill", "stream": False, "max_tokens": 1, "kv_transfer_params": {
+            "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+            "remote_block_ids": None, "remote_host": None, "remote_port": None}}
+        if "max_completion_tokens" in prefill:
+            prefill["max_completion_tokens"] = 1
+        for name in ("stream_options", "min_tokens", "min_completion_tokens"):
+            prefill.pop(name, None)
+        status, body = http_request(frontend.url + path, prefill)
+        assert status == 200, body
+        params = json.loads(body)["kv_transfer_params"]
+        assert isinstance(params, dict) and params["do_remote_prefill"] is True, body
+        status, body = http_request(frontend.url + path, {**request, "model": "llm_decode",
+                                                          "kv_transfer_params": params})
+        assert status == 200, body
+        reply = json.loads(body)
+        assert reply["kv_transfer_params"] is None  # the decode instance returns none
+        return reply
+
+    reads = server.metric("tritium:kv_transfers_total", model_name="llm_decode")
+    for ids, expected in zip(prompts, ref):
+        reply = proxied("/v1/completions", {
+            "model": "qwen3_moe", "prompt": ids, "max_tokens": MAX_NEW, "min_tokens": MAX_NEW,
+            "temperature": 0, "return_tokens_as_token_ids": True, "logprobs": 0})
+        [choice] = reply["choices"]
+        assert choice["finish_reason"] == "length"
+        assert [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]] == expected
+    assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") == reads + len(prompts)
+    blocks = server.metric("tritium:kv_transfer_blocks_total", model_name="llm_decode")
+    reply = proxied("/v1/chat/completions", {
+        "model": "qwen3_moe", "messages": [{"role": "user", "content": "Which engine computed my prompt?"}],
+        "temperature": 0, "max_completion_tokens": 8, "min_tokens": 8})
+    assert reply["choices"][0]["message"]["content"]
+    assert server.metric("tritium:kv_transfer_blocks_total", model_name="llm_decode") > blocks
+    for fields, message in (({"prompt": prompts[0], "kv_transfer_params": [1]},
+                             "kv_transfer_params: Input should be a valid dictionary"),
+                            ({"prompt": prompts, "kv_transfer_params": {"do_remote_decode": True}},
+                             "kv_transfer_params is for one prompt, got 2 prompts: send each in a "
+                             "request of its own")):
+        status, body = http_request(frontend.url + "/v1/completions", {"model": "llm_prefill", **fields})
+        assert status == 400, body
+        error = json.loads(body)["error"]
+        assert (error["message"], error["param"]) == (message, "kv_transfer_params")

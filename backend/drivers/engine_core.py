@@ -27,6 +27,7 @@ class EngineCore:
         self.engine = engine
         self._sink = sink
         self._inbox: queue.Queue = queue.Queue()
+        self._next_idle_poll = 0.0  # (time.monotonic)
         # Where the loop's time goes (logged when it stops): steps, their wall and CPU time,
         # and the time with requests in the engine, first step to last.
         self.loop_stats = {"steps": 0, "step_s": 0.0, "step_cpu_s": 0.0, "busy_s": 0.0}
@@ -83,11 +84,16 @@ class EngineCore:
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one when `block`); False on Shutdown."""
         while True:
+            # On a clock, not when the inbox stays empty: a served engine is asked for its
+            # statistics more often than that, and an idle producer's read blocks never went back.
+            if block and time.monotonic() >= self._next_idle_poll:
+                self.engine.idle_poll()
+                self._next_idle_poll = time.monotonic() + _IDLE_POLL_S
             try:
-                command = self._inbox.get(timeout=_IDLE_POLL_S) if block else self._inbox.get_nowait()
+                command = (self._inbox.get(timeout=max(self._next_idle_poll - time.monotonic(), 0.0)) if block
+                           else self._inbox.get_nowait())
             except queue.Empty:
                 if block:
-                    self.engine.idle_poll()
                     continue
                 return True
             block = False
