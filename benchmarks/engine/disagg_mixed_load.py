@@ -37,6 +37,7 @@ progress thread polling on a core of its own, which a machine of few cores misse
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -281,14 +282,33 @@ def engine_args(values: dict[str, str], memory: float, role: str | None) -> Engi
     return EngineArgs.from_strings({**values, **extra})
 
 
+@contextlib.contextmanager
+def visible_gpu(index: int):
+    """The engine process started inside sees one card (it inherits the environment), as a
+    Triton model instance with its own GPU does."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def run_configuration(name: str, args: argparse.Namespace, values: dict[str, str]) -> tuple[dict, dict]:
     """Start the configuration's engines, warm up, measure, read the counters, stop them.
     Returns (figures, each finished request's tokens)."""
     events: queue.Queue = queue.Queue()
     started, startup = time.perf_counter(), {}
     p, d = args.prefill_memory, args.decode_memory
-    if name == "colocated":
-        router: Colocated | Disaggregated = Colocated(EngineProcess(engine_args(values, p + d, None)), events)
+    if name == "colocated" and args.decode_gpu is not None:  # the card the decode engine gets
+        with visible_gpu(args.decode_gpu):
+            router: Colocated | Disaggregated = Colocated(EngineProcess(engine_args(values, d, None)), events)
+        startup["engine"] = time.perf_counter() - started
+    elif name == "colocated":
+        router = Colocated(EngineProcess(engine_args(values, p + d, None)), events)
         startup["engine"] = time.perf_counter() - started
     elif args.device == "cpu":  # no memory shares to respect: both start at once
         with ThreadPoolExecutor(2) as pool:
@@ -296,6 +316,14 @@ def run_configuration(name: str, args: argparse.Namespace, values: dict[str, str
                       for role in ("kv_producer", "kv_consumer")]
             prefill, decode = (s.result() for s in starts)
         startup["prefill and decode"] = time.perf_counter() - started
+        router = Disaggregated(prefill, decode, events)
+    elif args.prefill_gpu is not None:  # a card each: the read crosses NVLink or PCIe
+        with visible_gpu(args.prefill_gpu):
+            prefill = EngineProcess(engine_args(values, p, "kv_producer"))
+        startup["prefill"] = time.perf_counter() - started
+        with visible_gpu(args.decode_gpu):
+            decode = EngineProcess(engine_args(values, d, "kv_consumer"))
+        startup["decode"] = time.perf_counter() - started - startup["prefill"]
         router = Disaggregated(prefill, decode, events)
     else:
         prefill = EngineProcess(engine_args(values, p, "kv_producer"))
@@ -410,6 +438,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fixed-interval", action="store_true", help="arrivals 1/rate apart (default: Poisson)")
     ap.add_argument("--prefill-memory", type=float, default=0.45, help="the prefill engine's share of the device")
     ap.add_argument("--decode-memory", type=float, default=0.45, help="the decode engine's share")
+    ap.add_argument("--prefill-gpu", type=int, help="with --decode-gpu: each engine on a card of its own "
+                    "(the colocated engine on the decode card), each share of its own card")
+    ap.add_argument("--decode-gpu", type=int)
     ap.add_argument("--check", choices=("exact", "quiet", "off"),
                     help="greedy tokens that must agree: all (exact; the CPU's default) or the probes' (quiet)")
     ap.add_argument("--probes", type=int, default=4, help="prompts sent alone after the window, long and short")
@@ -421,6 +452,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in DEFAULTS[args.device].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if (args.prefill_gpu is None) != (args.decode_gpu is None) or (args.prefill_gpu is not None and args.device != "cuda"):
+        ap.error("--prefill-gpu and --decode-gpu go together, on CUDA")
     if args.check is None:
         args.check = "exact" if args.device == "cpu" else "quiet"
     if args.long_rate <= 0 or args.streams < 1 or args.long_prompts < 1 or args.probes < 1:
