@@ -116,24 +116,26 @@ class Supervisor:
         return None
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> None:
-        """`signum` to each child's leader (tritonserver then unloads its model, which stops its
-        engine); after `timeout`, or a second signal, SIGKILL. Then every process left in their
-        groups (a stub, an engine process) is killed, and the children are reaped."""
-        for child in self.children:
+        """`signum` to each child's leader, the last started first, each once the one after it
+        has exited (the frontend, then tritonserver, which unloads its model and so stops its
+        engine): a client's open stream holds a model's unload, as Triton finalizes a model only
+        once the streams that used it have closed. After `timeout`, or a second signal, SIGKILL.
+        Then every process left in their groups (a stub, an engine process) is killed, and the
+        children are reaped."""
+        deadline = time.monotonic() + timeout
+        for child in reversed(self.children):
             if child.exited() is None:
                 try:
                     child.proc.send_signal(signum)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + timeout
-        while any(c.exited() is None for c in self.children):
-            if self._force or time.monotonic() > deadline:
-                alive = ", ".join(c.name for c in self.children if c.exited() is None)
-                self._log(f"{alive} did not stop in time: killing it")
-                for child in self.children:
-                    child.signal_group(signal.SIGKILL)
-                break
-            time.sleep(0.1)
+            while child.exited() is None and not self._force and time.monotonic() <= deadline:
+                time.sleep(0.1)
+        alive = ", ".join(c.name for c in self.children if c.exited() is None)
+        if alive:
+            self._log(f"{alive} did not stop in time: killing it")
+            for child in self.children:
+                child.signal_group(signal.SIGKILL)
         for child in self.children:
             child.signal_group(signal.SIGKILL)  # what is left of its group: its leader is not reaped yet
             child.proc.wait()
