@@ -46,6 +46,7 @@
 #                    NIXL block read between two processes against the card's copy rate, then a mixed
 #                    load (64 streams decoding, 32 prompts of 4,096 tokens arriving), $LLAMA bf16,
 #                    colocated and then prefill + decode engines in two processes: TTFT/ITL p50/p99
+#                    (further ARGS to the mixed load; NO_MIXED_LOAD=1: the reads alone)
 #   ncu-attention    attention kernel variants timed, then Nsight Compute sections per case
 #   round3           performance round 3's table in one call: $QWEN A through Triton and in-process,
 #                    paged decode at 1 x 32k against SDPA (the default and a few configs),
@@ -311,7 +312,8 @@ disagg)
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/nixl-site"
     stamp "NIXL block reads between two processes on one card against its copy rate (Llama-3-8B's cache shape)"
     timeout 150 "$PY" benchmarks/kernels/nixl_blocks.py --json "$OUT/nixl_blocks.json" 2>&1 \
-        | grep -v -E "NIXL INFO|Warning|warnings.warn" | tail -12 >> "$S"
+        | grep -v -E "NIXL INFO|Warning|warnings.warn" | tail -20 >> "$S"
+    [ -n "${NO_MIXED_LOAD:-}" ] && exit 0  # (the reads alone: a short call)
     stamp "mixed load, $LLAMA bf16, one GPU: colocated, then prefill and decode engines in two processes (NIXL)"
     timeout 420 "$PY" -m benchmarks.engine.disagg_mixed_load --model "$(model_path "$LLAMA")" \
         --tokenizer models/tiny-llama --check quiet --json "$OUT/disagg_mixed_load.json" "$@" \
