@@ -113,13 +113,6 @@ def _agent(api, name: str, num_threads: int):
 GPU_NUM_THREADS = 4
 
 
-class _Read:
-    """A read being posted (on the transfer's poster thread), then running in NIXL."""
-
-    def __init__(self, future: Future) -> None:
-        self.future = future
-
-
 class NixlBlockTransfer:
     """One engine's side: its cache registered, its regions prepared, the peers it reads from.
     Reads are posted on a thread of this object's, so that the engine's step loop never waits
@@ -168,7 +161,7 @@ class NixlBlockTransfer:
         self._peers[peer] = (geometry, remote)
         return peer
 
-    def read(self, peer: str, remote_blocks: list[int], local_blocks: list[int], notification: bytes = b"") -> _Read:
+    def read(self, peer: str, remote_blocks: list[int], local_blocks: list[int], notification: bytes = b"") -> Future:
         """Start copying the peer's blocks into this cache's (pairwise); returns a handle for
         `poll`. The peer receives `notification` once the copy is done. Bad block ids raise here;
         NIXL's own failures come from `poll`."""
@@ -180,8 +173,7 @@ class NixlBlockTransfer:
             bad = [b for b in ids if not 0 <= b < limit]
             if bad:
                 raise ValueError(f"{name} block ids {bad} are outside 0..{limit - 1}")
-        return _Read(self._poster.submit(self._post, peer, remote, geometry, remote_blocks, local_blocks,
-                                         notification))
+        return self._poster.submit(self._post, peer, remote, geometry, remote_blocks, local_blocks, notification)
 
     def _post(self, peer: str, remote, geometry: CacheGeometry, remote_blocks: list[int], local_blocks: list[int],
               notification: bytes):
@@ -200,11 +192,11 @@ class NixlBlockTransfer:
             raise RuntimeError(f"NIXL could not read {len(remote_blocks)} blocks from {peer}: {state}")
         return handle
 
-    def poll(self, read: _Read) -> bool:
+    def poll(self, read: Future) -> bool:
         """True once the read is done (NIXL's handle is released then); raises if it failed."""
-        if not read.future.done():
+        if not read.done():
             return False
-        handle = read.future.result()  # (raises what posting raised)
+        handle = read.result()  # (raises what posting raised)
         try:
             state = self.agent.check_xfer_state(handle)
         except Exception as exc:  # (the peer gone mid-read)
