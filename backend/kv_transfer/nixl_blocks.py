@@ -53,10 +53,11 @@ class CacheGeometry:
         return out
 
     def region_indices(self, block_ids: list[int]) -> np.ndarray:
-        """The regions of these blocks, block by block (every K and V layer of the first, then
-        the next): the same order on both sides pairs them up."""
-        planes = np.arange(2 * self.num_layers, dtype=np.int64)[None, :] * self.num_blocks
-        return (np.asarray(block_ids, dtype=np.int64)[:, None] + planes).reshape(-1).astype(np.int32)
+        """The regions of these blocks, (K or V, layer) plane by plane, the blocks in the given
+        order within each: the same order on both sides pairs them up, and a run of consecutive
+        blocks on both sides is adjacent in memory, which NIXL merges into one operation."""
+        planes = np.arange(2 * self.num_layers, dtype=np.int64)[:, None] * self.num_blocks
+        return (planes + np.asarray(block_ids, dtype=np.int64)[None, :]).reshape(-1).astype(np.int32)
 
 
 def _parse_metadata(metadata: bytes) -> tuple[bytes, CacheGeometry]:

@@ -14,6 +14,9 @@ def compare(colocated: dict[str, list[int]], disaggregated: dict[str, list[int]]
     (mode "quiet"), and the loaded ones' too (mode "exact")."""
     repeats = [rid for rid in colocated if rid.startswith("r") and "q" + rid[1:] in colocated]
     repeated = sum(colocated[rid] == colocated["q" + rid[1:]] for rid in repeats)
+    # A probe the colocated engine answers two ways when sent alone twice is no reference: the
+    # quiet check fails only on probes whose colocated answer is stable.
+    unstable = sorted("q" + rid[1:] for rid in repeats if colocated[rid] != colocated["q" + rid[1:]])
     both = sorted(set(colocated) & set(disaggregated))
     differ = [rid for rid in both if colocated[rid] != disaggregated[rid]]
     probes = [rid for rid in both if rid.startswith("q")]
@@ -22,13 +25,15 @@ def compare(colocated: dict[str, list[int]], disaggregated: dict[str, list[int]]
     def common(rid: str) -> int:
         a, b = colocated[rid], disaggregated[rid]
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    failed = bool(differ) if mode == "exact" else bool(probes_differ) if mode == "quiet" else False
+    stable_differ = [rid for rid in probes_differ if rid not in unstable]
+    failed = bool(differ) if mode == "exact" else bool(stable_differ) if mode == "quiet" else False
     loaded = [rid for rid in both if not rid.startswith("q")]
     return {"mode": mode, "compared": len(loaded), "equal": len(loaded) - (len(differ) - len(probes_differ)),
             "first_token_differs": sum(colocated[r][:1] != disaggregated[r][:1] for r in loaded),
             "tokens_in_common": sum(common(r) for r in loaded), "tokens": sum(len(colocated[r]) for r in loaded),
             "probes_compared": len(probes), "probes_equal": len(probes) - len(probes_differ),
             "colocated_repeats": len(repeats), "colocated_repeats_equal": repeated,
+            "colocated_unstable": unstable, "probes_differ_stable": stable_differ,
             "differ": {rid: common(rid) for rid in (probes_differ + differ)[:20]},
             "longs_compared": sum(rid.startswith("l") for rid in both),
             "ok": not failed and bool(loaded) and bool(probes)}
@@ -69,6 +74,6 @@ def print_table(args: argparse.Namespace, name: str, results: dict[str, dict], c
     verdict = "OK" if check["ok"] else "MISMATCH"
     print(f"greedy tokens ({check['mode']}): probes alone {check['probes_equal']}/{check['probes_compared']} "
           f"equal (the colocated engine repeats itself in {check['colocated_repeats_equal']}/"
-          f"{check['colocated_repeats']}); under load {check['equal']}/{check['compared']} requests equal ({check['longs_compared']} "
+          f"{check['colocated_repeats']}{'; not on ' + ', '.join(check['colocated_unstable']) if check['colocated_unstable'] else ''}); under load {check['equal']}/{check['compared']} requests equal ({check['longs_compared']} "
           f"long), first token differs in {check['first_token_differs']}, {check['tokens_in_common']:,} of "
           f"{check['tokens']:,} tokens before the first difference: {verdict}")

@@ -48,6 +48,25 @@ def test_a_reader_pulls_the_peers_blocks_exactly_and_the_peer_hears_of_it():
     producer.close()
 
 
+def test_runs_of_adjacent_blocks_read_exactly_beside_scattered_ones():
+    """Runs of consecutive blocks on both sides are adjacent in each (K or V, layer) plane, which
+    NIXL merges into one operation; a run that is consecutive on one side only, and blocks that
+    break a run, must land where they were asked to."""
+    prefill, decode = _cache(16, 4), _cache(12, 5)
+    before = decode.clone()
+    producer, consumer = NixlBlockTransfer(prefill), NixlBlockTransfer(decode)
+    peer = consumer.add_peer(producer.metadata())
+    remote = [3, 4, 5, 6, 10, 11, 12, 0, 1]
+    local = [0, 1, 2, 3, 7, 8, 5, 10, 9]  # 12 -> 5 and 1 -> 9 break the runs on the local side
+    _wait(consumer, consumer.read(peer, remote, local, b"runs"))
+    for src, dst in zip(remote, local):
+        assert torch.equal(decode[:, :, dst], prefill[:, :, src]), (src, dst)
+    for untouched in sorted(set(range(12)) - set(local)):
+        assert torch.equal(decode[:, :, untouched], before[:, :, untouched])
+    consumer.close()
+    producer.close()
+
+
 def test_a_read_of_many_regions_split_across_ucx_workers_is_exact():
     """Past NIXL's split size (a thousand regions) a read is cut into chunks, one per UCX
     worker of `num_threads`: a long prompt's read on a GPU."""
