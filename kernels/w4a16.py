@@ -129,7 +129,7 @@ def _w4a16_kernel(
     stride_xm, stride_qk, stride_sg, stride_os, stride_om,
     GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+    GROUP_M: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
     pid = tl.program_id(0)
@@ -151,7 +151,10 @@ def _w4a16_kernel(
     n_mask = offs_n < N
     w_mask = offs_w < N // PACK
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k  # K is a multiple of BLOCK_K: no mask
         x = tl.load(x_rows + _input_rows(perm_ptr, k, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
@@ -162,14 +165,25 @@ def _w4a16_kernel(
         zero = tl.load(zero_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         # (2^23 + q) - (2^23 + zero) = q - zero exactly: a small integer, exact in bf16/fp16.
         w = _widen(q.to(tl.uint32, bitcast=True), BITS).to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
-        if SCALE_AFTER_DOT:
+        if SWAP_AB:
+            # out^T = W^T x^T: the widened tile is the first operand (wgmma takes it from
+            # registers); x^T is a view of x's tile in shared memory.
+            if SCALE_AFTER_DOT:
+                acc += tl.dot(tl.trans(w.to(x.dtype)), tl.trans(x)) * scale[:, None]
+            else:
+                acc = tl.dot(tl.trans((w * scale[None, :]).to(x.dtype)), tl.trans(x), acc)
+        elif SCALE_AFTER_DOT:
             # One group per K step: its scales multiply the step's [BLOCK_M, BLOCK_N] sums
             # instead of every weight (a 16-row tile has 8x fewer sums than a step has weights).
             acc += tl.dot(x, w.to(x.dtype)) * scale[None, :]
         else:
             acc = tl.dot(x, (w * scale[None, :]).to(x.dtype), acc)
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if SWAP_AB:
+        out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :] & n_mask[:, None])
+    else:
+        out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -206,6 +220,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
-        GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, SWAP_AB=cfg.swap_ab,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return finish(out, x.dtype)

@@ -30,12 +30,19 @@ class W4A16Config:
     # gemv: K steps whose weight tiles are loading while one step computes (1 or 2; it
     # prefetches by hand, so num_stages does nothing there).
     prefetch: int = 1
+    # mma: compute out^T = W^T x^T, the widened weight tile as the MMA's first operand. On
+    # sm_90 that operand may come from registers, so the tile goes from the widening straight
+    # into wgmma instead of through shared memory, and the next step's widening overlaps the
+    # MMA in flight; block_m is then the MMA's N (the activation rows a program takes).
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r}: expected one of {', '.join(METHODS)}")
         if self.prefetch not in (1, 2):
             raise ValueError(f"prefetch {self.prefetch}: expected 1 or 2")
+        if self.swap_ab and self.method != "mma":
+            raise ValueError(f"swap_ab is a choice of the mma method, not of {self.method!r}")
         if self.method == "gemv" and self.block_m > 1 and (self.fused_reduce or self.prefetch != 1):
             raise ValueError(f"a gemv of {self.block_m} rows a program has no fused_reduce or prefetch")
 

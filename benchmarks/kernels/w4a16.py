@@ -82,6 +82,19 @@ def path_configs(m: int, n: int, k: int) -> dict[str, W4A16Config]:
 SWEEP[256].append(W4A16Config(64, 128, 64, 0, 8, 4, 4))  # the tensor-core kernel, now not the default
 # All 256 rows in one tile, so that each weight is widened once (sm_90 builds without spills).
 SWEEP[256] += [W4A16Config(256, bn, 64, 0, 8, 8, 3) for bn in (64, 128)]
+# The weight as the MMA's first operand (swap_ab): the widened tile goes from registers into
+# wgmma. Tiles of (activation rows, columns, warps) whose float32 sums fit the registers (a
+# warpgroup takes 64 columns a wgmma), K steps of 64 and 128, automatic or no K slices.
+SWAPPED = {
+    8: [(16, 64, 4), (16, 128, 4), (16, 128, 8)], 16: [(16, 64, 4), (16, 128, 4), (16, 128, 8)],
+    64: [(64, 64, 4), (64, 128, 4), (64, 128, 8), (32, 128, 4)],
+    256: [(256, 128, 8), (256, 64, 4), (128, 128, 4), (128, 128, 8), (128, 256, 8)],
+    0: [(256, 128, 8), (128, 128, 8), (128, 256, 8)],
+}
+for _bucket, _tiles in SWAPPED.items():
+    SWEEP[_bucket] += [W4A16Config(bm, bn, bk, split, 8, w, st, swap_ab=True)
+                       for bm, bn, w in _tiles for bk in (64, 128) for st in (3, 4)
+                       for split in ((0, 1) if _bucket == 256 else (0,))]
 
 
 def time_us(fn) -> float:
@@ -107,7 +120,8 @@ def cycling(make, nbytes: int, warm: bool):
 
 def cfg_name(c: W4A16Config) -> str:
     return (f"{c.method} m{c.block_m} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
-            + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else ""))
+            + (" fused" if c.fused_reduce else "") + (f" prefetch{c.prefetch}" if c.prefetch > 1 else "")
+            + (" swap" if c.swap_ab else ""))
 
 
 def _warm(job: tuple) -> str | None:

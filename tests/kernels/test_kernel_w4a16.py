@@ -67,6 +67,25 @@ def test_matches_float64(case, dtype):
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
 
+# The tensor-core kernel with the weight as the MMA's first operand (out^T = W^T x^T): rows past
+# the tile, act-order's gather, K slices, 8-bit fields, a 16-row tile (scales after the dot).
+SWAPPED_CASES = [CASES[1], CASES[4], (37, 72, 64, 32, 4, False, 32, 64, 32, 1), (70, 128, 128, 64, 8, True, 64, 64, 64, 2),
+                 (200, 64, 256, 64, 4, False, 128, 64, 64, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SWAPPED_CASES, ids=lambda c: "m{}-n{}-k{}-g{}-w{}{}".format(
+    *c[:5], "-perm" if c[5] else ""))
+def test_swapped_operands_match_float64(case, dtype):
+    from tritium.kernels.w4a16 import W4A16Config
+    m, n, k, group, bits, shuffled, bm, bn, bk, split = case
+    (x, qweight, scales, zeros), perm, oracle = _case(m, n, k, group, bits, shuffled, n + k + 1, dtype)
+    out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, group, perm, bits=bits, config=W4A16Config(
+        block_m=bm, block_n=bn, block_k=bk, split_k=split, group_m=2, num_stages=2, swap_ab=True))
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
 # (rows, N, K, group size, bits, shuffled, block_n, block_k, split_k, num_warps[, prefetch]):
 # the one-row-per-program GEMV, with several rows too, column tiles past N, K slices (some ending
 # inside a group), one group over a K that is not a power of two, a tile of four words a thread
@@ -182,6 +201,8 @@ def test_config_method_is_checked():
         W4A16Config(method="cuda")
     with pytest.raises(ValueError, match="^prefetch 3: expected 1 or 2$"):
         W4A16Config(method="gemv", prefetch=3)
+    with pytest.raises(ValueError, match="^swap_ab is a choice of the mma method, not of 'dequant'$"):
+        W4A16Config(method="dequant", swap_ab=True)
     (x, qweight, scales, zeros), _, _ = _case(1, 64, 128, 32, 4, False, 0, torch.float16)
     with pytest.raises(ValueError, match=r"^w4a16_matmul: a gemv config's block_n \(12\) must be a multiple of 8$"):
         kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
