@@ -355,6 +355,14 @@ class StreamCollector:
     def next_error(self, timeout: float = 60.0) -> str:
         return self.errors.get(timeout=timeout)
 
-    def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
+    def close(self, cancel: bool = False, timeout: float = 90.0) -> None:
+        """Close the stream; a stream that does not close in `timeout` s fails the test with a
+        clear error instead of hanging it (the closing thread is left behind)."""
+        closing = threading.Thread(target=self.client.stop_stream, kwargs={"cancel_requests": cancel}, daemon=True)
+        closing.start()
+        closing.join(timeout)
+        if closing.is_alive():
+            unfinished = [rid for rid, done in self._finished.items() if not done.is_set()]
+            raise TimeoutError(f"the gRPC stream did not close within {timeout:g} s (requests without a FINAL "
+                               f"response: {unfinished or 'none'})")
         self.client.close()
