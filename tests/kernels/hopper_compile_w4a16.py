@@ -34,6 +34,9 @@ def cases():
     yield "w4a16 m=4 rows gemv", lambda: kernels.w4a16_matmul.triton(e(4, k, dtype=torch.bfloat16), w, s, z, group,
                                                               config=rows)
     yield "w4a16 m=4096 fp16", lambda: kernels.w4a16_matmul.triton(e(4096, k, dtype=torch.float16), w, s, z, group)
+    swapped = DEFAULT_CONFIGS[1].__class__(256, 128, 64, 0, 8, 8, 3, swap_ab=True)  # all 256 rows a program
+    yield "w4a16 m=256 swapped", lambda: kernels.w4a16_matmul.triton(e(256, k, dtype=torch.bfloat16), w, s, z, group,
+                                                              config=swapped)
     w8 = e(k, n // 4, dtype=torch.int32)
     yield "w8a16 m=16", lambda: kernels.w4a16_matmul.triton(e(16, k, dtype=torch.bfloat16), w8, s, z, group, bits=8)
 

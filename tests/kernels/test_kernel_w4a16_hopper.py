@@ -1,6 +1,6 @@
 """w4a16_matmul compiles for sm_90 (the H200) without spilling, within shared memory: the GEMV for
-one row, mma.sync for the 16-row tile, wgmma for the 64-row tile, the dequantizing kernel for
-more rows; every tuned config under `long`."""
+one row, mma.sync for the 16-row tile, wgmma for the 64-row tile and for a 256-row tile with the
+operands swapped, the dequantizing kernel for more rows; every tuned config under `long`."""
 
 import pytest
 from kernel_checks import ON_GPU, assert_fits_without_spills, compile_for_hopper
@@ -14,7 +14,7 @@ def test_w4a16_compiles_for_hopper():
         compiled.setdefault(c["case"], c)
     assert {"w4a16 m=1", "w4a16 m=16", "w4a16 m=64", "w4a16 m=256", "w4a16 m=4096",
             "w4a16 m=1 act-order", "w4a16 m=1 fused reduce", "w4a16 m=1 wide tiles", "w4a16 m=4 rows gemv",
-            "w4a16 m=4096 fp16",
+            "w4a16 m=4096 fp16", "w4a16 m=256 swapped",
             "w8a16 m=16"} <= set(compiled)
     for c in launches:
         assert_fits_without_spills(c)
@@ -22,6 +22,9 @@ def test_w4a16_compiles_for_hopper():
     for case in ("w4a16 m=16", "w8a16 m=16"):
         assert compiled[case]["kernel"] == "_w4a16_kernel" and compiled[case]["mma"], compiled[case]
     assert compiled["w4a16 m=64"]["wgmma"], compiled["w4a16 m=64"]
+    # The weight as wgmma's register operand, out^T = W^T x^T.
+    assert compiled["w4a16 m=256 swapped"]["kernel"] == "_w4a16_kernel", compiled["w4a16 m=256 swapped"]
+    assert compiled["w4a16 m=256 swapped"]["wgmma"], compiled["w4a16 m=256 swapped"]
     # One row: the GEMV on the CUDA cores, whose fields are denormal floats (no flush to zero).
     # Many rows: the weight dequantized for cuBLAS.
     assert compiled["w4a16 m=4 rows gemv"]["kernel"] == "_w4a16_gemv_rows_kernel", compiled["w4a16 m=4 rows gemv"]
