@@ -167,11 +167,9 @@ def _w4a16_kernel(
         w = _widen(q.to(tl.uint32, bitcast=True), BITS).to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
         if SWAP_AB:
             # out^T = W^T x^T: the widened tile is the first operand (wgmma takes it from
-            # registers); x^T is a view of x's tile in shared memory.
-            if SCALE_AFTER_DOT:
-                acc += tl.dot(tl.trans(w.to(x.dtype)), tl.trans(x)) * scale[:, None]
-            else:
-                acc = tl.dot(tl.trans((w * scale[None, :]).to(x.dtype)), tl.trans(x), acc)
+            # registers); x^T is a view of x's tile in shared memory. The scales multiply the
+            # weights even for few rows: a separate dot, scaled after, could not stay in flight.
+            acc = tl.dot(tl.trans((w * scale[None, :]).to(x.dtype)), tl.trans(x), acc)
         elif SCALE_AFTER_DOT:
             # One group per K step: its scales multiply the step's [BLOCK_M, BLOCK_N] sums
             # instead of every weight (a 16-row tile has 8x fewer sums than a step has weights).
@@ -220,7 +218,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
-        GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16, SWAP_AB=cfg.swap_ab,
+        GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16 and not cfg.swap_ab, SWAP_AB=cfg.swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return finish(out, x.dtype)

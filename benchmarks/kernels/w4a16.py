@@ -84,11 +84,12 @@ SWEEP[256].append(W4A16Config(64, 128, 64, 0, 8, 4, 4))  # the tensor-core kerne
 SWEEP[256] += [W4A16Config(256, bn, 64, 0, 8, 8, 3) for bn in (64, 128)]
 # The weight as the MMA's first operand (swap_ab): the widened tile goes from registers into
 # wgmma. Tiles of (activation rows, columns, warps) whose float32 sums fit the registers (a
-# warpgroup takes 64 columns a wgmma), K steps of 64 and 128, automatic or no K slices.
+# warpgroup takes 64 columns a wgmma), K steps of 64 and 128, automatic or no K slices (at 256
+# rows a K slice's float32 partials are large: 128 x 64 tiles fill the card at N = 4096 without).
 SWAPPED = {
     8: [(16, 64, 4), (16, 128, 4), (16, 128, 8)], 16: [(16, 64, 4), (16, 128, 4), (16, 128, 8)],
     64: [(64, 64, 4), (64, 128, 4), (64, 128, 8), (32, 128, 4)],
-    256: [(256, 128, 8), (256, 64, 4), (128, 128, 4), (128, 128, 8), (128, 256, 8)],
+    256: [(256, 128, 8), (256, 64, 4), (128, 128, 4), (128, 128, 8), (128, 256, 8), (128, 64, 4)],
     0: [(256, 128, 8), (128, 128, 8), (128, 256, 8)],
 }
 for _bucket, _tiles in SWAPPED.items():

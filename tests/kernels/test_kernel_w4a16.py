@@ -68,7 +68,7 @@ def test_matches_float64(case, dtype):
 
 
 # The tensor-core kernel with the weight as the MMA's first operand (out^T = W^T x^T): rows past
-# the tile, act-order's gather, K slices, 8-bit fields, a 16-row tile (scales after the dot).
+# the tile, act-order's gather, K slices, 8-bit fields, 16-row tiles.
 SWAPPED_CASES = [CASES[1], CASES[4], (37, 72, 64, 32, 4, False, 32, 64, 32, 1), (70, 128, 128, 64, 8, True, 64, 64, 64, 2),
                  (200, 64, 256, 64, 4, False, 128, 64, 64, 1)]
 
