@@ -42,6 +42,11 @@ class Fp8MatmulConfig:
     split_k: int = 0  # 0: enough slices for about two programs per SM
     num_warps: int = 4
     num_stages: int = 4
+    # out^T = w x^T: the weight tile is the MMA's first operand, so on sm_90 both FP8 operands
+    # go from shared memory into an FP8 wgmma (block_n a multiple of 64 per warpgroup); the
+    # unswapped 16-row tile is mma.sync, which loads both tiles into registers and widens them
+    # to 16 bits first.
+    swap_ab: bool = False
 
 
 TUNED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "fp8_matmul.json")
@@ -107,6 +112,7 @@ def _fp8_matmul_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, M, N, K,
     stride_xm, stride_wn, stride_os, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -117,18 +123,29 @@ def _fp8_matmul_kernel(
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m[:, None] * stride_xm
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k
         k_mask = k < K
         x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
     x_scale = tl.load(x_scale_ptr + offs_m, mask=m_mask, other=0.0)
     w_scale = tl.load(w_scale_ptr + offs_n, mask=n_mask, other=0.0)
-    acc = acc * x_scale[:, None] * w_scale[None, :]
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if SWAP_AB:
+        acc = acc * w_scale[:, None] * x_scale[None, :]
+        out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :] & n_mask[:, None])
+    else:
+        acc = acc * x_scale[:, None] * w_scale[None, :]
+        out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
@@ -148,7 +165,7 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     _fp8_matmul_kernel[(cdiv(n, cfg.block_n), split)](
         x_q, x_scale, weight, weight_scale, out, m, n, k,
         x_q.stride(0), weight.stride(0), out.stride(0), out.stride(1),
-        BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+        BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWAP_AB=cfg.swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return finish(out, out_dtype)

@@ -27,6 +27,9 @@ CONFIGS = [Fp8MatmulConfig()] + [
     Fp8MatmulConfig(block_n=bn, block_k=bk, num_stages=st, num_warps=4)
     for bn, bk, st in itertools.product((32, 64, 128), (128, 256), (3, 4, 5))
     if (bn, bk, st) != (64, 128, 4)]  # the default, already first
+# The weight as the MMA's first operand (an FP8 wgmma on sm_90, 64 columns a warpgroup).
+CONFIGS += [Fp8MatmulConfig(block_n=bn, block_k=bk, num_stages=st, num_warps=4 * (bn // 64), swap_ab=True)
+            for bn, bk, st in itertools.product((64, 128), (128, 256), (3, 4, 5))]
 
 
 def linear_shapes(model: str) -> dict[str, tuple[int, int]]:
@@ -60,7 +63,7 @@ def write_configs(path: str, gpu: str, best: dict[str, Fp8MatmulConfig]) -> None
 
 
 def cfg_name(cfg: Fp8MatmulConfig) -> str:
-    return f"bn{cfg.block_n} bk{cfg.block_k} st{cfg.num_stages} w{cfg.num_warps}"
+    return f"bn{cfg.block_n} bk{cfg.block_k} st{cfg.num_stages} w{cfg.num_warps}" + (" swap" if cfg.swap_ab else "")
 
 
 def main() -> None:

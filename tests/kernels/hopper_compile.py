@@ -138,6 +138,10 @@ def cases():
     fp8 = torch.float8_e4m3fn
     yield "fp8_matmul", lambda: kernels.fp8_matmul_few_rows.triton(e(1, 4096, dtype=fp8), e(1, 1), e(6144, 4096, dtype=fp8),
                                                             e(1, 6144), torch.bfloat16)
+    from tritium.kernels.fp8_matmul import Fp8MatmulConfig
+    yield "fp8_matmul swapped", lambda: kernels.fp8_matmul_few_rows.triton(
+        e(1, 4096, dtype=fp8), e(1, 1), e(6144, 4096, dtype=fp8), e(1, 6144), torch.bfloat16,
+        config=Fp8MatmulConfig(swap_ab=True))
     kv = e(16, 8, 128, dtype=torch.bfloat16)
     yield "store_kv_cache", lambda: kernels.store_kv_cache.triton(kv, kv, e(4, 16, 8, 128, dtype=torch.bfloat16),
                                                            e(4, 16, 8, 128, dtype=torch.bfloat16),

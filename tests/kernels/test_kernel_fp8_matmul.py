@@ -1,6 +1,6 @@
 """fp8_matmul_few_rows (decode batches of FP8 linear layers) against a float64 product of the
 dequantized inputs: row counts 1-16, sizes that are not multiples of the tiles, split and
-unsplit K, every output dtype the engine uses; and its argument errors."""
+unsplit K, the operands swapped, every output dtype the engine uses; and its argument errors."""
 
 import re
 
@@ -34,14 +34,18 @@ OUT_DTYPES = [torch.float32, torch.float16,
               pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason="interpreter has no bf16"))]
 
 
+# The weight as the MMA's first operand (swap_ab): columns past N, split K, rows 1-16.
+SWAPPED = [(1, 40, 200, 0, 64, 64), (16, 130, 384, 3, 64, 128), (5, 300, 1024, 0, 128, 128)]
+
+
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
-@pytest.mark.parametrize("case", CASES)
-def test_matches_float64(case, out_dtype):
+@pytest.mark.parametrize("case, swap", [(c, False) for c in CASES] + [(c, True) for c in SWAPPED])
+def test_matches_float64(case, swap, out_dtype):
     from tritium.kernels.fp8_matmul import Fp8MatmulConfig
     m, n, k, split, block_n, block_k = case
     args = _inputs(m, n, k, seed=n)
     out = kernels.fp8_matmul_few_rows.triton(*args, out_dtype, config=Fp8MatmulConfig(
-        block_n=block_n, block_k=block_k, split_k=split, num_stages=2))
+        block_n=block_n, block_k=block_k, split_k=split, num_stages=2, swap_ab=swap))
     assert out.shape == (m, n) and out.dtype == out_dtype
     err = rel_err(out, _oracle(*args))
     assert err < (1e-5 if out_dtype == torch.float32 else 4e-3), err
@@ -125,7 +129,7 @@ def test_shipped_tuned_table_loads():
     ({"64x64": {"block_n": 48}}, "NVIDIA H200 64x64: block_n must be a power of two of at least 16, got 48"),
     ({"64x64": {"num_stages": 0}}, "NVIDIA H200 64x64: num_warps must be 1, 2, 4 or 8, num_stages at least 1 "
                                    "and split_k at least 0, got Fp8MatmulConfig(block_n=64, block_k=128, "
-                                   "split_k=0, num_warps=4, num_stages=0)"),
+                                   "split_k=0, num_warps=4, num_stages=0, swap_ab=False)"),
 ])
 def test_malformed_tuned_table_is_refused(tmp_path, entry, message):
     import json

@@ -56,6 +56,8 @@ def test_kernels_compile_for_hopper(compiled):
     assert by_kernel[("fused_moe bf16 M=8192", "_down_kernel")]["wgmma"]
     fp8 = by_kernel[("fp8_matmul", "_fp8_matmul_kernel")]
     assert fp8["mma"] or fp8["wgmma"], fp8  # FP8 tensor cores, not a scalar loop
+    # Swapped, both FP8 tiles go from shared memory into an FP8 wgmma (no widening to 16 bits).
+    assert by_kernel[("fp8_matmul swapped", "_fp8_matmul_kernel")]["wgmma"]
 
 
 @pytest.mark.long
