@@ -13,9 +13,9 @@
 #   fp8              Llama-3-8B A and B through Triton: bf16, FP8 weights, FP8 weights + FP8 KV
 #                    cache, one after the other on one GPU; then the FP8 matmul table
 #   w4a16            the W4A16 kernel and AWQ/GPTQ engine tests ($W4_TESTS to choose, "none"), the config
-#                    sweep per group of row counts in $W4_SWEEP_ROWS ("1,8,16 64,256,4096"; "" for
+#                    sweep per group of row counts in $W4_SWEEP_ROWS ("1,8,16 64,256 512,4096"; "" for
 #                    none), each within $W4_SWEEP_LIMIT s (280; its configs used from then on), the
-#                    table of every path at the six row counts ($W4_TABLE_LIMIT s, 240), then
+#                    table of every path at the seven row counts ($W4_TABLE_LIMIT s, 240), then
 #                    Llama-3-8B AWQ, GPTQ act-order and bf16 A and B through Triton (NO_GPU_STEPS=1
 #                    skips tests, sweep and table, NO_E2E=1 stops after them: one call cannot hold both)
 #   long-context     Qwen2.5-7B bf16 workloads C and L through Triton and the Hugging Face anchor
@@ -193,7 +193,7 @@ w4a16)
         # of time still leaves the other's table and configs (--write-configs merges into a copy
         # of the table, so other cards' entries stay).
         cp kernels/configs/w4a16.json "$OUT/w4a16_configs.json"
-        for rows in ${W4_SWEEP_ROWS-1,8,16 64,256,4096}; do
+        for rows in ${W4_SWEEP_ROWS-1,8,16 64,256 512,4096}; do
             stamp "W4A16 table and sweep, rows $rows (kernels/configs/w4a16.json's entries written to \$OUT)"
             timeout "${W4_SWEEP_LIMIT:-280}" "$PY" benchmarks/kernels/w4a16.py --sweep --rows "$rows" --json "$OUT/w4a16_m${rows//,/_}.json" \
                 --write-configs "$OUT/w4a16_configs.json" 2>&1 | grep -v "^  skip" | tail -40 | cut -c1-240 >> "$S"

@@ -51,7 +51,7 @@ from .w4a16_layout import METHODS, W4A16Config, _input_rows, _widen  # noqa: F40
 OP = "w4a16_matmul"
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # Row buckets: a config per bucket (each a Triton specialization, compiled once).
-ROW_BUCKETS = (1, 8, 16, 64, 256)  # and "more"
+ROW_BUCKETS = (1, 8, 16, 64, 256, 1024)  # and "more"
 
 
 DEFAULT_CONFIGS = {
@@ -60,7 +60,10 @@ DEFAULT_CONFIGS = {
     16: W4A16Config(16, 64, 128, 0, 1, 4, 4),
     64: W4A16Config(64, 64, 128, 0, 8, 4, 4),
     256: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"),
-    0: W4A16Config(128, 128, 64, 1, 8, 8, 3, method="dequant"),  # more than 256 rows
+    # 257-1024 rows (a short prompt's prefill, workload B's TTFT): a bucket of its own, so that
+    # a kernel widening each weight a few times can win there without serving long prefills.
+    1024: W4A16Config(128, 128, 64, 1, 8, 8, 3, method="dequant"),
+    0: W4A16Config(128, 128, 64, 1, 8, 8, 3, method="dequant"),  # more than 1024 rows
 }
 
 TUNED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "w4a16.json")

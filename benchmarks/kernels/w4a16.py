@@ -35,7 +35,7 @@ from fp8_matmul import linear_shapes
 from tritium.kernels.reference import w4a16_dequantize_ref
 from tritium.kernels.w4a16 import DEFAULT_CONFIGS, METHODS, W4A16Config, choose_config, config_key, row_bucket
 
-ROWS = (1, 8, 16, 64, 256, 4096)
+ROWS = (1, 8, 16, 64, 256, 512, 4096)
 GROUP = 128
 SWEEP = {  # row bucket -> configs tried besides the default
     # The GEMV at one, two and four 4-byte words a thread (block_n / (8 * 32 * num_warps)): more
@@ -63,6 +63,7 @@ SWEEP = {  # row bucket -> configs tried besides the default
           itertools.product((64, 128), (128, 256), (64, 128), (4, 8), (3, 4))],
     0: [W4A16Config(bm, bn, bk, 1, 8, w, st) for bm, bn, bk, w, st in
         itertools.product((128,), (128, 256), (64, 128), (4, 8), (3, 4))],
+    1024: [],  # the swapped kernel's tiles below, against dequantize-then-cuBLAS
 }
 SWEEP[64].append(W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant"))
 # --paths: each path's config where the engine's choice for that row count is another path.
@@ -70,7 +71,8 @@ PATH_DEFAULTS = {
     "gemv": {b: W4A16Config(4, 512, 16, 0, 1, 1, 1, method="gemv") if b in (8, 16) else DEFAULT_CONFIGS[1]
              for b in DEFAULT_CONFIGS},
     "mma": {1: DEFAULT_CONFIGS[16], 8: DEFAULT_CONFIGS[16], 16: DEFAULT_CONFIGS[16], 64: DEFAULT_CONFIGS[64],
-            256: W4A16Config(64, 128, 64, 0, 8, 4, 4), 0: W4A16Config(128, 128, 64, 1, 8, 8, 3)},
+            256: W4A16Config(64, 128, 64, 0, 8, 4, 4), 1024: W4A16Config(128, 128, 64, 1, 8, 8, 3),
+            0: W4A16Config(128, 128, 64, 1, 8, 8, 3)},
     "dequant": {b: W4A16Config(64, 128, 64, 0, 8, 4, 4, method="dequant") for b in DEFAULT_CONFIGS},
 }
 
@@ -87,9 +89,11 @@ SWEEP[256] += [W4A16Config(256, bn, 64, 0, 8, 8, 3) for bn in (64, 128)]
 # warpgroup takes 64 columns a wgmma), K steps of 64 and 128, automatic or no K slices (at 256
 # rows a K slice's float32 partials are large: 128 x 64 tiles fill the card at N = 4096 without).
 SWAPPED = {
+    1: [(16, 64, 4), (16, 128, 8)],  # against the GEMV: the tensor cores take the FMAs, the widening stays
     8: [(16, 64, 4), (16, 128, 4), (16, 128, 8)], 16: [(16, 64, 4), (16, 128, 4), (16, 128, 8)],
     64: [(64, 64, 4), (64, 128, 4), (64, 128, 8), (32, 128, 4)],
     256: [(256, 128, 8), (256, 64, 4), (128, 128, 4), (128, 128, 8), (128, 256, 8), (128, 64, 4)],
+    1024: [(256, 128, 8), (128, 128, 8), (128, 256, 8), (256, 64, 4)],
     0: [(256, 128, 8), (128, 128, 8), (128, 256, 8)],
 }
 for _bucket, _tiles in SWAPPED.items():

@@ -208,6 +208,12 @@ def test_config_method_is_checked():
         kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 32, config=W4A16Config(block_n=12, method="gemv"))
 
 
+def test_row_buckets_give_a_short_prefill_its_own_config():
+    from tritium.kernels.w4a16 import config_key, row_bucket
+    assert [row_bucket(m) for m in (1, 2, 9, 17, 65, 256, 257, 1024, 1025)] == [1, 8, 16, 64, 256, 256, 1024, 1024, 0]
+    assert config_key(4096, 4096, 4, 128, row_bucket(512)) == "4096x4096/w4g128/m1024"
+
+
 def test_default_configs_at_decode_and_prefill_rows():
     for m in (1, 2, 20, 100, 300):
         (x, qweight, scales, zeros), perm, oracle = _case(m, 64, 256, 128, 4, True, m, torch.float16)
