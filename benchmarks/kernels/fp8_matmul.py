@@ -72,7 +72,10 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json")
     ap.add_argument("--write-configs", metavar="PATH", help="merge the fastest configs into this table")
+    ap.add_argument("--swapped-only", action="store_true",
+                    help="time the default and the swapped configs alone (a short call)")
     a = ap.parse_args()
+    configs = [c for c in CONFIGS if c == CONFIGS[0] or c.swap_ab] if a.swapped_only else CONFIGS
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name()
     rows_list = [int(r) for r in a.rows.split(",")]
@@ -81,14 +84,14 @@ def main() -> None:
         for layer, nk in linear_shapes(model).items():
             shapes.setdefault(nk, []).append(f"{model} {layer}")
     results, best_per_shape = [], {}
-    print(f"{gpu}; {len(CONFIGS)} configs per shape")
+    print(f"{gpu}; {len(configs)} configs per shape")
     print(f"{'shape':28} {'N x K':>12} {'M':>3} {'bf16 us':>8} {'scaled_mm':>9} {'default':>8} "
           f"{'GB/s':>6} {'best us':>8} {'best config':22} {'rel diff':>9}")
     for (n, k), names in shapes.items():
         w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         w_scale = (w16.float().abs().amax(dim=1) / 448.0).view(1, -1)
         w_q = (w16.float() / w_scale.t()).clamp(-448, 448).to(torch.float8_e4m3fn)
-        totals = [0.0] * len(CONFIGS)
+        totals = [0.0] * len(configs)
         for m in rows_list:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             x_q, x_scale = kernels.quantize_fp8_per_token.triton(x)
@@ -97,7 +100,7 @@ def main() -> None:
             tsm = time_us(lambda: torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale,
                                                    out_dtype=torch.bfloat16))
             per_config, worst_diff = [], 0.0
-            for i, cfg in enumerate(CONFIGS):
+            for i, cfg in enumerate(configs):
                 out = kernels.fp8_matmul_few_rows.triton(x_q, x_scale, w_q, w_scale, torch.bfloat16, config=cfg)
                 diff = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
                 worst_diff = max(worst_diff, diff)
@@ -114,10 +117,10 @@ def main() -> None:
             print(f"{names[0]:28} {n:>5} x {k:<5} {m:>3} {t16:8.1f} {tsm:9.1f} {default_t:8.1f} "
                   f"{n * k / default_t / 1e3:6.0f} {best['us']:8.1f} {cfg_name(Fp8MatmulConfig(**best['config'])):22} "
                   f"{worst_diff:9.2e}", flush=True)
-        i_best = min(range(len(CONFIGS)), key=lambda i: totals[i])
-        best_per_shape[shape_key(n, k)] = CONFIGS[i_best]
+        i_best = min(range(len(configs)), key=lambda i: totals[i])
+        best_per_shape[shape_key(n, k)] = configs[i_best]
         print(f"{'':28} {'':12} sum {totals[0]:.1f} us default -> {totals[i_best]:.1f} us with "
-              f"{cfg_name(CONFIGS[i_best])} (chosen for {shape_key(n, k)})")
+              f"{cfg_name(configs[i_best])} (chosen for {shape_key(n, k)})")
     if a.write_configs:
         write_configs(a.write_configs, gpu, best_per_shape)
         print(f"wrote {len(best_per_shape)} configs for {gpu} to {a.write_configs}")
