@@ -54,6 +54,9 @@
 #   l-ttft           where $QWEN7's workload L TTFT goes: the whole 32k prefill kernel by kernel
 #                    in-process, prefill attention in the engine's chunks against SDPA on the whole
 #                    prompt, then L through Triton, in-process and Hugging Face
+#   swap-sweeps      the swapped-operand W4A16 and FP8 few-row kernels: GPU tests, the W4A16 sweep at
+#                    $W4_SWEEP_ROWS (256,512,4096), the FP8 default against the swapped configs; both
+#                    config tables written to $OUT; then the W4A16 table of every path
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -120,7 +123,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving round3 l-ttft fp8 w4a16 ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving round3 l-ttft fp8 w4a16 swap-sweeps ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -181,6 +184,28 @@ fp8)
         stamp "FP8 matmul against torch._scaled_mm and bf16 (rows 1, 4, 16)"
         timeout 240 "$PY" benchmarks/kernels/fp8_matmul.py --json "$OUT/fp8_matmul.json" 2>&1 | tail -30 >> "$S"
     fi ;;
+swap-sweeps)
+    # The swapped-operand kernels (W4A16 and the FP8 few-row matmul), one short call: their GPU
+    # tests, the W4A16 sweep at $W4_SWEEP_ROWS (256,512,4096) and the FP8 default against its
+    # swapped configs at $LLAMA's shapes; both config tables come back in $OUT (copy them into
+    # kernels/configs/ to keep them), then the W4A16 table of every path at the chosen configs.
+    stamp "GPU tests of the swapped kernels"
+    gpu_tests 200 12 tests/kernels/test_kernel_w4a16.py tests/kernels/test_kernel_fp8_matmul.py \
+        -k "swapped or matches_float64" --confcutdir=tests
+    cp kernels/configs/w4a16.json "$OUT/w4a16_configs.json"
+    stamp "W4A16 sweep, rows ${W4_SWEEP_ROWS:-256,512,4096}"
+    timeout "${W4_SWEEP_LIMIT:-200}" "$PY" benchmarks/kernels/w4a16.py --sweep --rows "${W4_SWEEP_ROWS:-256,512,4096}" \
+        --json "$OUT/w4a16_swap_sweep.json" --write-configs "$OUT/w4a16_configs.json" --no-repack 2>&1 \
+        | grep -v "^  skip\|warm-up failed" | tail -20 | cut -c1-240 >> "$S"
+    cp kernels/configs/fp8_matmul.json "$OUT/fp8_configs.json"
+    stamp "FP8 few-row matmul: the default against the swapped configs, $LLAMA's shapes, rows 1, 4, 16"
+    timeout "${FP8_SWEEP_LIMIT:-120}" "$PY" benchmarks/kernels/fp8_matmul.py --models "$LLAMA" --swapped-only \
+        --json "$OUT/fp8_swap_sweep.json" --write-configs "$OUT/fp8_configs.json" 2>&1 | tail -20 >> "$S"
+    cp "$OUT/w4a16_configs.json" kernels/configs/w4a16.json
+    stamp "W4A16 table: every path at the configs now chosen"
+    timeout "${W4_TABLE_LIMIT:-150}" "$PY" benchmarks/kernels/w4a16.py --paths --no-repack --json "$OUT/w4a16_paths.json" \
+        2>&1 | grep -v "warm-up failed" | tail -32 >> "$S"
+    stamp done ;;
 w4a16)
     EXTRA=("$@")
     if [ -z "${NO_GPU_STEPS:-}" ]; then
