@@ -423,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"device": device, "commit": commit(), "args": vars(args), "engine_args": values,
-                       "configurations": results, "failed": failed, "tokens_check": check}, f, indent=1)
+                       "configurations": results, "failed": failed, "tokens_check": check,
+                       # The probes' tokens, every run of each: what a difference, or an engine
+                       # that answers one prompt two ways, is made of.
+                       "probe_tokens": {name: {rid: t for rid, t in runs.items() if rid[0] in "qrw"}
+                                        for name, runs in tokens.items()}}, f, indent=1)
     if errors:
         print(f"REQUESTS FAILED: {json.dumps(errors)[:2000]}", file=sys.stderr)
     if args.check != "off" and not check["ok"]:

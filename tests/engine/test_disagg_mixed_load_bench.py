@@ -31,5 +31,9 @@ def test_the_benchmark_runs_both_configurations_with_equal_tokens(llama_dir, tmp
     assert transfer["prefills_without_params"] == 0
     check = result["tokens_check"]
     assert check["ok"] and check["longs_compared"] == 2 and check["equal"] == check["compared"] >= 2
-    assert check["probes_equal"] == check["probes_compared"] == 2
+    assert check["probes_equal"] == check["probes_compared"] == 2 and check["colocated_unstable"] == []
+    probes = result["probe_tokens"]
+    assert set(probes["colocated"]) == {"w-q0", "q0", "r0", "w-q1", "q1", "r1"} and set(probes["disaggregated"]) == {"q0", "q1"}
+    assert probes["colocated"]["q1"] == probes["colocated"]["r1"] == probes["disaggregated"]["q1"]
+    assert len(probes["colocated"]["q0"]) == 4
     assert "greedy tokens (exact): probes alone 2/2 equal" in run.stdout and ": OK" in run.stdout
