@@ -47,6 +47,7 @@ from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
 from .split_k import finish, slices_or_output
 from .w4a16_layout import METHODS, W4A16Config, _input_rows, _widen  # noqa: F401 (W4A16Config, METHODS: public here)
+from .w4a16_paths import _load
 
 OP = "w4a16_matmul"
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
@@ -132,7 +133,7 @@ def _w4a16_kernel(
     stride_xm, stride_qk, stride_sg, stride_os, stride_om,
     GROUP: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
+    GROUP_M: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     PACK: tl.constexpr = 32 // BITS
     pid = tl.program_id(0)
@@ -161,11 +162,11 @@ def _w4a16_kernel(
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         k = k0 + offs_k  # K is a multiple of BLOCK_K: no mask
         x = tl.load(x_rows + _input_rows(perm_ptr, k, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
-        q = tl.load(qw_ptr + k[:, None].to(tl.int64) * stride_qk + offs_w[None, :],
-                    mask=w_mask[None, :], other=0)
+        # (EVEN_N: the column tiles cover N exactly, so the weight tiles need no masks.)
+        q = _load(qw_ptr + k[:, None].to(tl.int64) * stride_qk + offs_w[None, :], w_mask[None, :], EVEN_N)
         g = k0 // GROUP
-        scale = tl.load(scale_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        zero = tl.load(zero_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        scale = _load(scale_ptr + g * stride_sg + offs_n, n_mask, EVEN_N).to(tl.float32)
+        zero = _load(zero_ptr + g * stride_sg + offs_n, n_mask, EVEN_N).to(tl.float32)
         # (2^23 + q) - (2^23 + zero) = q - zero exactly: a small integer, exact in bf16/fp16.
         w = _widen(q.to(tl.uint32, bitcast=True), BITS).to(tl.float32, bitcast=True) - (zero + 8388608.0)[None, :]
         if SWAP_AB:
@@ -222,6 +223,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         GROUP=group_size, BITS=bits, HAS_PERM=perm is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
         GROUP_M=cfg.group_m, SCALE_AFTER_DOT=cfg.block_m <= 16 and not cfg.swap_ab, SWAP_AB=cfg.swap_ab,
+        EVEN_N=n % cfg.block_n == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return finish(out, x.dtype)
