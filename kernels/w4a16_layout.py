@@ -31,9 +31,9 @@ class W4A16Config:
     # prefetches by hand, so num_stages does nothing there).
     prefetch: int = 1
     # mma: compute out^T = W^T x^T, the widened weight tile as the MMA's first operand. On
-    # sm_90 that operand may come from registers, so the tile goes from the widening straight
-    # into wgmma instead of through shared memory, and the next step's widening overlaps the
-    # MMA in flight; block_m is then the MMA's N (the activation rows a program takes).
+    # sm_90 that operand comes from registers, so the wgmma need not be waited for before the
+    # next step widens its tile (unswapped, the tile is wgmma's shared-memory operand, and each
+    # step waits); block_m is then the MMA's N (the activation rows a program takes).
     swap_ab: bool = False
 
     def __post_init__(self) -> None:
