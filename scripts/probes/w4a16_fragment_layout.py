@@ -17,8 +17,9 @@ without moving data) and hands it to tl.dot with x^T as the second operand.
 `--check` runs under TRITON_INTERPRET=1 (set here) against x @ W^T; `--sm90` compiles for sm_90
 without a GPU and counts, inside the K loop of the PTX, shared-memory stores and loads and wgmma
 instructions (0 stores: the tile never goes through shared memory; the one load is the words'
-cp.async tile). Not yet: zeros and scales, act-order, 8-bit fields, tiles of several slabs, a
-GEMV on the same layout (one row), timing.
+cp.async tile), and the SASS loop's instructions a weight. Zeros and scales apply per group as
+in the kernel (each thread holds two columns). Not yet: act-order, 8-bit fields, tiles of
+several slabs, a GEMV on the same layout (one row), timing.
 """
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ def kernel():
     from tritium.kernels.w4a16_layout import _widen
 
     @triton.jit
-    def _fragment_kernel(q_ptr, x_ptr, out_ptr, M, N, K, BLOCK_M: tl.constexpr):
-        # out^T[slab's 64 columns, M rows] = W^T x^T, one warpgroup, weights (q - 8).
+    def _fragment_kernel(q_ptr, scale_ptr, zero_ptr, x_ptr, out_ptr, M, N, K, GROUP: tl.constexpr,
+                         BLOCK_M: tl.constexpr):
+        # out^T[slab's 64 columns, M rows] = W^T x^T, one warpgroup, weights (q - zero) * scale.
         pid_n = tl.program_id(0)
         t = tl.arange(0, 128)
         wd = tl.arange(0, 4)
@@ -67,9 +69,14 @@ def kernel():
         for k0 in range(0, K, 64):
             words = q_ptr + ((k0 // 64) * (N // 64) + pid_n) * 512 + t[:, None] * 4 + wd[None, :]
             q = tl.load(words)
-            v = _widen(q.to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True) - (8388608.0 + 8.0)
-            v = tl.reshape(v.to(x_ptr.dtype.element_ty), (4, 8, 4, 4, 2, 2, 2))  # warp, g, tid, kstep, khalf, rowhalf, pair
-            w = tl.reshape(tl.permute(v, (0, 5, 1, 3, 4, 2, 6)), (64, 64))     # [n, k]
+            v = _widen(q.to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True)
+            v = tl.reshape(v, (4, 8, 4, 4, 2, 2, 2))                       # warp, g, tid, kstep, khalf, rowhalf, pair
+            v = tl.reshape(tl.permute(v, (0, 5, 1, 3, 4, 2, 6)), (64, 64))  # [n, k]: two columns a thread
+            cols = pid_n * 64 + tl.arange(0, 64)
+            g = k0 // GROUP
+            zero = tl.load(zero_ptr + g * N + cols).to(tl.float32) + 8388608.0
+            scale = tl.load(scale_ptr + g * N + cols).to(tl.float32)
+            w = ((v - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
             x = tl.load(x_ptr + offs_m[:, None] * K + (k0 + kk)[None, :], mask=offs_m[:, None] < M, other=0.0)
             acc = tl.dot(w, tl.trans(x), acc)
         out = out_ptr + offs_m[None, :] * N + pid_n * 64 + tl.arange(0, 64)[:, None]
@@ -82,12 +89,16 @@ def check() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     import torch
     g = torch.Generator().manual_seed(0)
-    m, n, k = 5, 128, 192
+    m, n, k, group = 5, 128, 256, 128
     q = torch.randint(0, 16, (k, n), generator=g)
+    zeros = torch.randint(0, 16, (k // group, n), generator=g).to(torch.float16)
+    scales = (torch.rand(k // group, n, generator=g) * 2e-2 + 1e-3).to(torch.float16)
     x = torch.randn(m, k, generator=g).to(torch.float16)
     out = torch.empty(m, n, dtype=torch.float32)
-    kernel()[(n // SLAB,)](repack(q), x, out, m, n, k, BLOCK_M=16)
-    want = x.double() @ (q.double() - 8)
+    kernel()[(n // SLAB,)](repack(q), scales, zeros, x, out, m, n, k, GROUP=group, BLOCK_M=16)
+    gi = torch.arange(k) // group
+    w = ((q.double() - zeros.double()[gi]) * scales.double()[gi]).to(torch.float16).double()
+    want = x.double() @ w
     err = ((out.double() - want).abs().max() / want.abs().max()).item()
     print(f"fragment-order repack, {m} x {k} @ {k} x {n}: max relative error {err:.2e}")
     sys.exit(0 if err < 1e-3 else 1)
@@ -101,10 +112,17 @@ def sm90() -> None:
     JITFunction.run = hopper_compile._record
     e = torch.empty
     n, k = 6144, 4096
-    kernel()[(n // SLAB,)](e(k * n // 8, dtype=torch.int32), e(64, k, dtype=torch.bfloat16), e(64, n, dtype=torch.bfloat16),
-                           64, n, k, BLOCK_M=64, num_warps=4, num_stages=3)
+    s = e(k // 128, n, dtype=torch.float16)
+    kernel()[(n // SLAB,)](e(k * n // 8, dtype=torch.int32), s, s, e(64, k, dtype=torch.bfloat16),
+                           e(64, n, dtype=torch.bfloat16), 64, n, k, GROUP=128, BLOCK_M=64, num_warps=4, num_stages=3)
     fn, args, kwargs = hopper_compile.launches[0]
-    ptx = hopper_compile.compile_kernel(fn, args, kwargs).asm["ptx"].splitlines()
+    compiled = hopper_compile.compile_kernel(fn, args, kwargs)
+    from scripts.probes import gemv_sass
+    sass = gemv_sass.instructions(gemv_sass.cuobjdump(compiled.asm["cubin"], "-sass"))
+    first, last = max(gemv_sass.loops(sass), key=lambda r: sum(r[0] <= a <= r[1] for a, _, _ in sass))
+    loop = sum(first <= a <= last for a, _, _ in sass)
+    print(f"sm_90 SASS K loop: {loop} instructions for 32 weights a thread ({loop / 32:.1f} a weight)")
+    ptx = compiled.asm["ptx"].splitlines()
     head = next(i for i, line in enumerate(ptx) if "Inner Loop Header" in line)
     label = ptx[head].split(":")[0].strip()
     end = next(i for i in range(head + 1, len(ptx)) if re.search(rf"bra(\.uni)?\s+{re.escape(label)};", ptx[i]))
