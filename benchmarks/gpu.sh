@@ -57,6 +57,8 @@
 #   swap-sweeps      the swapped-operand W4A16 and FP8 few-row kernels: GPU tests, the W4A16 sweep at
 #                    $W4_SWEEP_ROWS (256,512,4096), the FP8 default against the swapped configs; both
 #                    config tables written to $OUT; then the W4A16 table of every path
+#   w4a16-fragment   the W4A16 kernel on words in wgmma's fragment order (not in the engine yet): its GPU
+#                    tests, then its table against cuBLAS bf16 and the engine's path at 1-4096 rows
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -123,7 +125,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving round3 l-ttft fp8 w4a16 swap-sweeps ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving round3 l-ttft fp8 w4a16 swap-sweeps w4a16-fragment ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -205,6 +207,15 @@ swap-sweeps)
     stamp "W4A16 table: every path at the configs now chosen"
     timeout "${W4_TABLE_LIMIT:-150}" "$PY" benchmarks/kernels/w4a16.py --paths --no-repack --json "$OUT/w4a16_paths.json" \
         2>&1 | grep -v "warm-up failed" | tail -32 >> "$S"
+    stamp done ;;
+w4a16-fragment)
+    # The W4A16 kernel on fragment-ordered words: its GPU tests, then its table against cuBLAS
+    # bf16 and the engine's W4A16 path at every row count.
+    stamp "GPU tests of the fragment-order W4A16 kernel"
+    gpu_tests 200 8 tests/kernels/test_kernel_w4a16_fragment.py --confcutdir=tests
+    stamp "fragment-order W4A16 against cuBLAS bf16 and the engine's W4A16 path"
+    timeout "${FRAGMENT_LIMIT:-300}" "$PY" benchmarks/kernels/w4a16_fragment.py --json "$OUT/w4a16_fragment.json" \
+        2>&1 | grep -v "Warning\|warnings.warn" | tail -32 >> "$S"
     stamp done ;;
 w4a16)
     EXTRA=("$@")

@@ -1,0 +1,100 @@
+"""The W4A16 matmul on fragment-ordered words (kernels/w4a16_fragment.py) against cuBLAS bf16 and
+the engine's W4A16 path today (kernels/w4a16.py at the config it picks), at Llama-3-8B's four
+projections and 1-4096 rows; a few configs per row count, each checked against the engine's
+path before it is timed. Weights from DRAM (copies cycled past L2), CUDA-graph timing.
+
+    python3 benchmarks/kernels/w4a16_fragment.py [--rows 1,8,16,64,256,512,4096] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_matmul import linear_shapes  # noqa: E402
+from w4a16 import COLD_BYTES, cycling, time_us  # noqa: E402
+
+from tritium import kernels  # noqa: E402
+from tritium.kernels.w4a16_fragment import FragmentConfig, repack_fragment, w4a16_fragment_matmul  # noqa: E402
+
+GROUP = 128
+ROWS = (1, 8, 16, 64, 256, 512, 4096)
+
+
+def configs(m: int) -> list[FragmentConfig]:
+    """A few tiles for m rows: one row tile where it holds them all, K slices automatic or none."""
+    tiles = [16] if m <= 16 else [16, 64] if m <= 64 else [128, 256]
+    splits = (0,) if m <= 64 else (0, 1)
+    return [FragmentConfig(block_m=bm, slabs=s, split_k=sp, num_stages=st)
+            for bm in tiles for s in (1, 2) for sp in splits for st in ((3, 4) if m <= 64 else (3,))]
+
+
+def pack_along_n(q: torch.Tensor) -> torch.Tensor:
+    """[K, N] values 0..15 -> kernels/w4a16.py's words [K, N / 8] (column 8c + j in bits 4j)."""
+    k, n = q.shape
+    v = q.to(torch.int64).reshape(k, n // 8, 8)
+    words = sum(v[..., j] << (4 * j) for j in range(8))
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}; {a.model}; 4-bit weights, groups of {GROUP}, bf16 activations; weights from DRAM (copies cycled)")
+    print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'engine us':>9} {'fragment us':>11} {'vs bf16':>7} "
+          f"{'vs engine':>9}  best fragment config")
+    results = []
+    for layer, (n, k) in linear_shapes(a.model).items():
+        q = torch.randint(0, 16, (k, n), device="cuda")
+        scales = (torch.rand(k // GROUP, n, device="cuda") * 1e-3 + 1e-3).half()
+        zeros = torch.randint(0, 16, (k // GROUP, n), device="cuda").half()
+        packed, frag = pack_along_n(q), repack_fragment(q)
+        w16 = ((q.T.float() - zeros.float().repeat_interleave(GROUP, 0).T) * scales.float().repeat_interleave(GROUP, 0).T).bfloat16()
+        del q
+        next_frag = cycling(lambda: frag.clone(), frag.numel() * 4, False)
+        next_packed = cycling(lambda: packed.clone(), packed.numel() * 4, False)
+        next_w16 = cycling(lambda: w16.clone(), w16.numel() * 2, False)
+        for m in (int(r) for r in a.rows.split(",")):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t16 = time_us(lambda: torch.nn.functional.linear(x, next_w16()))
+            want = kernels.w4a16_matmul.triton(x, packed, scales, zeros, GROUP)
+            t_engine = time_us(lambda: kernels.w4a16_matmul.triton(x, next_packed(), scales, zeros, GROUP))
+            timed = {}
+            for cfg in configs(m):
+                name = f"m{cfg.block_m} slabs{cfg.slabs} s{cfg.split_k} st{cfg.num_stages}"
+                try:
+                    got = w4a16_fragment_matmul(x, frag, scales, zeros, GROUP, config=cfg)
+                    diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+                    if not diff < 2e-2:
+                        timed[name] = f"wrong (relative difference {diff:.2e})"
+                        continue
+                    timed[name] = time_us(lambda cfg=cfg: w4a16_fragment_matmul(x, next_frag(), scales, zeros, GROUP,
+                                                                                 config=cfg))
+                except Exception as exc:  # (a config over the card's shared memory, say)
+                    timed[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            numbers = {c: t for c, t in timed.items() if isinstance(t, float)}
+            best = min(numbers, key=numbers.get) if numbers else None
+            tb = numbers.get(best, float("nan"))
+            results.append({"layer": layer, "n": n, "k": k, "rows": m, "bf16_us": t16, "engine_us": t_engine,
+                            "fragment_best_us": tb, "fragment_best": best, "fragment": timed})
+            print(f"{layer:8} {n:>5} x {k:<5} {m:>5} {t16:8.1f} {t_engine:9.1f} {tb:11.1f} {t16 / tb:6.2f}x "
+                  f"{t_engine / tb:8.2f}x  {best}", flush=True)
+        del frag, packed, w16
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"gpu": gpu, "model": a.model, "group_size": GROUP, "cold_bytes": COLD_BYTES, "results": results},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""W4A16 matmul on 4-bit words repacked into wgmma's A-fragment order (Marlin's idea, in
+triton.language): out = x @ dequant(W)^T computed as out^T = W^T x^T, the widened weight tile
+going from the words' registers straight into the MMA's register operand.
+
+The shipped layout (kernels/w4a16.py) packs eight columns of one K row in a word, so a widened
+tile must be redistributed before the MMA: the sm_90 build sends it through shared memory every
+K step. Here `repack_fragment` reorders each [64 N x 64 K] slab at load so that thread t of a
+warpgroup loads, in four contiguous words, exactly the 32 values of its wgmma A fragment:
+
+    t = warp * 32 + g * 4 + tid,  value i = kstep * 8 + khalf * 4 + rowhalf * 2 + pair  (word
+    kstep, field i % 8)  holds  n = warp * 16 + rowhalf * 8 + g,  k = kstep * 16 + khalf * 8 +
+    tid * 2 + pair
+
+The kernel widens the words, reshapes and permutes the values into the [64 * SLABS, 64] tile
+(Triton's layouts follow without moving data: the sm_90 loop has no shared-memory store) and
+multiplies it by x^T, whose tile is in shared memory. Each thread then holds two columns, so a
+group's zero and scale cost two conversions a thread, not one a weight. Words are stored
+[K / 64, N / 64, 128, 4]: the slabs of one K step are adjacent, so a program of SLABS slabs
+loads one contiguous run. 4-bit fields only, N and K multiples of 64, groups of 64 or more.
+
+Not wired into the engine yet: kernels/w4a16.py's layout stays the one checkpoints are repacked
+into until this kernel is timed against it (`benchmarks/kernels/w4a16_fragment.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation
+from ._launch import cdiv, check_runnable, num_sms
+from .split_k import finish, slices_or_output
+from .w4a16_layout import _input_rows, _widen
+
+OP = "w4a16_fragment_matmul"
+SLAB = 64  # a warpgroup's rows of the MMA (columns of the output), and the K step
+
+
+@dataclass(frozen=True)
+class FragmentConfig:
+    block_m: int = 64  # activation rows a program (the MMA's N: 8 to 256)
+    slabs: int = 1  # 64-column slabs a program, one warpgroup (four warps) each
+    split_k: int = 0  # 0: enough K slices for about two programs per SM
+    num_stages: int = 3
+
+
+def fragment_order(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """[128, 32] (n, k) within a slab of each thread's values, in register order."""
+    t = torch.arange(128, device=device)
+    warp, g, tid = t // 32, (t // 4) % 8, t % 4
+    i = torch.arange(32, device=device)
+    kstep, khalf, rowhalf, pair = i // 8, (i // 4) % 2, (i // 2) % 2, i % 2
+    rows = warp[:, None] * 16 + rowhalf[None, :] * 8 + g[:, None]
+    cols = kstep[None, :] * 16 + khalf[None, :] * 8 + tid[:, None] * 2 + pair[None, :]
+    return rows, cols
+
+
+def repack_fragment(values: torch.Tensor) -> torch.Tensor:
+    """values [K, N], integers 0..15 (row k multiplies x[:, k], or x[:, perm[k]] with act-order)
+    -> words [K / 64, N / 64, 128, 4] int32 in fragment order."""
+    k, n = values.shape
+    if k % SLAB or n % SLAB:
+        raise ValueError(f"{OP}: K ({k}) and N ({n}) must be multiples of {SLAB}")
+    rows, cols = fragment_order(values.device)
+    tiles = values.reshape(k // SLAB, SLAB, n // SLAB, SLAB).permute(0, 2, 1, 3)  # [ks, slab, k, n]
+    vals = tiles[:, :, cols, rows].to(torch.int64).reshape(k // SLAB, n // SLAB, 128, 4, 8)
+    words = sum(vals[..., j] << (4 * j) for j in range(8))
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+@triton.jit
+def _w4a16_fragment_kernel(
+    x_ptr, q_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
+    stride_xm, stride_sg, stride_os, stride_om,
+    GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr, SLABS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    BLOCK_N: tl.constexpr = 64 * SLABS  # (SLAB: a slab of 64 columns, a K step of 64)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    t = tl.arange(0, 128 * SLABS)
+    wd = tl.arange(0, 4)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, 64)
+    m_mask = offs_m < M
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(pid_k * 64, K, 64 * SPLIT_K):
+        words = q_ptr + ((k0 // 64) * (N // 64) + pid_n * SLABS).to(tl.int64) * 512 + t[:, None] * 4 + wd[None, :]
+        v = _widen(tl.load(words).to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True)
+        # (warps, g, tid, kstep, khalf, rowhalf, pair) -> [n, k]: the fragment's own order
+        v = tl.reshape(v, (4 * SLABS, 8, 4, 4, 2, 2, 2))
+        v = tl.reshape(tl.permute(v, (0, 5, 1, 3, 4, 2, 6)), (BLOCK_N, 64))
+        g = k0 // GROUP
+        # 2^23 + q - (2^23 + zero) = q - zero exactly (the fields read as floats: see _widen).
+        zero = tl.load(zero_ptr + g * stride_sg + offs_n).to(tl.float32) + 8388608.0
+        scale = tl.load(scale_ptr + g * stride_sg + offs_n).to(tl.float32)
+        w = ((v - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
+        x = tl.load(x_rows + _input_rows(perm_ptr, k0 + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc)
+    out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :])
+
+
+def choose_split_k(m: int, n: int, k: int, cfg: FragmentConfig, sms: int) -> int:
+    """Slices of K so that about two programs run per SM, each still walking at least four steps."""
+    if cfg.split_k:
+        return cfg.split_k
+    programs = cdiv(n, SLAB * cfg.slabs) * cdiv(m, cfg.block_m)
+    return max(1, min(cdiv(2 * sms, programs), k // (4 * SLAB)))
+
+
+def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                          group_size: int, perm: torch.Tensor | None = None, *,
+                          config: FragmentConfig | None = None) -> torch.Tensor:
+    """x [M, K] bf16/fp16, words from `repack_fragment`, scales and zeros [K / group_size, N]
+    (weight[n, k] = (q - zeros[g, n]) * scales[g, n], as in kernels/w4a16.py), perm [K] int32 or
+    None (act-order's gather) -> out [M, N] in x's dtype."""
+    cfg = config or FragmentConfig()
+    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16):
+        validation.fail(OP, f"x must be a 2-D float16 or bfloat16 tensor, got {x.dtype} of shape {tuple(x.shape)}")
+    m, k = x.shape
+    if words.dim() != 4 or words.dtype != torch.int32 or tuple(words.shape[2:]) != (128, 4) or words.shape[0] * SLAB != k:
+        validation.fail(OP, f"words must come from repack_fragment for K = {k}, got {words.dtype} "
+                            f"of shape {tuple(words.shape)}")
+    n = words.shape[1] * SLAB
+    if group_size <= 0 or group_size % SLAB or k % group_size or tuple(scales.shape) != (k // group_size, n) or scales.shape != zeros.shape:
+        validation.fail(OP, f"groups of {group_size} (a multiple of {SLAB} dividing K = {k}) need scales and "
+                            f"zeros of shape {(k // max(group_size, 1), n)}, got {tuple(scales.shape)} and {tuple(zeros.shape)}")
+    if n % (SLAB * cfg.slabs):
+        validation.fail(OP, f"N ({n}) must be a multiple of {SLAB * cfg.slabs} for {cfg.slabs} slabs a program")
+    if perm is not None and (perm.shape != (k,) or perm.dtype != torch.int32):
+        validation.fail(OP, f"perm must be int32 of shape ({k},), got {perm.dtype} of shape {tuple(perm.shape)}")
+    check_runnable(OP, x)
+    if m == 0:
+        return torch.empty(0, n, dtype=x.dtype, device=x.device)
+    split = choose_split_k(m, n, k, cfg, num_sms(x.device))
+    out = slices_or_output(split, m, n, x.dtype, x.device)
+    grid = (n // (SLAB * cfg.slabs), cdiv(m, cfg.block_m), split)
+    _w4a16_fragment_kernel[grid](
+        x, words, scales, zeros, words if perm is None else perm, out, m, n, k,
+        x.stride(0), scales.stride(0), out.stride(0), out.stride(1),
+        GROUP=group_size, HAS_PERM=perm is not None, BLOCK_M=cfg.block_m, SLABS=cfg.slabs, SPLIT_K=split,
+        num_warps=4 * cfg.slabs, num_stages=cfg.num_stages,
+    )
+    return finish(out, x.dtype)

@@ -1,0 +1,40 @@
+"""Compile w4a16_fragment_matmul for sm_90 without a GPU (Llama-3-8B's qkv shape, bf16, groups of
+128) for SLABS and BLOCK_M given on the command line, and print what its K loop holds in the PTX:
+wgmma instructions, shared-memory stores and loads, and the build's registers and spill bytes.
+Run without TRITON_INTERPRET."""
+
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hopper_compile  # noqa: E402 (this file's folder)
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+
+def main() -> None:
+    slabs, block_m = int(sys.argv[1]), int(sys.argv[2])
+    JITFunction.run = hopper_compile._record
+    from tritium.kernels import w4a16_fragment as f
+    f.check_runnable = lambda op, t: None
+    e = torch.empty
+    n, k = 6144, 4096
+    s = e(k // 128, n, dtype=torch.float16)
+    f.w4a16_fragment_matmul(e(block_m, k, dtype=torch.bfloat16), e(k // 64, n // 64, 128, 4, dtype=torch.int32), s, s,
+                            128, config=f.FragmentConfig(block_m=block_m, slabs=slabs, split_k=1))
+    fn, args, kwargs = hopper_compile.launches[0]
+    info = hopper_compile.compile_launch(fn, args, kwargs)
+    ptx = hopper_compile.compile_kernel(fn, args, kwargs).asm["ptx"].splitlines()
+    head = next(i for i, line in enumerate(ptx) if "Inner Loop Header" in line)
+    label = ptx[head].split(":")[0].strip()
+    end = next(i for i in range(head + 1, len(ptx)) if re.search(rf"bra(\.uni)?\s+{re.escape(label)};", ptx[i]))
+    body = ptx[head:end + 1]
+    count = lambda s: sum(s in line for line in body)  # noqa: E731
+    print(f"wgmma={count('wgmma.mma_async')} st_shared={count('st.shared')} ld_shared={count('ld.shared')} "
+          f"registers={info.get('registers')} spills={info.get('local_bytes', 0) + info.get('stack_bytes', 0)}")
+
+
+if __name__ == "__main__":
+    main()
