@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
+from fp8_matmul import linear_shapes  # (this script's folder, as benchmarks/kernels/w4a16.py imports it)
+from w4a16 import COLD_BYTES, cycling, time_us
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_matmul import linear_shapes  # noqa: E402
-from w4a16 import COLD_BYTES, cycling, time_us  # noqa: E402
-
-from tritium import kernels  # noqa: E402
-from tritium.kernels.w4a16_fragment import FragmentConfig, repack_fragment, w4a16_fragment_matmul  # noqa: E402
+from tritium import kernels
+from tritium.kernels.w4a16_fragment import FragmentConfig, repack_fragment, w4a16_fragment_matmul
 
 GROUP = 128
 ROWS = (1, 8, 16, 64, 256, 512, 4096)

@@ -5,13 +5,10 @@ Run without TRITON_INTERPRET."""
 
 import re
 import sys
-from pathlib import Path
 
+import hopper_compile  # this file's folder: run as a script
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hopper_compile  # noqa: E402 (this file's folder)
-from triton.runtime.jit import JITFunction  # noqa: E402
+from triton.runtime.jit import JITFunction
 
 
 def main() -> None:
