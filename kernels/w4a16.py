@@ -46,8 +46,7 @@ from . import w4a16_gemv_rows as gemv_rows
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
 from .split_k import finish, slices_or_output
-from .w4a16_layout import METHODS, W4A16Config, _input_rows, _widen  # noqa: F401 (W4A16Config, METHODS: public here)
-from .w4a16_paths import _load
+from .w4a16_layout import METHODS, W4A16Config, _input_rows, _load, _widen  # noqa: F401 (W4A16Config, METHODS: public here)
 
 OP = "w4a16_matmul"
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)

@@ -16,8 +16,8 @@ import triton.language as tl
 
 from ._launch import cdiv
 from .split_k import finish, slices_or_output
-from .w4a16_layout import W4A16Config, _input_rows
-from .w4a16_paths import X_EXP, _apply_groups, _fma_fields, _join_fields, _load, gemv_split_k, slice_rows
+from .w4a16_layout import W4A16Config, _input_rows, _load
+from .w4a16_paths import X_EXP, _apply_groups, _fma_fields, _join_fields, gemv_split_k, slice_rows
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """What the w4a16 matmul's paths share (kernels/w4a16.py describes the layout): the config
-that picks a path and its tiles, and the Triton helpers that widen packed words and gather
-act-order rows."""
+that picks a path and its tiles, and the Triton helpers that widen packed words, gather
+act-order rows and load a tile with or without masks."""
 
 from __future__ import annotations
 
@@ -77,3 +77,13 @@ def _input_rows(perm_ptr, k, HAS_PERM: tl.constexpr):
     else:
         kx = k
     return kx
+
+
+@triton.jit
+def _load(ptrs, mask, EVEN: tl.constexpr):
+    """ptrs' values, or 0 where mask is false (EVEN: every one is in bounds, no mask)."""
+    if EVEN:
+        v = tl.load(ptrs)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0)
+    return v

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ._launch import cdiv
 from .split_k import sum_slices
-from .w4a16_layout import W4A16Config, _input_rows, _widen
+from .w4a16_layout import W4A16Config, _input_rows, _load, _widen
 
 
 # The activations are scaled by 2^X_EXP so that their product with a field (the field's bits in
@@ -48,16 +48,6 @@ def _field(q, J: tl.constexpr, BITS: tl.constexpr):
     else:
         bits = q >> 24
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _load(ptrs, mask, EVEN: tl.constexpr):
-    """ptrs' values, or 0 where mask is false (EVEN: every one is in bounds, no mask)."""
-    if EVEN:
-        v = tl.load(ptrs)
-    else:
-        v = tl.load(ptrs, mask=mask, other=0)
-    return v
 
 
 @triton.jit
