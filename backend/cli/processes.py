@@ -134,8 +134,7 @@ class Supervisor:
         alive = ", ".join(c.name for c in self.children if c.exited() is None)
         if alive:
             self._log(f"{alive} did not stop in time: killing it")
-            for child in self.children:
-                child.signal_group(signal.SIGKILL)
         for child in self.children:
-            child.signal_group(signal.SIGKILL)  # what is left of its group: its leader is not reaped yet
+            # A leader still running, and what is left of each group (its leader is not reaped yet).
+            child.signal_group(signal.SIGKILL)
             child.proc.wait()
