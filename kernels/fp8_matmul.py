@@ -133,7 +133,9 @@ def _fp8_matmul_kernel(
         x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if SWAP_AB:
-            acc = tl.dot(w, tl.trans(x), acc)
+            # The FP8 wgmma's own accumulator keeps fewer bits than float32; adding each K
+            # step's products into float32 keeps the sum as exact as the unswapped path's.
+            acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=BLOCK_K)
         else:
             acc = tl.dot(x, tl.trans(w), acc)
     x_scale = tl.load(x_scale_ptr + offs_m, mask=m_mask, other=0.0)
