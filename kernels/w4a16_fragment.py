@@ -7,14 +7,19 @@ tile must be redistributed before the MMA: the sm_90 build sends it through shar
 K step. Here `repack_fragment` reorders each [64 N x 64 K] slab at load so that thread t of a
 warpgroup loads, in four contiguous words, exactly the 32 values of its wgmma A fragment:
 
-    t = warp * 32 + g * 4 + tid,  value i = kstep * 8 + khalf * 4 + rowhalf * 2 + pair  (word
-    kstep, field i % 8)  holds  n = warp * 16 + rowhalf * 8 + g,  k = kstep * 16 + khalf * 8 +
-    tid * 2 + pair
+    t = warp * 32 + g * 4 + tid,  value i = kstep * 8 + khalf * 4 + rowhalf * 2 + pair  holds
+    n = warp * 16 + rowhalf * 8 + g,  k = kstep * 16 + khalf * 8 + tid * 2 + pair,  and sits in
+    word kstep, field pair * 4 + khalf * 2 + rowhalf
 
-The kernel widens the words, reshapes and permutes the values into the [64 * SLABS, 64] tile
+so one of the MMA's 32-bit registers (a pair) is fields r and r + 4 of a word: bits 0-3 and 16-19
+after a shift by 4r. On a GPU one AND-OR (lop3) per register then makes both values 16-bit floats
+at once (the magic exponent of 128, or 1024 in fp16, over the field's bits), and two paired
+FMAs subtract the zero and apply the scale: about two instructions a weight, where widening one
+value at a time in float32 takes four times that. The interpreter widens the same fields with
+triton.language. The values are then reshaped and permuted into the [64 * SLABS, 64] tile
 (Triton's layouts follow without moving data: the sm_90 loop has no shared-memory store) and
-multiplies it by x^T, whose tile is in shared memory. Each thread then holds two columns, so a
-group's zero and scale cost two conversions a thread, not one a weight. Words are stored
+multiplied by x^T, whose tile is in shared memory. Each thread holds two columns, so a group's
+zero and scale cost a few instructions a thread, not one a weight. Words are stored
 [K / 64, N / 64, 128, 4]: the slabs of one K step are adjacent, so a program of SLABS slabs
 loads one contiguous run. 4-bit fields only, N and K multiples of 64, groups of 64 or more.
 
@@ -37,6 +42,9 @@ from .w4a16_layout import _input_rows, _widen
 
 OP = "w4a16_fragment_matmul"
 SLAB = 64  # a warpgroup's rows of the MMA (columns of the output), and the K step
+# Value khalf * 4 + rowhalf * 2 + pair of a word (its order in the fragment) is its field
+# pair * 4 + khalf * 2 + rowhalf, so a register's pair is fields r and r + 4.
+FIELD_OF_VALUE = tuple(pair * 4 + khalf * 2 + rowhalf for khalf in (0, 1) for rowhalf in (0, 1) for pair in (0, 1))
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class FragmentConfig:
     slabs: int = 1  # 64-column slabs a program, one warpgroup (four warps) each
     split_k: int = 0  # 0: enough K slices for about two programs per SM
     num_stages: int = 3
+    ksteps: int = 1  # steps of 64 along K an iteration (of one group: its zeros and scales load once)
 
 
 def fragment_order(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,8 +76,85 @@ def repack_fragment(values: torch.Tensor) -> torch.Tensor:
     rows, cols = fragment_order(values.device)
     tiles = values.reshape(k // SLAB, SLAB, n // SLAB, SLAB).permute(0, 2, 1, 3)  # [ks, slab, k, n]
     vals = tiles[:, :, cols, rows].to(torch.int64).reshape(k // SLAB, n // SLAB, 128, 4, 8)
-    words = sum(vals[..., j] << (4 * j) for j in range(8))
+    words = sum(vals[..., value] << (4 * field) for value, field in enumerate(FIELD_OF_VALUE))
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+# Four registers of two 16-bit values from one word, `$8`: register r is fields r and r + 4 over
+# the magic exponent (AND-OR with the mask, in one lop3), then (v - (magic + zero)) * scale as
+# paired FMAs (x * 1 + c, x * s + -0: both round once, as a subtraction and a product would).
+# Registers 0 and 2 hold the thread's first column (zero $9, scale $10), 1 and 3 its second
+# ($11, $12), each the value twice.
+_PAIRED_DEQUANT = """{
+.reg .b32 r0, r1, r2, r3, sh, one, nz;
+mov.b32 one, ONE;
+mov.b32 nz, 0x80008000;
+lop3.b32 r0, $8, 0x000f000f, MAGIC, 0xea;
+shr.u32 sh, $8, 4;
+lop3.b32 r1, sh, 0x000f000f, MAGIC, 0xea;
+shr.u32 sh, $8, 8;
+lop3.b32 r2, sh, 0x000f000f, MAGIC, 0xea;
+shr.u32 sh, $8, 12;
+lop3.b32 r3, sh, 0x000f000f, MAGIC, 0xea;
+fma.rn.TYPE r0, r0, one, $9;
+fma.rn.TYPE r1, r1, one, $11;
+fma.rn.TYPE r2, r2, one, $9;
+fma.rn.TYPE r3, r3, one, $11;
+fma.rn.TYPE r0, r0, $10, nz;
+fma.rn.TYPE r1, r1, $12, nz;
+fma.rn.TYPE r2, r2, $10, nz;
+fma.rn.TYPE r3, r3, $12, nz;
+mov.b32 {$0, $1}, r0;
+mov.b32 {$2, $3}, r1;
+mov.b32 {$4, $5}, r2;
+mov.b32 {$6, $7}, r3;
+}"""
+_PAIRED_BF16 = tl.constexpr(_PAIRED_DEQUANT.replace("ONE", "0x3f803f80").replace("MAGIC", "0x43004300")
+                            .replace("TYPE", "bf16x2"))
+_PAIRED_FP16 = tl.constexpr(_PAIRED_DEQUANT.replace("ONE", "0x3c003c00").replace("MAGIC", "0x64006400")
+                            .replace("TYPE", "f16x2"))
+
+
+@triton.jit
+def _twice(v, DTYPE: tl.constexpr):
+    """v rounded to DTYPE, its 16 bits in both halves of an int32."""
+    h = v.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return h | (h << 16)
+
+
+@triton.jit
+def _paired_constants(zero_ptrs, scale_ptrs, DTYPE: tl.constexpr):
+    """Each thread's -(magic + zero) and scale for its two columns (zero_ptrs and scale_ptrs point
+    at the first; the second is 8 further on), each value twice in an int32."""
+    magic = 128.0 if DTYPE == tl.bfloat16 else 1024.0
+    # magic + zero is exact in 16 bits for the integer zeros 0..15 every 4-bit format stores.
+    nz0 = _twice(-(magic + tl.load(zero_ptrs).to(tl.float32)), DTYPE)
+    nz1 = _twice(-(magic + tl.load(zero_ptrs + 8).to(tl.float32)), DTYPE)
+    s0 = _twice(tl.load(scale_ptrs).to(tl.float32), DTYPE)
+    s1 = _twice(tl.load(scale_ptrs + 8).to(tl.float32), DTYPE)
+    return nz0, s0, nz1, s1
+
+
+@triton.jit
+def _dequant_paired(q, nz0, s0, nz1, s1, DTYPE: tl.constexpr, SLABS: tl.constexpr):
+    """Words [128 * SLABS, 4] (thread t's four) -> the [64 * SLABS, 64] tile in DTYPE, through
+    _PAIRED_DEQUANT (GPU only: inline PTX), with _paired_constants' values."""
+    nz0 = tl.broadcast_to(nz0[:, None], q.shape)
+    nz1 = tl.broadcast_to(nz1[:, None], q.shape)
+    s0 = tl.broadcast_to(s0[:, None], q.shape)
+    s1 = tl.broadcast_to(s1[:, None], q.shape)
+    if DTYPE == tl.bfloat16:
+        o = tl.inline_asm_elementwise(_PAIRED_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [q, nz0, s0, nz1, s1],
+                                      dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+    else:
+        o = tl.inline_asm_elementwise(_PAIRED_FP16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [q, nz0, s0, nz1, s1],
+                                      dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+    # o[r * 2 + pair], r = khalf * 2 + rowhalf -> [t, kstep, pair, rowhalf, khalf]
+    v = tl.join(tl.join(tl.join(o[0], o[1]), tl.join(o[2], o[3])), tl.join(tl.join(o[4], o[5]), tl.join(o[6], o[7])))
+    # (warps, g, tid, kstep, pair, rowhalf, khalf) -> [n, k]
+    v = tl.reshape(v, (4 * SLABS, 8, 4, 4, 2, 2, 2))
+    v = tl.reshape(tl.permute(v, (0, 5, 1, 3, 6, 2, 4)), (64 * SLABS, 64))
+    return v.to(DTYPE, bitcast=True)
 
 
 @triton.jit
@@ -76,7 +162,7 @@ def _w4a16_fragment_kernel(
     x_ptr, q_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
     stride_xm, stride_sg, stride_os, stride_om,
     GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_M: tl.constexpr, SLABS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, KSTEPS: tl.constexpr, PAIRED: tl.constexpr,
 ):
     BLOCK_N: tl.constexpr = 64 * SLABS  # (SLAB: a slab of 64 columns, a K step of 64)
     pid_n = tl.program_id(0)
@@ -87,24 +173,42 @@ def _w4a16_fragment_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, 64)
+    # Each thread's first column (rowhalf 0); its second is 8 further on.
+    n_of_t = pid_n * BLOCK_N + (t // 32) * 16 + (t // 4) % 8
     m_mask = offs_m < M
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(pid_k * 64, K, 64 * SPLIT_K):
-        words = q_ptr + ((k0 // 64) * (N // 64) + pid_n * SLABS).to(tl.int64) * 512 + t[:, None] * 4 + wd[None, :]
-        v = _widen(tl.load(words).to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True)
-        # (warps, g, tid, kstep, khalf, rowhalf, pair) -> [n, k]: the fragment's own order
-        v = tl.reshape(v, (4 * SLABS, 8, 4, 4, 2, 2, 2))
-        v = tl.reshape(tl.permute(v, (0, 5, 1, 3, 4, 2, 6)), (BLOCK_N, 64))
+    # Each iteration takes KSTEPS steps of 64 from one group, so its zeros and scales load once.
+    for k0 in range(pid_k * 64 * KSTEPS, K, 64 * KSTEPS * SPLIT_K):
         g = k0 // GROUP
-        # 2^23 + q - (2^23 + zero) = q - zero exactly (the fields read as floats: see _widen).
-        zero = tl.load(zero_ptr + g * stride_sg + offs_n).to(tl.float32) + 8388608.0
-        scale = tl.load(scale_ptr + g * stride_sg + offs_n).to(tl.float32)
-        w = ((v - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
-        x = tl.load(x_rows + _input_rows(perm_ptr, k0 + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc)
+        if PAIRED:
+            nz0, s0, nz1, s1 = _paired_constants(zero_ptr + g * stride_sg + n_of_t, scale_ptr + g * stride_sg + n_of_t,
+                                                 x_ptr.dtype.element_ty)
+        else:
+            # 2^23 + q - (2^23 + zero) = q - zero exactly (the fields read as floats: see _widen).
+            zero = tl.load(zero_ptr + g * stride_sg + offs_n).to(tl.float32) + 8388608.0
+            scale = tl.load(scale_ptr + g * stride_sg + offs_n).to(tl.float32)
+        for j in tl.static_range(KSTEPS):
+            kj = k0 + 64 * j
+            words = q_ptr + ((kj // 64) * (N // 64) + pid_n * SLABS).to(tl.int64) * 512 + t[:, None] * 4 + wd[None, :]
+            q = tl.load(words)
+            if PAIRED:
+                w = _dequant_paired(q, nz0, s0, nz1, s1, x_ptr.dtype.element_ty, SLABS)
+            else:
+                v = _widen(q.to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True)
+                # (warps, g, tid, kstep, pair, khalf, rowhalf) -> [n, k]: the fragment's own order
+                v = tl.reshape(v, (4 * SLABS, 8, 4, 4, 2, 2, 2))
+                v = tl.reshape(tl.permute(v, (0, 6, 1, 3, 5, 2, 4)), (BLOCK_N, 64))
+                w = ((v - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
+            x = tl.load(x_rows + _input_rows(perm_ptr, kj + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
+            acc = tl.dot(w, tl.trans(x), acc)
     out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :])
+
+
+def paired_dequant(x: torch.Tensor) -> bool:
+    """Whether the kernel widens with the paired PTX (a GPU) or with triton.language (the interpreter)."""
+    return x.is_cuda
 
 
 def choose_split_k(m: int, n: int, k: int, cfg: FragmentConfig, sms: int) -> int:
@@ -112,7 +216,7 @@ def choose_split_k(m: int, n: int, k: int, cfg: FragmentConfig, sms: int) -> int
     if cfg.split_k:
         return cfg.split_k
     programs = cdiv(n, SLAB * cfg.slabs) * cdiv(m, cfg.block_m)
-    return max(1, min(cdiv(2 * sms, programs), k // (4 * SLAB)))
+    return max(1, min(cdiv(2 * sms, programs), k // (4 * SLAB * cfg.ksteps)))
 
 
 def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -132,6 +236,8 @@ def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Te
     if group_size <= 0 or group_size % SLAB or k % group_size or tuple(scales.shape) != (k // group_size, n) or scales.shape != zeros.shape:
         validation.fail(OP, f"groups of {group_size} (a multiple of {SLAB} dividing K = {k}) need scales and "
                             f"zeros of shape {(k // max(group_size, 1), n)}, got {tuple(scales.shape)} and {tuple(zeros.shape)}")
+    if group_size % (SLAB * cfg.ksteps):
+        validation.fail(OP, f"groups of {group_size} cannot hold {cfg.ksteps} steps of {SLAB} an iteration")
     if n % (SLAB * cfg.slabs):
         validation.fail(OP, f"N ({n}) must be a multiple of {SLAB * cfg.slabs} for {cfg.slabs} slabs a program")
     if perm is not None and (perm.shape != (k,) or perm.dtype != torch.int32):
@@ -145,7 +251,7 @@ def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Te
     _w4a16_fragment_kernel[grid](
         x, words, scales, zeros, words if perm is None else perm, out, m, n, k,
         x.stride(0), scales.stride(0), out.stride(0), out.stride(1),
-        GROUP=group_size, HAS_PERM=perm is not None, BLOCK_M=cfg.block_m, SLABS=cfg.slabs, SPLIT_K=split,
-        num_warps=4 * cfg.slabs, num_stages=cfg.num_stages,
+        GROUP=group_size, HAS_PERM=perm is not None, BLOCK_M=cfg.block_m, SLABS=cfg.slabs, SPLIT_K=split, KSTEPS=cfg.ksteps,
+        PAIRED=paired_dequant(x), num_warps=4 * cfg.slabs, num_stages=cfg.num_stages,
     )
     return finish(out, x.dtype)

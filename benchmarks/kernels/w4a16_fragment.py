@@ -25,8 +25,9 @@ def configs(m: int) -> list[FragmentConfig]:
     """A few tiles for m rows: one row tile where it holds them all, K slices automatic or none."""
     tiles = [16] if m <= 16 else [16, 64] if m <= 64 else [128, 256]
     splits = (0,) if m <= 64 else (0, 1)
-    return [FragmentConfig(block_m=bm, slabs=s, split_k=sp, num_stages=st)
-            for bm in tiles for s in (1, 2) for sp in splits for st in ((3, 4) if m <= 64 else (3,))]
+    ksteps = (1, 2) if m <= 64 else (2,)
+    return [FragmentConfig(block_m=bm, slabs=s, split_k=sp, num_stages=st, ksteps=ks)
+            for bm in tiles for s in (1, 2) for sp in splits for st in ((3, 4) if m <= 64 else (3,)) for ks in ksteps]
 
 
 def pack_along_n(q: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def main() -> None:
             t_engine = time_us(lambda: kernels.w4a16_matmul.triton(x, next_packed(), scales, zeros, GROUP))
             timed = {}
             for cfg in configs(m):
-                name = f"m{cfg.block_m} slabs{cfg.slabs} s{cfg.split_k} st{cfg.num_stages}"
+                name = f"m{cfg.block_m} slabs{cfg.slabs} s{cfg.split_k} st{cfg.num_stages} ks{cfg.ksteps}"
                 try:
                     got = w4a16_fragment_matmul(x, frag, scales, zeros, GROUP, config=cfg)
                     diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()

@@ -1,5 +1,5 @@
 """Compile w4a16_fragment_matmul for sm_90 without a GPU (Llama-3-8B's qkv shape, bf16, groups of
-128) for SLABS and BLOCK_M given on the command line, and print what its K loop holds in the PTX:
+128) for SLABS, BLOCK_M and the widening ("paired" PTX, or "tl") given on the command line, and print what its K loop holds in the PTX:
 wgmma instructions, shared-memory stores and loads, and the build's registers and spill bytes.
 Run without TRITON_INTERPRET."""
 
@@ -12,10 +12,11 @@ from triton.runtime.jit import JITFunction
 
 
 def main() -> None:
-    slabs, block_m = int(sys.argv[1]), int(sys.argv[2])
+    slabs, block_m, paired = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "paired"
     JITFunction.run = hopper_compile._record
     from tritium.kernels import w4a16_fragment as f
     f.check_runnable = lambda op, t: None
+    f.paired_dequant = lambda x: paired
     e = torch.empty
     n, k = 6144, 4096
     s = e(k // 128, n, dtype=torch.float16)

@@ -1,7 +1,8 @@
 """w4a16_fragment_matmul (4-bit words in wgmma's A-fragment order) against a float64 product
 built from the integer weights: row counts from one to past a tile, one and two slabs a program,
 split K, act-order's gather, groups of 64 and 128; the repack's order, the argument errors, and
-the sm_90 build (no shared-memory store in the K loop, where the shipped layout has four)."""
+the sm_90 build with either widening, paired PTX or triton.language (no shared-memory store in the
+K loop, where the shipped layout has four). The paired PTX runs only on a GPU."""
 
 import re
 
@@ -30,19 +31,20 @@ def _case(m, n, k, group, shuffled, seed, dtype):
     return args, (perm.to(DEVICE) if shuffled else None), x.double() @ w
 
 
-# (rows, N, K, group, shuffled, block_m, slabs, split_k)
-CASES = [(1, 64, 128, 64, False, 16, 1, 1), (5, 128, 256, 128, True, 16, 2, 2), (16, 192, 128, 64, False, 16, 1, 0),
-         (37, 128, 192, 64, True, 32, 2, 1), (70, 64, 256, 128, False, 64, 1, 3)]
+# (rows, N, K, group, shuffled, block_m, slabs, split_k, ksteps)
+CASES = [(1, 64, 128, 64, False, 16, 1, 1, 1), (5, 128, 256, 128, True, 16, 2, 2, 1), (16, 192, 128, 64, False, 16, 1, 0, 1),
+         (37, 128, 192, 64, True, 32, 2, 1, 1), (70, 64, 256, 128, False, 64, 1, 3, 1),
+         (9, 128, 512, 128, True, 16, 1, 2, 2)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "m{}-n{}-k{}-g{}{}-slabs{}".format(
-    *c[:4], "-perm" if c[4] else "", c[6]))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "m{}-n{}-k{}-g{}{}-slabs{}-ksteps{}".format(
+    *c[:4], "-perm" if c[4] else "", c[6], c[8]))
 def test_matches_float64(case, dtype):
-    m, n, k, group, shuffled, bm, slabs, split = case
+    m, n, k, group, shuffled, bm, slabs, split, ksteps = case
     (x, words, scales, zeros), perm, oracle = _case(m, n, k, group, shuffled, m + n + k, dtype)
-    out = w4a16_fragment_matmul(x, words, scales, zeros, group, perm,
-                                config=FragmentConfig(block_m=bm, slabs=slabs, split_k=split, num_stages=2))
+    out = w4a16_fragment_matmul(x, words, scales, zeros, group, perm, config=FragmentConfig(
+        block_m=bm, slabs=slabs, split_k=split, num_stages=2, ksteps=ksteps))
     assert out.shape == (m, n) and out.dtype == dtype
     assert rel_err(out, oracle) < (4e-3 if dtype == torch.bfloat16 else 2e-3)
 
@@ -52,8 +54,10 @@ def test_repack_puts_each_threads_fragment_in_its_words():
     words = repack_fragment(q)
     rows, cols = fragment_order()
     assert words.shape == (1, 1, 128, 4)
-    fields = torch.stack([(words[0, 0].long() >> (4 * j)) & 15 for j in range(8)], dim=-1).reshape(128, 32)
-    assert torch.equal(fields, q[cols, rows])
+    fields = torch.stack([(words[0, 0].long() >> (4 * j)) & 15 for j in range(8)], dim=-1)  # [t, word, field]
+    # Value khalf * 4 + rowhalf * 2 + pair of a word is its field pair * 4 + khalf * 2 + rowhalf.
+    values = fields[..., [0, 4, 1, 5, 2, 6, 3, 7]].reshape(128, 32)
+    assert torch.equal(values, q[cols, rows])
     # Thread 5 of warp 1 (g 1, tid 1): columns 17 and 25 (rows of the MMA), K 2, 3, 10, 11, 18, ...
     assert rows[37, :4].tolist() == [17, 17, 25, 25] and cols[37, :8].tolist() == [2, 3, 2, 3, 10, 11, 10, 11]
 
@@ -62,6 +66,7 @@ def test_repack_puts_each_threads_fragment_in_its_words():
     (lambda a: {**a, "words": a["words"][:1]}, "words must come from repack_fragment for K = 128"),
     (lambda a: {**a, "group_size": 32}, r"groups of 32 \(a multiple of 64 dividing K = 128\)"),
     (lambda a: {**a, "config": FragmentConfig(slabs=2)}, r"N \(64\) must be a multiple of 128 for 2 slabs"),
+    (lambda a: {**a, "config": FragmentConfig(ksteps=2)}, "groups of 64 cannot hold 2 steps of 64 an iteration"),
     (lambda a: {**a, "x": a["x"].float()}, "x must be a 2-D float16 or bfloat16 tensor"),
     (lambda a: {**a, "perm": torch.zeros(64, dtype=torch.int32, device=DEVICE)}, r"perm must be int32 of shape \(128,\)"),
 ])
@@ -77,13 +82,13 @@ def test_argument_errors(change, message):
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU the kernel runs for real")
-@pytest.mark.parametrize("slabs, block_m", [(1, 64), (2, 256)])
-def test_the_sm90_loop_keeps_the_tile_out_of_shared_memory(slabs, block_m):
+@pytest.mark.parametrize("slabs, block_m, widening", [(1, 64, "tl"), (2, 256, "tl"), (1, 16, "paired"), (2, 128, "paired")])
+def test_the_sm90_loop_keeps_the_tile_out_of_shared_memory(slabs, block_m, widening):
     import os
     import subprocess
     import sys
     script = os.path.join(os.path.dirname(__file__), "hopper_compile_w4a16_fragment.py")
-    run = subprocess.run([sys.executable, script, str(slabs), str(block_m)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, script, str(slabs), str(block_m), widening], capture_output=True, text=True,
                          timeout=300, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert run.returncode == 0, run.stderr[-3000:]
     counts = dict(re.findall(r"(\w+)=(\d+)", run.stdout.strip().splitlines()[-1]))
