@@ -57,8 +57,9 @@
 #   swap-sweeps      the swapped-operand W4A16 and FP8 few-row kernels: GPU tests, the W4A16 sweep at
 #                    $W4_SWEEP_ROWS (256,512,4096), the FP8 default against the swapped configs; both
 #                    config tables written to $OUT; then the W4A16 table of every path
-#   w4a16-fragment   the W4A16 kernel on words in wgmma's fragment order (not in the engine yet): its GPU
-#                    tests, then its table against cuBLAS bf16 and the engine's path at 1-4096 rows
+#   w4a16-fragment   the W4A16 kernel on words in wgmma's fragment order: its GPU tests, then its table
+#                    against cuBLAS bf16 and the packed layout's path at 1-4096 rows; the table of the
+#                    shapes where it wins written to $OUT/w4a16_fragment_configs.json
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -210,12 +211,14 @@ swap-sweeps)
     stamp done ;;
 w4a16-fragment)
     # The W4A16 kernel on fragment-ordered words: its GPU tests, then its table against cuBLAS
-    # bf16 and the engine's W4A16 path at every row count.
+    # bf16 and the packed layout's path at every row count; the shapes where it wins go into
+    # $OUT/w4a16_fragment_configs.json (copy it into kernels/configs/ to keep them).
     stamp "GPU tests of the fragment-order W4A16 kernel"
     gpu_tests 200 8 tests/kernels/test_kernel_w4a16_fragment.py --confcutdir=tests
     stamp "fragment-order W4A16 against cuBLAS bf16 and the engine's W4A16 path"
+    cp kernels/configs/w4a16_fragment.json "$OUT/w4a16_fragment_configs.json" 2>/dev/null
     timeout "${FRAGMENT_LIMIT:-300}" "$PY" benchmarks/kernels/w4a16_fragment.py --json "$OUT/w4a16_fragment.json" \
-        2>&1 | grep -v "Warning\|warnings.warn" | tail -32 >> "$S"
+        --write-configs "$OUT/w4a16_fragment_configs.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -36 >> "$S"
     stamp done ;;
 w4a16)
     EXTRA=("$@")

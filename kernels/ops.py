@@ -54,6 +54,7 @@ OPS: dict[str, KernelOp] = {op.name: op for op in (
     KernelOp("apply_penalties", "sampling", reference.apply_penalties_ref),
     KernelOp("add_lora", "lora", reference.add_lora_ref),
     KernelOp("w4a16_matmul", "w4a16", reference.w4a16_matmul_ref),
+    KernelOp("w4a16_fragment_linear", "w4a16_fragment_paths", reference.w4a16_fragment_linear_ref),
     KernelOp("fused_moe", "moe", reference.fused_moe_ref),
     KernelOp("topk_softmax", "moe_router", reference.topk_softmax_ref),
 )}

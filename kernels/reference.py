@@ -320,6 +320,13 @@ def w4a16_dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, zeros: tor
     shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=qweight.device)
     q = (qweight[:, :, None] >> shifts) & ((1 << bits) - 1)          # [K, N / P, P]
     q = q.reshape(qweight.shape[0], qweight.shape[1] * per_word)      # [K, N]
+    return w4a16_dequantize_values(q, scales, zeros, group_size, perm, dtype)
+
+
+def w4a16_dequantize_values(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                       perm: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Values [K, N] (row k multiplies x[:, perm[k]]) -> the [N, K] weight in the activations'
+    order, in `dtype`: (q - zero) * scale, exact in float32 for fp16 scales."""
     groups = torch.arange(q.shape[0], device=q.device) // group_size
     compute = _compute_dtype(dtype)
     w = (q.to(compute) - zeros.to(compute)[groups]) * scales.to(compute)[groups]
@@ -337,6 +344,16 @@ def w4a16_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
                   v.REFERENCE_DTYPES)
     compute = _compute_dtype(x.dtype)
     w = w4a16_dequantize_ref(qweight, scales, zeros, group_size, perm, bits=bits, dtype=compute)
+    return F.linear(x.to(compute), w).to(x.dtype)
+
+
+def w4a16_fragment_linear_ref(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                              group_size: int, perm: torch.Tensor | None = None, **_options) -> torch.Tensor:
+    """w4a16_matmul_ref for words in kernels/w4a16_fragment.py's order."""
+    from .w4a16_fragment_layout import FragmentConfig, check_arguments, unpack_fragment
+    check_arguments(x, words, scales, zeros, group_size, perm, FragmentConfig(), v.REFERENCE_DTYPES)
+    compute = _compute_dtype(x.dtype)
+    w = w4a16_dequantize_values(unpack_fragment(words), scales, zeros, group_size, perm, compute)
     return F.linear(x.to(compute), w).to(x.dtype)
 
 

@@ -23,62 +23,22 @@ zero and scale cost a few instructions a thread, not one a weight. Words are sto
 [K / 64, N / 64, 128, 4]: the slabs of one K step are adjacent, so a program of SLABS slabs
 loads one contiguous run. 4-bit fields only, N and K multiples of 64, groups of 64 or more.
 
-Not wired into the engine yet: kernels/w4a16.py's layout stays the one checkpoints are repacked
-into until this kernel is timed against it (`benchmarks/kernels/w4a16_fragment.py`).
+The engine repacks a weight into this layout only on a card whose measured table has its shape
+(kernels/w4a16_fragment_layout.py); kernels/w4a16_fragment_paths.py picks this kernel or a
+dequantize-then-GEMM per row bucket.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from . import validation
 from ._launch import cdiv, check_runnable, num_sms
 from .split_k import finish, slices_or_output
+from .w4a16_fragment_layout import (OP, SLAB, FragmentConfig, check_arguments, fragment_order,  # noqa: F401
+                                    repack_fragment, unpack_fragment)
 from .w4a16_layout import _input_rows, _widen
-
-OP = "w4a16_fragment_matmul"
-SLAB = 64  # a warpgroup's rows of the MMA (columns of the output), and the K step
-# Value khalf * 4 + rowhalf * 2 + pair of a word (its order in the fragment) is its field
-# pair * 4 + khalf * 2 + rowhalf, so a register's pair is fields r and r + 4.
-FIELD_OF_VALUE = tuple(pair * 4 + khalf * 2 + rowhalf for khalf in (0, 1) for rowhalf in (0, 1) for pair in (0, 1))
-
-
-@dataclass(frozen=True)
-class FragmentConfig:
-    block_m: int = 64  # activation rows a program (the MMA's N: 8 to 256)
-    slabs: int = 1  # 64-column slabs a program, one warpgroup (four warps) each
-    split_k: int = 0  # 0: enough K slices for about two programs per SM
-    num_stages: int = 3
-    ksteps: int = 1  # steps of 64 along K an iteration (of one group: its zeros and scales load once)
-
-
-def fragment_order(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """[128, 32] (n, k) within a slab of each thread's values, in register order."""
-    t = torch.arange(128, device=device)
-    warp, g, tid = t // 32, (t // 4) % 8, t % 4
-    i = torch.arange(32, device=device)
-    kstep, khalf, rowhalf, pair = i // 8, (i // 4) % 2, (i // 2) % 2, i % 2
-    rows = warp[:, None] * 16 + rowhalf[None, :] * 8 + g[:, None]
-    cols = kstep[None, :] * 16 + khalf[None, :] * 8 + tid[:, None] * 2 + pair[None, :]
-    return rows, cols
-
-
-def repack_fragment(values: torch.Tensor) -> torch.Tensor:
-    """values [K, N], integers 0..15 (row k multiplies x[:, k], or x[:, perm[k]] with act-order)
-    -> words [K / 64, N / 64, 128, 4] int32 in fragment order."""
-    k, n = values.shape
-    if k % SLAB or n % SLAB:
-        raise ValueError(f"{OP}: K ({k}) and N ({n}) must be multiples of {SLAB}")
-    rows, cols = fragment_order(values.device)
-    tiles = values.reshape(k // SLAB, SLAB, n // SLAB, SLAB).permute(0, 2, 1, 3)  # [ks, slab, k, n]
-    vals = tiles[:, :, cols, rows].to(torch.int64).reshape(k // SLAB, n // SLAB, 128, 4, 8)
-    words = sum(vals[..., value] << (4 * field) for value, field in enumerate(FIELD_OF_VALUE))
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-
 
 # Four registers of two 16-bit values from one word, `$8`: register r is fields r and r + 4 over
 # the magic exponent (AND-OR with the mask, in one lop3), then (v - (magic + zero)) * scale as
@@ -158,6 +118,30 @@ def _dequant_paired(q, nz0, s0, nz1, s1, DTYPE: tl.constexpr, SLABS: tl.constexp
 
 
 @triton.jit
+def _widen_fragment(q, SLABS: tl.constexpr):
+    """Words [128 * SLABS, 4] -> the [64 * SLABS, 64] tile of 2^23 + q as float32 (triton.language:
+    any device, the interpreter included)."""
+    v = _widen(q.to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True)
+    # (warps, g, tid, kstep, pair, khalf, rowhalf) -> [n, k]: the fragment's own order
+    v = tl.reshape(v, (4 * SLABS, 8, 4, 4, 2, 2, 2))
+    return tl.reshape(tl.permute(v, (0, 6, 1, 3, 5, 2, 4)), (64 * SLABS, 64))
+
+
+@triton.jit
+def _fragment_dequantize_kernel(q_ptr, scale_ptr, zero_ptr, out_ptr, N, stride_sg, stride_on, GROUP: tl.constexpr):
+    pid_k = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    t = tl.arange(0, 128)
+    q = tl.load(q_ptr + (pid_k * (N // 64) + pid_n).to(tl.int64) * 512 + t[:, None] * 4 + tl.arange(0, 4)[None, :])
+    offs_n = pid_n * 64 + tl.arange(0, 64)
+    g = (pid_k * 64) // GROUP
+    zero = tl.load(zero_ptr + g * stride_sg + offs_n).to(tl.float32) + 8388608.0
+    scale = tl.load(scale_ptr + g * stride_sg + offs_n).to(tl.float32)
+    w = (_widen_fragment(q, 1) - zero[:, None]) * scale[:, None]
+    offs_k = pid_k * 64 + tl.arange(0, 64)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * stride_on + offs_k[None, :], w.to(out_ptr.dtype.element_ty))
+
+@triton.jit
 def _w4a16_fragment_kernel(
     x_ptr, q_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
     stride_xm, stride_sg, stride_os, stride_om,
@@ -195,11 +179,7 @@ def _w4a16_fragment_kernel(
             if PAIRED:
                 w = _dequant_paired(q, nz0, s0, nz1, s1, x_ptr.dtype.element_ty, SLABS)
             else:
-                v = _widen(q.to(tl.uint32, bitcast=True), 4).to(tl.float32, bitcast=True)
-                # (warps, g, tid, kstep, pair, khalf, rowhalf) -> [n, k]: the fragment's own order
-                v = tl.reshape(v, (4 * SLABS, 8, 4, 4, 2, 2, 2))
-                v = tl.reshape(tl.permute(v, (0, 6, 1, 3, 5, 2, 4)), (BLOCK_N, 64))
-                w = ((v - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
+                w = ((_widen_fragment(q, SLABS) - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
             x = tl.load(x_rows + _input_rows(perm_ptr, kj + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
             acc = tl.dot(w, tl.trans(x), acc)
     out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
@@ -226,22 +206,7 @@ def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Te
     (weight[n, k] = (q - zeros[g, n]) * scales[g, n], as in kernels/w4a16.py), perm [K] int32 or
     None (act-order's gather) -> out [M, N] in x's dtype."""
     cfg = config or FragmentConfig()
-    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16):
-        validation.fail(OP, f"x must be a 2-D float16 or bfloat16 tensor, got {x.dtype} of shape {tuple(x.shape)}")
-    m, k = x.shape
-    if words.dim() != 4 or words.dtype != torch.int32 or tuple(words.shape[2:]) != (128, 4) or words.shape[0] * SLAB != k:
-        validation.fail(OP, f"words must come from repack_fragment for K = {k}, got {words.dtype} "
-                            f"of shape {tuple(words.shape)}")
-    n = words.shape[1] * SLAB
-    if group_size <= 0 or group_size % SLAB or k % group_size or tuple(scales.shape) != (k // group_size, n) or scales.shape != zeros.shape:
-        validation.fail(OP, f"groups of {group_size} (a multiple of {SLAB} dividing K = {k}) need scales and "
-                            f"zeros of shape {(k // max(group_size, 1), n)}, got {tuple(scales.shape)} and {tuple(zeros.shape)}")
-    if group_size % (SLAB * cfg.ksteps):
-        validation.fail(OP, f"groups of {group_size} cannot hold {cfg.ksteps} steps of {SLAB} an iteration")
-    if n % (SLAB * cfg.slabs):
-        validation.fail(OP, f"N ({n}) must be a multiple of {SLAB * cfg.slabs} for {cfg.slabs} slabs a program")
-    if perm is not None and (perm.shape != (k,) or perm.dtype != torch.int32):
-        validation.fail(OP, f"perm must be int32 of shape ({k},), got {perm.dtype} of shape {tuple(perm.shape)}")
+    m, n, k = check_arguments(x, words, scales, zeros, group_size, perm, cfg)
     check_runnable(OP, x)
     if m == 0:
         return torch.empty(0, n, dtype=x.dtype, device=x.device)
@@ -255,3 +220,14 @@ def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Te
         PAIRED=paired_dequant(x), num_warps=4 * cfg.slabs, num_stages=cfg.num_stages,
     )
     return finish(out, x.dtype)
+
+
+def fragment_dequantize(words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """The [N, K] weight in `dtype` (columns in the words' K order), each value rounded once."""
+    k, n = words.shape[0] * SLAB, words.shape[1] * SLAB
+    out = torch.empty(n, k, dtype=dtype, device=words.device)
+    _fragment_dequantize_kernel[(k // SLAB, n // SLAB)](words, scales, zeros, out, n, scales.stride(0), out.stride(0),
+                                                        GROUP=group_size, num_warps=4)
+    return out
+

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritium import kernels
-from tritium.kernels.reference import w4a16_dequantize_ref
+from tritium.kernels.reference import w4a16_dequantize_ref, w4a16_dequantize_values
+from tritium.kernels.w4a16_fragment_layout import repack_fragment, unpack_fragment, uses_fragment_layout
 
 from .linear import LinearBase, LinearMethod
 
@@ -219,7 +220,10 @@ class Int4LinearMethod(LinearMethod):
                                      f"each of {k // group} groups (quantization_config.group_size)")
                 perm, values = order.to(torch.int32), values[:, order]
             del layer.g_idx
-        layer.qweight = nn.Parameter(pack_words(values.t(), bits), requires_grad=False)
+        # The fragment layout where the card's measured table says it is faster for this shape.
+        layer.fragment_layout = uses_fragment_layout(values.shape[0], k, bits, group, values.device)
+        words = repack_fragment(values.t()) if layer.fragment_layout else pack_words(values.t(), bits)
+        layer.qweight = nn.Parameter(words, requires_grad=False)
         scales = layer.scales.data.t().contiguous()
         half = scales.to(torch.float16)
         exact = torch.equal(half.float(), scales)  # fp16 checkpoint scales are; keep others in float32
@@ -241,11 +245,23 @@ class Int4LinearMethod(LinearMethod):
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         bits, group, perm = self.config.bits, layer.group_size, layer.perm
         if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+            if layer.fragment_layout:
+                out = kernels.w4a16_fragment_linear(x.reshape(-1, x.shape[-1]), layer.qweight, layer.scales,
+                                                    layer.zeros, group, perm)
+                out = out.view(*x.shape[:-1], out.shape[-1])
+                return out if bias is None else out + bias
             out = kernels.w4a16_matmul(x.reshape(-1, x.shape[-1]), layer.qweight, layer.scales,
                                        layer.zeros, group, perm, bits=bits)
             out = out.view(*x.shape[:-1], out.shape[-1])
             return out if bias is None else out + bias
         # The same matrix a dequantized checkpoint holds, through the same F.linear.
-        w = w4a16_dequantize_ref(layer.qweight, layer.scales, layer.zeros, group, perm, bits=bits,
-                                 dtype=x.dtype)
-        return F.linear(x, w, bias)
+        return F.linear(x, dequantized_weight(layer, bits, x.dtype), bias)
+
+
+def dequantized_weight(layer: LinearBase, bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A repacked layer's [N, K] weight in the activations' order, in `dtype`, whichever layout it holds."""
+    if layer.fragment_layout:
+        q = unpack_fragment(layer.qweight)
+        return w4a16_dequantize_values(q, layer.scales, layer.zeros, layer.group_size, layer.perm, dtype)
+    return w4a16_dequantize_ref(layer.qweight, layer.scales, layer.zeros, layer.group_size, layer.perm,
+                                bits=bits, dtype=dtype)

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from tritium import LLM, SamplingParams
-from tritium.kernels.reference import w4a16_dequantize_ref
+from tritium.layers.int4 import dequantized_weight
 
 # checkpoint projection -> which input it reads (projections of one input share GPTQ's act order)
 INPUTS = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "qkv_proj": "attn", "o_proj": "o",
@@ -210,6 +210,24 @@ def test_groups_of_128(wide_llama_dir, tmp_path, case):
     _check_engine_against_hf(wide_llama_dir, str(tmp_path), *WIDE_FORMATS[case])
 
 
+@pytest.mark.parametrize("case", WIDE_FORMATS, ids=list(WIDE_FORMATS))
+def test_the_fragment_layout_serves_the_same_weights_and_tokens(wide_llama_dir, tmp_path, monkeypatch, case):
+    """Where a card's table picks the fragment layout (kernels/w4a16_fragment_layout.py), every
+    4-bit projection is repacked into it, holds the checkpoint's weights, act-order rows included,
+    and the engine generates what Hugging Face does on the dequantized checkpoint."""
+    from tritium.layers import int4
+    fmt, bits, group, sym, desc_act = WIDE_FORMATS[case]
+    qdir, ddir, packed = make_checkpoints(wide_llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
+    monkeypatch.setattr(int4, "uses_fragment_layout", lambda n, k, bits, group, device: True)
+    llm = LLM(qdir, device="cpu", dtype="float32")
+    model = llm.engine.executor.worker.model
+    layouts = [(m.fragment_layout, m.qweight.dim()) for m in model.modules() if hasattr(m, "fragment_layout")]
+    assert layouts == [(True, 4)] * (4 * len(model.model.layers))
+    _assert_engine_weights(model, packed, fmt, bits, group)
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == hf_tokens(ddir)
+
+
 def _assert_engine_weights(model, packed, fmt, bits, group) -> None:
     """Each projection (q/k/v and gate/up fused in order) holds exactly the weight that the
     reference dequantizer reads from the checkpoint's parts."""
@@ -227,8 +245,7 @@ def _assert_engine_weights(model, packed, fmt, bits, group) -> None:
                 k = linear.in_features
                 want = torch.cat([dequantize(fmt, packed[n], bits, k if group == -1 else group)
                                   for n in names])
-                got = w4a16_dequantize_ref(linear.qweight, linear.scales, linear.zeros,
-                                           linear.group_size, linear.perm, bits=bits)
+                got = dequantized_weight(linear, bits)
                 assert torch.equal(got, want), names[0]
                 checked += 1
     assert checked == 4 * len(model.model.layers)
@@ -387,8 +404,7 @@ def test_gpu_projections_run_the_kernel_on_the_loaded_layout(llama_dir, tmp_path
     for layer in model.model.layers:
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                        layer.mlp.down_proj):
-            w = w4a16_dequantize_ref(linear.qweight, linear.scales, linear.zeros, linear.group_size,
-                                     linear.perm, bits=bits)
+            w = dequantized_weight(linear, bits)
             for m in (1, 5, 40, 300):
                 x = torch.randn(m, linear.in_features, device="cuda").to(dtype)
                 got = linear.linear_method.apply(linear, x, None).float()

@@ -93,3 +93,42 @@ def test_the_sm90_loop_keeps_the_tile_out_of_shared_memory(slabs, block_m, widen
     assert run.returncode == 0, run.stderr[-3000:]
     counts = dict(re.findall(r"(\w+)=(\d+)", run.stdout.strip().splitlines()[-1]))
     assert int(counts["wgmma"]) >= 4 and counts["st_shared"] == "0" and counts["spills"] == "0", run.stdout
+
+
+@pytest.mark.parametrize("method", ["mma", "dequant"])
+def test_the_linear_op_by_either_method_and_its_reference(method):
+    """kernels.w4a16_fragment_linear: the kernel or the weight dequantized once then one GEMM, each
+    against float64; the reference (the CPU engine's path) the same."""
+    from tritium import kernels
+    (x, words, scales, zeros), perm, oracle = _case(6, 128, 256, 128, True, 3, torch.float16)
+    out = kernels.w4a16_fragment_linear.triton(x, words, scales, zeros, 128, perm,
+                                               config=FragmentConfig(block_m=16, method=method, num_stages=2))
+    assert out.shape == (6, 128) and rel_err(out, oracle) < 2e-3
+    ref = kernels.w4a16_fragment_linear.reference(x.cpu().float(), words.cpu(), scales.cpu(), zeros.cpu(), 128,
+                                                  perm.cpu())
+    assert rel_err(ref, oracle) < 2e-3  # (the oracle's weights are rounded to float16, the reference's are not)
+    with pytest.raises(ValueError, match=r"^w4a16_fragment_matmul: x must be a 2-D float16 or bfloat16 tensor"):
+        kernels.w4a16_fragment_linear.triton(x.float(), words, scales, zeros, 128, perm,
+                                             config=FragmentConfig(method=method))
+
+
+def test_the_table_decides_the_layout_and_each_buckets_method(tmp_path):
+    import json
+
+    from tritium.kernels.w4a16_fragment_layout import DEFAULT_CONFIGS, choose_config, uses_fragment_layout
+    path = str(tmp_path / "table.json")
+    with open(path, "w") as f:
+        json.dump({"configs": {"cpu": {"192x128/w4g64/m16": {"method": "dequant"},
+                                       "192x128/w4g64/m1": {"block_m": 16, "slabs": 1, "ksteps": 1}}}}, f)
+    cpu = torch.device("cpu")
+    assert uses_fragment_layout(192, 128, 4, 64, cpu, path)
+    assert not uses_fragment_layout(192, 128, 8, 64, cpu, path)  # 4-bit only
+    assert not uses_fragment_layout(256, 128, 4, 64, cpu, path)  # a shape the table does not hold
+    assert choose_config(9, 192, 128, 64, cpu, path).method == "dequant"
+    assert choose_config(1, 192, 128, 64, cpu, path) == FragmentConfig(block_m=16, slabs=1, ksteps=1)
+    assert choose_config(300, 192, 128, 64, cpu, path) == DEFAULT_CONFIGS[1024]  # no entry: the default
+    bad = str(tmp_path / "bad.json")  # (tables are read once per path)
+    with open(bad, "w") as f:
+        json.dump({"configs": {"cpu": {"192x128/w4g64/m1": {"method": "gemv"}}}}, f)
+    with pytest.raises(ValueError, match="method 'gemv': expected 'mma' or 'dequant'"):
+        uses_fragment_layout(192, 128, 4, 64, cpu, bad)
