@@ -13,7 +13,9 @@ G = K / group_size groups; weight[n, k] = (q[k, n] - zero[g, n]) * scales[g, n]:
 Loading reads each tensor into "rows" (output rows first, so the layers' weight loaders place the
 q/k/v and gate/up parts as for 16-bit weights): qweight [N, K / P] packed along K, zeros [N, G],
 scales [N, G]. `process_weights_after_loading` then repacks into the kernel's layout (packed along
-N, input rows sorted by group, see kernels/w4a16.py): the cost is logged at load.
+N, input rows sorted by group, see kernels/w4a16.py), or, for a 4-bit shape that the card's
+measured table lists, into wgmma's fragment order (kernels/w4a16_fragment.py): the cost is logged
+at load.
 """
 from __future__ import annotations
 
