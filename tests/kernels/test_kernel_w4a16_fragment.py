@@ -34,7 +34,7 @@ def _case(m, n, k, group, shuffled, seed, dtype):
 # (rows, N, K, group, shuffled, block_m, slabs, split_k, ksteps)
 CASES = [(1, 64, 128, 64, False, 16, 1, 1, 1), (5, 128, 256, 128, True, 16, 2, 2, 1), (16, 192, 128, 64, False, 16, 1, 0, 1),
          (37, 128, 192, 64, True, 32, 2, 1, 1), (70, 64, 256, 128, False, 64, 1, 3, 1),
-         (9, 128, 512, 128, True, 16, 1, 2, 2)]
+         (9, 128, 512, 128, True, 16, 1, 2, 2), (20, 256, 256, 128, False, 32, 4, 1, 2)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
