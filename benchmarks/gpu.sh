@@ -217,7 +217,7 @@ w4a16-fragment)
     gpu_tests 200 8 tests/kernels/test_kernel_w4a16_fragment.py --confcutdir=tests
     stamp "fragment-order W4A16 against cuBLAS bf16 and the engine's W4A16 path"
     cp kernels/configs/w4a16_fragment.json "$OUT/w4a16_fragment_configs.json" 2>/dev/null
-    timeout "${FRAGMENT_LIMIT:-300}" "$PY" benchmarks/kernels/w4a16_fragment.py --json "$OUT/w4a16_fragment.json" \
+    timeout "${FRAGMENT_LIMIT:-300}" "$PY" benchmarks/kernels/w4a16_fragment.py --rows "${FRAGMENT_ROWS:-1,8,16,64,256,512,4096}" --json "$OUT/w4a16_fragment.json" \
         --write-configs "$OUT/w4a16_fragment_configs.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -36 >> "$S"
     stamp done ;;
 w4a16)
