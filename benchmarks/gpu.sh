@@ -59,7 +59,8 @@
 #                    config tables written to $OUT; then the W4A16 table of every path
 #   w4a16-fragment   the W4A16 kernel on words in wgmma's fragment order: its GPU tests, then its table
 #                    against cuBLAS bf16 and the packed layout's path at 1-4096 rows; the table of the
-#                    shapes where it wins written to $OUT/w4a16_fragment_configs.json
+#                    shapes where it wins written to $OUT/w4a16_fragment_configs.json ($FRAGMENT_ROWS,
+#                    $FRAGMENT_LAYERS: fewer row counts or projections for a short call)
 #   ncu-w4a16        the W4A16 matmul at Llama-3-8B's projections (rows $W4_ROWS, 1 by default)
 #                    with the configs the engine picks: timed against cuBLAS bf16, then Nsight
 #                    Compute sections per projection (occupancy, bytes in flight, stall reasons)
@@ -217,7 +218,7 @@ w4a16-fragment)
     gpu_tests 200 8 tests/kernels/test_kernel_w4a16_fragment.py --confcutdir=tests
     stamp "fragment-order W4A16 against cuBLAS bf16 and the engine's W4A16 path"
     cp kernels/configs/w4a16_fragment.json "$OUT/w4a16_fragment_configs.json" 2>/dev/null
-    timeout "${FRAGMENT_LIMIT:-300}" "$PY" benchmarks/kernels/w4a16_fragment.py --rows "${FRAGMENT_ROWS:-1,8,16,64,256,512,4096}" --json "$OUT/w4a16_fragment.json" \
+    timeout "${FRAGMENT_LIMIT:-300}" "$PY" benchmarks/kernels/w4a16_fragment.py --rows "${FRAGMENT_ROWS:-1,8,16,64,256,512,4096}" ${FRAGMENT_LAYERS:+--layers "$FRAGMENT_LAYERS"} --json "$OUT/w4a16_fragment.json" \
         --write-configs "$OUT/w4a16_fragment_configs.json" 2>&1 | grep -v "Warning\|warnings.warn" | tail -36 >> "$S"
     stamp done ;;
 w4a16)

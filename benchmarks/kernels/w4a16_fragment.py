@@ -10,8 +10,8 @@ count), the fastest per row bucket goes into PATH's table for this card (the
 engine then repacks that shape into the fragment layout); other shapes leave it. Written after
 each shape, so a run cut short keeps what it measured.
 
-    python3 benchmarks/kernels/w4a16_fragment.py [--rows 1,8,16,64,256,512,4096] [--json OUT]
-        [--write-configs kernels/configs/w4a16_fragment.json]
+    python3 benchmarks/kernels/w4a16_fragment.py [--rows 1,8,16,64,256,512,4096] [--layers gate_up]
+        [--json OUT] [--write-configs kernels/configs/w4a16_fragment.json]
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     ap.add_argument("--json")
     ap.add_argument("--write-configs", metavar="PATH")
+    ap.add_argument("--layers", help="comma-separated projections to time (qkv,o,gate_up,down; all by default)")
     a = ap.parse_args()
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name()
@@ -93,7 +94,8 @@ def main() -> None:
     print(f"{'layer':8} {'N x K':>13} {'M':>5} {'bf16 us':>8} {'engine us':>9} {'fragment us':>11} {'vs bf16':>7} "
           f"{'vs engine':>9}  best fragment config")
     results = []
-    for layer, (n, k) in linear_shapes(a.model).items():
+    shapes = linear_shapes(a.model)
+    for layer, (n, k) in ((name, shapes[name]) for name in (a.layers.split(",") if a.layers else shapes)):
         q = torch.randint(0, 16, (k, n), device="cuda")
         scales = (torch.rand(k // GROUP, n, device="cuda") * 1e-3 + 1e-3).half()
         zeros = torch.randint(0, 16, (k // GROUP, n), device="cuda").half()
