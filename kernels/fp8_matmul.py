@@ -18,8 +18,6 @@ every run.
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 from dataclasses import dataclass
 
@@ -30,6 +28,7 @@ import triton.language as tl
 from . import FP8_MATMUL_MAX_ROWS as MAX_ROWS
 from . import validation_ops
 from ._launch import cdiv, check_runnable, num_sms
+from ._tuned import device_name, load_table
 from .split_k import finish, slices_or_output
 
 OP = "fp8_matmul_few_rows"
@@ -56,45 +55,27 @@ def shape_key(n: int, k: int) -> str:
     return f"{n}x{k}"
 
 
-@functools.lru_cache(maxsize=None)
 def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, Fp8MatmulConfig]]:
     """{GPU name: {"NxK": config}} from the table; empty when there is none."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        table = json.load(f)
-    return {gpu: {shape: _config_from_table(path, gpu, shape, cfg) for shape, cfg in shapes.items()}
-            for gpu, shapes in table.get("configs", {}).items()}
+    return load_table(path, Fp8MatmulConfig, _check_entry)
 
 
-def _config_from_table(path: str, gpu: str, shape: str, entry: dict) -> Fp8MatmulConfig:
-    where = f"{path}: {gpu} {shape}"
+def _check_entry(shape: str, cfg: Fp8MatmulConfig) -> None:
     dims = shape.split("x")
     if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise ValueError(f"{where}: the shape must be N x K, like 4096x14336")
-    try:
-        cfg = Fp8MatmulConfig(**entry)
-    except TypeError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise ValueError("the shape must be N x K, like 4096x14336")
     for name in ("block_n", "block_k"):
         side = getattr(cfg, name)
         if side < 16 or side & (side - 1):
-            raise ValueError(f"{where}: {name} must be a power of two of at least 16, got {side}")
+            raise ValueError(f"{name} must be a power of two of at least 16, got {side}")
     if cfg.num_warps not in (1, 2, 4, 8) or cfg.num_stages < 1 or cfg.split_k < 0:
-        raise ValueError(f"{where}: num_warps must be 1, 2, 4 or 8, num_stages at least 1 and "
-                         f"split_k at least 0, got {cfg}")
-    return cfg
+        raise ValueError(f"num_warps must be 1, 2, 4 or 8, num_stages at least 1 and split_k at least 0, got {cfg}")
 
 
 def tuned_config(n: int, k: int, device_name: str, path: str | None = None) -> Fp8MatmulConfig:
     """The config measured fastest for an [N, K] weight on this GPU model, else the default."""
     table = load_tuned_configs(path or TUNED_CONFIGS)
     return table.get(device_name, {}).get(shape_key(n, k), Fp8MatmulConfig())
-
-
-@functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def choose_split_k(n: int, k: int, cfg: Fp8MatmulConfig, sms: int) -> int:
@@ -159,7 +140,7 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     check_runnable(OP, x_q)
     m, k = x_q.shape
     n = weight.shape[0]
-    cfg = config or tuned_config(n, k, _device_name(x_q.device))
+    cfg = config or tuned_config(n, k, device_name(x_q.device))
     split = choose_split_k(n, k, cfg, num_sms(x_q.device))
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=out_dtype, device=x_q.device)

@@ -33,8 +33,6 @@ autotuner at start-up: the choice, and so the summation order, is the same in ev
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import os
 from dataclasses import dataclass
 
@@ -45,6 +43,7 @@ import triton.language as tl
 from . import validation
 from .validation_moe import FP8_BLOCK, check_fused_moe
 from ._launch import cdiv, check_runnable
+from ._tuned import device_name, load_table
 from .moe_align import moe_align_block_size
 from .split_k import finish, slices_or_output
 
@@ -104,27 +103,9 @@ def config_key(num_experts: int, top_k: int, hidden: int, inter: int, weight_dty
     return f"e{num_experts}-top{top_k}-h{hidden}-i{inter}/{dtype}/m{bucket or 'big'}"
 
 
-@functools.lru_cache(maxsize=None)
 def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, FusedMoEConfig]]:
     """{GPU name: {config_key: config}} from the table; empty when there is none."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        table = json.load(f)
-    out: dict[str, dict[str, FusedMoEConfig]] = {}
-    for gpu, entries in table.get("configs", {}).items():
-        out[gpu] = {}
-        for key, entry in entries.items():
-            try:
-                out[gpu][key] = FusedMoEConfig(**entry)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{path}: {gpu} {key}: {e}") from None
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return load_table(path, FusedMoEConfig)
 
 
 def choose_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int, weight_dtype: torch.dtype,
@@ -260,7 +241,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     m, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
-    cfg = config or choose_config(m, top_k, num_experts, hidden, inter, w13.dtype, x.dtype, _device_name(x.device))
+    cfg = config or choose_config(m, top_k, num_experts, hidden, inter, w13.dtype, x.dtype, device_name(x.device))
     if config is None and (k13 == 2 or k2 == 2) and FP8_BLOCK % cfg.block_k:
         # A tuned entry is keyed by the weight dtype, not the scale kind: block scales need K
         # steps inside one 128-wide block.

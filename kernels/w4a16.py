@@ -33,8 +33,6 @@ benchmarks/kernels/w4a16.py --write-configs) overrides the defaults.
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 
 import torch
@@ -45,6 +43,7 @@ from . import validation, validation_ops
 from . import w4a16_gemv_rows as gemv_rows
 from . import w4a16_paths as paths
 from ._launch import cdiv, check_runnable, num_sms
+from ._tuned import device_name, load_table
 from .split_k import finish, slices_or_output
 from .w4a16_layout import METHODS, W4A16Config, _input_rows, _load, _widen  # noqa: F401 (W4A16Config, METHODS: public here)
 
@@ -78,33 +77,15 @@ def config_key(n: int, k: int, bits: int, group_size: int, bucket: int) -> str:
     return f"{n}x{k}/w{bits}g{group_size}/m{bucket or 'big'}"
 
 
-@functools.lru_cache(maxsize=None)
 def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, W4A16Config]]:
     """{GPU name: {config_key: config}} from the table; empty when there is none."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        table = json.load(f)
-    out = {}
-    for gpu, entries in table.get("configs", {}).items():
-        out[gpu] = {}
-        for key, entry in entries.items():
-            try:
-                out[gpu][key] = W4A16Config(**entry)
-            except TypeError as e:
-                raise ValueError(f"{path}: {gpu} {key}: {e}") from None
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return load_table(path, W4A16Config)
 
 
 def choose_config(m: int, n: int, k: int, bits: int, group_size: int, device: torch.device
                   ) -> W4A16Config:
     bucket = row_bucket(m)
-    table = load_tuned_configs(TUNED_CONFIGS).get(_device_name(device), {})
+    table = load_tuned_configs(TUNED_CONFIGS).get(device_name(device), {})
     return table.get(config_key(n, k, bits, group_size, bucket), DEFAULT_CONFIGS[bucket])
 
 

@@ -6,14 +6,13 @@ it: there the layout was timed faster than kernels/w4a16.py's over the row count
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 from dataclasses import asdict, dataclass
 
 import torch
 
 from . import validation
+from ._tuned import device_name, load_table
 
 OP = "w4a16_fragment_matmul"
 SLAB = 64  # a warpgroup's rows of the MMA (columns of the output), and the K step
@@ -91,23 +90,9 @@ def config_key(n: int, k: int, group_size: int, bucket: int) -> str:
     return f"{n}x{k}/w4g{group_size}/m{bucket or 'big'}"
 
 
-@functools.lru_cache(maxsize=None)
 def load_tuned_configs(path: str = TUNED_CONFIGS) -> dict[str, dict[str, FragmentConfig]]:
     """{GPU name: {config_key: config}} from the table; empty when there is none."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        table = json.load(f)
-    try:
-        return {gpu: {key: FragmentConfig(**entry) for key, entry in entries.items()}
-                for gpu, entries in table.get("configs", {}).items()}
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
-@functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return load_table(path, FragmentConfig)
 
 
 def uses_fragment_layout(n: int, k: int, bits: int, group_size: int, device: torch.device,
@@ -117,13 +102,13 @@ def uses_fragment_layout(n: int, k: int, bits: int, group_size: int, device: tor
     if bits != 4 or n % SLAB or k % SLAB or group_size % SLAB or k % group_size:
         return False
     prefix = f"{n}x{k}/w4g{group_size}/"
-    return any(key.startswith(prefix) for key in load_tuned_configs(path).get(_device_name(device), {}))
+    return any(key.startswith(prefix) for key in load_tuned_configs(path).get(device_name(device), {}))
 
 
 def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device,
                   path: str = TUNED_CONFIGS) -> FragmentConfig:
     bucket = row_bucket(m)
-    table = load_tuned_configs(path).get(_device_name(device), {})
+    table = load_tuned_configs(path).get(device_name(device), {})
     return table.get(config_key(n, k, group_size, bucket), DEFAULT_CONFIGS[bucket])
 
 

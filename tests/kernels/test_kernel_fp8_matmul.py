@@ -95,7 +95,7 @@ def test_tuned_table_picks_the_config_per_gpu_and_shape(tmp_path, monkeypatch):
     from tritium.kernels import fp8_matmul
     from tritium.kernels.fp8_matmul import Fp8MatmulConfig, tuned_config
     table = tmp_path / "fp8_matmul.json"
-    here = fp8_matmul._device_name(torch.device(DEVICE))  # "cpu" in the interpreter
+    here = fp8_matmul.device_name(torch.device(DEVICE))  # "cpu" in the interpreter
     table.write_text(json.dumps({"configs": {
         "GPU A": {"96x256": {"block_n": 32, "block_k": 64, "split_k": 2, "num_warps": 4, "num_stages": 2}},
         here: {"96x256": {"block_n": 32, "block_k": 64, "split_k": 3, "num_warps": 4, "num_stages": 2}}}}))

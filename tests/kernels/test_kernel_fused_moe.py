@@ -195,7 +195,7 @@ def test_tuned_table_picks_the_config_per_gpu_shape_and_bucket(tmp_path, monkeyp
     from tritium.kernels import moe
     from tritium.kernels.moe import FusedMoEConfig, choose_config, config_key, default_config
     tuned = {"block_m": 32, "block_n": 32, "block_k": 32, "group_m": 2, "num_warps": 2, "num_stages": 2}
-    here = moe._device_name(torch.device(DEVICE))  # "cpu" in the interpreter
+    here = moe.device_name(torch.device(DEVICE))  # "cpu" in the interpreter
     assert config_key(128, 8, 2048, 768, torch.bfloat16, 0) == "e128-top8-h2048-i768/bfloat16/mbig"
     table = tmp_path / "fused_moe.json"
     table.write_text(json.dumps({"configs": {
