@@ -34,12 +34,16 @@ ROWS = (1, 8, 16, 64, 256, 512, 4096)
 
 def configs(m: int) -> list[FragmentConfig]:
     """A few tiles for m rows: one row tile where it holds them all, K slices automatic or none."""
-    # Four slabs (256 columns a program) read the activations a quarter as often as one: at 64+
-    # rows those re-reads from L2 are most of a program's traffic.
+    # At a few rows a program's words are its only traffic: deeper pipelines (stages, two K steps
+    # an iteration, K slices for more programs) keep more of them in flight. Four slabs (256
+    # columns a program) read the activations a quarter as often as one: at 64+ rows those
+    # re-reads from L2 are most of a program's traffic.
     if m <= 64:
-        four = [FragmentConfig(block_m=64, slabs=4, ksteps=2)] if m > 16 else []
-        return [FragmentConfig(block_m=16 if m <= 16 else 64, slabs=s, num_stages=st, ksteps=ks)
-                for s in (1, 2) for st in (3, 4) for ks in (1, 2)] + four
+        bm = 16 if m <= 16 else 64
+        extra = [FragmentConfig(block_m=bm, split_k=2, num_stages=4, ksteps=2)]
+        extra += [FragmentConfig(block_m=64, slabs=4, ksteps=2)] if m > 16 else []
+        return [FragmentConfig(block_m=bm, slabs=s, num_stages=st, ksteps=ks)
+                for s in (1, 2) for st in (3, 5) for ks in (1, 2)] + extra
     return [FragmentConfig(block_m=bm, slabs=s, split_k=sp, ksteps=2)
             for bm, s in ((128, 1), (128, 2), (128, 4), (256, 1), (256, 2)) for sp in (0, 1)]
 
