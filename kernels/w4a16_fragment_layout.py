@@ -7,7 +7,7 @@ it: there the layout was timed faster than kernels/w4a16.py's over the row count
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -107,9 +107,15 @@ def uses_fragment_layout(n: int, k: int, bits: int, group_size: int, device: tor
 
 def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device,
                   path: str = TUNED_CONFIGS) -> FragmentConfig:
+    """The table's config for this card, shape and row bucket, else the bucket's default (one
+    slab a program where the default's slabs do not divide N)."""
     bucket = row_bucket(m)
     table = load_tuned_configs(path).get(device_name(device), {})
-    return table.get(config_key(n, k, group_size, bucket), DEFAULT_CONFIGS[bucket])
+    tuned = table.get(config_key(n, k, group_size, bucket))
+    if tuned is not None:
+        return tuned
+    cfg = DEFAULT_CONFIGS[bucket]
+    return cfg if n % (SLAB * cfg.slabs) == 0 else replace(cfg, slabs=1)
 
 
 def config_entry(cfg: FragmentConfig) -> dict:

@@ -412,3 +412,30 @@ def test_gpu_projections_run_the_kernel_on_the_loaded_layout(llama_dir, tmp_path
                 assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, linear)
     out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == MAX_NEW for o in out)
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", WIDE_FORMATS, ids=list(WIDE_FORMATS))
+def test_gpu_projections_in_the_fragment_layout(wide_llama_dir, tmp_path, monkeypatch, case, dtype):
+    """The fragment layout forced on (as a card's table would choose it): each projection, act-order
+    rows included, multiplies through kernels.w4a16_fragment_linear as its dequantized weight does,
+    at one row, a few, and prefill's many (the dequantize-then-GEMM bucket); the engine generates."""
+    from tritium.layers import int4
+    fmt, bits, group, sym, desc_act = WIDE_FORMATS[case]
+    qdir, _, _ = make_checkpoints(wide_llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
+    monkeypatch.setattr(int4, "uses_fragment_layout", lambda n, k, bits, group, device: True)
+    llm = LLM(qdir, device="cuda", dtype=str(dtype).split(".")[1], num_kv_blocks=256)
+    for layer in llm.engine.executor.worker.model.model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                       layer.mlp.down_proj):
+            assert linear.fragment_layout and linear.qweight.dim() == 4
+            w = dequantized_weight(linear, bits)
+            for m in (1, 5, 40, 300, 1500):
+                x = torch.randn(m, linear.in_features, device="cuda").to(dtype)
+                got = linear.linear_method.apply(linear, x, None).float()
+                want = x.float() @ w.t()
+                assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, linear)
+    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == MAX_NEW for o in out)
+
