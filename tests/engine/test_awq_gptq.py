@@ -398,14 +398,20 @@ def test_gpu_projections_run_the_kernel_on_the_loaded_layout(llama_dir, tmp_path
     kernels.w4a16_matmul as the dequantized float32 weight does, for decode and prefill rows;
     and the engine with CUDA graphs generates."""
     fmt, bits, group, sym, desc_act = FORMATS[case]
-    qdir, ddir, packed = make_checkpoints(llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
+    qdir, _, _ = make_checkpoints(llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
+    _check_gpu_projections(qdir, bits, dtype, (1, 5, 40, 300), fragment=False)
+
+
+def _check_gpu_projections(qdir: str, bits: int, dtype: torch.dtype, rows: tuple[int, ...], fragment: bool) -> None:
+    """Each projection of the engine loaded on CUDA, in the layout expected, multiplies `rows`
+    rows as its dequantized weight does; then the engine generates."""
     llm = LLM(qdir, device="cuda", dtype=str(dtype).split(".")[1], num_kv_blocks=256)
-    model = llm.engine.executor.worker.model
-    for layer in model.model.layers:
+    for layer in llm.engine.executor.worker.model.model.layers:
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                        layer.mlp.down_proj):
+            assert linear.fragment_layout is fragment and (linear.qweight.dim() == 4) is fragment
             w = dequantized_weight(linear, bits)
-            for m in (1, 5, 40, 300):
+            for m in rows:
                 x = torch.randn(m, linear.in_features, device="cuda").to(dtype)
                 got = linear.linear_method.apply(linear, x, None).float()
                 want = x.float() @ w.t()
@@ -425,17 +431,5 @@ def test_gpu_projections_in_the_fragment_layout(wide_llama_dir, tmp_path, monkey
     fmt, bits, group, sym, desc_act = WIDE_FORMATS[case]
     qdir, _, _ = make_checkpoints(wide_llama_dir, str(tmp_path), fmt, bits, group, sym, desc_act)
     monkeypatch.setattr(int4, "uses_fragment_layout", lambda n, k, bits, group, device: True)
-    llm = LLM(qdir, device="cuda", dtype=str(dtype).split(".")[1], num_kv_blocks=256)
-    for layer in llm.engine.executor.worker.model.model.layers:
-        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                       layer.mlp.down_proj):
-            assert linear.fragment_layout and linear.qweight.dim() == 4
-            w = dequantized_weight(linear, bits)
-            for m in (1, 5, 40, 300, 1500):
-                x = torch.randn(m, linear.in_features, device="cuda").to(dtype)
-                got = linear.linear_method.apply(linear, x, None).float()
-                want = x.float() @ w.t()
-                assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, linear)
-    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
-    assert all(len(o.outputs[0].token_ids) == MAX_NEW for o in out)
+    _check_gpu_projections(qdir, bits, dtype, (1, 5, 40, 300, 1500), fragment=True)
 
