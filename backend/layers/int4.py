@@ -247,13 +247,11 @@ class Int4LinearMethod(LinearMethod):
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         bits, group, perm = self.config.bits, layer.group_size, layer.perm
         if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+            rows = x.reshape(-1, x.shape[-1])
             if layer.fragment_layout:
-                out = kernels.w4a16_fragment_linear(x.reshape(-1, x.shape[-1]), layer.qweight, layer.scales,
-                                                    layer.zeros, group, perm)
-                out = out.view(*x.shape[:-1], out.shape[-1])
-                return out if bias is None else out + bias
-            out = kernels.w4a16_matmul(x.reshape(-1, x.shape[-1]), layer.qweight, layer.scales,
-                                       layer.zeros, group, perm, bits=bits)
+                out = kernels.w4a16_fragment_linear(rows, layer.qweight, layer.scales, layer.zeros, group, perm)
+            else:
+                out = kernels.w4a16_matmul(rows, layer.qweight, layer.scales, layer.zeros, group, perm, bits=bits)
             out = out.view(*x.shape[:-1], out.shape[-1])
             return out if bias is None else out + bias
         # The same matrix a dequantized checkpoint holds, through the same F.linear.
