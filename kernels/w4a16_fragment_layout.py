@@ -108,14 +108,17 @@ def uses_fragment_layout(n: int, k: int, bits: int, group_size: int, device: tor
 def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device,
                   path: str = TUNED_CONFIGS) -> FragmentConfig:
     """The table's config for this card, shape and row bucket, else the bucket's default (one
-    slab a program where the default's slabs do not divide N)."""
+    slab a program where its slabs do not divide N, one K step an iteration where its steps do
+    not fit a group)."""
     bucket = row_bucket(m)
     table = load_tuned_configs(path).get(device_name(device), {})
     tuned = table.get(config_key(n, k, group_size, bucket))
     if tuned is not None:
         return tuned
     cfg = DEFAULT_CONFIGS[bucket]
-    return cfg if n % (SLAB * cfg.slabs) == 0 else replace(cfg, slabs=1)
+    if n % (SLAB * cfg.slabs):
+        cfg = replace(cfg, slabs=1)
+    return cfg if group_size % (SLAB * cfg.ksteps) == 0 else replace(cfg, ksteps=1)
 
 
 def config_entry(cfg: FragmentConfig) -> dict:

@@ -128,6 +128,7 @@ def test_the_table_decides_the_layout_and_each_buckets_method(tmp_path):
     assert choose_config(1, 192, 128, 64, cpu, path) == FragmentConfig(block_m=16, slabs=1, ksteps=1)
     assert choose_config(300, 192, 128, 64, cpu, path) == DEFAULT_CONFIGS[1024]  # no entry: the default
     assert DEFAULT_CONFIGS[256].slabs == 2 and choose_config(200, 192, 128, 64, cpu, path).slabs == 1  # 192 = 3 slabs
+    assert DEFAULT_CONFIGS[64].ksteps == 2 and choose_config(50, 192, 128, 64, cpu, path).ksteps == 1  # groups of 64
     bad = str(tmp_path / "bad.json")  # (tables are read once per path)
     with open(bad, "w") as f:
         json.dump({"configs": {"cpu": {"192x128/w4g64/m1": {"method": "gemv"}}}}, f)
