@@ -142,6 +142,20 @@ def _fragment_dequantize_kernel(q_ptr, scale_ptr, zero_ptr, out_ptr, N, stride_s
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * stride_on + offs_k[None, :], w.to(out_ptr.dtype.element_ty))
 
 @triton.jit
+def _step_tile(q_ptr, kj, N, pid_n, t, wd, nz0, s0, nz1, s1, zero, scale, DTYPE: tl.constexpr, SLABS: tl.constexpr,
+               PAIRED: tl.constexpr):
+    """The [64 * SLABS, 64] tile in DTYPE of the K step at kj: the paired PTX's constants or the
+    float32 widening's zero and scale (whichever PAIRED uses; the others are ignored)."""
+    words = q_ptr + ((kj // 64) * (N // 64) + pid_n * SLABS).to(tl.int64) * 512 + t[:, None] * 4 + wd[None, :]
+    q = tl.load(words)
+    if PAIRED:
+        w = _dequant_paired(q, nz0, s0, nz1, s1, DTYPE, SLABS)
+    else:
+        w = ((_widen_fragment(q, SLABS) - zero[:, None]) * scale[:, None]).to(DTYPE)
+    return w
+
+
+@triton.jit
 def _w4a16_fragment_kernel(
     x_ptr, q_ptr, scale_ptr, zero_ptr, perm_ptr, out_ptr, M, N, K,
     stride_xm, stride_sg, stride_os, stride_om,
@@ -156,7 +170,7 @@ def _w4a16_fragment_kernel(
     wd = tl.arange(0, 4)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = tl.arange(0, 64)
+    kk = tl.arange(0, 64 * KSTEPS)
     # Each thread's first column (rowhalf 0); its second is 8 further on.
     n_of_t = pid_n * BLOCK_N + (t // 32) * 16 + (t // 4) % 8
     m_mask = offs_m < M
@@ -168,20 +182,34 @@ def _w4a16_fragment_kernel(
         if PAIRED:
             nz0, s0, nz1, s1 = _paired_constants(zero_ptr + g * stride_sg + n_of_t, scale_ptr + g * stride_sg + n_of_t,
                                                  x_ptr.dtype.element_ty)
+            # unused here: _step_tile takes either widening's constants
+            zero = nz0
+            scale = nz0
         else:
             # 2^23 + q - (2^23 + zero) = q - zero exactly (the fields read as floats: see _widen).
             zero = tl.load(zero_ptr + g * stride_sg + offs_n).to(tl.float32) + 8388608.0
             scale = tl.load(scale_ptr + g * stride_sg + offs_n).to(tl.float32)
-        for j in tl.static_range(KSTEPS):
-            kj = k0 + 64 * j
-            words = q_ptr + ((kj // 64) * (N // 64) + pid_n * SLABS).to(tl.int64) * 512 + t[:, None] * 4 + wd[None, :]
-            q = tl.load(words)
-            if PAIRED:
-                w = _dequant_paired(q, nz0, s0, nz1, s1, x_ptr.dtype.element_ty, SLABS)
+            nz0 = zero  # unused here, as above
+            s0 = zero
+            nz1 = zero
+            s1 = zero
+        # One dot an iteration over all KSTEPS steps: a second dot chained on the first's result
+        # makes Triton wait for the first before going on, so no MMA overlaps the next widening.
+        w = _step_tile(q_ptr, k0, N, pid_n, t, wd, nz0, s0, nz1, s1, zero, scale, x_ptr.dtype.element_ty, SLABS, PAIRED)
+        if KSTEPS >= 2:
+            w1 = _step_tile(q_ptr, k0 + 64, N, pid_n, t, wd, nz0, s0, nz1, s1, zero, scale, x_ptr.dtype.element_ty,
+                            SLABS, PAIRED)
+            if KSTEPS == 4:
+                w2 = _step_tile(q_ptr, k0 + 128, N, pid_n, t, wd, nz0, s0, nz1, s1, zero, scale,
+                                x_ptr.dtype.element_ty, SLABS, PAIRED)
+                w3 = _step_tile(q_ptr, k0 + 192, N, pid_n, t, wd, nz0, s0, nz1, s1, zero, scale,
+                                x_ptr.dtype.element_ty, SLABS, PAIRED)
+                # [n, k, i, o] holds step o * 2 + i
+                w = tl.reshape(tl.permute(tl.join(tl.join(w, w1), tl.join(w2, w3)), (0, 3, 2, 1)), (BLOCK_N, 256))
             else:
-                w = ((_widen_fragment(q, SLABS) - zero[:, None]) * scale[:, None]).to(x_ptr.dtype.element_ty)
-            x = tl.load(x_rows + _input_rows(perm_ptr, kj + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
-            acc = tl.dot(w, tl.trans(x), acc)
+                w = tl.reshape(tl.permute(tl.join(w, w1), (0, 2, 1)), (BLOCK_N, 128))
+        x = tl.load(x_rows + _input_rows(perm_ptr, k0 + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc)
     out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :])
 

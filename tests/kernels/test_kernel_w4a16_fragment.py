@@ -34,7 +34,9 @@ def _case(m, n, k, group, shuffled, seed, dtype):
 # (rows, N, K, group, shuffled, block_m, slabs, split_k, ksteps)
 CASES = [(1, 64, 128, 64, False, 16, 1, 1, 1), (5, 128, 256, 128, True, 16, 2, 2, 1), (16, 192, 128, 64, False, 16, 1, 0, 1),
          (37, 128, 192, 64, True, 32, 2, 1, 1), (70, 64, 256, 128, False, 64, 1, 3, 1),
-         (9, 128, 512, 128, True, 16, 1, 2, 2), (20, 256, 256, 128, False, 32, 4, 1, 2)]
+         (9, 128, 512, 128, True, 16, 1, 2, 2), (20, 256, 256, 128, False, 32, 4, 1, 2),
+         # a long K loop: on a GPU, MMAs of one iteration still run while the next widens its words
+         (64, 128, 4096, 128, False, 64, 2, 1, 2)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -82,17 +84,19 @@ def test_argument_errors(change, message):
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU the kernel runs for real")
-@pytest.mark.parametrize("slabs, block_m, widening", [(1, 64, "tl"), (2, 256, "tl"), (1, 16, "paired"), (2, 128, "paired")])
-def test_the_sm90_loop_keeps_the_tile_out_of_shared_memory(slabs, block_m, widening):
+@pytest.mark.parametrize("slabs, block_m, widening, ksteps", [(1, 64, "tl", 1), (2, 256, "tl", 2), (1, 16, "paired", 2),
+                                                               (2, 128, "paired", 1), (2, 256, "paired", 2)])
+def test_the_sm90_loop_keeps_the_tile_out_of_shared_memory(slabs, block_m, widening, ksteps):
     import os
     import subprocess
     import sys
     script = os.path.join(os.path.dirname(__file__), "hopper_compile_w4a16_fragment.py")
-    run = subprocess.run([sys.executable, script, str(slabs), str(block_m), widening], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, script, str(slabs), str(block_m), widening, str(ksteps)], capture_output=True, text=True,
                          timeout=300, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert run.returncode == 0, run.stderr[-3000:]
     counts = dict(re.findall(r"(\w+)=(\d+)", run.stdout.strip().splitlines()[-1]))
-    assert int(counts["wgmma"]) >= 4 and counts["st_shared"] == "0" and counts["spills"] == "0", run.stdout
+    assert int(counts["wgmma"]) >= 4 * ksteps and counts["wait0"] == "0", run.stdout
+    assert counts["st_shared"] == "0" and counts["spills"] == "0", run.stdout
 
 
 @pytest.mark.parametrize("method", ["mma", "dequant"])
