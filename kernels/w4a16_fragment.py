@@ -174,7 +174,8 @@ def _w4a16_fragment_kernel(
     # Each thread's first column (rowhalf 0); its second is 8 further on.
     n_of_t = pid_n * BLOCK_N + (t // 32) * 16 + (t // 4) % 8
     m_mask = offs_m < M
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    # Rows past M read row M - 1 again (their sums are never stored): the loop's loads need no mask.
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     # Each iteration takes KSTEPS steps of 64 from one group, so its zeros and scales load once.
     for k0 in range(pid_k * 64 * KSTEPS, K, 64 * KSTEPS * SPLIT_K):
@@ -208,7 +209,7 @@ def _w4a16_fragment_kernel(
                 w = tl.reshape(tl.permute(tl.join(tl.join(w, w1), tl.join(w2, w3)), (0, 3, 2, 1)), (BLOCK_N, 256))
             else:
                 w = tl.reshape(tl.permute(tl.join(w, w1), (0, 2, 1)), (BLOCK_N, 128))
-        x = tl.load(x_rows + _input_rows(perm_ptr, k0 + kk, HAS_PERM)[None, :], mask=m_mask[:, None], other=0.0)
+        x = tl.load(x_rows + _input_rows(perm_ptr, k0 + kk, HAS_PERM)[None, :])
         acc = tl.dot(w, tl.trans(x), acc)
     out = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :])
