@@ -57,6 +57,9 @@
 #   swap-sweeps      the swapped-operand W4A16 and FP8 few-row kernels: GPU tests, the W4A16 sweep at
 #                    $W4_SWEEP_ROWS (256,512,4096), the FP8 default against the swapped configs; both
 #                    config tables written to $OUT; then the W4A16 table of every path
+#   quant-e2e        the quantized paths end to end in one call: GPU tests of the fused FP8
+#                    quantizations and the FP8 matmul, then $LLAMA A and B through Triton in bf16,
+#                    AWQ (random 4-bit weights, groups of 128) and FP8 weights, on the same card
 #   w4a16-fragment   the W4A16 kernel on words in wgmma's fragment order: its GPU tests, then its table
 #                    against cuBLAS bf16 and the packed layout's path at 1-4096 rows; the table of the
 #                    shapes where it wins written to $OUT/w4a16_fragment_configs.json ($FRAGMENT_ROWS,
@@ -127,7 +130,7 @@ if [ "$SET" = e2e ]; then  # its own default for OUT: bench_out/
 fi
 OUT="${OUT:?set OUT}" COMMIT="${COMMIT:-unknown}" PY="${IMAGE_PYTHON:-python3}"
 LLAMA="${LLAMA:-llama-3-8b}" QWEN="${QWEN:-qwen2.5-1.5b}" QWEN7="${QWEN7:-qwen2.5-7b}"
-SETS=" e2e serving round3 l-ttft fp8 w4a16 swap-sweeps w4a16-fragment ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
+SETS=" e2e serving round3 l-ttft fp8 quant-e2e w4a16 swap-sweeps w4a16-fragment ncu-w4a16 long-context frontend lora spec-decode draft-spec offload window-kv disagg sampling stream-interval kernels tests profile compare-trees ncu-attention "
 [[ "$SETS" == *" $SET "* ]] || { echo "benchmarks/gpu.sh: unknown set '$SET' (one of:$SETS)" >&2; exit 2; }
 mkdir -p "$OUT"
 
@@ -188,6 +191,16 @@ fp8)
         stamp "FP8 matmul against torch._scaled_mm and bf16 (rows 1, 4, 16)"
         timeout 240 "$PY" benchmarks/kernels/fp8_matmul.py --json "$OUT/fp8_matmul.json" 2>&1 | tail -30 >> "$S"
     fi ;;
+quant-e2e)
+    EXTRA=("$@")
+    stamp "GPU tests: the fused FP8 quantizations and the FP8 few-row matmul"
+    gpu_tests 150 8 tests/kernels/test_kernel_fused_fp8_quant.py tests/kernels/test_kernel_fp8_matmul.py --confcutdir=tests
+    stamp "$LLAMA bf16 A and B through Triton"
+    e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B
+    stamp "$LLAMA AWQ (random 4-bit weights, groups of 128) A and B through Triton"
+    e2e llama_awq --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=awq
+    stamp "$LLAMA FP8 weights A and B through Triton"
+    e2e llama_fp8 --models "$LLAMA" --phases triton --workloads A,B --engine-arg quantization=fp8 ;;
 swap-sweeps)
     # The swapped-operand kernels (W4A16 and the FP8 few-row matmul), one short call: their GPU
     # tests, the W4A16 sweep at $W4_SWEEP_ROWS (256,512,4096) and the FP8 default against its

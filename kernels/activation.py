@@ -2,6 +2,11 @@
 
 Fusing reads x once and writes out once (PyTorch eager makes an intermediate for silu(gate)).
 Rounding follows Hugging Face (silu rounded to x.dtype, then the product), so GPU and CPU agree.
+
+`silu_and_mul_quant_fp8` quantizes the product per token for an FP8 down projection (the bytes
+kernels/quant.py would write from silu_and_mul's output), in one launch instead of two: one
+program per row, a first pass for the row's largest magnitude, a second that recomputes the
+product and writes it quantized.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import triton.language as tl
 
 from . import validation, validation_ops
 from ._launch import cdiv, check_runnable
+from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 OP = "silu_and_mul"
+OP_FP8 = "silu_and_mul_quant_fp8"
 
 
 @triton.jit
@@ -25,6 +32,33 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.co
     up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_block(x_row, offs, inter):
+    """silu(gate) * up for one block of a row, rounded as silu_and_mul rounds it, in float32."""
+    mask = offs < inter
+    gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(x_row.dtype.element_ty).to(tl.float32)
+    return (silu * up).to(x_row.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _silu_and_mul_quant_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, inter,
+                               FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for c0 in range(0, inter, BLOCK):
+        amax = tl.maximum(amax, tl.abs(_silu_mul_block(x_row, c0 + tl.arange(0, BLOCK), inter)))
+    scale = tl.maximum(tl.max(amax, 0) / FP8_MAX_C, MIN_SCALE_C)
+    tl.store(scale_ptr + row, scale)
+    inv = 1.0 / scale
+    for c0 in range(0, inter, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        q = tl.minimum(tl.maximum(_silu_mul_block(x_row, offs, inter) * inv, -FP8_MAX_C), FP8_MAX_C)
+        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < inter)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, block: int = 1024,
@@ -39,3 +73,18 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, block: int
     _silu_and_mul_kernel[(x.shape[0], cdiv(inter, block))](
         x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=num_warps)
     return out
+
+
+def silu_and_mul_quant_fp8(x: torch.Tensor, *, block: int = 2048,
+                           num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, 2*I] -> (q [T, I] float8_e4m3fn, scale [T, 1] float32), q * scale ~= silu_and_mul(x)."""
+    inter = validation_ops.check_silu_and_mul(OP_FP8, x, None, validation.HALF_AND_FLOAT)
+    check_runnable(OP_FP8, x)
+    q = torch.empty(x.shape[0], inter, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    if x.shape[0] == 0 or inter == 0:
+        return q, scale
+    _silu_and_mul_quant_kernel[(x.shape[0],)](
+        x, q, scale, x.stride(0), q.stride(0), inter, FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
+        BLOCK=min(block, triton.next_power_of_2(inter)), num_warps=num_warps)
+    return q, scale

@@ -5,17 +5,26 @@ from torch import nn
 
 from tritium import kernels
 
+from .fp8_activation import Fp8Activation
+
 
 class SiluAndMul(nn.Module):
-    """x = cat(gate, up) -> silu(gate) * up (the SwiGLU MLP's activation)."""
+    """x = cat(gate, up) -> silu(gate) * up (the SwiGLU MLP's activation); with `quantize_fp8`,
+    quantized per token for an FP8 projection (an Fp8Activation) in the same launch."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    quantizes_fp8 = True  # takes quantize_fp8
+
+    def forward(self, x: torch.Tensor, quantize_fp8: bool = False) -> torch.Tensor | Fp8Activation:
+        if quantize_fp8:
+            return Fp8Activation(*kernels.silu_and_mul_quant_fp8(x), x.dtype)
         return kernels.silu_and_mul(x)
 
 
 class GeluTanhAndMul(nn.Module):
     """x = cat(gate, up) -> gelu_tanh(gate) * up (Gemma's GeGLU, hidden_activation
     gelu_pytorch_tanh)."""
+
+    quantizes_fp8 = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .attention import Attention
+from .fp8_activation import Fp8Activation
 from .forward_context import select_lora_rows
 from .layernorm import RMSNorm
 from .linear import LinearMethod, QKVParallelLinear, RowParallelLinear
@@ -45,9 +46,10 @@ class SelfAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.fused_qk_norm = norm is RMSNorm
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor | Fp8Activation,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
-        """`rows`: project only these rows' attention outputs (see DecoderModel.forward)."""
+        """`rows`: project only these rows' attention outputs (see DecoderModel.forward). `hidden`
+        may come quantized for an FP8 q/k/v projection (see DecoderLayer)."""
         qkv = self.qkv_proj(hidden)
         # Strided views into qkv: rotary works in place and the attention kernels take row
         # strides, so no copies.
@@ -63,7 +65,7 @@ class SelfAttention(nn.Module):
         out = self.attn(q, k, v, positions, self.rotary_emb, q_norm, k_norm)
         if rows is not None:
             if rows.numel() == 0:
-                return hidden[:0]
+                return out.new_empty(0, self.o_proj.out_features)
             out = out[rows]
             select_lora_rows(rows)  # LoRA adapters follow the rows kept
         return self.o_proj(out)

@@ -5,17 +5,25 @@ from torch import nn
 
 from tritium import kernels
 
+from .fp8_activation import Fp8Activation
+
 
 class RMSNorm(nn.Module):
-    """RMSNorm; with `residual`, adds it first and returns (normed, new residual) in one pass."""
+    """RMSNorm; with `residual`, adds it first and returns (normed, new residual) in one pass.
+    With `quantize_fp8`, the normed output comes quantized per token for an FP8 projection
+    (an Fp8Activation), from the same launch."""
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return kernels.rms_norm(x, self.weight, self.eps, residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, quantize_fp8: bool = False):
+        if not quantize_fp8:
+            return kernels.rms_norm(x, self.weight, self.eps, residual)
+        out = kernels.rms_norm_quant_fp8(x, self.weight, self.eps, residual)
+        act = Fp8Activation(out[0], out[1], x.dtype)
+        return act if residual is None else (act, out[2])
 
 
 class GemmaRMSNorm(nn.Module):

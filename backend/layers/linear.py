@@ -13,8 +13,15 @@ from .forward_context import get_lora_mapping
 from .parallel_state import get_tp_rank, get_tp_size, tp_all_gather_last_dim, tp_all_reduce
 
 
+# A LinearMethod's `input_quantization` when it can take its input quantized per token to FP8
+# (backend/layers/quantization.py's Fp8Activation), so the kernel before it may quantize.
+FP8_PER_TOKEN = "fp8_per_token"
+
+
 class LinearMethod:
     """Creates a layer's weights and applies them. Subclass for quantized formats."""
+
+    input_quantization: str | None = None  # None: the input is the activation itself
 
     def create_weights(self, layer: "LinearBase", in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -71,6 +78,12 @@ class LinearBase(nn.Module):
         if param.shape != loaded.shape:
             raise ValueError(f"weight shape {tuple(loaded.shape)} does not match {tuple(param.shape)}")
         param.data.copy_(loaded)
+
+    @property
+    def takes_fp8_activation(self) -> bool:
+        """Whether this layer may be given its input already quantized per token to FP8: its
+        method takes it so, and no LoRA adapter needs the 16-bit input."""
+        return self.linear_method.input_quantization == FP8_PER_TOKEN and self.lora is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear_method.apply(self, x, self.bias)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .activation import GeluTanhAndMul, SiluAndMul
+from .fp8_activation import Fp8Activation
 
 # config.json's hidden_act / hidden_activation -> the gated activation
 ACTIVATIONS = {"silu": SiluAndMul, "gelu_pytorch_tanh": GeluTanhAndMul}
@@ -22,5 +23,14 @@ class GatedMLP(nn.Module):
                                            linear_method=linear_method)
         self.act_fn = ACTIVATIONS[act]()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    @property
+    def takes_fp8_activation(self) -> bool:
+        """Whether the input may come quantized per token to FP8 (see LinearBase)."""
+        return self.gate_up_proj.takes_fp8_activation
+
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        h = self.gate_up_proj(x)
+        if self.act_fn.quantizes_fp8 and self.down_proj.takes_fp8_activation:
+            # An FP8 down projection gets its input quantized by the activation's own launch.
+            return self.down_proj(self.act_fn(h, quantize_fp8=True))
+        return self.down_proj(self.act_fn(h))

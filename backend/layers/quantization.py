@@ -21,7 +21,8 @@ from tritium.kernels.validation_moe import FP8_BLOCK
 
 from ..config import QUANTIZATIONS
 from .int4 import INT4_METHODS, Int4Config, Int4LinearMethod
-from .linear import LinearBase, LinearMethod
+from .fp8_activation import Fp8Activation
+from .linear import FP8_PER_TOKEN, LinearBase, LinearMethod
 
 
 def check_fp8_supported(device: torch.device, setting: str = "quantization='fp8'") -> None:
@@ -37,7 +38,10 @@ def check_fp8_supported(device: torch.device, setting: str = "quantization='fp8'
 
 class Fp8LinearMethod(LinearMethod):
     """Loads 16-bit weights like the base method, then `process_weights_after_loading`
-    replaces them with FP8 weights and per-channel scales."""
+    replaces them with FP8 weights and per-channel scales. Takes its input as a 16-bit
+    activation or already quantized (an Fp8Activation)."""
+
+    input_quantization = FP8_PER_TOKEN
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
         w = layer.weight.data
@@ -54,22 +58,25 @@ class Fp8LinearMethod(LinearMethod):
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale.view(1, -1), requires_grad=False)
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearBase, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.weight.dtype != FP8_DTYPE:
             raise RuntimeError("Fp8LinearMethod: weights were not quantized after loading")
-        x_q, x_scale = kernels.quantize_fp8_per_token(x)
-        if x.is_cuda and x_q.shape[0] <= kernels.FP8_MATMUL_MAX_ROWS:
+        if isinstance(x, Fp8Activation):
+            x_q, x_scale, dtype = x.q, x.scale, x.dtype
+        else:
+            (x_q, x_scale), dtype = kernels.quantize_fp8_per_token(x), x.dtype
+        if x_q.is_cuda and x_q.shape[0] <= kernels.FP8_MATMUL_MAX_ROWS:
             # Decode batches of a few sequences: _scaled_mm's kernels are tiled for many rows
             # and read the weights more slowly than a bf16 matmul would (kernels/fp8_matmul.py).
             out = kernels.fp8_matmul_few_rows(x_q, x_scale, layer.weight.data, layer.weight_scale.data,
-                                              torch.bfloat16).to(x.dtype)
-        elif x.is_cuda:
+                                              torch.bfloat16).to(dtype)
+        elif x_q.is_cuda:
             # weight [N, K] row-major is the column-major [K, N] operand _scaled_mm wants.
             # Row-wise scales need a bf16 output; other model dtypes are cast after.
             out = torch._scaled_mm(x_q, layer.weight.t(), scale_a=x_scale,
-                                   scale_b=layer.weight_scale, out_dtype=torch.bfloat16).to(x.dtype)
+                                   scale_b=layer.weight_scale, out_dtype=torch.bfloat16).to(dtype)
         else:  # emulation with the same rounding of inputs (tests; no FP8 matmul on the CPU)
-            out = ((x_q.float() * x_scale) @ (layer.weight.float() * layer.weight_scale.t()).t()).to(x.dtype)
+            out = ((x_q.float() * x_scale) @ (layer.weight.float() * layer.weight_scale.t()).t()).to(dtype)
         return out if bias is None else out + bias
 
 

@@ -36,18 +36,21 @@ class DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 residual: torch.Tensor | None,
                 rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # FP8 projections get their inputs quantized by the norms' own launches.
+        fp8_qkv = isinstance(self.input_layernorm, RMSNorm) and self.self_attn.qkv_proj.takes_fp8_activation
         if residual is None:
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            normed = self.input_layernorm(hidden, quantize_fp8=True) if fp8_qkv else self.input_layernorm(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, rows)
+            normed, residual = self.input_layernorm(hidden, residual, quantize_fp8=fp8_qkv)
+        hidden = self.self_attn(positions, normed, rows)
         if rows is not None:
             residual = residual[rows]
             if rows.numel() == 0:
                 return hidden, residual
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        fp8_mlp = isinstance(self.mlp, GatedMLP) and self.mlp.takes_fp8_activation
+        normed, residual = self.post_attention_layernorm(hidden, residual, quantize_fp8=fp8_mlp)
+        return self.mlp(normed), residual
 
 
 class DecoderModel(nn.Module):

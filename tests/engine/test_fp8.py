@@ -105,3 +105,27 @@ def test_fp8_linear_takes_our_kernel_up_to_16_rows(rows, monkeypatch):
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 256)
     assert ((out.float() - want).norm() / want.norm()).item() < 1e-2
     assert len(calls) == (1 if rows <= 16 else 0)
+
+
+def test_norms_and_the_activation_quantize_for_the_fp8_projections(model_dir, monkeypatch):
+    """Both norms of a layer and its SiLU-and-mul hand their FP8 projection an input they
+    quantized in their own launch; only the attention output is quantized apart (by o_proj).
+    With a LoRA adapter on a projection, its input stays 16-bit (the adapter multiplies it)."""
+    from tritium import kernels
+    calls = {name: 0 for name in ("rms_norm_quant_fp8", "silu_and_mul_quant_fp8", "quantize_fp8_per_token")}
+    for name in calls:
+        op = getattr(kernels, name)
+
+        def counted(*args, _op=op, _name=name, **kwargs):
+            calls[_name] += 1
+            return _op(*args, **kwargs)
+        monkeypatch.setattr(kernels, name, counted)
+    llm = LLM(model_dir, dtype="float32", device="cpu", quantization="fp8")
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    passes = calls["silu_and_mul_quant_fp8"]  # one per layer per forward pass
+    assert passes > 0 and calls == {"rms_norm_quant_fp8": 2 * passes, "silu_and_mul_quant_fp8": passes,
+                                    "quantize_fp8_per_token": passes}
+    layer = llm.engine.executor.worker.model.model.layers[0]
+    assert layer.self_attn.qkv_proj.takes_fp8_activation and layer.mlp.takes_fp8_activation
+    layer.mlp.gate_up_proj.lora = object()  # (what backend/worker/lora.py sets)
+    assert not layer.mlp.takes_fp8_activation and layer.mlp.down_proj.takes_fp8_activation

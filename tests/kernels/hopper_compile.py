@@ -114,6 +114,7 @@ def cases():
                                                        key=key, value=value, **window))
     h = e(16, 4096, dtype=torch.bfloat16)
     yield "rms_norm", lambda: kernels.rms_norm.triton(h, h[0], 1e-5, h)
+    yield "rms_norm_quant_fp8", lambda: kernels.rms_norm_quant_fp8.triton(h, h[0], 1e-5, h)
     yield "rotary", lambda: kernels.apply_rotary_emb.triton(e(16, 4096, dtype=torch.bfloat16),
                                                      e(16, 1024, dtype=torch.bfloat16),
                                                      torch.zeros(16, dtype=torch.int64), e(64, 128))
@@ -130,6 +131,7 @@ def cases():
                                         v_cache=e(*v_shape, dtype=cache_dtype),
                                         slot_mapping=torch.zeros(16, dtype=torch.int64), k_scale=0.5, v_scale=2.0))
     yield "silu_and_mul", lambda: kernels.silu_and_mul.triton(e(16, 2 * 14336, dtype=torch.bfloat16))
+    yield "silu_and_mul_quant_fp8", lambda: kernels.silu_and_mul_quant_fp8.triton(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token.triton(e(16, 14336, dtype=torch.bfloat16))
     yield "greedy_sample", lambda: kernels.greedy_sample.triton(e(256, 128256, dtype=torch.bfloat16))
     rows, f32 = torch.zeros(8, dtype=torch.int64), e(8)

@@ -45,7 +45,7 @@ def test_each_op_has_one_launcher_and_a_reference_with_its_arguments():
 
     from tritium.kernels.ops import OPS
     tuning = {"config", "num_warps", "block", "block_m", "block_n", "max_context_len"}
-    assert len(OPS) == 15
+    assert len(OPS) == 17
     for name, op in OPS.items():
         assert op.reference.__name__ == f"{name}_ref" and op.triton.__name__ == name
         launcher = [p for p in inspect.signature(op.triton).parameters.values()
