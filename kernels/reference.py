@@ -260,22 +260,6 @@ def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return q, scale
 
 
-def rms_norm_quant_fp8_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                           residual: torch.Tensor | None = None):
-    """rms_norm_ref's output quantized per token: (q, scale) or, with residual, (q, scale, x + residual)."""
-    vo.check_rms_norm("rms_norm_quant_fp8", x, weight, residual, v.REFERENCE_DTYPES)
-    normed = rms_norm_ref(x, weight, eps, residual)
-    if residual is None:
-        return quantize_fp8_per_token_ref(normed)
-    return (*quantize_fp8_per_token_ref(normed[0]), normed[1])
-
-
-def silu_and_mul_quant_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """silu_and_mul_ref's output quantized per token: (q, scale)."""
-    vo.check_silu_and_mul("silu_and_mul_quant_fp8", x, None, v.REFERENCE_DTYPES)
-    return quantize_fp8_per_token_ref(silu_and_mul_ref(x))
-
-
 def greedy_sample_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [R, V] -> (first argmax per row int64 [R], its log-softmax value [R], float32;
     float64 for float64 logits)."""

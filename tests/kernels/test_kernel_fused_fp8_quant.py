@@ -10,7 +10,7 @@ import torch
 from kernel_checks import DEVICE, DTYPES, ON_GPU
 
 from tritium import kernels
-from tritium.kernels import reference
+from tritium.kernels import reference, reference_fused
 
 
 def _same_fp8(q: torch.Tensor, want: torch.Tensor) -> None:
@@ -42,7 +42,7 @@ def test_rms_norm_quant_is_the_norm_then_the_quantization(dtype, hidden, with_re
     if with_residual:
         assert torch.equal(got[2], normed[1])
     if ON_GPU:
-        ref = reference.rms_norm_quant_fp8_ref(x, weight, 1e-5, residual)
+        ref = reference_fused.rms_norm_quant_fp8_ref(x, weight, 1e-5, residual)
         torch.testing.assert_close(got[1], ref[1], rtol=1e-6, atol=0)
 
 
@@ -55,18 +55,18 @@ def test_silu_and_mul_quant_is_the_activation_then_the_quantization(dtype, inter
     _same_fp8(q, want_q)
     assert scale.shape == (5, 1) and torch.equal(scale, want_scale)
     if ON_GPU:
-        torch.testing.assert_close(scale, reference.silu_and_mul_quant_fp8_ref(x)[1], rtol=1e-6, atol=0)
+        torch.testing.assert_close(scale, reference_fused.silu_and_mul_quant_fp8_ref(x)[1], rtol=1e-6, atol=0)
 
 
 def test_the_references_are_the_two_ops_in_turn():
     x, residual = _rows(4, 64, torch.float32, 1), _rows(4, 64, torch.float32, 2)
     weight = torch.rand(64, device=DEVICE) + 0.5
-    q, scale, new_residual = reference.rms_norm_quant_fp8_ref(x, weight, 1e-6, residual)
+    q, scale, new_residual = reference_fused.rms_norm_quant_fp8_ref(x, weight, 1e-6, residual)
     normed, want_residual = reference.rms_norm_ref(x, weight, 1e-6, residual)
     want_q, want_scale = reference.quantize_fp8_per_token_ref(normed)
     _same_fp8(q, want_q)
     assert torch.equal(scale, want_scale) and torch.equal(new_residual, want_residual)
-    q, scale = reference.silu_and_mul_quant_fp8_ref(x)
+    q, scale = reference_fused.silu_and_mul_quant_fp8_ref(x)
     want_q, want_scale = reference.quantize_fp8_per_token_ref(reference.silu_and_mul_ref(x))
     _same_fp8(q, want_q)
     assert torch.equal(scale, want_scale)
