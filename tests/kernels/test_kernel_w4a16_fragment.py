@@ -36,7 +36,7 @@ CASES = [(1, 64, 128, 64, False, 16, 1, 1, 1), (5, 128, 256, 128, True, 16, 2, 2
          (37, 128, 192, 64, True, 32, 2, 1, 1), (70, 64, 256, 128, False, 64, 1, 3, 1),
          (9, 128, 512, 128, True, 16, 1, 2, 2), (20, 256, 256, 128, False, 32, 4, 1, 2),
          # a long K loop: on a GPU, MMAs of one iteration still run while the next widens its words
-         (64, 128, 4096, 128, False, 64, 2, 1, 2)]
+         (64, 128, 4096, 128, False, 64, 2, 1, 2), (24, 128, 1024, 256, True, 16, 1, 0, 4)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
