@@ -133,9 +133,10 @@ def _fp8_matmul_kernel(
 
 def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                         weight_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
-                        config: Fp8MatmulConfig | None = None) -> torch.Tensor:
+                        reduce: bool = True, config: Fp8MatmulConfig | None = None) -> torch.Tensor:
     """x_q [M, K] float8_e4m3fn with M <= 16, x_scale [M, 1] float32, weight [N, K]
-    float8_e4m3fn, weight_scale [1, N] float32 -> out [M, N] in out_dtype."""
+    float8_e4m3fn, weight_scale [1, N] float32 -> out [M, N] in out_dtype; with reduce=False,
+    K slices (when the launch splits K) come back unsummed, [S, M, N] float32."""
     validation_ops.check_fp8_matmul(OP, x_q, x_scale, weight, weight_scale, out_dtype, MAX_ROWS)
     check_runnable(OP, x_q)
     m, k = x_q.shape
@@ -151,4 +152,4 @@ def fp8_matmul_few_rows(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.
         BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, SWAP_AB=cfg.swap_ab,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return finish(out, out_dtype)
+    return finish(out, out_dtype, reduce)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import reference, reference_fused
+from . import reference
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,10 @@ OPS: dict[str, KernelOp] = {op.name: op for op in (
     KernelOp("paged_decode_attention", "decode_attention", reference.paged_decode_attention_ref),
     KernelOp("paged_prefill_attention", "prefill_attention", reference.paged_prefill_attention_ref),
     KernelOp("rms_norm", "norm", reference.rms_norm_ref),
-    KernelOp("rms_norm_quant_fp8", "norm", reference_fused.rms_norm_quant_fp8_ref),
+    KernelOp("rms_norm_quant_fp8", "norm", reference.rms_norm_quant_fp8_ref),
     KernelOp("apply_rotary_emb", "rotary", reference.apply_rotary_emb_ref),
     KernelOp("silu_and_mul", "activation", reference.silu_and_mul_ref),
-    KernelOp("silu_and_mul_quant_fp8", "activation", reference_fused.silu_and_mul_quant_fp8_ref),
+    KernelOp("silu_and_mul_quant_fp8", "activation", reference.silu_and_mul_quant_fp8_ref),
     KernelOp("quantize_fp8_per_token", "quant", reference.quantize_fp8_per_token_ref),
     KernelOp("fp8_matmul_few_rows", "fp8_matmul", reference.fp8_matmul_few_rows_ref),
     KernelOp("greedy_sample", "sampling", reference.greedy_sample_ref),

@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import FP8_MATMUL_MAX_ROWS
 from . import validation as v
 from . import validation_moe as vm
 from . import validation_ops as vo
+# The FP8 references and constants live in reference_fp8.py; re-exported for the ops and the engine.
+from .reference_fp8 import (FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, fp8_matmul_few_rows_ref,  # noqa: F401
+                            quantize_fp8_per_token_ref)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -184,6 +186,8 @@ def paged_prefill_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_ca
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None):
     vo.check_rms_norm("rms_norm", x, weight, residual, v.REFERENCE_DTYPES)
+    if x.dim() == 3:  # a split-K matmul's float32 slices: their sum, rounded as split_k.finish rounds it
+        x = x.sum(0).to(residual.dtype)
     if residual is not None:
         x = x + residual  # rounded to x.dtype, as Hugging Face's residual stream is
     h = x.to(_compute_dtype(x.dtype))
@@ -235,29 +239,20 @@ def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return out
 
 
-# FP8 (e4m3) activation quantization, shared with kernels/quant.py and backend/layers/quantization.py.
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite float8_e4m3fn value
-FP8_MIN_SCALE = 1e-12  # an all-zero row still gets a finite, nonzero scale
+def rms_norm_quant_fp8_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                           residual: torch.Tensor | None = None):
+    """rms_norm_ref's output quantized per token: (q, scale) or, with residual, (q, scale, x + residual)."""
+    vo.check_rms_norm("rms_norm_quant_fp8", x, weight, residual, v.REFERENCE_DTYPES)
+    normed = rms_norm_ref(x, weight, eps, residual)
+    if residual is None:
+        return quantize_fp8_per_token_ref(normed)
+    return (*quantize_fp8_per_token_ref(normed[0]), normed[1])
 
 
-def fp8_matmul_few_rows_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
-                            weight_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """(x_q @ weight^T) * x_scale * weight_scale in float32, in the kernel's order: the FP8 values
-    multiply exactly and accumulate in float32, then both scales apply."""
-    vo.check_fp8_matmul("fp8_matmul_few_rows", x_q, x_scale, weight, weight_scale, out_dtype,
-                       FP8_MATMUL_MAX_ROWS)
-    return ((x_q.float() @ weight.float().t()) * x_scale * weight_scale).to(out_dtype)
-
-
-def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] -> (q float8_e4m3fn [T, K], scale float32 [T, 1]); x ~= q * scale."""
-    vo.check_quantize("quantize_fp8_per_token", x, v.REFERENCE_DTYPES)
-    xf = x.float()
-    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
-    # Multiply by the reciprocal, as the kernel does, so both round the same values.
-    q = (xf * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q, scale
+def silu_and_mul_quant_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """silu_and_mul_ref's output quantized per token: (q, scale)."""
+    vo.check_silu_and_mul("silu_and_mul_quant_fp8", x, None, v.REFERENCE_DTYPES)
+    return quantize_fp8_per_token_ref(silu_and_mul_ref(x))
 
 
 def greedy_sample_ref(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,9 +332,10 @@ def w4a16_dequantize_values(q: torch.Tensor, scales: torch.Tensor, zeros: torch.
 
 def w4a16_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                      zeros: torch.Tensor, group_size: int, perm: torch.Tensor | None = None, *,
-                     bits: int = 4, **_options) -> torch.Tensor:
+                     bits: int = 4, reduce: bool = True, **_options) -> torch.Tensor:
     """x @ W^T with W dequantized in float32 (float64 for float64 x) in the activations' order:
-    the same matrix, and so the same sums, as F.linear on a dequantized checkpoint."""
+    the same matrix, and so the same sums, as F.linear on a dequantized checkpoint (whole: see
+    fp8_matmul_few_rows_ref on `reduce`)."""
     vo.check_w4a16("w4a16_matmul", x, qweight, scales, zeros, group_size, bits, perm,
                   v.REFERENCE_DTYPES)
     compute = _compute_dtype(x.dtype)
@@ -348,7 +344,8 @@ def w4a16_matmul_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 
 
 def w4a16_fragment_linear_ref(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                              group_size: int, perm: torch.Tensor | None = None, **_options) -> torch.Tensor:
+                              group_size: int, perm: torch.Tensor | None = None, *, reduce: bool = True,
+                              **_options) -> torch.Tensor:
     """w4a16_matmul_ref for words in kernels/w4a16_fragment.py's order."""
     from .w4a16_fragment_layout import FragmentConfig, check_arguments, unpack_fragment
     check_arguments(x, words, scales, zeros, group_size, perm, FragmentConfig(), v.REFERENCE_DTYPES)

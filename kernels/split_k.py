@@ -47,6 +47,9 @@ def slices_or_output(split: int, m: int, n: int, dtype: torch.dtype, device: tor
     return torch.empty(split, m, n, dtype=dtype if split == 1 else torch.float32, device=device)
 
 
-def finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[M, N] from what slices_or_output gave the launch."""
-    return out[0] if out.shape[0] == 1 else sum_slices(out, dtype)
+def finish(out: torch.Tensor, dtype: torch.dtype, reduce: bool = True) -> torch.Tensor:
+    """[M, N] from what slices_or_output gave the launch; with reduce=False, several slices stay
+    [S, M, N] float32 for the kernel after the matmul to add (kernels/norm.py does)."""
+    if out.shape[0] == 1:
+        return out[0]
+    return sum_slices(out, dtype) if reduce else out

@@ -12,6 +12,21 @@ from .validation import (HALF_AND_FLOAT, INDEX_DTYPES, check_store_kv, _dtype_na
 
 
 def check_rms_norm(op: str, x, weight, residual, dtypes: tuple[torch.dtype, ...]) -> None:
+    """x [T, H], or a split-K matmul's float32 slices [S, T, H] (their sum is x; then residual,
+    whose dtype the sum is rounded to, must be given)."""
+    if isinstance(x, torch.Tensor) and x.dim() == 3:
+        check_tensor(op, "x", x, "[S, T, H]", (torch.float32,))
+        if residual is None:
+            fail(op, "x as [S, T, H] slices needs the residual (its dtype is the sum's), got residual=None")
+        check_tensor(op, "residual", residual, "[T, H]", dtypes)
+        check_shape(op, "residual", residual, tuple(x.shape[1:]), "x.shape[1:]")
+        check_last_dim_contiguous(op, "x", x)
+        check_last_dim_contiguous(op, "residual", residual)
+        check_tensor(op, "weight", weight, "[H]", dtypes)
+        check_shape(op, "weight", weight, (x.shape[2],), "[H]")
+        check_contiguous(op, "weight", weight)
+        check_same_device(op, {"x": x, "weight": weight, "residual": residual})
+        return
     check_tensor(op, "x", x, "[T, H]", dtypes)
     check_last_dim_contiguous(op, "x", x)
     check_tensor(op, "weight", weight, "[H]", dtypes)

@@ -169,9 +169,10 @@ def _w4a16_kernel(
 
 
 def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 group_size: int, perm: torch.Tensor | None = None, *, bits: int = 4,
+                 group_size: int, perm: torch.Tensor | None = None, *, bits: int = 4, reduce: bool = True,
                  config: W4A16Config | None = None) -> torch.Tensor:
-    """x [M, K] bf16/fp16 -> out [M, N] in x's dtype; see the module docstring for the layout."""
+    """x [M, K] bf16/fp16 -> out [M, N] in x's dtype; see the module docstring for the layout. With
+    reduce=False, a launch that splits K returns its slices unsummed, [S, M, N] float32."""
     validation_ops.check_w4a16(OP, x, qweight, scales, zeros, group_size, bits, perm, ACTIVATION_DTYPES)
     check_runnable(OP, x)
     m, k = x.shape
@@ -189,9 +190,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
             validation.fail(OP, f"a gemv config's block_n ({cfg.block_n}) must be a multiple of {32 // bits}")
         if cfg.block_m > 1:
             return gemv_rows.w4a16_gemv_rows(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k,
-                                             num_sms(x.device))
+                                             num_sms(x.device), reduce)
         split = paths.gemv_split_k(m, n, k, cfg, block_k, num_sms(x.device), 32 // bits)
-        return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split)
+        return paths.w4a16_gemv(x, qweight, scales, zeros, group_size, perm, bits, cfg, block_k, split, reduce)
     split = choose_split_k(m, n, k, cfg, block_k, num_sms(x.device))
     # One slice: the kernel writes the output. Several: float32 partial sums, summed after
     # (split_k.finish).
@@ -206,4 +207,4 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         EVEN_N=n % cfg.block_n == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return finish(out, x.dtype)
+    return finish(out, x.dtype, reduce)

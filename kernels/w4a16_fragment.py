@@ -229,7 +229,7 @@ def choose_split_k(m: int, n: int, k: int, cfg: FragmentConfig, sms: int) -> int
 
 
 def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                          group_size: int, perm: torch.Tensor | None = None, *,
+                          group_size: int, perm: torch.Tensor | None = None, *, reduce: bool = True,
                           config: FragmentConfig | None = None) -> torch.Tensor:
     """x [M, K] bf16/fp16, words from `repack_fragment`, scales and zeros [K / group_size, N]
     (weight[n, k] = (q - zeros[g, n]) * scales[g, n], as in kernels/w4a16.py), perm [K] int32 or
@@ -248,7 +248,7 @@ def w4a16_fragment_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Te
         GROUP=group_size, HAS_PERM=perm is not None, BLOCK_M=cfg.block_m, SLABS=cfg.slabs, SPLIT_K=split, KSTEPS=cfg.ksteps,
         PAIRED=paired_dequant(x), num_warps=4 * cfg.slabs, num_stages=cfg.num_stages,
     )
-    return finish(out, x.dtype)
+    return finish(out, x.dtype, reduce)
 
 
 def fragment_dequantize(words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,

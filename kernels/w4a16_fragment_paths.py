@@ -13,10 +13,11 @@ from .w4a16_fragment_layout import SLAB, FragmentConfig, choose_config
 
 
 def w4a16_fragment_linear(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                          group_size: int, perm: torch.Tensor | None = None, *,
+                          group_size: int, perm: torch.Tensor | None = None, *, reduce: bool = True,
                           config: FragmentConfig | None = None) -> torch.Tensor:
     """x [M, K] bf16/fp16 -> x @ W^T [M, N], W in `repack_fragment`'s words (row k of the values
-    multiplies x[:, perm[k]] with act-order), scales and zeros [K / group_size, N]."""
+    multiplies x[:, perm[k]] with act-order), scales and zeros [K / group_size, N]; with
+    reduce=False the kernel's K slices, if it splits K, come back unsummed [S, M, N] float32."""
     m, k = x.shape if x.dim() == 2 else (0, 0)
     cfg = config or choose_config(m, words.shape[1] * SLAB if words.dim() == 4 else 0, k, group_size, x.device)
     if cfg.method == "dequant":
@@ -26,4 +27,4 @@ def w4a16_fragment_linear(x: torch.Tensor, words: torch.Tensor, scales: torch.Te
         if perm is not None:
             x = x.index_select(1, perm)  # the words' K order is act-order's sorted one
         return F.linear(x, w)
-    return w4a16_fragment_matmul(x, words, scales, zeros, group_size, perm, config=cfg)
+    return w4a16_fragment_matmul(x, words, scales, zeros, group_size, perm, reduce=reduce, config=cfg)

@@ -76,8 +76,9 @@ def _w4a16_gemv_rows_kernel(
 
 def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                     group_size: int, perm: torch.Tensor | None, bits: int, cfg: W4A16Config, block_k: int,
-                    sms: int) -> torch.Tensor:
-    """x [M, K] (a few rows, cfg.block_m a program) -> [M, N]; arguments checked by the caller."""
+                    sms: int, reduce: bool = True) -> torch.Tensor:
+    """x [M, K] (a few rows, cfg.block_m a program) -> [M, N] (K slices unsummed with reduce=False:
+    split_k.finish); arguments checked by the caller."""
     m, k = x.shape
     pack = 32 // bits
     n = qweight.shape[1] * pack
@@ -94,4 +95,4 @@ def w4a16_gemv_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
         WORDS=max(1, min(4, block_w // (32 * cfg.num_warps))),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return finish(out, x.dtype)
+    return finish(out, x.dtype, reduce)

@@ -235,10 +235,11 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                group_size: int, perm: torch.Tensor | None, bits: int, cfg: W4A16Config, block_k: int,
-               split: int) -> torch.Tensor:
+               split: int, reduce: bool = True) -> torch.Tensor:
     """x [M, K] (a few rows: one program row each) -> [M, N]; arguments checked by the caller.
-    Several K slices add their float32 partial sums afterwards, in PyTorch or (cfg.fused_reduce)
-    inside the kernel, by the slice that finishes last."""
+    Several K slices add their float32 partial sums afterwards, in one more launch or
+    (cfg.fused_reduce) inside the kernel, by the slice that finishes last; or, with reduce=False
+    and no fused sum, come back unsummed [S, M, N] for the next kernel to add."""
     m, k = x.shape
     pack = 32 // bits
     n = qweight.shape[1] * pack
@@ -266,7 +267,7 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     )
     if split == 1 or fused:
         return out[0]
-    return sum_slices(ws, x.dtype)
+    return sum_slices(ws, x.dtype) if reduce else ws
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_moe import MOE_FAMILIES
 from triton_server import (TEST_ENGINE_ARGS, StreamCollector, grpc_inputs, http_request, start_server,
-                           write_model_repository)
+                           wait_until, write_model_repository)
 
 MAX_NEW = 24
 # Sliding-window families beside the MoE ones: (build_model spec, seed).
@@ -156,10 +156,11 @@ def test_disaggregated_prefill_through_triton_gives_hf_greedy_tokens(moe_stack):
             assert got.text == tok.decode(expected, skip_special_tokens=True), f"prompt {i}"
     finally:
         stream.close()
-    assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") == len(prompts)
+    # The engine's statistics reach Triton's metrics on a publishing thread's interval.
+    transfers = lambda: server.metric("tritium:kv_transfers_total", model_name="llm_decode")  # noqa: E731
+    assert wait_until(lambda: transfers() == len(prompts), 10), transfers()
     assert server.metric("tritium:kv_transfer_bytes_total", model_name="llm_decode") > 0
     # The idle prefill engine hears of each read and lets the blocks go (back to its prefix cache).
-    from triton_server import wait_until
     assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name="llm_prefill") == 0, 10)
 
 
@@ -184,7 +185,7 @@ def test_the_disaggregated_entry_point_routes_prefill_then_decode(moe_stack):
         assert error.startswith("The prefill model no_such_model failed: "), error
     finally:
         stream.close()
-    assert server.metric("tritium:kv_transfers_total", model_name="llm_decode") > before
+    assert wait_until(lambda: server.metric("tritium:kv_transfers_total", model_name="llm_decode") > before, 10)
 
 
 def test_openai_completions_through_the_disaggregated_entry_point(moe_stack):

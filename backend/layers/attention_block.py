@@ -47,9 +47,10 @@ class SelfAttention(nn.Module):
         self.fused_qk_norm = norm is RMSNorm
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor | Fp8Activation,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+                rows: torch.Tensor | None = None, keep_partials: bool = False) -> torch.Tensor:
         """`rows`: project only these rows' attention outputs (see DecoderModel.forward). `hidden`
-        may come quantized for an FP8 q/k/v projection (see DecoderLayer)."""
+        may come quantized for an FP8 q/k/v projection (see DecoderLayer). keep_partials: the
+        output projection may return its split-K slices (see LinearBase.forward)."""
         qkv = self.qkv_proj(hidden)
         # Strided views into qkv: rotary works in place and the attention kernels take row
         # strides, so no copies.
@@ -68,4 +69,4 @@ class SelfAttention(nn.Module):
                 return out.new_empty(0, self.o_proj.out_features)
             out = out[rows]
             select_lora_rows(rows)  # LoRA adapters follow the rows kept
-        return self.o_proj(out)
+        return self.o_proj(out, keep_partials)

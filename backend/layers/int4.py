@@ -32,6 +32,7 @@ from tritium.kernels.reference import w4a16_dequantize_ref, w4a16_dequantize_val
 from tritium.kernels.w4a16_fragment_layout import repack_fragment, unpack_fragment, uses_fragment_layout
 
 from .linear import LinearBase, LinearMethod
+from .split_k_partials import SplitKPartials
 
 logger = logging.getLogger(__name__)
 
@@ -244,14 +245,22 @@ class Int4LinearMethod(LinearMethod):
                     self.repacked_layers, self.config.method.upper(), self.config.bits,
                     self.config.group_size, self.repack_seconds)
 
-    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    keeps_partials = True
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None,
+              keep_partials: bool = False) -> torch.Tensor | SplitKPartials:
         bits, group, perm = self.config.bits, layer.group_size, layer.perm
         if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
             rows = x.reshape(-1, x.shape[-1])
+            reduce = not keep_partials
             if layer.fragment_layout:
-                out = kernels.w4a16_fragment_linear(rows, layer.qweight, layer.scales, layer.zeros, group, perm)
+                out = kernels.w4a16_fragment_linear(rows, layer.qweight, layer.scales, layer.zeros, group, perm,
+                                                    reduce=reduce)
             else:
-                out = kernels.w4a16_matmul(rows, layer.qweight, layer.scales, layer.zeros, group, perm, bits=bits)
+                out = kernels.w4a16_matmul(rows, layer.qweight, layer.scales, layer.zeros, group, perm, bits=bits,
+                                           reduce=reduce)
+            if out.dim() == 3:
+                return SplitKPartials(out, x.dtype)
             out = out.view(*x.shape[:-1], out.shape[-1])
             return out if bias is None else out + bias
         # The same matrix a dequantized checkpoint holds, through the same F.linear.

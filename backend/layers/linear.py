@@ -22,6 +22,7 @@ class LinearMethod:
     """Creates a layer's weights and applies them. Subclass for quantized formats."""
 
     input_quantization: str | None = None  # None: the input is the activation itself
+    keeps_partials = False  # apply(..., keep_partials=True) may return SplitKPartials
 
     def create_weights(self, layer: "LinearBase", in_features: int, out_features: int,
                        dtype: torch.dtype) -> None:
@@ -29,7 +30,10 @@ class LinearMethod:
                                     requires_grad=False)
         layer.weight.weight_loader = layer.weight_loader
 
-    def apply(self, layer: "LinearBase", x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: "LinearBase", x: torch.Tensor, bias: torch.Tensor | None,
+              keep_partials: bool = False) -> torch.Tensor:
+        """x @ W^T (+ bias). keep_partials: a matmul that splits K may return its slices unsummed
+        (SplitKPartials), for methods that declare `keeps_partials`; bias is then None."""
         return F.linear(x, layer.weight, bias)
 
 
@@ -85,7 +89,11 @@ class LinearBase(nn.Module):
         method takes it so, and no LoRA adapter needs the 16-bit input."""
         return self.linear_method.input_quantization == FP8_PER_TOKEN and self.lora is None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep_partials: bool = False) -> torch.Tensor:
+        """keep_partials: the caller's next kernel can add a split-K matmul's slices itself
+        (a SplitKPartials may come back); honoured where no bias or LoRA delta must be added."""
+        if keep_partials and self.linear_method.keeps_partials and self.bias is None and self.lora is None:
+            return self.linear_method.apply(self, x, None, keep_partials=True)
         y = self.linear_method.apply(self, x, self.bias)
         if self.lora is not None:
             mapping = get_lora_mapping()
@@ -228,5 +236,8 @@ class RowParallelLinear(LinearBase):
             return a, b
         return a.narrow(1, self.tp_rank * self.in_features, self.in_features), b
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep_partials: bool = False) -> torch.Tensor:
+        # Slices are this rank's alone: with several ranks the all-reduce needs the sum.
+        if self.tp_size == 1:
+            return super().forward(x, keep_partials)
         return tp_all_reduce(super().forward(x))

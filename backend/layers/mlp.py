@@ -28,9 +28,10 @@ class GatedMLP(nn.Module):
         """Whether the input may come quantized per token to FP8 (see LinearBase)."""
         return self.gate_up_proj.takes_fp8_activation
 
-    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation, keep_partials: bool = False) -> torch.Tensor:
+        """keep_partials: the down projection may return its split-K slices (LinearBase.forward)."""
         h = self.gate_up_proj(x)
         if self.act_fn.quantizes_fp8 and self.down_proj.takes_fp8_activation:
             # An FP8 down projection gets its input quantized by the activation's own launch.
-            return self.down_proj(self.act_fn(h, quantize_fp8=True))
-        return self.down_proj(self.act_fn(h))
+            return self.down_proj(self.act_fn(h, quantize_fp8=True), keep_partials)
+        return self.down_proj(self.act_fn(h), keep_partials)

@@ -23,6 +23,7 @@ from ..config import QUANTIZATIONS
 from .int4 import INT4_METHODS, Int4Config, Int4LinearMethod
 from .fp8_activation import Fp8Activation
 from .linear import FP8_PER_TOKEN, LinearBase, LinearMethod
+from .split_k_partials import SplitKPartials
 
 
 def check_fp8_supported(device: torch.device, setting: str = "quantization='fp8'") -> None:
@@ -42,6 +43,7 @@ class Fp8LinearMethod(LinearMethod):
     activation or already quantized (an Fp8Activation)."""
 
     input_quantization = FP8_PER_TOKEN
+    keeps_partials = True
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
         w = layer.weight.data
@@ -58,7 +60,8 @@ class Fp8LinearMethod(LinearMethod):
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale.view(1, -1), requires_grad=False)
 
-    def apply(self, layer: LinearBase, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: LinearBase, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None,
+              keep_partials: bool = False) -> torch.Tensor | SplitKPartials:
         if layer.weight.dtype != FP8_DTYPE:
             raise RuntimeError("Fp8LinearMethod: weights were not quantized after loading")
         if isinstance(x, Fp8Activation):
@@ -68,8 +71,12 @@ class Fp8LinearMethod(LinearMethod):
         if x_q.is_cuda and x_q.shape[0] <= kernels.FP8_MATMUL_MAX_ROWS:
             # Decode batches of a few sequences: _scaled_mm's kernels are tiled for many rows
             # and read the weights more slowly than a bf16 matmul would (kernels/fp8_matmul.py).
+            # (Slices only for a bf16 model: another dtype's output is the bf16 sum cast again.)
             out = kernels.fp8_matmul_few_rows(x_q, x_scale, layer.weight.data, layer.weight_scale.data,
-                                              torch.bfloat16).to(dtype)
+                                              torch.bfloat16, reduce=not (keep_partials and dtype == torch.bfloat16))
+            if out.dim() == 3:
+                return SplitKPartials(out, dtype)
+            out = out.to(dtype)
         elif x_q.is_cuda:
             # weight [N, K] row-major is the column-major [K, N] operand _scaled_mm wants.
             # Row-wise scales need a bf16 output; other model dtypes are cast after.

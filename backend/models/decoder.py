@@ -17,6 +17,7 @@ from ..layers.layernorm import RMSNorm
 from ..layers.linear import LinearBase, LinearMethod
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoeBlock
+from ..layers.split_k_partials import SplitKPartials
 from .decoder_config import DecoderConfig
 from .interface import CausalLM
 
@@ -33,9 +34,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                residual: torch.Tensor | None,
-                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor | SplitKPartials,
+                residual: torch.Tensor | None, rows: torch.Tensor | None = None,
+                keep_partials: bool = False) -> tuple[torch.Tensor | SplitKPartials, torch.Tensor]:
+        """hidden: the previous layer's output (its split-K slices where it kept them);
+        keep_partials: this layer's MLP output may be left as slices for the next RMSNorm."""
         # FP8 projections get their inputs quantized by the norms' own launches.
         fp8_qkv = isinstance(self.input_layernorm, RMSNorm) and self.self_attn.qkv_proj.takes_fp8_activation
         if residual is None:
@@ -43,14 +46,17 @@ class DecoderLayer(nn.Module):
             normed = self.input_layernorm(hidden, quantize_fp8=True) if fp8_qkv else self.input_layernorm(hidden)
         else:
             normed, residual = self.input_layernorm(hidden, residual, quantize_fp8=fp8_qkv)
-        hidden = self.self_attn(positions, normed, rows)
+        # A split-K output projection's slices go to the norm after it, which adds them.
+        slices_ok = isinstance(self.post_attention_layernorm, RMSNorm)
+        hidden = self.self_attn(positions, normed, rows, keep_partials=slices_ok)
         if rows is not None:
             residual = residual[rows]
             if rows.numel() == 0:
                 return hidden, residual
-        fp8_mlp = isinstance(self.mlp, GatedMLP) and self.mlp.takes_fp8_activation
-        normed, residual = self.post_attention_layernorm(hidden, residual, quantize_fp8=fp8_mlp)
-        return self.mlp(normed), residual
+        gated = isinstance(self.mlp, GatedMLP)
+        normed, residual = self.post_attention_layernorm(hidden, residual,
+                                                         quantize_fp8=gated and self.mlp.takes_fp8_activation)
+        return (self.mlp(normed, keep_partials) if gated else self.mlp(normed)), residual
 
 
 class DecoderModel(nn.Module):
@@ -99,13 +105,22 @@ class DecoderModel(nn.Module):
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 kept.append(hidden if residual is None else hidden + residual)
-            hidden, residual = layer(positions, hidden, residual, rows if i == num_layers - 1 else None)
+            last = i == num_layers - 1
+            layer_rows = rows if last else None
+            if isinstance(layer, DecoderLayer):
+                # Its MLP may leave its output as split-K slices where an RMSNorm adds them next.
+                nxt = self.norm if last else self.layers[i + 1]
+                keep = (i + 1) not in aux_layers and (isinstance(nxt, RMSNorm) or (
+                    isinstance(nxt, DecoderLayer) and isinstance(nxt.input_layernorm, RMSNorm)))
+                hidden, residual = layer(positions, hidden, residual, layer_rows, keep)
+            else:
+                hidden, residual = layer(positions, hidden, residual, layer_rows)
         if num_layers in aux_layers:
             kept.append(hidden + residual)
         if kept:
             self.aux_hidden_states = kept[0] if len(kept) == 1 else torch.cat(kept, dim=-1)
         if hidden.shape[0] == 0:
-            return hidden
+            return hidden.reduced() if isinstance(hidden, SplitKPartials) else hidden
         hidden, _ = self.norm(hidden, residual)
         if self.keep_final_hidden_states:
             self.aux_hidden_states = hidden

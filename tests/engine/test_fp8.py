@@ -129,3 +129,29 @@ def test_norms_and_the_activation_quantize_for_the_fp8_projections(model_dir, mo
     assert layer.self_attn.qkv_proj.takes_fp8_activation and layer.mlp.takes_fp8_activation
     layer.mlp.gate_up_proj.lora = object()  # (what backend/worker/lora.py sets)
     assert not layer.mlp.takes_fp8_activation and layer.mlp.down_proj.takes_fp8_activation
+
+
+def test_split_k_slices_reach_the_next_norm(model_dir, monkeypatch):
+    """Where a GPU's matmul splits K, o_proj and down_proj hand the RMSNorm after them their
+    slices (SplitKPartials) and the norm adds them: here every such call returns two halves of
+    its output as slices, and the tokens must stay Hugging Face's; each layer's o_proj and
+    down_proj are asked, the next norm being an RMSNorm (the last layer's: the final norm)."""
+    from tritium.layers.quantization import Fp8LinearMethod
+    from tritium.layers.split_k_partials import SplitKPartials
+    apply, asked = Fp8LinearMethod.apply, []
+
+    def halves(self, layer, x, bias, keep_partials=False):
+        y = apply(self, layer, x, bias)
+        if not keep_partials:
+            return y
+        asked.append(layer)
+        return SplitKPartials(torch.stack([y.float() * 0.5, y.float() * 0.5]), y.dtype)
+    monkeypatch.setattr(Fp8LinearMethod, "apply", halves)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:2]]
+    llm = LLM(model_dir, dtype="float32", device="cpu", quantization="fp8")
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == hf_fp8_greedy(model_dir, prompts)
+    layers = llm.engine.executor.worker.model.model.layers
+    wanted = {id(m) for layer in layers for m in (layer.self_attn.o_proj, layer.mlp.down_proj)}
+    assert asked and {id(m) for m in asked} == wanted

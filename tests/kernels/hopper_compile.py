@@ -115,6 +115,7 @@ def cases():
     h = e(16, 4096, dtype=torch.bfloat16)
     yield "rms_norm", lambda: kernels.rms_norm.triton(h, h[0], 1e-5, h)
     yield "rms_norm_quant_fp8", lambda: kernels.rms_norm_quant_fp8.triton(h, h[0], 1e-5, h)
+    yield "rms_norm of split-K slices", lambda: kernels.rms_norm_quant_fp8.triton(e(3, 16, 4096), h[0], 1e-5, h)
     yield "rotary", lambda: kernels.apply_rotary_emb.triton(e(16, 4096, dtype=torch.bfloat16),
                                                      e(16, 1024, dtype=torch.bfloat16),
                                                      torch.zeros(16, dtype=torch.int64), e(64, 128))

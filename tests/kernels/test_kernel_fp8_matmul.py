@@ -139,3 +139,16 @@ def test_malformed_tuned_table_is_refused(tmp_path, entry, message):
     table.write_text(json.dumps({"configs": {"NVIDIA H200": entry}}))
     with pytest.raises(ValueError, match=re.escape(f"{table}: {message}") + "$"):
         load_tuned_configs(str(table))
+
+
+def test_unsummed_slices_add_up_to_the_output():
+    """reduce=False: the K slices' float32 partial sums (scales applied), which split_k's sum
+    turns into exactly the output."""
+    from tritium.kernels.fp8_matmul import Fp8MatmulConfig
+    from tritium.kernels.split_k import sum_slices
+    args = _inputs(3, 96, 384, seed=2)
+    cfg = Fp8MatmulConfig(block_n=32, block_k=64, split_k=3, num_stages=2)
+    out = kernels.fp8_matmul_few_rows.triton(*args, torch.float16, config=cfg)
+    slices = kernels.fp8_matmul_few_rows.triton(*args, torch.float16, reduce=False, config=cfg)
+    assert slices.shape == (3, 3, 96) and slices.dtype == torch.float32
+    assert torch.equal(sum_slices(slices, torch.float16), out)

@@ -10,7 +10,7 @@ import torch
 from kernel_checks import DEVICE, DTYPES, ON_GPU
 
 from tritium import kernels
-from tritium.kernels import reference, reference_fused
+from tritium.kernels import reference
 
 
 def _same_fp8(q: torch.Tensor, want: torch.Tensor) -> None:
@@ -42,7 +42,7 @@ def test_rms_norm_quant_is_the_norm_then_the_quantization(dtype, hidden, with_re
     if with_residual:
         assert torch.equal(got[2], normed[1])
     if ON_GPU:
-        ref = reference_fused.rms_norm_quant_fp8_ref(x, weight, 1e-5, residual)
+        ref = reference.rms_norm_quant_fp8_ref(x, weight, 1e-5, residual)
         torch.testing.assert_close(got[1], ref[1], rtol=1e-6, atol=0)
 
 
@@ -55,18 +55,18 @@ def test_silu_and_mul_quant_is_the_activation_then_the_quantization(dtype, inter
     _same_fp8(q, want_q)
     assert scale.shape == (5, 1) and torch.equal(scale, want_scale)
     if ON_GPU:
-        torch.testing.assert_close(scale, reference_fused.silu_and_mul_quant_fp8_ref(x)[1], rtol=1e-6, atol=0)
+        torch.testing.assert_close(scale, reference.silu_and_mul_quant_fp8_ref(x)[1], rtol=1e-6, atol=0)
 
 
 def test_the_references_are_the_two_ops_in_turn():
     x, residual = _rows(4, 64, torch.float32, 1), _rows(4, 64, torch.float32, 2)
     weight = torch.rand(64, device=DEVICE) + 0.5
-    q, scale, new_residual = reference_fused.rms_norm_quant_fp8_ref(x, weight, 1e-6, residual)
+    q, scale, new_residual = reference.rms_norm_quant_fp8_ref(x, weight, 1e-6, residual)
     normed, want_residual = reference.rms_norm_ref(x, weight, 1e-6, residual)
     want_q, want_scale = reference.quantize_fp8_per_token_ref(normed)
     _same_fp8(q, want_q)
     assert torch.equal(scale, want_scale) and torch.equal(new_residual, want_residual)
-    q, scale = reference_fused.silu_and_mul_quant_fp8_ref(x)
+    q, scale = reference.silu_and_mul_quant_fp8_ref(x)
     want_q, want_scale = reference.quantize_fp8_per_token_ref(reference.silu_and_mul_ref(x))
     _same_fp8(q, want_q)
     assert torch.equal(scale, want_scale)
@@ -82,3 +82,32 @@ def test_empty_batches_and_errors_name_the_op():
         kernels.silu_and_mul_quant_fp8.triton(torch.zeros(2, 7, device=DEVICE))
     with pytest.raises(ValueError, match=r"^rms_norm_quant_fp8: weight must have shape \[H\]"):
         kernels.rms_norm_quant_fp8.triton(torch.zeros(2, 8, device=DEVICE), torch.ones(4, device=DEVICE), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("split", [2, 5])
+@pytest.mark.parametrize("quant", [False, True])
+def test_norms_take_a_split_k_matmuls_slices(dtype, split, quant):
+    """x as [S, T, H] float32 slices: the norm of their sum (rounded to the residual's dtype),
+    as split_k.finish and the norm would give in two launches. Two slices add in either order
+    alike, so there the bytes must match; five may round the float32 sum differently."""
+    from tritium.kernels.split_k import sum_slices
+    hidden = 1000
+    slices = (_rows(split * 6, hidden, torch.float32, split, top=1).reshape(split, 6, hidden)).contiguous()
+    residual = _rows(6, hidden, dtype, 7, top=1)
+    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(4)) + 0.5).to(device=DEVICE, dtype=dtype)
+    op = kernels.rms_norm_quant_fp8 if quant else kernels.rms_norm
+    got = op.triton(slices, weight, 1e-5, residual)
+    want = op.triton(sum_slices(slices, dtype), weight, 1e-5, residual)
+    ref = op.reference(slices, weight, 1e-5, residual)
+    assert len(got) == len(want) == len(ref)
+    if split == 2:
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+    else:
+        torch.testing.assert_close(got[-1], want[-1], rtol=1e-2, atol=1e-2)  # the new residual
+    if not quant:
+        torch.testing.assert_close(got[0].float(), ref[0].float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match=r"^rms_norm: x as \[S, T, H\] slices needs the residual \(its dtype is the "
+                                         r"sum's\), got residual=None$"):
+        kernels.rms_norm.triton(slices, weight, 1e-5)

@@ -270,3 +270,23 @@ def test_argument_errors(change, message):
     change(args)
     with pytest.raises(ValueError, match="^" + re.escape("w4a16_matmul: " + message) + "$"):
         kernels.w4a16_matmul.triton(**args)
+
+
+@pytest.mark.parametrize("tiles", [dict(block_m=1, block_n=32, block_k=32, split_k=3, method="gemv"),
+                                   dict(block_m=2, block_n=64, block_k=16, split_k=2, method="gemv"),
+                                   dict(block_m=16, block_n=32, block_k=32, split_k=2)],
+                         ids=["gemv", "gemv-rows", "mma"])
+def test_unsummed_slices_add_up_to_the_output(tiles):
+    """reduce=False (for a norm that adds the slices itself): a launch that splits K returns its
+    float32 slices, which split_k's sum turns into exactly the output; one slice is the output."""
+    from tritium.kernels.split_k import sum_slices
+    from tritium.kernels.w4a16 import W4A16Config
+    (x, qweight, scales, zeros), perm, _ = _case(2, 64, 256, 64, 4, True, 5, torch.float16)
+    cfg = W4A16Config(num_stages=1, **tiles)
+    out = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 64, perm, config=cfg)
+    slices = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 64, perm, reduce=False, config=cfg)
+    assert slices.shape == (tiles["split_k"], 2, 64) and slices.dtype == torch.float32
+    assert torch.equal(sum_slices(slices, torch.float16), out)
+    whole = kernels.w4a16_matmul.triton(x, qweight, scales, zeros, 64, perm, reduce=False,
+                                        config=W4A16Config(num_stages=1, **{**tiles, "split_k": 1}))
+    assert whole.shape == (2, 64) and whole.dtype == torch.float16

@@ -138,3 +138,18 @@ def test_the_table_decides_the_layout_and_each_buckets_method(tmp_path):
         json.dump({"configs": {"cpu": {"192x128/w4g64/m1": {"method": "gemv"}}}}, f)
     with pytest.raises(ValueError, match="method 'gemv': expected 'mma' or 'dequant'"):
         uses_fragment_layout(192, 128, 4, 64, cpu, bad)
+
+
+def test_unsummed_slices_add_up_to_the_output():
+    """reduce=False: a split launch's float32 slices, which split_k's sum turns into exactly the
+    output; one slice is the output itself."""
+    from tritium.kernels.split_k import sum_slices
+    (x, words, scales, zeros), perm, _ = _case(5, 128, 512, 128, True, 9, torch.float16)
+    cfg = FragmentConfig(block_m=16, split_k=2, num_stages=2)
+    out = w4a16_fragment_matmul(x, words, scales, zeros, 128, perm, config=cfg)
+    slices = w4a16_fragment_matmul(x, words, scales, zeros, 128, perm, reduce=False, config=cfg)
+    assert slices.shape == (2, 5, 128) and slices.dtype == torch.float32
+    assert torch.equal(sum_slices(slices, torch.float16), out)
+    whole = w4a16_fragment_matmul(x, words, scales, zeros, 128, perm, reduce=False,
+                                  config=FragmentConfig(block_m=16, split_k=1, num_stages=2))
+    assert whole.shape == (5, 128) and whole.dtype == torch.float16
