@@ -24,14 +24,27 @@ OP_FP8 = "silu_and_mul_quant_fp8"
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_s, stride_x, stride_o, inter, split,
+                         SLICED: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
-    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+    dt = out_ptr.dtype.element_ty
+    if SLICED:
+        # A split-K gate/up projection's slices, added in slice order and rounded to the output's
+        # dtype as split_k.finish would have written them.
+        gate = tl.zeros([BLOCK], dtype=tl.float32)
+        up = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(split):
+            gate += tl.load(x_ptr + s * stride_s + row * stride_x + offs, mask=mask, other=0.0)
+            up += tl.load(x_ptr + s * stride_s + row * stride_x + inter + offs, mask=mask, other=0.0)
+        gate = gate.to(dt).to(tl.float32)
+        up = up.to(dt).to(tl.float32)
+    else:
+        gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (silu * up).to(dt), mask=mask)
 
 
 @triton.jit
@@ -63,15 +76,19 @@ def _silu_and_mul_quant_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, inte
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, block: int = 1024,
                  num_warps: int = 4) -> torch.Tensor:
-    """x [T, 2*I] -> out [T, I]."""
+    """x [T, 2*I] -> out [T, I]. x may also be a split-K matmul's float32 slices [S, T, 2*I], given
+    `out` (x is their sum rounded to out's dtype: the sum's own launch saved)."""
     inter = validation_ops.check_silu_and_mul(OP, x, out, validation.HALF_AND_FLOAT)
     check_runnable(OP, x)
+    sliced = x.dim() == 3
+    rows = x.shape[-2]
     if out is None:
-        out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    if x.shape[0] == 0 or inter == 0:
+        out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
+    if rows == 0 or inter == 0:
         return out
-    _silu_and_mul_kernel[(x.shape[0], cdiv(inter, block))](
-        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=num_warps)
+    _silu_and_mul_kernel[(rows, cdiv(inter, block))](
+        x, out, x.stride(0) if sliced else 0, x.stride(-2), out.stride(0), inter, x.shape[0] if sliced else 1,
+        SLICED=sliced, BLOCK=block, num_warps=num_warps)
     return out
 
 

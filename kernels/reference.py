@@ -232,6 +232,8 @@ def apply_rotary_emb_ref(query: torch.Tensor, key: torch.Tensor, positions: torc
 
 def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     inter = vo.check_silu_and_mul("silu_and_mul", x, out, v.REFERENCE_DTYPES)
+    if x.dim() == 3:  # a split-K matmul's slices: their sum, rounded as split_k.finish rounds it
+        x = x.sum(0).to(out.dtype)
     result = F.silu(x[:, :inter]) * x[:, inter:]
     if out is None:
         return result

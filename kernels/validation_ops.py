@@ -129,14 +129,22 @@ def check_rotary_store(op: str, key, value, k_cache, v_cache, slot_mapping, k_sc
 
 
 def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
-    check_tensor(op, "x", x, "[T, 2*I]", dtypes)
+    """x [T, 2*I], or a split-K matmul's float32 slices [S, T, 2*I] with `out` given (its dtype
+    is the sum's); returns I."""
+    sliced = isinstance(x, torch.Tensor) and x.dim() == 3
+    if sliced:
+        check_tensor(op, "x", x, "[S, T, 2*I]", (torch.float32,))
+        if out is None:
+            fail(op, "x as [S, T, 2*I] slices needs out (its dtype is the sum's), got out=None")
+    else:
+        check_tensor(op, "x", x, "[T, 2*I]", dtypes)
     check_last_dim_contiguous(op, "x", x)
-    if x.shape[1] % 2:
-        fail(op, f"x last dimension must be even (cat(gate, up)), got {x.shape[1]}")
-    inter = x.shape[1] // 2
+    if x.shape[-1] % 2:
+        fail(op, f"x last dimension must be even (cat(gate, up)), got {x.shape[-1]}")
+    inter = x.shape[-1] // 2
     if out is not None:
-        check_tensor(op, "out", out, "[T, I]", (x.dtype,))
-        check_shape(op, "out", out, (x.shape[0], inter), "[T, I]")
+        check_tensor(op, "out", out, "[T, I]", dtypes if sliced else (x.dtype,))
+        check_shape(op, "out", out, (x.shape[-2], inter), "[T, I]")
         check_last_dim_contiguous(op, "out", out)
         check_same_device(op, {"x": x, "out": out})
     return inter

@@ -120,9 +120,12 @@ class ColumnParallelLinear(LinearBase):
         self.gather_output = gather_output
         super().__init__(in_features, out_features // tp, bias, dtype, 0, linear_method)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)
-        return tp_all_gather_last_dim(y) if self.gather_output else y
+    def forward(self, x: torch.Tensor, keep_partials: bool = False) -> torch.Tensor:
+        # (Each rank holds whole sums of its columns, so slices need no all-reduce; a gathered
+        # output does need the sum.)
+        if self.gather_output:
+            return tp_all_gather_last_dim(super().forward(x))
+        return super().forward(x, keep_partials)
 
     @property
     def full_lora_shape(self) -> tuple[int, list[int]]:

@@ -30,8 +30,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Activation, keep_partials: bool = False) -> torch.Tensor:
         """keep_partials: the down projection may return its split-K slices (LinearBase.forward)."""
-        h = self.gate_up_proj(x)
         if self.act_fn.quantizes_fp8 and self.down_proj.takes_fp8_activation:
             # An FP8 down projection gets its input quantized by the activation's own launch.
-            return self.down_proj(self.act_fn(h, quantize_fp8=True), keep_partials)
+            return self.down_proj(self.act_fn(self.gate_up_proj(x), quantize_fp8=True), keep_partials)
+        # A split-K gate/up projection's slices go to the activation, which adds them.
+        h = self.gate_up_proj(x, keep_partials=self.act_fn.takes_partials)
         return self.down_proj(self.act_fn(h), keep_partials)

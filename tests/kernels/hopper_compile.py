@@ -132,6 +132,8 @@ def cases():
                                         v_cache=e(*v_shape, dtype=cache_dtype),
                                         slot_mapping=torch.zeros(16, dtype=torch.int64), k_scale=0.5, v_scale=2.0))
     yield "silu_and_mul", lambda: kernels.silu_and_mul.triton(e(16, 2 * 14336, dtype=torch.bfloat16))
+    yield "silu_and_mul of split-K slices", lambda: kernels.silu_and_mul.triton(
+        e(3, 16, 2 * 14336), e(16, 14336, dtype=torch.bfloat16))
     yield "silu_and_mul_quant_fp8", lambda: kernels.silu_and_mul_quant_fp8.triton(e(16, 2 * 14336, dtype=torch.bfloat16))
     yield "quantize_fp8", lambda: kernels.quantize_fp8_per_token.triton(e(16, 14336, dtype=torch.bfloat16))
     yield "greedy_sample", lambda: kernels.greedy_sample.triton(e(256, 128256, dtype=torch.bfloat16))

@@ -111,3 +111,24 @@ def test_norms_take_a_split_k_matmuls_slices(dtype, split, quant):
     with pytest.raises(ValueError, match=r"^rms_norm: x as \[S, T, H\] slices needs the residual \(its dtype is the "
                                          r"sum's\), got residual=None$"):
         kernels.rms_norm.triton(slices, weight, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("split", [2, 3])
+def test_silu_and_mul_takes_a_split_k_matmuls_slices(dtype, split):
+    """x as [S, T, 2*I] float32 slices with `out`: the activation of their sum rounded to out's
+    dtype, as split_k.finish and silu_and_mul would give in two launches (two slices: the same
+    bytes; three may round the float32 sum differently)."""
+    from tritium.kernels.split_k import sum_slices
+    slices = _rows(split * 4, 2 * 1000, torch.float32, split, top=1).reshape(split, 4, 2000).contiguous()
+    got = kernels.silu_and_mul.triton(slices, torch.empty(4, 1000, dtype=dtype, device=DEVICE))
+    want = kernels.silu_and_mul.triton(sum_slices(slices, dtype))
+    ref = kernels.silu_and_mul.reference(slices, torch.empty(4, 1000, dtype=dtype, device=DEVICE))
+    assert got.dtype == dtype and got.shape == (4, 1000)
+    if split == 2:
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match=r"^silu_and_mul: x as \[S, T, 2\*I\] slices needs out \(its dtype is the "
+                                         r"sum's\), got out=None$"):
+        kernels.silu_and_mul.triton(slices)
