@@ -17,6 +17,7 @@ import triton.language as tl
 
 from . import validation, validation_ops
 from ._launch import cdiv, check_runnable
+from .quant import quantize_rows_kernel
 from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 OP = "silu_and_mul"
@@ -47,33 +48,6 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_s, stride_x, stride_o, inter, sp
     tl.store(out_ptr + row * stride_o + offs, (silu * up).to(dt), mask=mask)
 
 
-@triton.jit
-def _silu_mul_block(x_row, offs, inter):
-    """silu(gate) * up for one block of a row, rounded as silu_and_mul rounds it, in float32."""
-    mask = offs < inter
-    gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_row + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(x_row.dtype.element_ty).to(tl.float32)
-    return (silu * up).to(x_row.dtype.element_ty).to(tl.float32)
-
-
-@triton.jit
-def _silu_and_mul_quant_kernel(x_ptr, q_ptr, scale_ptr, stride_x, stride_q, inter,
-                               FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, inter, BLOCK):
-        amax = tl.maximum(amax, tl.abs(_silu_mul_block(x_row, c0 + tl.arange(0, BLOCK), inter)))
-    scale = tl.maximum(tl.max(amax, 0) / FP8_MAX_C, MIN_SCALE_C)
-    tl.store(scale_ptr + row, scale)
-    inv = 1.0 / scale
-    for c0 in range(0, inter, BLOCK):
-        offs = c0 + tl.arange(0, BLOCK)
-        q = tl.minimum(tl.maximum(_silu_mul_block(x_row, offs, inter) * inv, -FP8_MAX_C), FP8_MAX_C)
-        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < inter)
-
-
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, block: int = 1024,
                  num_warps: int = 4) -> torch.Tensor:
     """x [T, 2*I] -> out [T, I]. x may also be a split-K matmul's float32 slices [S, T, 2*I], given
@@ -101,7 +75,8 @@ def silu_and_mul_quant_fp8(x: torch.Tensor, *, block: int = 2048,
     scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
     if x.shape[0] == 0 or inter == 0:
         return q, scale
-    _silu_and_mul_quant_kernel[(x.shape[0],)](
-        x, q, scale, x.stride(0), q.stride(0), inter, FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
-        BLOCK=min(block, triton.next_power_of_2(inter)), num_warps=num_warps)
+    # kernels/quant.py's two passes over the row, its values computed from gate and up.
+    quantize_rows_kernel[(x.shape[0],)](
+        x, q, scale, inter, x.stride(0), q.stride(0), FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
+        BLOCK=min(block, triton.next_power_of_2(inter)), GATED=True, num_warps=num_warps)
     return q, scale

@@ -14,30 +14,39 @@ import triton.language as tl
 
 from . import validation, validation_ops
 from ._launch import check_runnable, next_pow2
+from .gated import silu_mul_block
 from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 OP = "quantize_fp8_per_token"
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, scale_ptr, num_cols, stride_x, stride_q,
-                     FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr):
+def _row_values(x_row, offs, num_cols, GATED: tl.constexpr):
+    """A block of the row to quantize, in float32: x itself, or (GATED) silu(gate) * up of
+    x = cat(gate, up) rounded as silu_and_mul rounds it (kernels/activation.py)."""
+    if GATED:
+        v = silu_mul_block(x_row, offs, num_cols)
+    else:
+        v = tl.load(x_row + offs, mask=offs < num_cols, other=0.0).to(tl.float32)
+    return v
+
+
+@triton.jit  # (also silu_and_mul_quant_fp8's, in kernels/activation.py, with GATED)
+def quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, num_cols, stride_x, stride_q,
+                     FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr,
+                     GATED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     amax = tl.zeros([BLOCK], dtype=tl.float32)
     for c0 in range(0, num_cols, BLOCK):
-        offs = c0 + tl.arange(0, BLOCK)
-        x = tl.load(x_row + offs, mask=offs < num_cols, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
+        amax = tl.maximum(amax, tl.abs(_row_values(x_row, c0 + tl.arange(0, BLOCK), num_cols, GATED)))
     scale = tl.maximum(tl.max(amax, 0) / FP8_MAX_C, MIN_SCALE_C)
     tl.store(scale_ptr + row, scale)
     inv = 1.0 / scale
     for c0 in range(0, num_cols, BLOCK):
         offs = c0 + tl.arange(0, BLOCK)
-        mask = offs < num_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x * inv, -FP8_MAX_C), FP8_MAX_C)
-        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        q = tl.minimum(tl.maximum(_row_values(x_row, offs, num_cols, GATED) * inv, -FP8_MAX_C), FP8_MAX_C)
+        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < num_cols)
 
 
 def quantize_fp8_per_token(x: torch.Tensor, *, block: int = 2048,
@@ -51,7 +60,7 @@ def quantize_fp8_per_token(x: torch.Tensor, *, block: int = 2048,
     scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     if rows == 0:
         return q, scale
-    _quantize_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0),
+    quantize_rows_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0),
                               FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
-                              BLOCK=min(block, next_pow2(cols)), num_warps=num_warps)
+                              BLOCK=min(block, next_pow2(cols)), GATED=False, num_warps=num_warps)
     return q, scale
