@@ -58,7 +58,7 @@
 #                    $W4_SWEEP_ROWS (256,512,4096), the FP8 default against the swapped configs; both
 #                    config tables written to $OUT; then the W4A16 table of every path
 #   quant-e2e        the quantized paths end to end in one call: GPU tests of the fused FP8
-#                    quantizations and the FP8 matmul, then $LLAMA A and B through Triton in bf16,
+#                    quantizations, the FP8 matmul and split-K slices, then $LLAMA A and B through Triton in bf16,
 #                    AWQ (random 4-bit weights, groups of 128) and FP8 weights, on the same card
 #   w4a16-fragment   the W4A16 kernel on words in wgmma's fragment order: its GPU tests, then its table
 #                    against cuBLAS bf16 and the packed layout's path at 1-4096 rows; the table of the
@@ -193,8 +193,10 @@ fp8)
     fi ;;
 quant-e2e)
     EXTRA=("$@")
-    stamp "GPU tests: the fused FP8 quantizations and the FP8 few-row matmul"
-    gpu_tests 150 8 tests/kernels/test_kernel_fused_fp8_quant.py tests/kernels/test_kernel_fp8_matmul.py --confcutdir=tests
+    stamp "GPU tests: the fused FP8 quantizations, the FP8 few-row matmul, split-K slices left unsummed"
+    gpu_tests 180 8 tests/kernels/test_kernel_fused_fp8_quant.py tests/kernels/test_kernel_fp8_matmul.py \
+        tests/kernels/test_kernel_w4a16.py::test_unsummed_slices_add_up_to_the_output \
+        tests/kernels/test_kernel_w4a16_fragment.py::test_unsummed_slices_add_up_to_the_output --confcutdir=tests
     stamp "$LLAMA bf16 A and B through Triton"
     e2e llama_bf16 --models "$LLAMA" --phases triton --workloads A,B
     stamp "$LLAMA AWQ (random 4-bit weights, groups of 128) A and B through Triton"
