@@ -47,8 +47,7 @@ class DecoderLayer(nn.Module):
         else:
             normed, residual = self.input_layernorm(hidden, residual, quantize_fp8=fp8_qkv)
         # A split-K output projection's slices go to the norm after it, which adds them.
-        slices_ok = isinstance(self.post_attention_layernorm, RMSNorm)
-        hidden = self.self_attn(positions, normed, rows, keep_partials=slices_ok)
+        hidden = self.self_attn(positions, normed, rows, keep_partials=True)
         if rows is not None:
             residual = residual[rows]
             if rows.numel() == 0:
