@@ -21,6 +21,7 @@ import triton.language as tl
 
 from . import validation, validation_ops
 from ._launch import check_runnable, next_pow2
+from .quant import fp8_clamped, fp8_row_scale
 from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
 OP = "rms_norm"
@@ -58,9 +59,9 @@ def _rms_norm_kernel(
     if QUANT:
         # kernels/quant.py's arithmetic on the rounded output (masked columns are zeros)
         yf = y.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(yf), 0) / FP8_MAX_C, MIN_SCALE_C)
+        scale = fp8_row_scale(tl.max(tl.abs(yf), 0), FP8_MAX_C, MIN_SCALE_C)
         tl.store(scale_ptr + row, scale)
-        q = tl.minimum(tl.maximum(yf * (1.0 / scale), -FP8_MAX_C), FP8_MAX_C)
+        q = fp8_clamped(yf, 1.0 / scale, FP8_MAX_C)
         tl.store(out_ptr + row * stride_o + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(out_ptr + row * stride_o + offs, y, mask=mask)

@@ -21,6 +21,18 @@ OP = "quantize_fp8_per_token"
 
 
 @triton.jit
+def fp8_row_scale(amax, FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr):
+    """A row's scale from its largest magnitude: amax / 448, at least the smallest scale."""
+    return tl.maximum(amax / FP8_MAX_C, MIN_SCALE_C)
+
+
+@triton.jit
+def fp8_clamped(v, inv_scale, FP8_MAX_C: tl.constexpr):
+    """v / scale (times the reciprocal, as the reference does) within e4m3's range, in float32."""
+    return tl.minimum(tl.maximum(v * inv_scale, -FP8_MAX_C), FP8_MAX_C)
+
+
+@triton.jit
 def _row_values(x_row, offs, num_cols, GATED: tl.constexpr):
     """A block of the row to quantize, in float32: x itself, or (GATED) silu(gate) * up of
     x = cat(gate, up) rounded as silu_and_mul rounds it (kernels/activation.py)."""
@@ -40,12 +52,12 @@ def quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, num_cols, stride_x, stride_q,
     amax = tl.zeros([BLOCK], dtype=tl.float32)
     for c0 in range(0, num_cols, BLOCK):
         amax = tl.maximum(amax, tl.abs(_row_values(x_row, c0 + tl.arange(0, BLOCK), num_cols, GATED)))
-    scale = tl.maximum(tl.max(amax, 0) / FP8_MAX_C, MIN_SCALE_C)
+    scale = fp8_row_scale(tl.max(amax, 0), FP8_MAX_C, MIN_SCALE_C)
     tl.store(scale_ptr + row, scale)
     inv = 1.0 / scale
     for c0 in range(0, num_cols, BLOCK):
         offs = c0 + tl.arange(0, BLOCK)
-        q = tl.minimum(tl.maximum(_row_values(x_row, offs, num_cols, GATED) * inv, -FP8_MAX_C), FP8_MAX_C)
+        q = fp8_clamped(_row_values(x_row, offs, num_cols, GATED), inv, FP8_MAX_C)
         tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < num_cols)
 
 
