@@ -156,9 +156,12 @@ def test_disaggregated_prefill_through_triton_gives_hf_greedy_tokens(moe_stack):
             assert got.text == tok.decode(expected, skip_special_tokens=True), f"prompt {i}"
     finally:
         stream.close()
-    # The engine's statistics reach Triton's metrics on a publishing thread's interval.
+    # The engine's statistics reach Triton's metrics on a publishing thread's interval. The first
+    # two prompts share their opening words: when the first one's blocks are in the decode
+    # engine's prefix cache before the second is scheduled, the second needs no read (the
+    # connector skips it), so one transfer fewer is right too.
     transfers = lambda: server.metric("tritium:kv_transfers_total", model_name="llm_decode")  # noqa: E731
-    assert wait_until(lambda: transfers() == len(prompts), 10), transfers()
+    assert wait_until(lambda: transfers() >= len(prompts) - 1, 10) and transfers() <= len(prompts), transfers()
     assert server.metric("tritium:kv_transfer_bytes_total", model_name="llm_decode") > 0
     # The idle prefill engine hears of each read and lets the blocks go (back to its prefix cache).
     assert wait_until(lambda: server.metric("vllm:kv_cache_usage_perc", model_name="llm_prefill") == 0, 10)
