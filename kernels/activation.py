@@ -17,6 +17,7 @@ import triton.language as tl
 
 from . import validation, validation_ops
 from ._launch import cdiv, check_runnable
+from .gated import silu_mul
 from .quant import quantize_rows_kernel
 from .reference import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE
 
@@ -44,8 +45,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_s, stride_x, stride_o, inter, sp
     else:
         gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (silu * up).to(dt), mask=mask)
+    tl.store(out_ptr + row * stride_o + offs, silu_mul(gate, up, dt).to(dt), mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None, *, block: int = 1024,

@@ -1,10 +1,18 @@
-"""The gated activation's value as kernels compute it, shared by silu_and_mul's quantizing variant
-(kernels/quant.py's kernel with GATED) and kept beside silu_and_mul's own rounding."""
+"""The gated activation's value as the kernels compute it, shared by silu_and_mul
+(kernels/activation.py) and its quantizing variant (kernels/quant.py's row kernel with GATED)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def silu_mul(gate, up, dt: tl.constexpr):
+    """silu(gate) * up from float32 gate and up already in dtype dt's values, rounded as Hugging
+    Face rounds it (silu to dt, then the product), in float32."""
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    return (silu * up).to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -14,5 +22,4 @@ def silu_mul_block(x_row, offs, inter):
     mask = offs < inter
     gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_row + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(x_row.dtype.element_ty).to(tl.float32)
-    return (silu * up).to(x_row.dtype.element_ty).to(tl.float32)
+    return silu_mul(gate, up, x_row.dtype.element_ty)

@@ -45,8 +45,8 @@ def _row_values(x_row, offs, num_cols, GATED: tl.constexpr):
 
 @triton.jit  # (also silu_and_mul_quant_fp8's, in kernels/activation.py, with GATED)
 def quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, num_cols, stride_x, stride_q,
-                     FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr,
-                     GATED: tl.constexpr):
+                         FP8_MAX_C: tl.constexpr, MIN_SCALE_C: tl.constexpr, BLOCK: tl.constexpr,
+                         GATED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     amax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -73,6 +73,6 @@ def quantize_fp8_per_token(x: torch.Tensor, *, block: int = 2048,
     if rows == 0:
         return q, scale
     quantize_rows_kernel[(rows,)](x, q, scale, cols, x.stride(0), q.stride(0),
-                              FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
-                              BLOCK=min(block, next_pow2(cols)), GATED=False, num_warps=num_warps)
+                                  FP8_MAX_C=FP8_MAX, MIN_SCALE_C=FP8_MIN_SCALE,
+                                  BLOCK=min(block, next_pow2(cols)), GATED=False, num_warps=num_warps)
     return q, scale

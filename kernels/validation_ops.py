@@ -11,32 +11,34 @@ from .validation import (HALF_AND_FLOAT, INDEX_DTYPES, check_store_kv, _dtype_na
                          check_tensor, fail)
 
 
+def _check_x_or_slices(op: str, x, width: str, dtypes: tuple[torch.dtype, ...], other: str, given) -> bool:
+    """x [T, width] in dtypes, or a split-K matmul's float32 slices [S, T, width], which need
+    `other` (whose dtype the sum is rounded to) given; True for slices."""
+    sliced = isinstance(x, torch.Tensor) and x.dim() == 3
+    if sliced:
+        check_tensor(op, "x", x, f"[S, T, {width}]", (torch.float32,))
+        if given is None:
+            name = other.removeprefix("the ")
+            fail(op, f"x as [S, T, {width}] slices needs {other} (its dtype is the sum's), got {name}=None")
+    else:
+        check_tensor(op, "x", x, f"[T, {width}]", dtypes)
+    check_last_dim_contiguous(op, "x", x)
+    return sliced
+
+
 def check_rms_norm(op: str, x, weight, residual, dtypes: tuple[torch.dtype, ...]) -> None:
     """x [T, H], or a split-K matmul's float32 slices [S, T, H] (their sum is x; then residual,
     whose dtype the sum is rounded to, must be given)."""
-    if isinstance(x, torch.Tensor) and x.dim() == 3:
-        check_tensor(op, "x", x, "[S, T, H]", (torch.float32,))
-        if residual is None:
-            fail(op, "x as [S, T, H] slices needs the residual (its dtype is the sum's), got residual=None")
-        check_tensor(op, "residual", residual, "[T, H]", dtypes)
-        check_shape(op, "residual", residual, tuple(x.shape[1:]), "x.shape[1:]")
-        check_last_dim_contiguous(op, "x", x)
-        check_last_dim_contiguous(op, "residual", residual)
-        check_tensor(op, "weight", weight, "[H]", dtypes)
-        check_shape(op, "weight", weight, (x.shape[2],), "[H]")
-        check_contiguous(op, "weight", weight)
-        check_same_device(op, {"x": x, "weight": weight, "residual": residual})
-        return
-    check_tensor(op, "x", x, "[T, H]", dtypes)
-    check_last_dim_contiguous(op, "x", x)
+    sliced = _check_x_or_slices(op, x, "H", dtypes, "the residual", residual)
     check_tensor(op, "weight", weight, "[H]", dtypes)
-    check_shape(op, "weight", weight, (x.shape[1],), "[H]")
+    check_shape(op, "weight", weight, (x.shape[-1],), "[H]")
     check_contiguous(op, "weight", weight)
     tensors = {"x": x, "weight": weight}
     if residual is not None:
         check_tensor(op, "residual", residual, "[T, H]", dtypes)
-        check_shape(op, "residual", residual, tuple(x.shape), "x.shape")
-        check_same_dtype(op, "residual", residual, "x", x)
+        check_shape(op, "residual", residual, tuple(x.shape[-2:]), "x.shape[1:]" if sliced else "x.shape")
+        if not sliced:
+            check_same_dtype(op, "residual", residual, "x", x)
         check_last_dim_contiguous(op, "residual", residual)
         tensors["residual"] = residual
     check_same_device(op, tensors)
@@ -131,14 +133,7 @@ def check_rotary_store(op: str, key, value, k_cache, v_cache, slot_mapping, k_sc
 def check_silu_and_mul(op: str, x, out, dtypes: tuple[torch.dtype, ...]) -> int:
     """x [T, 2*I], or a split-K matmul's float32 slices [S, T, 2*I] with `out` given (its dtype
     is the sum's); returns I."""
-    sliced = isinstance(x, torch.Tensor) and x.dim() == 3
-    if sliced:
-        check_tensor(op, "x", x, "[S, T, 2*I]", (torch.float32,))
-        if out is None:
-            fail(op, "x as [S, T, 2*I] slices needs out (its dtype is the sum's), got out=None")
-    else:
-        check_tensor(op, "x", x, "[T, 2*I]", dtypes)
-    check_last_dim_contiguous(op, "x", x)
+    sliced = _check_x_or_slices(op, x, "2*I", dtypes, "out", out)
     if x.shape[-1] % 2:
         fail(op, f"x last dimension must be even (cat(gate, up)), got {x.shape[-1]}")
     inter = x.shape[-1] // 2

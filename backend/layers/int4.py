@@ -121,6 +121,8 @@ class Int4LinearMethod(LinearMethod):
     load into, repacks them after loading, and multiplies through kernels.w4a16_matmul (on the
     CPU, and for float32 activations: the dequantized weight through F.linear)."""
 
+    keeps_partials = True  # a split-K launch's slices may go to the next kernel (LinearBase.forward)
+
     def __init__(self, config: Int4Config) -> None:
         self.config = config
         self.repack_seconds = 0.0
@@ -244,8 +246,6 @@ class Int4LinearMethod(LinearMethod):
         logger.info("Repacked %d %s projections (%d-bit, group %s) for the W4A16 kernel in %.2f s",
                     self.repacked_layers, self.config.method.upper(), self.config.bits,
                     self.config.group_size, self.repack_seconds)
-
-    keeps_partials = True
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None,
               keep_partials: bool = False) -> torch.Tensor | SplitKPartials:

@@ -1,6 +1,7 @@
-"""The typed hand-over between a row-parallel projection whose matmul split K and the RMSNorm
-after it: the slices' float32 partial sums, which the norm's kernel adds itself (kernels/norm.py),
-so the decode step has no launch of its own for the sum."""
+"""The typed hand-over between a projection whose matmul split K and the kernel after it (the
+RMSNorm after o_proj and down_proj, SiLU-and-mul after gate_up_proj): the slices' float32
+partial sums, which that kernel adds itself, so the decode step has no launch of its own for
+the sum."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,3 @@ class SplitKPartials:
         from tritium.kernels.split_k import sum_slices  # (imports Triton: slices exist on a GPU only)
         return sum_slices(self.slices, self.dtype)
 
-
-def as_output(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | SplitKPartials:
-    """A kernel's result with reduce=False: [T, N] as it is, [S, T, N] slices wrapped."""
-    return SplitKPartials(y, dtype) if y.dim() == 3 else y
